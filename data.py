@@ -1,0 +1,106 @@
+"""The data sets: CIFAR-10 through torchvision, or a synthetic stand-in that needs no download.
+
+    train_set, test_set, name = get_datasets("auto", "data")   # on every rank, after set-up
+
+Both give (image, label) pairs: a float tensor of shape 3x32x32, normalised, and an int
+label in 0..9. "auto" uses CIFAR-10 when it is on disk or can be downloaded, and
+otherwise says so loudly and uses the synthetic set.
+"""
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+def synthetic_cifar(num_train=10000, num_test=2000, seed=0, noise=3.0):
+    """CIFAR-shaped data that a CNN can learn, made the same on every rank from `seed`.
+
+    Each of the 10 classes is a smooth random colour pattern; an image is its class's
+    pattern at a random contrast, shifted by up to 4 pixels, under heavy Gaussian noise.
+    The CNN needs a couple of epochs to pass 90% test accuracy, so training visibly
+    works offline.
+    """
+    g = torch.Generator().manual_seed(seed)
+    patterns = F.interpolate(torch.randn(10, 3, 8, 8, generator=g), size=32, mode="bilinear")
+    patterns /= patterns.std(dim=(1, 2, 3), keepdim=True)
+
+    def make(n, g):
+        labels = torch.randint(0, 10, (n,), generator=g)
+        contrast = 0.5 + torch.rand(n, 1, 1, 1, generator=g)
+        images = patterns[labels] * contrast
+        shifts = torch.randint(-4, 5, (n, 2), generator=g).tolist()
+        images = torch.stack([torch.roll(image, shift, dims=(1, 2)) for image, shift in zip(images, shifts)])
+        images += noise * torch.randn(images.shape, generator=g)
+        images /= (1 + noise**2) ** 0.5  # about unit variance, like normalised CIFAR-10
+        return TensorDataset(images, labels)
+
+    # separate generators, so the test set does not change with the size of the train set
+    train = make(num_train, torch.Generator().manual_seed(seed + 1))
+    test = make(num_test, torch.Generator().manual_seed(seed + 2))
+    return train, test
+
+
+def cifar10(root, download=False):
+    """CIFAR-10's train and test sets (50,000 and 10,000 images) from `root`, normalised."""
+    from torchvision import datasets, transforms  # imported here: the synthetic path needs no torchvision
+
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+    train = datasets.CIFAR10(root, train=True, download=download, transform=transform)
+    test = datasets.CIFAR10(root, train=False, download=download, transform=transform)
+    return train, test
+
+
+def _load_cifar10(root, download):
+    """((train, test), None) if CIFAR-10 can be read from root, else (None, why not)."""
+    old_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)  # offline, fail in seconds rather than hang
+    try:
+        return cifar10(root, download=download), None
+    except Exception as error:  # no data, a corrupted archive, no network: all mean "not available"
+        return None, f"{type(error).__name__}: {error}"
+    finally:
+        socket.setdefaulttimeout(old_timeout)
+
+
+def get_datasets(choice, root, seed=0):
+    """(train_set, test_set, name) on every rank; call it on every rank after set-up.
+
+    choice: "synthetic", "cifar10" (an error if it cannot be had) or "auto". Only rank 0
+    downloads, while the others wait for its verdict: several ranks downloading into one
+    folder at once corrupt the archive. On a cluster without a shared file system,
+    download CIFAR-10 on every node beforehand.
+    """
+    if choice == "synthetic":
+        return (*synthetic_cifar(seed=seed), "synthetic")
+    rank = dist.get_rank()
+    sets, problem = None, None
+    if rank == 0:
+        sets, problem = _load_cifar10(root, download=False)
+        if sets is None:
+            sets, problem = _load_cifar10(root, download=True)
+    verdict = [problem]
+    dist.broadcast_object_list(verdict, src=0)  # also the barrier the other ranks wait at
+    problem = verdict[0]
+    if problem is None:
+        if sets is None:
+            sets, problem = _load_cifar10(root, download=False)
+            if problem:
+                raise ValueError(f"rank {rank} cannot read CIFAR-10 in {os.path.abspath(root)} ({problem}); "
+                                 "without a shared file system, download it on every node first")
+        return (*sets, "cifar10")
+    if choice == "cifar10":
+        raise ValueError(f"CIFAR-10 is not in {os.path.abspath(root)} and could not be downloaded ({problem}). "
+                         "Put cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html there, "
+                         "or train offline with --data synthetic")
+    if rank == 0:
+        banner = "!" * 78
+        print(f"{banner}\n!! CIFAR-10 is not in {os.path.abspath(root)} and could not be downloaded:\n"
+              f"!!   {problem[:300]}\n!! Training on the built-in SYNTHETIC data set instead "
+              f"(--data synthetic).\n!! Use --data cifar10 to make this an error.\n{banner}", flush=True)
+    return (*synthetic_cifar(seed=seed), "synthetic")

@@ -1,0 +1,40 @@
+"""The CIFAR-10 CNN every part of the course trains.
+
+    from models import CNN
+    model = CNN()                                   # 3x32x32 images in, 10 logits out
+    logits = model(torch.randn(8, 3, 32, 32))       # shape (8, 10)
+
+There is no BatchNorm on purpose. BatchNorm normalises with the statistics of the
+batch it sees, and under data parallelism each rank sees only its own slice of the
+global batch, so the model would compute something different from single-process
+training on the whole batch; its running statistics (buffers, not parameters) would
+also drift apart between ranks. The README explains the two fixes (SyncBatchNorm, or
+broadcasting buffers). Without it, data-parallel training here is exactly single-process
+training on the global batch, which is what the tests check.
+"""
+import torch
+from torch import nn
+
+
+class CNN(nn.Module):
+    """Two 5x5 convolutions with max-pooling, then two linear layers (about 0.28M parameters)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, kernel_size=5, padding=2),   # 16x32x32
+            nn.ReLU(),
+            nn.MaxPool2d(2),                              # 16x16x16
+            nn.Conv2d(16, 32, kernel_size=5, padding=2),  # 32x16x16
+            nn.ReLU(),
+            nn.MaxPool2d(2),                              # 32x8x8
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(32 * 8 * 8, 128),
+            nn.ReLU(),
+            nn.Linear(128, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))

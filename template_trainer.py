@@ -1,0 +1,180 @@
+"""Task 2: keep the replicas in sync.
+
+    torchrun --standalone --nproc_per_node=2 train_ddp.py     # trains with these functions
+    pytest --impl template -m "task2_1 or task2_2 or task2_3"  # check your work
+
+Every rank holds a full copy of the model and trains it on its own slice of each batch.
+Three collectives keep the copies identical, and they are your tasks:
+
+    Task 2.1  broadcast_parameters  before training, every rank takes rank 0's weights
+    Task 2.2  average_gradients     after every backward, every rank gets the mean gradient
+    Task 2.3  reduce_metrics        after evaluation, every rank gets the global counts
+
+setup_distributed(), cleanup() and the loops train_one_epoch() and evaluate() are given:
+read them to see where your functions are called.
+"""
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def print0(*args, **kwargs):
+    """print() on rank 0 only. Reads RANK from the environment, so it works before set-up."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def setup_distributed(backend=None, timeout=datetime.timedelta(minutes=5)):
+    """Join the process group that torchrun describes, and choose this process's device.
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this node),
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Started with plain `python`, none is set and
+    this process is a world of one, so the same script runs either way.
+
+    backend: "nccl" (GPUs) or "gloo" (CPUs, and CUDA tensors too); None picks NCCL when
+    CUDA is available, else gloo. timeout: how long a collective waits for the other
+    ranks before it fails, which is how long a hang lasts.
+    Returns (rank, local_rank, world_size, device).
+    """
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+
+    # The device follows LOCAL_RANK, never RANK: on the second node RANK starts at the
+    # number of GPUs per node, and cuda:RANK does not exist there.
+    if torch.cuda.is_available():
+        num_gpus = torch.cuda.device_count()
+        if backend == "nccl" and local_world_size > num_gpus:
+            raise ValueError(f"{local_world_size} processes on this node but only {num_gpus} GPUs: NCCL needs "
+                             f"a GPU for each process; use --nproc_per_node={num_gpus}, or --backend gloo")
+        device = torch.device("cuda", local_rank % num_gpus)
+        torch.cuda.set_device(device)
+    elif backend == "nccl":
+        raise ValueError("the NCCL backend needs GPUs and none is visible: use --backend gloo on CPUs")
+    else:
+        device = torch.device("cpu")
+
+    options = {"device_id": device} if backend == "nccl" else {}
+    if "MASTER_ADDR" in os.environ:  # launched by torchrun (or srun with the variables set)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **options)
+    else:  # plain `python`: an in-process store, so no port is needed
+        if world_size != 1:
+            raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **options)
+    return rank, local_rank, world_size, device
+
+
+def cleanup():
+    """Leave the process group. Without it, gloo can abort at exit with
+    'terminate called without an active exception' and a non-zero exit code."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_parameters(model, src=0):
+    """Make every rank's model an exact copy of rank `src`'s, in place.
+
+    Every parameter and every buffer (BatchNorm's running statistics are buffers, not
+    parameters) is overwritten with rank src's values. Every rank must call this, with
+    the same model, before the first training step: each rank initialised its model with
+    its own random numbers, and without this they would train different models.
+    """
+    # --- Task 2.1 begin ---
+    # TODO Task 2.1: dist.broadcast every parameter and buffer from rank src
+    raise NotImplementedError("Task 2.1: broadcast_parameters() in template_trainer.py is not done yet (README: Task 2)")
+    # --- Task 2.1 end ---
+
+
+def average_gradients(model):
+    """Replace every parameter's .grad with its mean over all ranks, in place.
+
+    Call it on every rank after loss.backward() and before optimizer.step(). all_reduce
+    with SUM, then divide by the world size: gloo has no AVG, and a sum alone would act
+    like a learning rate world_size times too large. Skip parameters whose .grad is None
+    (frozen ones): every rank skips the same ones, so the collectives still match.
+    model.parameters() lists a parameter shared by two layers (tied weights) once, so it
+    is averaged once.
+    """
+    # --- Task 2.2 begin ---
+    # TODO Task 2.2: dist.all_reduce every gradient with SUM, then divide by the world size
+    raise NotImplementedError("Task 2.2: average_gradients() in template_trainer.py is not done yet (README: Task 2)")
+    # --- Task 2.2 end ---
+
+
+def reduce_metrics(correct, total, loss_sum, device="cpu"):
+    """The sums over all ranks of this rank's evaluation counts, returned on every rank.
+
+    correct: images classified correctly, total: images evaluated, loss_sum: the sum of
+    their losses (not the mean), all on this rank. Returns (correct, total, loss_sum) summed
+    over ranks as (int, int, float). Sum counts, never average accuracies: the ranks may
+    hold different numbers of test images. device: where the collective runs (a GPU for
+    NCCL, which cannot reduce CPU tensors).
+    """
+    # --- Task 2.3 begin ---
+    # TODO Task 2.3: one dist.all_reduce of the three numbers, so every rank gets the sums
+    raise NotImplementedError("Task 2.3: reduce_metrics() in template_trainer.py is not done yet (README: Task 2)")
+    # --- Task 2.3 end ---
+
+
+def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gradients,
+                    epoch=0, log_every=10.0):
+    """One pass over this rank's shard. Returns this rank's loss sum, samples and timings.
+
+    sync_gradients(model) runs between backward and step: average_gradients for our own
+    data parallelism, None under DistributedDataParallel, which averages during backward.
+    Its time is measured, waiting for slower ranks included: that is the price of
+    synchronising every step.
+    """
+    model.train()
+    loss_sum, samples, sync_seconds = 0.0, 0, 0.0
+    start = last_log = time.perf_counter()
+    for step, (images, labels) in enumerate(loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        if sync_gradients is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # GPU work is asynchronous: time the sync alone
+            t0 = time.perf_counter()
+            sync_gradients(model)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            sync_seconds += time.perf_counter() - t0
+        optimizer.step()
+        loss_sum += loss.item() * len(labels)
+        samples += len(labels)
+        if time.perf_counter() - last_log > log_every:
+            last_log = time.perf_counter()
+            print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {loss.item():.4f}")
+    return {"loss_sum": loss_sum, "samples": samples,
+            "seconds": time.perf_counter() - start, "sync_seconds": sync_seconds}
+
+
+def evaluate(model, loader, device):
+    """Accuracy and mean loss over the whole test set, the same on every rank.
+
+    Each rank evaluates its own shard (of the unpadded sampler, so no image counts twice),
+    then reduce_metrics adds up the counts. The shards may differ in length by one, so a
+    rank may have one batch fewer: that is why there is no collective inside the loop,
+    only one after it, which every rank reaches.
+    """
+    model.eval()
+    correct, total, loss_sum = 0, 0, 0.0
+    with torch.no_grad():
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(dim=1) == labels).sum().item()
+            total += len(labels)
+    correct, total, loss_sum = reduce_metrics(correct, total, loss_sum, device)
+    return {"correct": correct, "total": total, "accuracy": correct / max(total, 1),
+            "loss": loss_sum / max(total, 1)}

@@ -1,0 +1,141 @@
+"""Run a function on several ranks of a real gloo process group, and never hang.
+
+    results = run_ranks(fn, 3, "solutions", timeout=20)
+
+Each rank is its own process. `fn(rank, world_size, *args)` runs after
+`init_process_group`, and whatever it returns comes back as a list indexed by rank.
+
+- The ranks meet through a file store in a fresh temporary folder: no port is used, so
+  parallel runs can never collide.
+- Collectives time out after `timeout` seconds, and any rank still running then is
+  killed. The failure says which ranks were stuck and where (a faulthandler dump), which
+  is how a missing collective on one rank shows up.
+- A rank that raises fails the test with that rank's own error; NotImplementedError from
+  an unfilled TODO comes through as NotImplementedError, the other ranks are killed at once.
+"""
+import datetime
+import faulthandler
+import io
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+# Processes are forked from a server that has already imported torch: about 30 ms a
+# rank instead of 3 s for "spawn", and safer than forking pytest itself, whose OpenMP
+# threads a plain fork would copy in a broken state.
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+class RankTimeout(AssertionError):
+    """Some ranks were still running when the time limit came."""
+
+
+class RankFailed(AssertionError):
+    """A rank raised; the message holds its traceback."""
+
+
+def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path):
+    torch.set_num_threads(1)  # several ranks share a few cores
+    with open(dump_path, "w") as dump:
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
+        try:
+            dist.init_process_group(
+                backend,
+                store=dist.FileStore(store_path, world_size),
+                rank=rank,
+                world_size=world_size,
+                # a little longer than the parent's deadline, so that the parent sees a
+                # hang and reports where each rank was, rather than a bare gloo timeout
+                timeout=datetime.timedelta(seconds=timeout + 10),
+            )
+            out = fn(rank, world_size, *args)
+            buffer = io.BytesIO()
+            torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
+            results.put((rank, "ok", buffer.getvalue()))
+        except BaseException as error:  # report everything, KeyboardInterrupt included
+            results.put((rank, type(error).__name__, (str(error), traceback.format_exc())))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _where(dump_text):
+    """The innermost frame of a faulthandler dump (the collective it waits in), then ours."""
+    frames = [line.strip() for line in dump_text.splitlines() if line.strip().startswith("File")]
+    if not frames:
+        return "(no stack dump: the process did not answer)"
+    ours = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
+    return "\n      ".join(frames[:1] + [f for f in ours if f != frames[0]])
+
+
+def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0):
+    """Run fn(rank, world_size, *args) on `world_size` ranks; return the results by rank."""
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        results = _context.Queue()
+        procs = []
+        for rank in range(world_size):
+            proc = _context.Process(
+                target=_rank_main,
+                args=(fn, rank, world_size, os.path.join(tmp, "store"), backend, timeout,
+                      args, results, os.path.join(tmp, f"stack{rank}.txt")),
+                daemon=True,
+            )
+            proc.start()
+            procs.append(proc)
+        try:
+            return _collect(procs, results, world_size, timeout, tmp)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(timeout=5)
+
+
+def _collect(procs, results, world_size, timeout, tmp):
+    outputs = {}
+    deadline = time.monotonic() + timeout
+    while len(outputs) < world_size:
+        try:
+            rank, status, payload = results.get(timeout=0.05)
+        except Exception:  # queue.Empty: nobody reported in the last 50 ms
+            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0 and r not in outputs]
+            if dead and results.empty():
+                time.sleep(0.2)  # a rank may have reported just before dying
+                if results.empty():
+                    raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} "
+                                     "without reporting (a crash in C code, or os._exit)")
+            if time.monotonic() > deadline:
+                _raise_timeout(procs, outputs, timeout, tmp)
+            continue
+        if status == "ok":
+            outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            continue
+        message, trace = payload
+        if status == "NotImplementedError":
+            raise NotImplementedError(message)  # an unfilled TODO: its own message says which
+        raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
+    return [outputs[rank] for rank in range(world_size)]
+
+
+def _raise_timeout(procs, outputs, timeout, tmp):
+    stuck = [rank for rank, proc in enumerate(procs) if rank not in outputs and proc.is_alive()]
+    for rank in stuck:
+        os.kill(procs[rank].pid, signal.SIGUSR1)
+    time.sleep(0.5)  # let faulthandler write
+    where = []
+    for rank in stuck:
+        with open(os.path.join(tmp, f"stack{rank}.txt")) as dump:
+            where.append(f"  rank {rank} was at:\n      {_where(dump.read())}")
+    finished = sorted(outputs)
+    raise RankTimeout(
+        f"ranks {stuck} were still running after {timeout:.0f} s (ranks {finished} had finished). "
+        "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "
+        "another rank never calls, or calls them in a different order.\n" + "\n".join(where)
+    )
