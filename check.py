@@ -1,0 +1,100 @@
+"""Check your progress: which tasks are done, which are not, and why.
+
+    python check.py            # every task, in course order
+    python check.py 2.3        # one task (also: task2_3); seconds, not minutes
+    python check.py 2          # all of Task 2
+    python check.py -v 2.3     # and show pytest's own output, tracebacks included
+
+It runs the tests against your template_*.py files (pytest --impl template) once, and
+prints one line per task: done, not started (its TODO still raises NotImplementedError),
+blocked (it needs an earlier task), failing (with the tests' explanation of the likely
+mistake) or hang (with where each stuck rank was waiting). It never hangs itself: a
+deadlock is caught by the tests' time limits and reported. Without GPUs the NCCL variants
+of the tests are skipped; on a machine with GPUs they run too.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import textwrap
+
+from grading.checker import discover_tasks, run_tests, select_tasks, summarize
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+STATUS_WIDTH = 12
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tasks", nargs="*", help="tasks to check, like 2.3 or task2_3 or 2 (default: all)")
+    parser.add_argument("--impl", choices=["template", "solutions"], default="template",
+                        help="template: your template_*.py files (default); solutions: the reference answers")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="stop the whole check after this many seconds (default: 600); a single hang is "
+                        "caught much sooner by the tests' own limits")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also print pytest's output")
+    return parser.parse_args(argv)
+
+
+def print_result(result):
+    task = result.task
+    print(f"  Task {task.id:<5} {task.where():<44} {result.status}")
+    if result.status in ("failing", "hang", "blocked", "error", "not run", "skipped"):
+        for line in textwrap.wrap(result.explanation, width=96):
+            print(" " * 13 + line)
+        for line in result.details[:8]:
+            print(" " * 15 + line)
+
+
+def next_step(results, impl):
+    todo = [r for r in results if not r.done and r.status not in ("skipped", "no tests")]
+    if not todo:
+        if all(r.done for r in results) and len(results) > 1:
+            return ("every task passes. Train for real: torchrun --standalone --nproc_per_node=2 train_ddp.py "
+                    "(README: Running)")
+        return "this passes; run `python check.py` for every task."
+    first = todo[0]
+    task = first.task
+    again = f"python check.py {task.id}"
+    details = f"pytest --impl {impl} -m {task.marker}"
+    if first.status == "not started":
+        return f"Task {task.id}: read the docstring of {task.where()} and replace its TODO, then `{again}`."
+    if first.status == "blocked":
+        return f"finish the task it waits for first ({first.explanation.split('(')[0].strip()}), then `{again}`."
+    if first.status == "hang":
+        return (f"fix the hang in Task {task.id} ({task.where()}): every rank must call the same collectives "
+                f"in the same order. Then `{again}`; the full report: `{details}`.")
+    return f"fix Task {task.id} ({task.where()}), then `{again}`; the full traceback: `{details}`."
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    tasks = discover_tasks(REPO)
+    try:
+        chosen = select_tasks(tasks, args.tasks)
+    except ValueError as error:
+        print(f"check.py: {error}", file=sys.stderr)
+        return 2
+    if not chosen:
+        print("check.py: no task found: pytest.ini has no taskX_Y markers", file=sys.stderr)
+        return 2
+    which = "your template_*.py files" if args.impl == "template" else "solutions/"
+    print(f"Checking {which}: Task {', '.join(t.id for t in chosen)} ...", flush=True)
+    with tempfile.TemporaryDirectory(prefix="check-") as workdir:
+        run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout)
+        results = summarize(chosen, run)
+        if args.verbose or (all(r.status in ("error", "no tests") for r in results)):
+            with open(run.log_path, encoding="utf-8", errors="replace") as log:
+                print(log.read())
+    gpu_tests = sum(1 for e in run.events if e.get("event") == "collected" and e.get("gpu"))
+    for result in results:
+        print_result(result)
+    done = sum(r.done for r in results)
+    notes = f" ({gpu_tests} GPU tests: they run only where CUDA is available)" if gpu_tests else ""
+    print(f"\n{done} of {len(results)} tasks done in {run.seconds:.0f} s{notes}.")
+    print("Next:", next_step(results, args.impl))
+    return 0 if done == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

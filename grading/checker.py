@@ -1,0 +1,376 @@
+"""Run the tests once and say, task by task, what state the work is in. Shared by check.py
+(students) and grading/grade.py (instructors).
+
+    tasks = discover_tasks(repo)                         # from pytest.ini and the fences
+    run = run_tests(repo, [t.id for t in tasks], workdir=tmp, timeout=600)
+    for result in summarize(tasks, run): print(result.task.id, result.status, result.explanation)
+
+Tasks are found, never listed here: a "taskX_Y" marker in pytest.ini is a task, and a
+"# --- Task X.Y begin ---" fence in a template_*.py file says where it is. The pytest run
+is one process group with a time limit; grading/pytest_plugin.py records each test's
+outcome. The explanations are the tests' own assertion messages (and the harness's, for a
+hang), shortened; HINTS adds a sentence only for errors that no test message covers.
+"""
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from grading.pytest_plugin import is_hang
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MARKER_LINE = re.compile(r"^\s*task(\d+)_(\d+)\s*:\s*(.*?)\s*$", re.MULTILINE)
+FENCE = re.compile(r"#\s*---\s*Task (\d+)\.(\d+) begin\s*---")
+TASK_NAMED = re.compile(r"Task (\d+\.\d+)")
+RANK_FAILED = re.compile(r"^rank (\d+) raised (\w+): (.*?)(?:\n\n--- rank \d+ traceback ---|\Z)", re.DOTALL)
+
+# Errors that come from Python or PyTorch rather than from a test, and what they usually mean.
+# (regex on "ExceptionType: message", the sentence to add)
+HINTS = [
+    (r"ReduceOp\.AVG|Cannot use ReduceOp\.AVG",
+     "gloo has no ReduceOp.AVG: all_reduce with SUM, then divide by the world size."),
+    (r"a leaf Variable that requires grad is being used in an in-place operation",
+     "write into parameters under torch.no_grad(), so that autograd does not record the copy."),
+    (r"No backend type associated with device type cpu|Tensors must be CUDA",
+     "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
+    (r"Default process group has not been initialized",
+     "a collective ran before init_process_group (or after destroy_process_group)."),
+    (r"Connection closed by peer|Connection reset by peer",
+     "Another rank left the process group while this one waited in a collective: some rank skips a "
+     "collective that the others call, which in training is a hang."),
+    (r"^(ModuleNotFoundError|ImportError)",
+     "only the template_*.py files are used: import nothing beyond the standard library, torch and "
+     "the repository's own modules."),
+    (r"^(SyntaxError|IndentationError)", "the file does not parse: fix it, then run the check again."),
+]
+
+
+@dataclasses.dataclass
+class Task:
+    id: str  # "2.3", as in the README and the fences
+    title: str = ""  # from the pytest.ini marker: "Task 2.3, template_trainer.py, reduce_metrics"
+    file: str = ""  # "template_trainer.py", from the fence
+    function: str = ""  # the function around the fence
+    line: int = 0  # the fence's line
+
+    @property
+    def marker(self):
+        return "task" + self.id.replace(".", "_")
+
+    @property
+    def key(self):
+        return tuple(int(part) for part in self.id.split("."))
+
+    def where(self):
+        """'template_trainer.py, reduce_metrics()' or the marker's description."""
+        if self.file:
+            return f"{self.file}, {self.function}()" if self.function else self.file
+        return re.sub(r"^Task \d+\.\d+,?\s*", "", self.title)
+
+
+def discover_tasks(repo=REPO):
+    """Every task of the course, in course order: pytest.ini's taskX_Y markers, and the fences."""
+    tasks = {}
+    ini = os.path.join(repo, "pytest.ini")
+    if os.path.exists(ini):
+        with open(ini, encoding="utf-8") as f:
+            for major, minor, title in MARKER_LINE.findall(f.read()):
+                tasks[f"{major}.{minor}"] = Task(f"{major}.{minor}", title=title)
+    for name in sorted(os.listdir(repo)):
+        if not (name.startswith("template_") and name.endswith(".py")):
+            continue
+        with open(os.path.join(repo, name), encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            match = FENCE.search(line)
+            if not match:
+                continue
+            task = tasks.setdefault(f"{match[1]}.{match[2]}", Task(f"{match[1]}.{match[2]}"))
+            if task.file:  # a task fenced in two places: the first one names it
+                continue
+            task.file, task.line = name, number
+            indent = len(line) - len(line.lstrip())
+            for above in reversed(lines[:number - 1]):
+                found = re.match(r"^(\s*)(?:async\s+)?def (\w+)", above)
+                if found and len(found[1]) < indent:
+                    task.function = found[2]
+                    break
+    return sorted(tasks.values(), key=lambda task: task.key)
+
+
+def select_tasks(tasks, wanted):
+    """The tasks named in `wanted` ("2.3", "task2_3", "Task 2.3", or "2" for all of Task 2)."""
+    if not wanted:
+        return list(tasks)
+    chosen = []
+    for word in wanted:
+        text = re.sub(r"^(task\s*)", "", word.strip(), flags=re.IGNORECASE).replace("_", ".")
+        matches = [t for t in tasks if t.id == text or t.id.split(".")[0] == text]
+        if not matches:
+            known = ", ".join(t.id for t in tasks)
+            raise ValueError(f"no task {word!r}: the tasks are {known} (or a whole task, like "
+                             f"{tasks[0].id.split('.')[0] if tasks else '1'})")
+        chosen += [t for t in matches if t not in chosen]
+    return sorted(chosen, key=lambda task: task.key)
+
+
+# ----------------------------------------------------------------------------- running
+
+@dataclasses.dataclass
+class Run:
+    events: list
+    seconds: float
+    returncode: int
+    timed_out: bool  # killed at the time limit
+    timeout: float
+    log_path: str
+    stack: str = ""  # where the pytest process was when it was killed
+
+
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, extra_args=()):
+    """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s."""
+    results = os.path.join(workdir, "results.jsonl")
+    stack = os.path.join(workdir, "stack.txt")
+    log_path = os.path.join(workdir, "pytest.log")
+    for path in (results, stack):
+        if os.path.exists(path):
+            os.remove(path)
+    if not task_ids:
+        raise ValueError("no task to run")
+    selection = " or ".join("task" + task.replace(".", "_") for task in task_ids)
+    command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-m", selection,
+               "-p", "grading.pytest_plugin", f"--results-file={results}", f"--stack-file={stack}",
+               "-p", "no:cacheprovider", "-q", "--color=no", *extra_args]
+    if test_timeout:
+        command.append(f"--timeout={test_timeout}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+               PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+    timed_out = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=(os.name == "posix"))
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            if hasattr(signal, "SIGUSR2"):
+                try:
+                    os.kill(proc.pid, signal.SIGUSR2)  # the plugin writes where it is
+                    time.sleep(0.5)
+                except ProcessLookupError:
+                    pass
+            returncode = -9
+        except BaseException:  # Ctrl-C: take the ranks down too
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)  # also any rank or forkserver left behind
+            proc.wait()
+    events = []
+    if os.path.exists(results):
+        with open(results, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # a line cut short by the kill
+                    pass
+    stack_text = ""
+    if timed_out and os.path.exists(stack):
+        with open(stack, encoding="utf-8", errors="replace") as f:
+            stack_text = f.read()
+    return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text)
+
+
+def _kill_group(proc):
+    try:
+        if os.name == "posix":
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ----------------------------------------------------------------------------- summarising
+
+@dataclasses.dataclass
+class Outcome:
+    nodeid: str
+    tasks: list
+    state: str = "not run"  # passed, failed, skipped, hung, unfinished, not run
+    exc_type: str = ""
+    message: str = ""
+    where: str = ""
+
+
+@dataclasses.dataclass
+class TaskResult:
+    task: Task
+    status: str  # done, not started, blocked, failing, hang, skipped, not run, no tests, error
+    explanation: str = ""  # one or two sentences
+    details: list = dataclasses.field(default_factory=list)  # further lines (where stuck ranks were)
+    passed: int = 0
+    total: int = 0
+    outcomes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def done(self):
+        return self.status == "done"
+
+
+def outcomes_of(run):
+    """One Outcome per collected test, from the plugin's events."""
+    tests = {}
+    for event in run.events:
+        kind, nodeid = event.get("event"), event.get("nodeid")
+        if kind == "collected":
+            tests[nodeid] = Outcome(nodeid, event.get("tasks", []))
+        elif nodeid not in tests:
+            continue
+        elif kind == "start":
+            tests[nodeid].state = "unfinished"
+        elif kind == "skipped_after_hang":
+            tests[nodeid].state = "hung"
+            tests[nodeid].message = f"not run: an earlier test of Task {event['task']} hung"
+            tests[nodeid].exc_type = "Skipped"
+        elif kind == "report":
+            test = tests[nodeid]
+            if test.state in ("failed", "hung") or (test.state == "skipped" and event["when"] != "teardown"):
+                continue  # keep the first failure; a skip in setup means no call phase
+            if event["outcome"] == "failed":
+                test.exc_type, test.message = event.get("exc_type", ""), event.get("message", "")
+                test.where = event.get("where") or ""
+                test.state = "hung" if is_hang(test.exc_type, test.message) else "failed"
+                if event["when"] == "teardown" and test.state == "failed":
+                    test.message = "(while cleaning up after the test) " + test.message
+            elif event["outcome"] == "skipped":
+                test.state, test.message = "skipped", event.get("message", "")
+            elif event["when"] in ("call", "teardown") and test.state != "skipped":
+                test.state = "passed"
+    return list(tests.values())
+
+
+def summarize(tasks, run):
+    """A TaskResult for each task, in course order."""
+    outcomes = outcomes_of(run)
+    collect_errors = [e for e in run.events if e.get("event") == "collect_error"]
+    return [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
+            for task in tasks]
+
+
+def _summarize_task(task, tests, run, collect_errors):
+    result = TaskResult(task, "done", total=len(tests), outcomes=tests,
+                        passed=sum(t.state == "passed" for t in tests))
+    if not tests:
+        if collect_errors:
+            short, _ = explain("Error", collect_errors[0]["message"], "")
+            result.status, result.explanation = "error", f"the tests could not be collected: {short}"
+        elif run.timed_out:
+            result.status = "not run"
+            result.explanation = f"the tests were stopped at the time limit ({run.timeout:.0f} s) before this task's"
+        elif run.returncode not in (0, 1, 5):
+            result.status = "error"
+            result.explanation = f"pytest stopped with exit code {run.returncode} (see {run.log_path})"
+        else:
+            result.status, result.explanation = "no tests", "no test is marked " + task.marker
+        return result
+    unfinished = [t for t in tests if t.state == "unfinished"]
+    hung = [t for t in tests if t.state == "hung" and t.exc_type != "Skipped"]
+    failed = [t for t in tests if t.state == "failed"]
+    not_run = [t for t in tests if t.state == "not run"]
+    if unfinished and run.timed_out:
+        test = unfinished[0]
+        result.status = "hang"
+        result.explanation = (f"{_short_id(test.nodeid)} was still running when the time limit "
+                              f"({run.timeout:.0f} s) stopped the tests: an endless loop, or a wait that never ends.")
+        result.details = _stack_lines(run.stack)
+    elif hung:
+        result.status = "hang"
+        result.explanation, result.details = explain(hung[0].exc_type, hung[0].message, hung[0].where)
+    elif unfinished:  # the pytest process died during a test
+        result.status = "error"
+        result.explanation = (f"the test process died during {_short_id(unfinished[0].nodeid)} "
+                              f"(exit code {run.returncode}): a crash in C code, or os._exit/sys.exit")
+    elif failed:
+        started = [t for t in failed if not _not_implemented(t)]
+        if not started:
+            named = [TASK_NAMED.search(t.message) for t in failed]
+            others = sorted({m[1] for m in named if m and m[1] != task.id}, key=lambda s: tuple(map(int, s.split("."))))
+            mine = [m for m in named if not m or m[1] == task.id]
+            if mine or not others:
+                result.status = "not started"
+                result.explanation = f"{task.where()} still raises NotImplementedError"
+            else:
+                result.status = "blocked"
+                result.explanation = (f"its tests need Task {', '.join(others)} first "
+                                      f"({failed[0].message.strip().splitlines()[0]})")
+        else:
+            result.status = "failing"
+            result.explanation, result.details = explain(started[0].exc_type, started[0].message, started[0].where)
+    elif not_run:
+        result.status = "not run"
+        result.explanation = f"the tests were stopped at the time limit ({run.timeout:.0f} s) before this task's"
+    elif result.passed == 0:
+        result.status = "skipped"
+        result.explanation = next((t.message for t in tests if t.message), "every test was skipped")
+    return result
+
+
+def _not_implemented(test):
+    return test.exc_type == "NotImplementedError" or test.message.startswith("NotImplementedError")
+
+
+def _short_id(nodeid):
+    return nodeid.replace("tests/", "", 1)
+
+
+def _stack_lines(stack):
+    """The frames of a faulthandler dump of the main thread that are not in the libraries."""
+    frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File")]
+    ours = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
+    return ["the test process was at: " + f for f in ours[:3]]
+
+
+def explain(exc_type, message, where):
+    """(one or two sentences, further lines) for a failed test's exception."""
+    message = (message or "").strip()
+    prefix = ""
+    rank = RANK_FAILED.match(message)
+    if rank:  # "rank 1 raised AssertionError: ..." from the harness
+        prefix, exc_type, message = f"rank {rank[1]}: ", rank[2], rank[3].strip()
+    details = []
+    if exc_type == "RankTimeout":
+        head, _, rest = message.partition("\n")
+        details = [line.strip() for line in rest.splitlines() if line.strip()]
+        # keep the facts (which ranks, how long) and the harness's diagnosis, drop nothing else
+        message = head
+    elif exc_type in ("AssertionError", "Failed"):
+        message = re.split(r"\n\s*assert |\nassert ", "\n" + message, maxsplit=1)[0].strip() or message
+    text = " ".join(message.split())
+    text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\] ", "", text)  # gloo's source location
+    text = text.split(" This is typically caused by")[0]  # gloo's advice, shown instead in HINTS
+    if exc_type not in ("AssertionError", "Failed", "RankTimeout", "RankFailed", "Error", "") or not text:
+        text = f"{exc_type}: {text}" if text else exc_type
+    text = prefix + _shorten(text)
+    if where and exc_type not in ("AssertionError", "Failed", "RankTimeout") and where not in text:
+        text += f" ({where})"
+    for pattern, hint in HINTS:
+        if re.search(pattern, f"{exc_type}: {message}", re.MULTILINE):
+            text += " " + hint
+            break
+    return text, details
+
+
+def _shorten(text, limit=400):
+    """At most `limit` characters, cut at a sentence end when there is one."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    end = max(cut.rfind(". "), cut.rfind(": "))
+    return (cut[:end + 1] if end > limit // 2 else cut.rstrip()) + " ..."

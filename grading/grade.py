@@ -1,0 +1,285 @@
+"""Grade students' submissions with this repository's own tests.
+
+    python grading/grade.py submissions/*                  # one folder per student
+    python grading/grade.py alice bob --out grades         # grades/grades.json, .csv and logs/
+    python grading/grade.py submissions/* --tasks 2        # only Task 2 (also: 2.3, task2_3)
+    python grading/grade.py submissions/* --jobs 2         # two submissions at a time
+
+A submission is a folder that holds a student's template_*.py files, anywhere inside it (a
+copy of the whole repository will do). Each is graded in a fresh temporary copy of this
+repository into which only those files are copied: the student's tests, conftest.py,
+pytest.ini and other files are never used, and a tests/ folder that differs from ours is
+reported. Each submission runs in its own process group with time limits, so one that
+hangs or crashes costs at most its limit and the others are still graded.
+
+Points per task and the time limits: grading/points.toml. This runs the students' code
+with your permissions: for untrusted submissions, run it in a container or a VM.
+"""
+import argparse
+import concurrent.futures
+import csv
+import datetime
+import filecmp
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+from grading.checker import REPO, discover_tasks, run_tests, select_tasks, summarize  # noqa: E402
+
+POINTS_FILE = os.path.join(REPO, "grading", "points.toml")
+# Never copied into a grading copy: build outputs, data, and earlier grades.
+COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.pyc", ".venv", "data", "runs",
+                                     "grades")
+SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", "solutions", "node_modules", "data"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("submissions", nargs="+", help="folders, one per student, holding their template_*.py files")
+    parser.add_argument("--out", default="grades",
+                        help="folder for grades.json, grades.csv and each submission's pytest log (default: grades)")
+    parser.add_argument("--tasks", nargs="*", default=[], help="grade only these tasks, like 2.3 or 2 (default: all)")
+    parser.add_argument("--points", default=POINTS_FILE, help="points and time limits (default: grading/points.toml)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds for one submission before it is killed (default: points.toml's limits)")
+    parser.add_argument("--test-timeout", type=float, default=None,
+                        help="seconds for one test (default: points.toml's limits)")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default: 1; "
+                        "more can make timing-sensitive tests slower)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary grading copies, and print where")
+    return parser.parse_args(argv)
+
+
+def load_policy(path):
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        policy = tomllib.load(f)
+    limits = policy.get("limits", {})
+    return {"default": float(policy.get("default", 10)), "partial": bool(policy.get("partial", False)),
+            "points": {str(k): float(v) for k, v in policy.get("points", {}).items()},
+            "test_seconds": float(limits.get("test_seconds", 60)),
+            "submission_seconds": float(limits.get("submission_seconds", 900))}
+
+
+def points_for(result, policy):
+    """(awarded, maximum) for one task."""
+    maximum = policy["points"].get(result.task.id, policy["default"])
+    if result.status == "no tests":  # nothing to grade it by: it counts for nobody
+        return 0.0, 0.0
+    if result.done:
+        return maximum, maximum
+    if policy["partial"] and result.status == "failing" and result.total:
+        return round(maximum * result.passed / result.total, 2), maximum
+    return 0.0, maximum
+
+
+# ----------------------------------------------------------------------------- submissions
+
+def find_student_files(folder, names):
+    """{name: path} of each of `names` in `folder`, the shallowest copy, and notes on doubts."""
+    found, notes = {}, []
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        depth = os.path.relpath(here, folder).count(os.sep)
+        for name in set(files) & set(names):
+            path = os.path.join(here, name)
+            if name not in found:
+                found[name] = (depth, path)
+            elif found[name][0] == depth:
+                notes.append(f"two copies of {name} ({os.path.relpath(found[name][1], folder)} and "
+                             f"{os.path.relpath(path, folder)}): graded the first")
+    return {name: path for name, (depth, path) in found.items()}, notes
+
+
+def inspect_submission(root, names):
+    """Notes for the instructor about what in the submission is ignored or suspicious."""
+    notes = []
+    ours = os.path.join(REPO, "tests")
+    theirs = os.path.join(root, "tests")
+    if os.path.isdir(theirs):
+        for name in sorted(os.listdir(theirs)):
+            mine, path = os.path.join(ours, name), os.path.join(theirs, name)
+            if not os.path.isfile(path) or not name.endswith((".py", ".ini", ".cfg", ".toml")):
+                continue
+            if not os.path.exists(mine):
+                notes.append(f"tests/{name} is not one of the course's tests: ignored")
+            elif not filecmp.cmp(mine, path, shallow=False):
+                notes.append(f"tests/{name} differs from the course's: graded with the course's tests")
+    for name in ("pytest.ini", "conftest.py"):
+        path = os.path.join(root, name)
+        if os.path.isfile(path) and not (os.path.exists(os.path.join(REPO, name))
+                                         and filecmp.cmp(os.path.join(REPO, name), path, shallow=False)):
+            notes.append(f"{name} differs from the course's: ignored")
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if re.search(r"^\s*(from|import)\s+solutions\b", f.read(), re.MULTILINE):
+                    notes.append(f"{name} imports solutions/: check it by hand")
+    return notes
+
+
+def make_grading_copy(submission_files, dest, exclude):
+    """This repository at `dest`, with the student's template files in place of ours."""
+    def ignore(folder, entries):
+        skipped = set(COPY_IGNORE(folder, entries))
+        return skipped | {e for e in entries if os.path.realpath(os.path.join(folder, e)) in exclude}
+    shutil.copytree(REPO, dest, ignore=ignore)
+    for name, path in submission_files.items():
+        shutil.copyfile(path, os.path.join(dest, name))
+
+
+def grade_one(name, folder, tasks, policy, args, exclude):
+    """Grade one submission; whatever goes wrong becomes its grade's note, never a crash."""
+    try:
+        return _grade_one(name, folder, tasks, policy, args, exclude)
+    except Exception as error:  # noqa: BLE001 - one broken submission must not stop the others
+        rows = [{"task": t.id, "where": t.where(), "points": 0.0,
+                 "max_points": policy["points"].get(t.id, policy["default"]), "status": "error",
+                 "explanation": f"the grader failed: {type(error).__name__}: {error}", "details": [],
+                 "passed": 0, "tests": 0} for t in tasks]
+        return {"student": name, "path": os.path.abspath(folder), "points": 0.0,
+                "max_points": sum(r["max_points"] for r in rows), "seconds": 0.0, "timed_out": False,
+                "notes": [f"not graded: {type(error).__name__}: {error}"], "log": None, "tasks": rows}
+
+
+def _grade_one(name, folder, tasks, policy, args, exclude):
+    templates = sorted(n for n in os.listdir(REPO) if n.startswith("template_") and n.endswith(".py"))
+    files, notes = find_student_files(folder, templates)
+    missing = [n for n in templates if n not in files]
+    if files:
+        root = os.path.dirname(min(files.values(), key=lambda p: p.count(os.sep)))
+        notes += inspect_submission(root, list(files))
+        if missing:
+            notes.append(f"missing: {', '.join(missing)} (graded as the untouched template)")
+    else:
+        notes.append(f"no template_*.py file found in {folder}")
+    workdir = tempfile.mkdtemp(prefix=f"grade-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-")
+    try:
+        copy = os.path.join(workdir, "repo")
+        make_grading_copy(files, copy, exclude)
+        run = run_tests(copy, [t.id for t in tasks], workdir, impl="template",
+                        timeout=args.timeout or policy["submission_seconds"],
+                        test_timeout=args.test_timeout or policy["test_seconds"])
+        if run.timed_out:
+            notes.append(f"stopped at the time limit ({run.timeout:.0f} s)")
+        results = summarize(tasks, run)
+        log = os.path.join(args.out, "logs", f"{name}.log")
+        shutil.copyfile(run.log_path, log)
+    finally:
+        if args.keep:
+            print(f"kept the grading copy of {name}: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    rows = []
+    for result in results:
+        awarded, maximum = points_for(result, policy)
+        rows.append({"task": result.task.id, "where": result.task.where(), "points": awarded,
+                     "max_points": maximum, "status": result.status, "explanation": result.explanation,
+                     "details": result.details, "passed": result.passed, "tests": result.total})
+    return {"student": name, "path": os.path.abspath(folder),
+            "points": round(sum(r["points"] for r in rows), 2), "max_points": sum(r["max_points"] for r in rows),
+            "seconds": round(run.seconds, 1), "timed_out": run.timed_out, "notes": notes,
+            "log": os.path.relpath(log, args.out), "tasks": rows}
+
+
+def student_names(paths):
+    """A unique name per submission: the folder's name, with its parent's when two collide."""
+    names = []
+    for path in paths:
+        parts = os.path.abspath(path).rstrip(os.sep).split(os.sep)
+        name = parts[-1]
+        if name in names or name in ("repo", "submission", "src"):
+            name = "_".join(parts[-2:])
+        base, n = name, 2
+        while name in names:
+            name, n = f"{base}_{n}", n + 1
+        names.append(name)
+    return names
+
+
+# ----------------------------------------------------------------------------- reports
+
+def print_table(grades):
+    print(f"{'student':<20} {'task':<6} {'points':>11}  {'status':<12} explanation")
+    for grade in grades:
+        for row in grade["tasks"]:
+            points = f"{row['points']:g}/{row['max_points']:g}"
+            explanation = row["explanation"] if row["status"] != "done" else ""
+            if len(explanation) > 90:
+                explanation = explanation[:87] + "..."
+            print(f"{grade['student']:<20} {row['task']:<6} {points:>11}  {row['status']:<12} {explanation}")
+        total = f"{grade['points']:g}/{grade['max_points']:g}"
+        print(f"{grade['student']:<20} {'total':<6} {total:>11}  ({grade['seconds']:.0f} s)")
+        for note in grade["notes"]:
+            print(f"{'':<20} note: {note}")
+        print()
+
+
+def write_reports(grades, out, policy, tasks):
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    report = {"graded_at": datetime.datetime.now().isoformat(timespec="seconds"), "course_commit": commit or None,
+              "tasks": [t.id for t in tasks], "policy": policy, "submissions": grades}
+    with open(os.path.join(out, "grades.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "task", "points", "max_points", "status", "explanation", "notes"])
+        for grade in grades:
+            for row in grade["tasks"]:
+                writer.writerow([grade["student"], row["task"], row["points"], row["max_points"], row["status"],
+                                 row["explanation"], ""])
+            writer.writerow([grade["student"], "total", grade["points"], grade["max_points"],
+                             "timed out" if grade["timed_out"] else "", "", "; ".join(grade["notes"])])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    policy = load_policy(args.points)
+    try:
+        tasks = select_tasks(discover_tasks(REPO), args.tasks)
+    except ValueError as error:
+        print(f"grade.py: {error}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print("grade.py: no task found: pytest.ini has no taskX_Y markers", file=sys.stderr)
+        return 2
+    for folder in args.submissions:
+        if not os.path.isdir(folder):
+            print(f"grade.py: {folder} is not a folder (unpack archives first)", file=sys.stderr)
+            return 2
+    unknown = sorted(set(policy["points"]) - {t.id for t in discover_tasks(REPO)})
+    if unknown:
+        print(f"grade.py: warning: {args.points} gives points to tasks that do not exist: {', '.join(unknown)}",
+              file=sys.stderr)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    # submissions or the output kept inside this repository must not be copied into every grading copy
+    exclude = {os.path.realpath(p) for p in args.submissions + [args.out]}
+    names = student_names(args.submissions)
+    print(f"Grading {len(names)} submission(s) on Task {', '.join(t.id for t in tasks)} ...", file=sys.stderr)
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(grade_one, name, folder, tasks, policy, args, exclude)
+                   for name, folder in zip(names, args.submissions)]
+        for future in concurrent.futures.as_completed(futures):
+            grade = future.result()
+            print(f"  {grade['student']}: {grade['points']:g}/{grade['max_points']:g} in {grade['seconds']:.0f} s",
+                  file=sys.stderr, flush=True)
+        grades = [future.result() for future in futures]
+    print_table(grades)
+    write_reports(grades, args.out, policy, tasks)
+    print(f"Wrote {os.path.join(args.out, 'grades.json')} and grades.csv ({time.monotonic() - start:.0f} s).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
