@@ -1,0 +1,255 @@
+"""Task 1: the distributed sampler and the loaders (template_data_loader.py).
+
+    pytest --impl template -m task1_1      # one task; see conftest.py
+
+The expected values come from independent references: torch.randperm, plain slicing,
+torch.tensor_split and PyTorch's own DistributedSampler.
+"""
+import math
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler as TorchSampler
+from torch.utils.data import TensorDataset
+
+from conftest import load
+from harness import run_ranks
+
+T11 = "Task 1.1 (template_data_loader.py, ordered_indices)"
+T12 = "Task 1.2 (template_data_loader.py, pad_or_drop)"
+T13 = "Task 1.3 (template_data_loader.py, shard)"
+T14 = "Task 1.4 (template_data_loader.py, build_loaders)"
+
+SIZES = [0, 1, 2, 3, 5, 7, 10, 16, 31, 100]
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+
+
+def randperm(n, seed):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.randperm(n, generator=g).tolist()
+
+
+# --------------------------------------------------------------------------- Task 1.1
+@pytest.mark.task1_1
+def test_order_without_shuffle(data_loader):
+    for n in SIZES:
+        got = data_loader.ordered_indices(n, shuffle=False, seed=0, epoch=3)
+        assert got == list(range(n)), f"{T11}: without shuffle the order is 0..{n - 1}, got {got}"
+
+
+@pytest.mark.task1_1
+def test_shuffle_is_randperm_seeded_with_seed_plus_epoch(data_loader):
+    for n in [1, 10, 100, 1000]:
+        for seed, epoch in [(0, 0), (0, 1), (7, 0), (7, 5)]:
+            got = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
+            assert isinstance(got, list), f"{T11}: return a list of ints (use .tolist()), got {type(got).__name__}"
+            assert got == randperm(n, seed + epoch), (
+                f"{T11}: with shuffle, n={n} seed={seed} epoch={epoch} must give "
+                f"torch.randperm(n, generator=g).tolist() with g.manual_seed(seed + epoch), exactly as "
+                f"PyTorch's DistributedSampler does; got {got[:8]}...")
+
+
+@pytest.mark.task1_1
+def test_each_epoch_shuffles_differently(data_loader):
+    orders = [tuple(data_loader.ordered_indices(50, shuffle=True, seed=0, epoch=e)) for e in range(4)]
+    assert len(set(orders)) == 4, (
+        f"{T11}: epochs 0-3 gave {len(set(orders))} different orders: the epoch must be part of the seed "
+        "(seed + epoch), or every epoch sees the data in the same order")
+
+
+def _orders_on_rank(rank, world_size, impl):
+    data_loader = load(impl, "template_data_loader")
+    return [data_loader.ordered_indices(40, shuffle=True, seed=3, epoch=e) for e in range(2)]
+
+
+@pytest.mark.task1_1
+def test_every_rank_gets_the_same_order(impl):
+    orders = run_ranks(_orders_on_rank, 3, impl)
+    for rank in (1, 2):
+        assert orders[rank] == orders[0], (
+            f"{T11}: rank {rank}'s order differs from rank 0's; every rank must compute the same order "
+            "(seed it with seed + epoch only, never the rank), or the shards overlap")
+
+
+# --------------------------------------------------------------------------- Task 1.2
+@pytest.mark.task1_2
+def test_padding_wraps_around_to_a_multiple(data_loader):
+    for n in SIZES[1:]:
+        indices = randperm(n, n)
+        for world_size in WORLD_SIZES:
+            original = list(indices)
+            got = data_loader.pad_or_drop(indices, world_size, drop_last=False)
+            total = math.ceil(n / world_size) * world_size
+            assert indices == original, f"{T12}: do not change the list you are given; return a new one"
+            assert len(got) == total, (
+                f"{T12}: {n} indices on {world_size} ranks must be padded to {total}, the next multiple "
+                f"of {world_size}; got {len(got)}")
+            expected = [indices[i % n] for i in range(total)]
+            assert got == expected, (
+                f"{T12}: pad with indices from the front of the list and wrap around as often as "
+                f"needed: {n} indices on {world_size} ranks should give {expected}, got {got}")
+
+
+@pytest.mark.task1_2
+def test_drop_last_cuts_the_tail(data_loader):
+    for n in SIZES:
+        indices = randperm(n, n)
+        for world_size in WORLD_SIZES:
+            got = data_loader.pad_or_drop(indices, world_size, drop_last=True)
+            expected = indices[: n - n % world_size]
+            assert got == expected, (
+                f"{T12}: drop_last=True keeps the first {len(expected)} of {n} indices (the largest multiple "
+                f"of {world_size}); got {len(got)}")
+
+
+@pytest.mark.task1_2
+def test_padding_the_seeds_example(data_loader):
+    got = data_loader.pad_or_drop(list(range(10)), 4, drop_last=False)
+    assert got == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], f"{T12}: 10 indices on 4 ranks, got {got}"
+    got = data_loader.pad_or_drop([7, 3], 5, drop_last=False)
+    assert got == [7, 3, 7, 3, 7], f"{T12}: 2 indices on 5 ranks must wrap around twice: [7, 3, 7, 3, 7], got {got}"
+
+
+# --------------------------------------------------------------------------- Task 1.3
+@pytest.mark.task1_3
+def test_shard_of_the_seeds_example(data_loader):
+    padded = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+    expected = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1]]
+    got = [data_loader.shard(padded, 4, rank) for rank in range(4)]
+    assert got == expected, (
+        f"{T13}: rank r takes the r-th contiguous block, positions [r*m, (r+1)*m): expected {expected}, got {got}; "
+        "a rank that ignores its rank gives every rank the same shard")
+
+
+@pytest.mark.task1_3
+def test_shards_are_contiguous_blocks(data_loader):
+    for n in SIZES:
+        indices = randperm(n, 1)
+        for world_size in WORLD_SIZES:
+            expected = [block.tolist() for block in torch.tensor_split(torch.tensor(indices, dtype=torch.long), world_size)]
+            got = [data_loader.shard(indices, world_size, rank) for rank in range(world_size)]
+            assert got == expected, (
+                f"{T13}: {n} indices on {world_size} ranks: each rank takes one contiguous block, the first "
+                f"{n % world_size} ranks one more than the others (as torch.tensor_split); expected {expected}, got {got}")
+
+
+# ----------------------------------------------- the whole sampler (needs Tasks 1.1 to 1.3)
+def _torch_padded_order(n, world_size, shuffle, seed, epoch, drop_last):
+    """PyTorch's sampler hands out indices[rank::world_size]: undo that to get its padded order."""
+    per_rank = []
+    for rank in range(world_size):
+        sampler = TorchSampler(range(n), world_size, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        per_rank.append(list(sampler))
+    return [per_rank[i % world_size][i // world_size] for i in range(sum(map(len, per_rank)))]
+
+
+@pytest.mark.task1_3
+def test_sampler_agrees_with_pytorch(data_loader):
+    for n in [1, 2, 5, 10, 37, 100]:
+        for world_size in [1, 2, 3, 4, 7]:
+            for shuffle, seed, epoch, drop_last in [(False, 0, 0, False), (True, 0, 0, False), (True, 5, 3, False),
+                                                    (True, 1, 2, True), (False, 0, 1, True)]:
+                if drop_last and n < world_size:
+                    continue  # PyTorch's sampler then gives every rank nothing, as ours does
+                shards = []
+                for rank in range(world_size):
+                    sampler = data_loader.DistributedSampler(range(n), world_size, rank, shuffle=shuffle,
+                                                             seed=seed, drop_last=drop_last)
+                    sampler.set_epoch(epoch)
+                    shards.append(list(sampler))
+                    assert len(sampler) == len(shards[-1]), "len(sampler) must equal the number of indices it yields"
+                ours = [i for s in shards for i in s]
+                theirs = _torch_padded_order(n, world_size, shuffle, seed, epoch, drop_last)
+                assert ours == theirs, (
+                    f"Tasks 1.1-1.3: n={n} world_size={world_size} shuffle={shuffle} seed={seed} epoch={epoch} "
+                    f"drop_last={drop_last}: the ranks' shards, joined in rank order, must be PyTorch's "
+                    f"padded order {theirs}, got {ours}")
+                assert len({len(s) for s in shards}) == 1, f"{T13}: every rank must get as many indices"
+
+
+@pytest.mark.task1_3
+def test_unpadded_sampler_visits_every_sample_once(data_loader):
+    for n in SIZES:
+        for world_size in WORLD_SIZES:
+            shards = [list(data_loader.DistributedSampler(range(n), world_size, rank, shuffle=True, seed=2, pad=False))
+                      for rank in range(world_size)]
+            joined = sorted(i for s in shards for i in s)
+            assert joined == list(range(n)), (
+                f"pad=False (Tasks 1.1-1.3): {n} samples on {world_size} ranks must be visited exactly once "
+                f"over all ranks, got {joined}")
+            lengths = [len(s) for s in shards]
+            assert max(lengths) - min(lengths) <= 1, f"pad=False: shard lengths differ by more than one: {lengths}"
+
+
+def _default_sampler(rank, world_size, impl):
+    data_loader = load(impl, "template_data_loader")
+    sampler = data_loader.DistributedSampler(range(10), shuffle=False)
+    return sampler.num_replicas, sampler.rank, list(sampler)
+
+
+@pytest.mark.task1_3
+def test_sampler_defaults_to_the_process_group(impl):
+    results = run_ranks(_default_sampler, 2, impl)
+    assert results == [(2, 0, [0, 1, 2, 3, 4]), (2, 1, [5, 6, 7, 8, 9])], results
+
+
+def test_sampler_rejects_bad_arguments(data_loader):
+    for kwargs in [dict(num_replicas=0, rank=0), dict(num_replicas=2, rank=2), dict(num_replicas=2, rank=-1)]:
+        with pytest.raises(ValueError):
+            data_loader.DistributedSampler(range(10), **kwargs)
+
+
+# --------------------------------------------------------------------------- Task 1.4
+def _indexed(n):
+    """A data set whose samples are their own indices, so the loaders' output can be checked."""
+    return TensorDataset(torch.arange(n), torch.arange(n) % 10)
+
+
+def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_test=10, epoch=0):
+    ranks = []
+    for rank in range(world_size):
+        train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank, world_size, seed=1)
+        train.sampler.set_epoch(epoch)
+        ranks.append(([b[0].tolist() for b in train], [b[0].tolist() for b in test]))
+    return ranks
+
+
+@pytest.mark.task1_4
+def test_each_rank_loads_its_share_of_the_global_batch(data_loader):
+    for world_size in [1, 2, 3]:
+        ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=6)
+        for rank, (train_batches, _) in enumerate(ranks):
+            sizes = {len(b) for b in train_batches}
+            assert sizes == {6 // world_size}, (
+                f"{T14}: with a global batch of 6 on {world_size} ranks, every training batch of a rank "
+                f"holds 6 // {world_size} = {6 // world_size} samples (drop_last=True); rank {rank} got sizes {sizes}")
+        counts = [len(train) for train, _ in ranks]
+        assert len(set(counts)) == 1, f"{T14}: every rank needs as many training steps, got {counts}"
+        seen = {i for train, _ in ranks for batch in train for i in batch}
+        assert len(seen) >= 18, f"{T14}: the ranks together should cover the training set, saw {sorted(seen)}"
+
+
+@pytest.mark.task1_4
+def test_training_shuffles_per_epoch(data_loader):
+    first = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=0)
+    second = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=1)
+    assert first[0][0] != second[0][0], f"{T14}: the training sampler must shuffle (shuffle=True), and use set_epoch"
+
+
+@pytest.mark.task1_4
+def test_every_test_image_is_evaluated_exactly_once(data_loader):
+    for world_size in [1, 2, 3, 4]:
+        ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=12, n_test=10)
+        evaluated = sorted(i for _, test in ranks for batch in test for i in batch)
+        assert evaluated == list(range(10)), (
+            f"{T14}: over {world_size} ranks the 10 test images must be evaluated exactly once each; got {evaluated}. "
+            "A padded test sampler counts some images twice: use pad=False for evaluation")
+
+
+def test_batch_size_errors_are_clear(data_loader):
+    with pytest.raises(ValueError, match="smaller than the world size"):
+        data_loader.build_loaders(_indexed(8), _indexed(8), 2, 0, 4)
+    with pytest.raises(ValueError, match="not divisible"):
+        data_loader.build_loaders(_indexed(8), _indexed(8), 10, 0, 4)

@@ -1,0 +1,57 @@
+"""The templates are the solutions with the TODO regions emptied, and nothing else differs.
+
+A region is fenced by "# --- Task X.Y begin ---" and "# --- Task X.Y end ---". This
+catches a fix made in a solution but not in its template (or the other way round), a
+missing stub, and a task with no pytest marker for students to select it.
+"""
+import configparser
+import os
+import re
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---\n.*?^[ \t]*# --- Task \1 end ---\n", re.M | re.S)
+TEMPLATES = sorted(name for name in os.listdir(REPO) if name.startswith("template_") and name.endswith(".py"))
+
+
+def read(*parts):
+    with open(os.path.join(REPO, *parts)) as f:
+        return f.read()
+
+
+def regions(text):
+    return {m.group(1): m.group(0) for m in FENCE.finditer(text)}
+
+
+def test_there_are_templates():
+    assert "template_data_loader.py" in TEMPLATES and "template_trainer.py" in TEMPLATES, TEMPLATES
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_equals_solution_outside_the_task_regions(name):
+    template, solution = read(name), read("solutions", name)
+    assert sorted(regions(template)) == sorted(regions(solution)), f"{name}: the two files fence different tasks"
+    assert regions(template), f"{name} has no fenced task"
+    assert FENCE.sub("<task>\n", template) == FENCE.sub("<task>\n", solution), (
+        f"{name} and solutions/{name} differ outside the fenced task regions: change both the same way")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_each_template_region_is_a_todo_and_a_raise(name):
+    for task, region in regions(read(name)).items():
+        body = [line.strip() for line in region.splitlines()[1:-1]]
+        assert len(body) == 2 and body[0].startswith(f"# TODO Task {task}:"), f"{name}, Task {task}: {body}"
+        assert body[1].startswith(f'raise NotImplementedError("Task {task}:'), f"{name}, Task {task}: {body[1]}"
+        assert "NotImplementedError" not in "".join(regions(read("solutions", name))[task]), (
+            f"solutions/{name}: Task {task} is not filled in")
+
+
+def test_every_task_has_a_pytest_marker():
+    config = configparser.ConfigParser()
+    config.read(os.path.join(REPO, "pytest.ini"))
+    markers = config["pytest"]["markers"]
+    for name in TEMPLATES:
+        for task in regions(read(name)):
+            marker = "task" + task.replace(".", "_")
+            assert re.search(rf"^{marker}:", markers, re.M), f"pytest.ini has no marker {marker} for Task {task} ({name})"

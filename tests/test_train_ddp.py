@@ -1,0 +1,188 @@
+"""train_ddp.py end to end: torchrun training, clear errors, and the CIFAR-10 path offline."""
+import contextlib
+import csv
+import functools
+import hashlib
+import http.server
+import io
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import data
+from harness import run_ranks
+from mistakes import Mistake, make_submission
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(args, cwd=REPO, timeout=150):
+    """Run a command in its own process group; kill all of it (torchrun's ranks too) on timeout."""
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s (a hang?); its output:\n{out}")
+    return proc.returncode, out
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+QUICK = ["--data", "synthetic", "--epochs", "2", "--train-samples", "3072", "--test-samples", "1000",
+         "--batch-size", "128"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("impl", ["solutions", "ddp"])
+def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
+    metrics = tmp_path / "metrics.csv"
+    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl, *QUICK, "--metrics", str(metrics)])
+    assert code == 0, out
+    assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    with open(metrics) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [1, 2], rows
+    losses = [float(r["train_loss"]) for r in rows]
+    accuracy = float(rows[-1]["test_accuracy"])
+    assert losses[1] < losses[0], f"the training loss did not fall: {losses}\n{out}"
+    assert accuracy > 0.5, f"test accuracy {accuracy:.2%} is not well above chance (10%)\n{out}"
+    assert out.count("test accuracy") == 2, "rank 0 alone prints one line per epoch"
+
+
+def test_an_unfilled_task_stops_training_with_one_clear_message(tmp_path):
+    stub = Mistake("2.3", "unfilled", "template_trainer.py",
+                   "    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n",
+                   '    raise NotImplementedError("Task 2.3: reduce_metrics() is not done yet")\n', "")
+    repo = make_submission(str(tmp_path / "repo"), [stub])
+    code, out = run([sys.executable, "train_ddp.py", "--data", "synthetic"], cwd=repo, timeout=60)
+    assert code == 1, out
+    assert "Task 2.3 in template_trainer.py is not done yet" in out and "--impl solutions" in out, out
+    assert "pytest --impl template -m task2_3" in out, out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "0"], "smaller than the world size"),
+    (["--backend", "nccl"], "NCCL backend needs GPUs"),
+])
+def test_a_setting_that_cannot_work_gives_one_line(args, message):
+    if "nccl" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU, so NCCL works")
+    code, out = run([sys.executable, "train_ddp.py", "--impl", "solutions", "--data", "synthetic",
+                     "--train-samples", "64", "--epochs", "1", *args], timeout=60)
+    assert code == 2 and message in out and "Traceback" not in out, out
+
+
+# ------------------------------------------------- CIFAR-10, offline, in its real format
+def write_tiny_cifar(root, per_batch=4, test=6):
+    """CIFAR-10's own layout (cifar-10-batches-py/ of pickled batches) and its .tar.gz, tiny.
+
+    Returns the md5 sums torchvision must expect, the archive's path and the images."""
+    folder = os.path.join(root, "cifar-10-batches-py")
+    os.makedirs(folder)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    images = {}
+    for name in names:
+        n = test if name == "test_batch" else per_batch
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, n).tolist(), "batch_label": name}
+        images[name] = batch
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump(batch, f)
+    with open(os.path.join(folder, "batches.meta"), "wb") as f:
+        pickle.dump({"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                                     "ship", "truck"]}, f)
+    md5 = {name: hashlib.md5(open(os.path.join(folder, name), "rb").read()).hexdigest()
+           for name in names + ["batches.meta"]}
+    archive = os.path.join(root, "cifar-10-python.tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-py")
+    md5["archive"] = hashlib.md5(open(archive, "rb").read()).hexdigest()
+    return md5, archive, images
+
+
+def _use_tiny_cifar(md5, url):
+    """Point torchvision's CIFAR10 at the tiny copy: its checksums and a local URL."""
+    from torchvision.datasets import CIFAR10
+
+    CIFAR10.url = url
+    CIFAR10.tgz_md5 = md5["archive"]
+    CIFAR10.train_list = [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)]
+    CIFAR10.test_list = [["test_batch", md5["test_batch"]]]
+    CIFAR10.meta = {**CIFAR10.meta, "md5": md5["batches.meta"]}
+
+
+def _get_cifar(rank, world_size, choice, root, md5, url):
+    import torchvision.datasets.cifar as cifar
+
+    _use_tiny_cifar(md5, url)
+    downloads = []
+    fetch = cifar.download_and_extract_archive
+    cifar.download_and_extract_archive = lambda *a, **k: downloads.append(a) or fetch(*a, **k)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        train, test, name = data.get_datasets(choice, root)
+    return name, len(train), len(test), train[0][0], train[0][1], test[5][1], len(downloads), printed.getvalue()
+
+
+@pytest.fixture
+def cifar_server(tmp_path):
+    """Serve the tiny archive over HTTP on a free port, counting the downloads."""
+    source = tmp_path / "source"
+    md5, archive, images = write_tiny_cifar(str(source))
+    downloads = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            downloads.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Handler, directory=str(source)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
+    yield md5, url, images, downloads
+    server.shutdown()
+
+
+def test_cifar10_is_downloaded_by_rank_0_only_and_read_by_torchvision(tmp_path, cifar_server):
+    md5, url, images, requests = cifar_server
+    root = str(tmp_path / "data")
+    results = run_ranks(_get_cifar, 2, "cifar10", root, md5, url, timeout=60)
+    downloads = [r[-2] for r in results]
+    assert downloads == [1, 0], f"downloads by rank: {downloads}; rank 0 alone should download, once"
+    assert requests, "the archive was not fetched from the (local) URL"
+    first = images["data_batch_1"]
+    pixel = torch.tensor(first["data"][0], dtype=torch.float32).reshape(3, 32, 32) / 255
+    expected = (pixel - torch.tensor(data.CIFAR10_MEAN)[:, None, None]) / torch.tensor(data.CIFAR10_STD)[:, None, None]
+    for name, n_train, n_test, image, label, test_label, _, _ in results:
+        assert (name, n_train, n_test) == ("cifar10", 20, 6)
+        assert torch.allclose(image, expected, atol=1e-6) and label == first["labels"][0]
+        assert test_label == images["test_batch"]["labels"][5]
+
+
+def test_auto_falls_back_to_synthetic_loudly_when_cifar10_cannot_be_had(tmp_path, cifar_server):
+    md5, _, _, _ = cifar_server
+    dead_url = "http://127.0.0.1:9/cifar-10-python.tar.gz"  # the discard port: nothing listens there
+    results = run_ranks(_get_cifar, 2, "auto", str(tmp_path / "empty"), md5, dead_url, timeout=60)
+    assert [r[0] for r in results] == ["synthetic", "synthetic"]
+    assert "Training on the built-in SYNTHETIC data set" in results[0][-1], "rank 0 must say so, loudly"
+    assert results[1][-1] == "", "rank 0 alone prints the notice"
+
+
+def test_cifar10_that_cannot_be_had_is_an_error_that_says_what_to_do(tmp_path, cifar_server):
+    md5, _, _, _ = cifar_server
+    with pytest.raises(AssertionError, match="--data synthetic"):
+        run_ranks(_get_cifar, 1, "cifar10", str(tmp_path / "empty"), md5, "http://127.0.0.1:9/x.tar.gz", timeout=60)

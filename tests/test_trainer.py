@@ -1,0 +1,280 @@
+"""Task 2: broadcast, gradient averaging and metric reduction (template_trainer.py).
+
+    pytest --impl template -m task2_2      # one task; see conftest.py
+
+Each test runs real ranks (tests/harness.py) and checks every rank's result, not only
+rank 0's, against an independent reference: single-process training on the whole global
+batch, PyTorch's DistributedDataParallel, or plain sums.
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from conftest import load
+from harness import run_ranks
+from models import CNN
+
+T21 = "Task 2.1 (template_trainer.py, broadcast_parameters)"
+T22 = "Task 2.2 (template_trainer.py, average_gradients)"
+T23 = "Task 2.3 (template_trainer.py, reduce_metrics)"
+
+
+
+def on_gpu(*values):
+    """Test parameters for gloo with CUDA tensors, skipped without a GPU."""
+    no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: gloo with CUDA tensors needs CUDA")
+    return pytest.param(*values, marks=[pytest.mark.gpu, no_gpu])
+
+
+class Awkward(nn.Module):
+    """A toy model with what trips up hand-written data parallelism: a frozen parameter
+    (no gradient), tied weights (one Parameter used by two layers) and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 6, bias=False)
+        self.hidden = nn.Linear(6, 6)
+        self.frozen = nn.Parameter(torch.randn(6), requires_grad=False)
+        self.out = nn.Linear(6, 6, bias=False)
+        self.out.weight = self.embed.weight  # tied
+        self.register_buffer("scale", torch.rand(6) + 0.5)
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x) * self.scale + self.frozen)
+        return self.out(torch.tanh(self.hidden(h)))
+
+
+def _state(model):
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------- Task 2.1
+def _broadcast(rank, world_size, impl, src, device):
+    trainer = load(impl, "template_trainer")
+    torch.manual_seed(100 + rank)  # every rank starts different, as in real life
+    model = nn.Sequential(Awkward(), nn.BatchNorm1d(6)).to(device)
+    model[1].running_mean.normal_()  # make the buffers differ between ranks too
+    before = _state(model)
+    params = list(model.parameters())
+    trainer.broadcast_parameters(model, src=src)
+    same_objects = all(a is b for a, b in zip(params, model.parameters()))
+    still_leaves = all(p.is_leaf for p in model.parameters())
+    return before, _state(model), same_objects and still_leaves
+
+
+@pytest.mark.task2_1
+@pytest.mark.parametrize("world_size,src,device", [(2, 0, "cpu"), (3, 0, "cpu"), (3, 2, "cpu"), on_gpu(2, 0, "cuda")])
+def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device):
+    results = run_ranks(_broadcast, world_size, impl, src, device)
+    expected = results[src][0]  # rank src's model before the broadcast
+    buffers = {"0.scale", "1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    for rank, (_, after, in_place) in enumerate(results):
+        assert in_place, f"{T21}: rank {rank}: copy into the model's own parameters, in place; do not replace them"
+        for name, value in expected.items():
+            if not torch.equal(after[name], value):
+                kind = "buffer" if name in buffers else "parameter"
+                hint = ("broadcast the buffers too (model.buffers()): BatchNorm's running statistics are buffers"
+                        if kind == "buffer" else f"every rank must call dist.broadcast(tensor, src={src}) for every parameter")
+                pytest.fail(f"{T21}: after broadcast_parameters(model, src={src}) on {world_size} ranks, rank {rank}'s "
+                            f"{kind} '{name}' is not bit-identical to rank {src}'s: {hint}")
+
+
+# --------------------------------------------------------------------------- Task 2.2
+def _known_gradients(rank, world_size, impl):
+    trainer = load(impl, "template_trainer")
+    model = Awkward()
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.full_like(param, float(rank + 1))
+    trainer.average_gradients(model)
+    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+
+
+@pytest.mark.task2_2
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_gradients_become_the_average_on_every_rank(impl, world_size):
+    results = run_ranks(_known_gradients, world_size, impl)
+    mean = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size
+    for rank, grads in enumerate(results):
+        assert grads["frozen"] is None, f"{T22}: the frozen parameter has no gradient; leave its .grad as None"
+        for name, grad in grads.items():
+            if grad is None:
+                continue
+            value = grad.flatten()[0].item()
+            if abs(value - mean) > 1e-6 and abs(value - mean * world_size) < 1e-6:
+                pytest.fail(f"{T22}: rank {rank}'s gradients are {world_size}x the average ({value} instead of "
+                            f"{mean}): all_reduce SUM gives the sum; divide it by the world size")
+            own = float(rank + 1)
+            if abs(value - mean) > 1e-6 and abs(value - own) < 1e-6 and world_size > 1:
+                pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is still its own ({own}), not the average "
+                            f"({mean}): every rank must receive the result (dist.all_reduce, not dist.reduce)")
+            assert torch.allclose(grad, torch.full_like(grad, mean)), (
+                f"{T22}: rank {rank}'s gradient of '{name}' should be the average over ranks, {mean}, "
+                f"got values like {value}")
+
+
+def _train(model, optimizer, batches, sync):
+    for x, y in batches:
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        sync(model)
+        optimizer.step()
+
+
+def _global_batches(steps=4, per_rank=5, world_size=3):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(world_size * per_rank, 6, generator=g), torch.randn(world_size * per_rank, 6, generator=g))
+            for _ in range(steps)]
+
+
+def _data_parallel_training(rank, world_size, impl):
+    """Train Awkward on this rank's slice of each global batch, with average_gradients and,
+    separately, with PyTorch's DistributedDataParallel."""
+    trainer = load(impl, "template_trainer")
+    torch.manual_seed(0)  # the same start everywhere: this test is about the gradients, not the broadcast
+    model = Awkward()
+    ddp_model = DistributedDataParallel(copy.deepcopy(model))
+    local = [(x.chunk(world_size)[rank], y.chunk(world_size)[rank]) for x, y in _global_batches(world_size=world_size)]
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), local, trainer.average_gradients)
+    _train(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.1, momentum=0.9), local, lambda m: None)
+    return _state(model), _state(ddp_model.module)
+
+
+@pytest.mark.task2_2
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_training_equals_single_process_training_on_the_global_batch(impl, world_size):
+    results = run_ranks(_data_parallel_training, world_size, impl)
+    torch.manual_seed(0)
+    single = Awkward()
+    _train(single, torch.optim.SGD(single.parameters(), lr=0.1, momentum=0.9),
+           _global_batches(world_size=world_size), lambda m: None)
+    expected = _state(single)
+    for rank, (ours, ddp) in enumerate(results):
+        for name, value in expected.items():
+            # The mean of the ranks' mean losses is the mean loss over the global batch, so the
+            # gradients agree up to float32 rounding: the sums run in another order (about 1e-7
+            # relative per operation, a few hundred operations over 4 momentum steps). A missing
+            # division, a skipped rank or a wrong parameter is off by 1e-2 or more.
+            error = (ours[name] - value).abs().max().item()
+            assert error < 1e-5, (
+                f"{T22}: after 4 SGD steps on {world_size} ranks, '{name}' differs from single-process training "
+                f"on the whole global batch by {error:.2e}: each step must use the gradient averaged over all ranks "
+                "(all_reduce SUM, then divide by the world size)")
+            assert torch.equal(ours[name], results[0][0][name]), (
+                f"{T22}: rank {rank} and rank 0 hold different '{name}': every rank must end with the same averaged gradient")
+            assert (ours[name] - ddp[name]).abs().max().item() < 1e-5, (
+                f"{T22}: '{name}' differs from PyTorch's DistributedDataParallel trained on the same data")
+
+
+def _cnn_step(rank, world_size, impl, device):
+    trainer = load(impl, "template_trainer")
+    torch.manual_seed(0)
+    model = CNN().to(device)
+    g = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+    local = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
+    F.cross_entropy(model(images[local].to(device)), labels[local].to(device)).backward()
+    trainer.average_gradients(model)
+    return {name: p.grad.cpu() for name, p in model.named_parameters()}
+
+
+@pytest.mark.task2_2
+@pytest.mark.parametrize("device", ["cpu", on_gpu("cuda")])
+def test_cnn_gradients_match_the_global_batch(impl, device):
+    results = run_ranks(_cnn_step, 2, impl, device)
+    torch.manual_seed(0)
+    model = CNN()
+    g = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+    F.cross_entropy(model(images), labels).backward()
+    for rank, grads in enumerate(results):
+        for name, p in model.named_parameters():
+            assert torch.allclose(grads[name], p.grad, rtol=1e-4, atol=1e-6), (
+                f"{T22}: rank {rank}'s gradient of the CNN's '{name}' is not the gradient of the whole batch")
+
+
+# --------------------------------------------------------------------------- Task 2.3
+# 10 test images on 3 ranks, split 4, 3, 3 as the unpadded sampler does
+COUNTS = [(3, 4, 2.5), (1, 3, 4.0), (2, 3, 1.25)]
+
+
+def _reduce(rank, world_size, impl, device):
+    trainer = load(impl, "template_trainer")
+    return trainer.reduce_metrics(*COUNTS[rank], device=device)
+
+
+@pytest.mark.task2_3
+@pytest.mark.parametrize("device", ["cpu", on_gpu("cuda")])
+def test_every_rank_gets_the_global_sums(impl, device):
+    results = run_ranks(_reduce, 3, impl, device, timeout=15)
+    expected = (6, 10, 7.75)
+    for rank, got in enumerate(results):
+        correct, total, loss_sum = got
+        if (correct, total) == tuple(COUNTS[rank][:2]) and rank != 0:
+            pytest.fail(f"{T23}: rank {rank} still holds its own counts {got}: every rank must get the sums "
+                        "(dist.all_reduce; dist.reduce leaves the result on one rank only)")
+        assert (correct, total) == expected[:2] and abs(loss_sum - expected[2]) < 1e-9, (
+            f"{T23}: rank {rank} got {got}, expected the sum over the 3 ranks {expected}: sum the counts "
+            "(never average them: the ranks hold different numbers of images)")
+        assert isinstance(correct, int) and isinstance(total, int), (
+            f"{T23}: return correct and total as Python ints, got {type(correct).__name__}, {type(total).__name__}")
+
+
+def _evaluate_shard(rank, world_size, impl):
+    trainer = load(impl, "template_trainer")
+    torch.manual_seed(0)
+    model = CNN()
+    images, labels = _test_set()
+    shard = torch.tensor_split(torch.arange(len(labels)), world_size)[rank]
+    loader = [(images[shard], labels[shard])]  # one batch: a rank's whole shard
+    return trainer.evaluate(model, loader, torch.device("cpu"))
+
+
+def _test_set():
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(10, 3, 32, 32, generator=g), torch.randint(0, 10, (10,), generator=g)
+
+
+@pytest.mark.task2_3
+def test_parallel_evaluation_equals_single_process_evaluation(impl):
+    results = run_ranks(_evaluate_shard, 3, impl, timeout=15)
+    torch.manual_seed(0)
+    model = CNN().eval()
+    images, labels = _test_set()
+    with torch.no_grad():
+        logits = model(images)
+    correct = (logits.argmax(1) == labels).sum().item()
+    loss = F.cross_entropy(logits, labels).item()
+    for rank, result in enumerate(results):
+        assert (result["correct"], result["total"]) == (correct, 10), (
+            f"{T23}: 10 test images on 3 ranks (4, 3, 3): rank {rank} reports {result['correct']}/{result['total']} "
+            f"correct, single-process evaluation {correct}/10")
+        assert abs(result["loss"] - loss) < 1e-5, f"{T23}: rank {rank}'s mean test loss {result['loss']} != {loss}"
+
+
+# ------------------------------------------------------------ NCCL, on a machine with a GPU
+def _nccl_world_of_one(rank, world_size, impl):
+    trainer = load(impl, "template_trainer")
+    model = Awkward().cuda()
+    trainer.broadcast_parameters(model)
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.ones_like(param)
+    trainer.average_gradients(model)
+    grads_ok = all(p.grad is None or torch.equal(p.grad, torch.ones_like(p)) for p in model.parameters())
+    return grads_ok, trainer.reduce_metrics(3, 4, 1.5, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: NCCL needs one")
+def test_nccl_world_of_one(impl):
+    """NCCL puts one rank on each GPU, so one GPU is a world of one: Tasks 2.1-2.3 must
+    still run there, with CUDA tensors and NCCL's own rules (no CPU tensors)."""
+    [(grads_ok, sums)] = run_ranks(_nccl_world_of_one, 1, impl, backend="nccl", timeout=60)
+    assert grads_ok, "Tasks 2.1-2.2 on NCCL: with one rank the average gradient is the gradient itself"
+    assert sums == (3, 4, 1.5), f"Task 2.3 on NCCL: one rank's sums are its own counts, got {sums}"
