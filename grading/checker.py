@@ -235,10 +235,11 @@ def outcomes_of(run):
             continue
         elif kind == "start":
             tests[nodeid].state = "unfinished"
-        elif kind == "skipped_after_hang":
-            tests[nodeid].state = "hung"
-            tests[nodeid].message = f"not run: an earlier test of Task {event['task']} hung"
-            tests[nodeid].exc_type = "Skipped"
+        elif kind == "skipped":  # not run: an earlier test of its task hung or was not implemented
+            test = tests[nodeid]
+            test.state = "hung" if event["reason"] == "hang" else "failed"
+            test.exc_type = "Skipped" if event["reason"] == "hang" else event["reason"]
+            test.message = event["message"]
         elif kind == "report":
             test = tests[nodeid]
             if test.state in ("failed", "hung") or (test.state == "skipped" and event["when"] != "teardown"):
@@ -331,10 +332,12 @@ def _short_id(nodeid):
 
 
 def _stack_lines(stack):
-    """The frames of a faulthandler dump of the main thread that are not in the libraries."""
-    frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File")]
-    ours = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
-    return ["the test process was at: " + f for f in ours[:3]]
+    """Where a faulthandler dump of the test process was: its innermost frames in the repository."""
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', stack)
+    ours = [(path, line, function) for path, line, function in frames
+            if not path.startswith("<") and "site-packages" not in path and "/lib/python" not in path]
+    return [f"the test process was at {os.path.basename(path)}:{line} in {function}"
+            for path, line, function in ours[:2]]
 
 
 def explain(exc_type, message, where):
@@ -350,6 +353,11 @@ def explain(exc_type, message, where):
         details = [line.strip() for line in rest.splitlines() if line.strip()]
         # keep the facts (which ranks, how long) and the harness's diagnosis, drop nothing else
         message = head
+    elif exc_type == "Failed" and "from pytest-timeout" in message:
+        limit = re.search(r"Timeout \(>([\d.]+)s\)", message)
+        seconds = f"{float(limit[1]):g} s" if limit else "its time limit"
+        return (f"the test ran longer than {seconds}" + (f", stopped at {where}" if where else "") +
+                ": an endless loop, or a wait that never ends."), details
     elif exc_type in ("AssertionError", "Failed"):
         message = re.split(r"\n\s*assert |\nassert ", "\n" + message, maxsplit=1)[0].strip() or message
     text = " ".join(message.split())

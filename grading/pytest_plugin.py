@@ -4,11 +4,12 @@
 
 One line per event, flushed at once, so that whatever ran before a submission was killed
 is still on disk: "collected" (a test and its task markers), "collect_error", "start",
-"report" (one per phase: setup, call, teardown) and "skipped_after_hang".
+"report" (one per phase: setup, call, teardown) and "skipped" (a test not run, below).
 
 Once a test of a task hangs (the harness's RankTimeout or pytest-timeout), the task's
 remaining tests are skipped: they would most likely hang as well, and each hang costs a
-full time limit. On SIGUSR2 the process writes its Python stack to the file named by
+full time limit. Likewise once one raises NotImplementedError: the task is not started
+(or waits for the task the error names), and its other tests would only say so again. On SIGUSR2 the process writes its Python stack to the file named by
 --stack-file, which is how a run killed from outside still says where it was.
 """
 import faulthandler
@@ -68,7 +69,7 @@ def _where(excinfo):
 class _Recorder:
     def __init__(self, path, stack_path):
         self.file = open(path, "a", encoding="utf-8")
-        self.hung_tasks = {}  # task -> the nodeid of the test that hung
+        self.stopped = {}  # task -> (why its remaining tests are skipped, the test that showed it)
         if stack_path:
             self.stack_file = open(stack_path, "w", encoding="utf-8")
             faulthandler.register(signal.SIGUSR2, file=self.stack_file, all_threads=True)
@@ -91,10 +92,11 @@ class _Recorder:
 
     def pytest_runtest_setup(self, item):
         for task in tasks_of(item):
-            if task in self.hung_tasks:
-                self.write(event="skipped_after_hang", nodeid=item.nodeid, task=task,
-                           hung=self.hung_tasks[task])
-                pytest.skip(f"not run: an earlier test of Task {task} hung ({self.hung_tasks[task]})")
+            if task in self.stopped:
+                reason, message, nodeid = self.stopped[task]
+                self.write(event="skipped", nodeid=item.nodeid, task=task, reason=reason, message=message,
+                           after=nodeid)
+                pytest.skip(f"not run: an earlier test of Task {task} showed a {reason} ({nodeid})")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -106,9 +108,11 @@ class _Recorder:
         elif report.failed and call.excinfo is not None:
             excinfo = call.excinfo
             event.update(exc_type=excinfo.typename, message=str(excinfo.value)[:8000], where=_where(excinfo))
-            if is_hang(excinfo.typename, event["message"]):
+            reason = ("hang" if is_hang(excinfo.typename, event["message"]) else
+                      "NotImplementedError" if excinfo.typename == "NotImplementedError" else None)
+            if reason:
                 for task in tasks_of(item):
-                    self.hung_tasks.setdefault(task, item.nodeid)
+                    self.stopped.setdefault(task, (reason, event["message"], item.nodeid))
         elif report.failed:
             event.update(exc_type="Error", message=str(report.longrepr)[-4000:])
         self.write(**event)

@@ -1,0 +1,220 @@
+"""check.py (students) and grading/grade.py (instructors), on prepared submissions.
+
+    pytest -m grading
+
+The submissions are this repository with the solutions as template files, with or without
+the typical mistakes of tests/mistakes.py: the solutions get full marks, the untouched
+templates zero ("not started"), a mistake its task's explanation, a hang a "hang" within
+the time limit while the other submissions are still graded. The fast tests feed made-up
+test outcomes to the summary; the others run the real commands, several submissions per
+call, on a few tasks, to stay near a minute.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grading.checker import Run, discover_tasks, explain, select_tasks, summarize
+from mistakes import MISTAKES, REPO, Mistake, make_submission
+
+pytestmark = pytest.mark.grading
+
+BY_NAME = {m.name: m for m in MISTAKES}
+# Not a plausible answer, but the worst case for a grader: the test process itself never returns.
+ENDLESS_LOOP = Mistake("1.1", "endless-loop", "template_data_loader.py", "    g = torch.Generator()",
+                       "    while True: pass\n    g = torch.Generator()", "")
+
+
+@pytest.fixture(autouse=True)
+def _not_for_students(impl):
+    if impl == "template":
+        pytest.skip("these test the course's tools, not your template files")
+
+
+def _tasks(*ids):
+    return select_tasks(discover_tasks(REPO), list(ids))
+
+
+def _run(*events, timed_out=False, returncode=1):
+    return Run(list(events), 1.0, returncode, timed_out, 30.0, "pytest.log")
+
+
+def _test(nodeid, task, outcome="passed", exc_type=None, message=None, when="call"):
+    events = [{"event": "start", "nodeid": nodeid}]
+    report = {"event": "report", "nodeid": nodeid, "when": when, "outcome": outcome}
+    if exc_type:
+        report.update(exc_type=exc_type, message=message, where="template_trainer.py:120 in reduce_metrics")
+    return [{"event": "collected", "nodeid": nodeid, "tasks": [task]}] + events + [report]
+
+
+# --------------------------------------------------------------------------- fast: no pytest run
+
+def test_tasks_are_found_in_the_markers_and_the_fences_in_course_order(tmp_path):
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    task10_1: Task 10.1, later\n    task2_1: Task 2.1, template_b.py, b\n"
+        "    task0_1: Task 0.1, template_a.py, a\n    gpu: needs CUDA\n")
+    (tmp_path / "template_a.py").write_text(
+        "def first():\n    x = 1\n    # --- Task 0.1 begin ---\n    raise NotImplementedError\n"
+        "    # --- Task 0.1 end ---\n\n\nclass A:\n    def method(self):\n"
+        "        # --- Task 3.2 begin ---\n        pass\n        # --- Task 3.2 end ---\n")
+    tasks = discover_tasks(str(tmp_path))
+    assert [t.id for t in tasks] == ["0.1", "2.1", "3.2", "10.1"]
+    assert (tasks[0].file, tasks[0].function, tasks[0].line) == ("template_a.py", "first", 3)
+    assert tasks[2].where() == "template_a.py, method()"
+    assert tasks[1].where() == "template_b.py, b"  # no fence: the marker's description
+    assert [t.id for t in select_tasks(tasks, ["task2_1", "0.1"])] == ["0.1", "2.1"]
+    assert [t.id for t in select_tasks(tasks, ["3"])] == ["3.2"]
+    with pytest.raises(ValueError, match="the tasks are 0.1, 2.1, 3.2, 10.1"):
+        select_tasks(tasks, ["4.1"])
+
+
+def test_every_marker_of_this_repository_is_a_task():
+    with open(os.path.join(REPO, "pytest.ini")) as f:
+        markers = {line.split(":")[0].strip() for line in f if line.strip().startswith("task")}
+    assert {t.marker for t in discover_tasks(REPO)} == markers
+    assert all(t.file for t in discover_tasks(REPO)), "every task should have a fenced region in a template"
+
+
+def test_the_summary_names_each_state():
+    tasks = _tasks("2.1", "2.2", "2.3", "1.4", "1.1")
+    not_impl = "Task {}: reduce_metrics() in template_trainer.py is not done yet"
+    run = _run(
+        *_test("t::a", "1.1"),
+        *_test("t::b", "1.4", "failed", "NotImplementedError", not_impl.format("1.1")),
+        *_test("t::c", "2.1", "failed", "NotImplementedError", not_impl.format("2.1")),
+        *_test("t::d", "2.1"),  # a test of code that is given passes even when the task is not started
+        *_test("t::e", "2.2", "failed", "RankFailed",
+               "rank 1 raised AssertionError: Task 2.2: gradients are 2x the mean\nassert False\n\n"
+               "--- rank 1 traceback ---\nTraceback ..."),
+        *_test("t::f", "2.3", "failed", "RankTimeout",
+               "ranks [0] were still running after 15 s (ranks [1, 2] had finished). This is a hang: ...\n"
+               "  rank 0 was at:\n      File \"template_trainer.py\", line 126 in reduce_metrics"),
+    )
+    results = {r.task.id: r for r in summarize(tasks, run)}
+    assert results["1.1"].status == "done"
+    assert results["1.4"].status == "blocked" and "Task 1.1" in results["1.4"].explanation
+    assert results["2.1"].status == "not started"
+    assert results["2.2"].status == "failing"
+    assert results["2.2"].explanation == "rank 1: Task 2.2: gradients are 2x the mean"
+    assert results["2.3"].status == "hang" and "This is a hang" in results["2.3"].explanation
+    assert any("reduce_metrics" in line for line in results["2.3"].details)
+
+
+def test_a_run_killed_at_the_limit_names_the_test_that_was_running():
+    tasks = _tasks("1.1", "1.2", "2.1")
+    run = _run(*_test("t::a", "1.1"), {"event": "collected", "nodeid": "t::b", "tasks": ["1.2"]},
+               {"event": "start", "nodeid": "t::b"}, {"event": "collected", "nodeid": "t::c", "tasks": ["2.1"]},
+               timed_out=True, returncode=-9)
+    run.stack = 'Thread 0x1 (most recent call first):\n  File "/tmp/x/repo/template_data_loader.py", line 48 in pad_or_drop\n'
+    one, two, three = summarize(tasks, run)
+    assert one.status == "done"
+    assert two.status == "hang" and "t::b was still running" in two.explanation
+    assert two.details == ["the test process was at template_data_loader.py:48 in pad_or_drop"]
+    assert three.status == "not run"
+
+
+@pytest.mark.parametrize("exc_type,message,expected", [
+    ("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+     "[127.0.0.1]:1. This is typically caused by a remote worker crashing. GLHF!", "in training is a hang"),
+    ("ValueError", "Cannot use ReduceOp.AVG with Gloo", "divide by the world size"),
+    ("ModuleNotFoundError", "No module named 'helpers'", "only the template_*.py files are used"),
+    ("Failed", "Timeout (>60.0s) from pytest-timeout.", "longer than 60 s"),
+])
+def test_errors_that_no_test_explains_get_a_hint(exc_type, message, expected):
+    text, _ = explain(exc_type, message, "template_trainer.py:1 in f")
+    assert expected in text and "pair.cc" not in text and "GLHF" not in text
+
+
+# --------------------------------------------------------------------------- slow: real runs
+
+def _python(*args, cwd=REPO, timeout=240):
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+def _grades(out):
+    with open(os.path.join(out, "grades.json")) as f:
+        report = json.load(f)
+    return {s["student"]: {**s, "by_task": {t["task"]: t for t in s["tasks"]}} for s in report["submissions"]}
+
+
+def test_grade_gives_full_partial_and_zero_marks(tmp_path):
+    solutions = make_submission(str(tmp_path / "solutions"))
+    # noise: printing, extra imports, a conftest.py and a helper of its own
+    with open(os.path.join(solutions, "template_trainer.py"), "a") as f:
+        f.write('\nimport collections, json\nprint("debugging output from a student")\n')
+    (tmp_path / "solutions" / "conftest.py").write_text("raise SystemExit('a student conftest must not run')\n")
+    templates = make_submission(str(tmp_path / "templates"))
+    for name in ("template_data_loader.py", "template_trainer.py"):
+        with open(os.path.join(REPO, name)) as src, open(os.path.join(templates, name), "w") as dst:
+            dst.write(src.read())
+    # a student who makes the tests pass by editing them is graded with the course's tests
+    (tmp_path / "templates" / "tests" / "test_trainer.py").write_text(
+        "import pytest\n\n@pytest.mark.task2_3\ndef test_ok():\n    pass\n")
+    epoch = make_submission(str(tmp_path / "epoch"), [BY_NAME["epoch-not-in-seed"]])
+    rank0 = make_submission(str(tmp_path / "rank0"), [BY_NAME["reduce-to-rank-0"]])
+    out = str(tmp_path / "out")
+
+    done, seconds = _python("grading/grade.py", solutions, templates, epoch, rank0, "--tasks", "1.1", "2.3",
+                            "--out", out, "--jobs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    grades = _grades(out)
+    assert (grades["solutions"]["points"], grades["solutions"]["max_points"]) == (20, 20)
+    assert grades["templates"]["points"] == 0
+    assert {t["status"] for t in grades["templates"]["tasks"]} == {"not started"}
+    assert any("tests/test_trainer.py differs" in note for note in grades["templates"]["notes"])
+    for name, mistake in [("epoch", BY_NAME["epoch-not-in-seed"]), ("rank0", BY_NAME["reduce-to-rank-0"])]:
+        assert grades[name]["points"] == 10, grades[name]
+        wrong = grades[name]["by_task"][mistake.task]
+        assert wrong["status"] == "failing" and wrong["points"] == 0
+        assert mistake.hint in wrong["explanation"] and f"Task {mistake.task}" in wrong["explanation"]
+    with open(os.path.join(out, "grades.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["student"], r["task"], float(r["points"])) for r in rows} >= {
+        ("solutions", "total", 20.0), ("templates", "2.3", 0.0), ("epoch", "1.1", 0.0), ("epoch", "2.3", 10.0)}
+    assert "solutions" in done.stdout and "not started" in done.stdout  # the table
+    print(f"graded 4 submissions in {seconds:.0f} s")
+
+
+def test_grade_reports_hangs_within_the_limit_and_grades_the_others(tmp_path):
+    loop = make_submission(str(tmp_path / "loop"), [ENDLESS_LOOP])
+    skips = make_submission(str(tmp_path / "skips"), [BY_NAME["rank-0-skips"]])
+    solutions = make_submission(str(tmp_path / "solutions"))
+    out = str(tmp_path / "out")
+    limit = 25
+    # the per-test limit is longer than the submission's, so that the endless loop runs into the latter
+    done, seconds = _python("grading/grade.py", loop, skips, solutions, "--tasks", "1.1", "2.3", "--out", out,
+                            "--timeout", str(limit), "--test-timeout", "100", "--jobs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    grades = _grades(out)
+    assert grades["loop"]["timed_out"] and grades["loop"]["seconds"] < limit + 10
+    hang = grades["loop"]["by_task"]["1.1"]
+    assert hang["status"] == "hang" and "still running" in hang["explanation"]
+    assert any("ordered_indices" in line for line in hang["details"]), hang
+    skipped = grades["skips"]["by_task"]["2.3"]
+    assert skipped["points"] == 0 and "hang" in skipped["explanation"], skipped
+    assert grades["skips"]["by_task"]["1.1"]["status"] == "done"
+    assert grades["solutions"]["points"] == grades["solutions"]["max_points"] == 20
+    print(f"graded 3 submissions in {seconds:.0f} s")
+
+
+def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
+    student = make_submission(str(tmp_path / "student"), [BY_NAME["epoch-not-in-seed"]])
+    with open(os.path.join(REPO, "template_trainer.py")) as src, \
+            open(os.path.join(student, "template_trainer.py"), "w") as dst:
+        dst.write(src.read())  # Task 2 not started
+    done, seconds = _python("check.py", "1.1", "1.2", "2.3", cwd=student, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    line = {task: next(l for l in lines if l.strip().startswith(f"Task {task}")) for task in ("1.1", "1.2", "2.3")}
+    assert line["1.1"].endswith("failing") and line["1.2"].endswith("done") and line["2.3"].endswith("not started")
+    failing = lines.index(line["1.1"])
+    assert "epoch" in " ".join(lines[failing + 1:failing + 3])  # the test's explanation, under the task
+    assert "1 of 3 tasks done" in done.stdout
+    assert "Next: fix Task 1.1" in done.stdout and "python check.py 1.1" in done.stdout
+    print(f"checked 3 tasks in {seconds:.0f} s")
