@@ -40,6 +40,8 @@ HINTS = [
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
     (r"Default process group has not been initialized",
      "a collective ran before init_process_group (or after destroy_process_group)."),
+    (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",
+     "The ranks could not connect to each other, which happens on a very busy machine: run the check again."),
     (r"Connection closed by peer|Connection reset by peer",
      "Another rank left the process group while this one waited in a collective: some rank skips a "
      "collective that the others call, which in training is a hang."),
@@ -215,6 +217,7 @@ class TaskResult:
     status: str  # done, not started, blocked, failing, hang, skipped, not run, no tests, error
     explanation: str = ""  # one or two sentences
     details: list = dataclasses.field(default_factory=list)  # further lines (where stuck ranks were)
+    error_type: str = ""  # the exception behind `explanation` ("AssertionError": a test's check failed)
     passed: int = 0
     total: int = 0
     outcomes: list = dataclasses.field(default_factory=list)
@@ -222,6 +225,13 @@ class TaskResult:
     @property
     def done(self):
         return self.status == "done"
+
+    @property
+    def certain(self):
+        """Whether running again would give the same status. A test's failed check compares
+        deterministic values; a hang, a crash or a lost connection can be the machine's doing."""
+        return self.status != "hang" and self.status != "error" and (
+            self.status != "failing" or self.error_type in ("AssertionError", "Failed"))
 
 
 def outcomes_of(run):
@@ -313,7 +323,10 @@ def _summarize_task(task, tests, run, collect_errors):
                                       f"({failed[0].message.strip().splitlines()[0]})")
         else:
             result.status = "failing"
-            result.explanation, result.details = explain(started[0].exc_type, started[0].message, started[0].where)
+            first = started[0]
+            result.explanation, result.details = explain(first.exc_type, first.message, first.where)
+            rank = RANK_FAILED.match(first.message.strip())
+            result.error_type = rank[2] if rank else first.exc_type
     elif not_run:
         result.status = "not run"
         result.explanation = f"the tests were stopped at the time limit ({run.timeout:.0f} s) before this task's"

@@ -50,6 +50,8 @@ def parse_args(argv=None):
                         help="seconds for one submission before it is killed (default: points.toml's limits)")
     parser.add_argument("--test-timeout", type=float, default=None,
                         help="seconds for one test (default: points.toml's limits)")
+    parser.add_argument("--retries", type=int, default=None,
+                        help="how often a failing task's tests run again (default: points.toml's limits)")
     parser.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default: 1; "
                         "more can make timing-sensitive tests slower)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary grading copies, and print where")
@@ -66,7 +68,7 @@ def load_policy(path):
     limits = policy.get("limits", {})
     return {"default": float(policy.get("default", 10)), "partial": bool(policy.get("partial", False)),
             "points": {str(k): float(v) for k, v in policy.get("points", {}).items()},
-            "test_seconds": float(limits.get("test_seconds", 60)),
+            "test_seconds": float(limits.get("test_seconds", 60)), "retries": int(limits.get("retries", 1)),
             "submission_seconds": float(limits.get("submission_seconds", 900))}
 
 
@@ -175,6 +177,30 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
         results = summarize(tasks, run)
         log = os.path.join(args.out, "logs", f"{name}.log")
         shutil.copyfile(run.log_path, log)
+        seconds = run.seconds
+        # A busy machine can fail a correct answer (a rank too slow to connect, a time limit
+        # reached by a slow rank): run such a task's tests again. A failed check of a test
+        # (an assertion) compares deterministic values, so it is not run again.
+        retries = policy["retries"] if args.retries is None else args.retries
+        for attempt in range(retries if not run.timed_out else 0):
+            again = [r for r in results if not r.certain]
+            if not again:
+                break
+            retry_dir = os.path.join(workdir, f"retry{attempt + 1}")
+            os.makedirs(retry_dir)
+            rerun = run_tests(copy, [r.task.id for r in again], retry_dir, impl="template",
+                              timeout=args.timeout or policy["submission_seconds"],
+                              test_timeout=args.test_timeout or policy["test_seconds"])
+            seconds += rerun.seconds
+            with open(log, "a") as out, open(rerun.log_path) as f:
+                out.write(f"\n\n===== run {attempt + 2}: Task {', '.join(r.task.id for r in again)} =====\n")
+                out.write(f.read())
+            for new in summarize([r.task for r in again], rerun):
+                if new.done:
+                    old = next(r for r in results if r.task.id == new.task.id)
+                    notes.append(f"Task {new.task.id} passed on run {attempt + 2} (run 1: {old.status}: "
+                                 f"{old.explanation[:200]})")
+                    results[results.index(old)] = new
     finally:
         if args.keep:
             print(f"kept the grading copy of {name}: {workdir}", file=sys.stderr)
@@ -188,7 +214,7 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
                      "details": result.details, "passed": result.passed, "tests": result.total})
     return {"student": name, "path": os.path.abspath(folder),
             "points": round(sum(r["points"] for r in rows), 2), "max_points": sum(r["max_points"] for r in rows),
-            "seconds": round(run.seconds, 1), "timed_out": run.timed_out, "notes": notes,
+            "seconds": round(seconds, 1), "timed_out": run.timed_out, "notes": notes,
             "log": os.path.relpath(log, args.out), "tasks": rows}
 
 

@@ -24,9 +24,10 @@ from mistakes import MISTAKES, REPO, Mistake, make_submission
 pytestmark = pytest.mark.grading
 
 BY_NAME = {m.name: m for m in MISTAKES}
-# Not a plausible answer, but the worst case for a grader: the test process itself never returns.
-ENDLESS_LOOP = Mistake("1.1", "endless-loop", "template_data_loader.py", "    g = torch.Generator()",
-                       "    while True: pass\n    g = torch.Generator()", "")
+# The worst case for a grader: the test process itself never returns (a wait, so that it
+# leaves the CPU to the submission graded beside it).
+ENDLESS_WAIT = Mistake("1.1", "endless-wait", "template_data_loader.py", "    g = torch.Generator()",
+                       "    import time; time.sleep(3600)\n    g = torch.Generator()", "")
 
 
 @pytest.fixture(autouse=True)
@@ -157,10 +158,10 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     (tmp_path / "templates" / "tests" / "test_trainer.py").write_text(
         "import pytest\n\n@pytest.mark.task2_3\ndef test_ok():\n    pass\n")
     epoch = make_submission(str(tmp_path / "epoch"), [BY_NAME["epoch-not-in-seed"]])
-    rank0 = make_submission(str(tmp_path / "rank0"), [BY_NAME["reduce-to-rank-0"]])
+    counts = make_submission(str(tmp_path / "counts"), [BY_NAME["averaged-counts"]])
     out = str(tmp_path / "out")
 
-    done, seconds = _python("grading/grade.py", solutions, templates, epoch, rank0, "--tasks", "1.1", "2.3",
+    done, seconds = _python("grading/grade.py", solutions, templates, epoch, counts, "--tasks", "1.1", "2.3",
                             "--out", out, "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
@@ -168,7 +169,7 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     assert grades["templates"]["points"] == 0
     assert {t["status"] for t in grades["templates"]["tasks"]} == {"not started"}
     assert any("tests/test_trainer.py differs" in note for note in grades["templates"]["notes"])
-    for name, mistake in [("epoch", BY_NAME["epoch-not-in-seed"]), ("rank0", BY_NAME["reduce-to-rank-0"])]:
+    for name, mistake in [("epoch", BY_NAME["epoch-not-in-seed"]), ("counts", BY_NAME["averaged-counts"])]:
         assert grades[name]["points"] == 10, grades[name]
         wrong = grades[name]["by_task"][mistake.task]
         assert wrong["status"] == "failing" and wrong["points"] == 0
@@ -182,25 +183,26 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
 
 
 def test_grade_reports_hangs_within_the_limit_and_grades_the_others(tmp_path):
-    loop = make_submission(str(tmp_path / "loop"), [ENDLESS_LOOP])
+    loop = make_submission(str(tmp_path / "loop"), [ENDLESS_WAIT])
     skips = make_submission(str(tmp_path / "skips"), [BY_NAME["rank-0-skips"]])
-    solutions = make_submission(str(tmp_path / "solutions"))
     out = str(tmp_path / "out")
-    limit = 25
-    # the per-test limit is longer than the submission's, so that the endless loop runs into the latter
-    done, seconds = _python("grading/grade.py", loop, skips, solutions, "--tasks", "1.1", "2.3", "--out", out,
-                            "--timeout", str(limit), "--test-timeout", "100", "--jobs", "2")
+    limit = 30
+    # The per-test limit is longer than the submission's, so that the endless wait runs into
+    # the latter: the worst case, a submission killed from outside.
+    done, seconds = _python("grading/grade.py", loop, skips, "--tasks", "1.1", "2.3", "--out", out,
+                            "--timeout", str(limit), "--test-timeout", "100", "--retries", "0", "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
     assert grades["loop"]["timed_out"] and grades["loop"]["seconds"] < limit + 10
     hang = grades["loop"]["by_task"]["1.1"]
     assert hang["status"] == "hang" and "still running" in hang["explanation"]
     assert any("ordered_indices" in line for line in hang["details"]), hang
+    assert grades["loop"]["by_task"]["2.3"]["status"] == "not run"
+    # a collective that rank 0 skips: the others wait for it, until it leaves or the limit
     skipped = grades["skips"]["by_task"]["2.3"]
     assert skipped["points"] == 0 and "hang" in skipped["explanation"], skipped
-    assert grades["skips"]["by_task"]["1.1"]["status"] == "done"
-    assert grades["solutions"]["points"] == grades["solutions"]["max_points"] == 20
-    print(f"graded 3 submissions in {seconds:.0f} s")
+    assert grades["skips"]["by_task"]["1.1"]["status"] == "done" and not grades["skips"]["timed_out"]
+    print(f"graded 2 submissions in {seconds:.0f} s")
 
 
 def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
