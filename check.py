@@ -86,11 +86,12 @@ def main(argv=None):
         if args.verbose or (all(r.status in ("error", "no tests") for r in results)):
             with open(run.log_path, encoding="utf-8", errors="replace") as log:
                 print(log.read())
-    gpu_tests = sum(1 for e in run.events if e.get("event") == "collected" and e.get("gpu"))
+    gpu = {e["nodeid"] for e in run.events if e.get("event") == "collected" and e.get("gpu")}
+    skipped = {o.nodeid for r in results for o in r.outcomes if o.state == "skipped"} & gpu
     for result in results:
         print_result(result)
     done = sum(r.done for r in results)
-    notes = f" ({gpu_tests} GPU tests: they run only where CUDA is available)" if gpu_tests else ""
+    notes = f" ({len(skipped)} GPU tests skipped: they need CUDA)" if skipped else ""
     print(f"\n{done} of {len(results)} tasks done in {run.seconds:.0f} s{notes}.")
     print("Next:", next_step(results, args.impl))
     return 0 if done == len(results) else 1

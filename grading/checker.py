@@ -325,6 +325,10 @@ def _summarize_task(task, tests, run, collect_errors):
             result.status = "failing"
             first = started[0]
             result.explanation, result.details = explain(first.exc_type, first.message, first.where)
+            # "Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's
+            # line already says; "Tasks 1.1-1.3: ..." does not, and stays
+            result.explanation = re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \([^)]*\):\s*", r"\1",
+                                        result.explanation)
             rank = RANK_FAILED.match(first.message.strip())
             result.error_type = rank[2] if rank else first.exc_type
     elif not_run:
@@ -362,10 +366,8 @@ def explain(exc_type, message, where):
         prefix, exc_type, message = f"rank {rank[1]}: ", rank[2], rank[3].strip()
     details = []
     if exc_type == "RankTimeout":
-        head, _, rest = message.partition("\n")
-        details = [line.strip() for line in rest.splitlines() if line.strip()]
-        # keep the facts (which ranks, how long) and the harness's diagnosis, drop nothing else
-        message = head
+        message, _, rest = message.partition("\n")
+        details = _stuck_ranks(rest)
     elif exc_type == "Failed" and "from pytest-timeout" in message:
         limit = re.search(r"Timeout \(>([\d.]+)s\)", message)
         seconds = f"{float(limit[1]):g} s" if limit else "its time limit"
@@ -386,6 +388,24 @@ def explain(exc_type, message, where):
             text += " " + hint
             break
     return text, details
+
+
+def _stuck_ranks(text):
+    """One line per stuck rank from the harness's "rank N was at:" stack dumps: where it
+    waited, and the line of a template_*.py file that got it there."""
+    lines = []
+    for rank, block in re.findall(r"rank (\d+) was at:(.*?)(?=rank \d+ was at:|\Z)", text, re.DOTALL):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
+        if not frames:
+            lines.append(f"rank {rank}: {' '.join(block.split()) or 'no stack dump'}")
+            continue
+        path, line, function = frames[0]
+        where = f"rank {rank} waits in {function}() ({os.path.basename(path)}:{line})"
+        ours = [f for f in frames if os.path.basename(f[0]).startswith("template_")]
+        if ours and ours[0] != frames[0]:
+            where += f", called from {os.path.basename(ours[0][0])}:{ours[0][1]} in {ours[0][2]}()"
+        lines.append(where)
+    return lines
 
 
 def _shorten(text, limit=400):

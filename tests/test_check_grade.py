@@ -173,7 +173,7 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
         assert grades[name]["points"] == 10, grades[name]
         wrong = grades[name]["by_task"][mistake.task]
         assert wrong["status"] == "failing" and wrong["points"] == 0
-        assert mistake.hint in wrong["explanation"] and f"Task {mistake.task}" in wrong["explanation"]
+        assert mistake.hint in wrong["explanation"], wrong  # the failing test's own message
     with open(os.path.join(out, "grades.csv")) as f:
         rows = list(csv.DictReader(f))
     assert {(r["student"], r["task"], float(r["points"])) for r in rows} >= {
