@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from mistakes import MISTAKES, make_submission
+from mistakes import MISTAKES, REPO, make_submission
 
 
 @pytest.mark.slow
@@ -26,3 +26,31 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path):
     assert proc.returncode == 1, f"the Task {mistake.task} tests let '{mistake.name}' through:\n{out[-3000:]}"
     assert "NotImplementedError: Task" not in out, out[-3000:]
     assert mistake.hint in out, f"the failure does not say '{mistake.hint}':\n{out[-3000:]}"
+
+
+@pytest.mark.slow
+def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
+    """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
+    import xml.etree.ElementTree as ElementTree
+
+    repo = make_submission(str(tmp_path / "repo"))
+    for name in os.listdir(os.path.join(repo, "solutions")):  # put the pristine templates back
+        if name.startswith("template_"):
+            with open(os.path.join(REPO, name)) as src, open(os.path.join(repo, name), "w") as dst:
+                dst.write(src.read())
+    report = tmp_path / "report.xml"
+    tasks = " or ".join(sorted({m.marker for m in MISTAKES}))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", tasks, "-q",
+                           "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
+                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True)
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    outcomes = {}
+    for case in cases:
+        failure = case.find("failure")
+        skipped = case.find("skipped")
+        outcomes[case.get("name")] = ("skipped" if skipped is not None else
+                                      "passed" if failure is None else failure.get("message", ""))
+    ran = {name: o for name, o in outcomes.items() if o != "skipped"}
+    assert len(ran) > 20, proc.stdout[-2000:]
+    wrong = {name: o[:120] for name, o in ran.items() if not o.startswith("NotImplementedError: Task")}
+    assert not wrong, f"these task tests did not fail with the task's NotImplementedError: {wrong}"
