@@ -91,7 +91,8 @@ def reduce_scatter_demo(rank, device):
     Every rank holds world_size numbers, 10 * rank + r for r = 0, 1, ...: the tens digit
     says who holds it, the ones digit which rank's piece it is. It is an all_reduce in
     which each rank receives only its piece, the first half of a ring all_reduce.
-    Returns (before, None) where the backend cannot do it (gloo before PyTorch 2.8)."""
+    Returns (before, None) where the backend cannot do it (gloo of PyTorch
+    releases older than pytorch/pytorch#149869, 2025)."""
     world_size = dist.get_world_size()
     tensor = 10 * rank + torch.arange(world_size, device=device)
     piece = torch.empty(1, dtype=tensor.dtype, device=device)
@@ -245,7 +246,7 @@ def sections(rank, world_size, device):
         before, after = reduce_scatter_demo(rank, device)
         if after is None:
             print0(f"\n== reduce_scatter: the {dist.get_backend()} backend of PyTorch {torch.__version__} "
-                   "does not support it (gloo does from PyTorch 2.8, NCCL always)")
+                   "does not support it (NCCL does, and gloo in newer PyTorch)")
             return
         show("reduce_scatter(piece, pieces, op=SUM): rank r gets the sum of every rank's piece r", before, after)
 

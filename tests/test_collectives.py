@@ -90,10 +90,23 @@ def test_all_reduce_gives_every_rank_the_sum(held, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_reduce_scatter_gives_rank_r_the_sum_of_pieces_r(held, world_size):
     if held(world_size)[0]["reduce_scatter"][1] is None:
-        pytest.skip(f"gloo has no reduce_scatter in PyTorch {torch.__version__} (it has from 2.8)")
+        pytest.skip(f"gloo has no reduce_scatter in PyTorch {torch.__version__} (newer ones have it)")
     # rank q holds 10 q + r for r < n; rank r gets the sum over q: 10 n(n-1)/2 + n r
     check_demo(held, world_size, "reduce_scatter",
                lambda rank: [10 * world_size * (world_size - 1) // 2 + world_size * rank])
+
+
+def test_reduce_scatter_missing_from_the_backend_is_reported_not_raised(impl, monkeypatch):
+    """What an older gloo raises; it cannot happen with this PyTorch, so it is imitated."""
+    collectives = load(impl, "template_collectives")
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
+    monkeypatch.setattr(dist, "reduce_scatter", unsupported)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    before, after = collectives.reduce_scatter_demo(1, torch.device("cpu"))
+    assert before.tolist() == [10, 11] and after is None, (
+        f"{GIVEN.format('reduce_scatter_demo')}: a backend without reduce_scatter must give (before, None)")
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
