@@ -6,14 +6,16 @@
     torchrun --standalone --nproc_per_node=3 solutions/template_collectives.py  # the reference answers
     pytest --impl template -m "task0_1 or task0_2 or task0_3"           # check your work
 
-torchrun starts one copy of this script per rank. The copies share no memory: they
-exchange tensors only through collectives, which every rank of a group must call, in the
-same order, or the ranks that did call wait for the others (a hang). Each section below
+torchrun starts one copy of this script per rank, and setup_distributed() joins them
+into a process group whose backend carries the tensors: gloo on CPUs, NCCL between GPUs.
+The copies share no memory: they exchange tensors only through collectives, which every
+rank of a group must call, in the same order, or the ranks that did call wait for the
+others (a hang). Each section below
 calls one collective and prints what every rank holds before and after it. Every rank
 starts from the tensor of the seed example, torch.arange(2) + 1 + 2 * rank: rank 0 holds
 [1, 2], rank 1 [3, 4], rank 2 [5, 6], so you can predict every result. Three are your tasks:
 
-    Task 0.1  predict_all_reduce     what every rank holds after the all_reduce, worked out without communicating
+    Task 0.1  predict_all_reduce     what the all_reduce will give, worked out without communicating
     Task 0.2  all_gather_tensors     every rank gets every rank's tensor
     Task 0.3  overlapped_all_reduce  start an all_reduce, compute while it travels, then wait
 
