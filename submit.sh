@@ -28,6 +28,12 @@
 #SBATCH --output=slurm-%j.out
 set -euo pipefail
 
+if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    echo "submit.sh is a SLURM batch script: submit it with  sbatch submit.sh" \
+        "(on one machine without SLURM:  torchrun --standalone --nproc_per_node=2 train_ddp.py)" >&2
+    exit 2
+fi
+
 # ---- what a cluster differs in, all from the environment (sbatch passes it on) ----
 # SETUP_CMD: shell commands that make python with PyTorch available on the nodes, for example
 #   SETUP_CMD='module load cuda/12.4 && source ~/venvs/ddp/bin/activate' sbatch submit.sh

@@ -62,6 +62,13 @@ def test_shellcheck(script):
     assert result.returncode == 0, f"shellcheck {script}:\n{result.stdout}{result.stderr}"
 
 
+def test_submit_sh_outside_slurm_says_use_sbatch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(["bash", str(REPO / "submit.sh")], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "sbatch submit.sh" in result.stderr, result
+
+
 # ---------------------------------------------------------------- two torchrun agents
 
 
