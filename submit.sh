@@ -37,7 +37,8 @@ fi
 # ---- what a cluster differs in, all from the environment (sbatch passes it on) ----
 # SETUP_CMD: shell commands that make python with PyTorch available on the nodes, for example
 #   SETUP_CMD='module load cuda/12.4 && source ~/venvs/ddp/bin/activate' sbatch submit.sh
-# Without it the job uses the environment sbatch was called from.
+# It runs here, on the first node, before srun; srun hands the resulting environment to
+# every node. Without it the job uses the environment sbatch was called from.
 if [[ -n ${SETUP_CMD:-} ]]; then
     set +u  # module and conda scripts read unset variables
     eval "$SETUP_CMD"
@@ -53,7 +54,7 @@ fi
 nproc_per_node=${NPROC_PER_NODE:-$((gpus > 0 ? gpus : 1))}
 
 # The rendezvous runs on the first node of the allocation: every node's torchrun meets
-# there, and it becomes rank 0. A port taken from the job id keeps two jobs that share a
+# there, and then sets MASTER_ADDR and MASTER_PORT for its processes itself. A port taken from the job id keeps two jobs that share a
 # node apart (MASTER_PORT overrides it); it stays below Linux's ephemeral ports (32768+).
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 port=${MASTER_PORT:-$((15000 + SLURM_JOB_ID % 15000))}
