@@ -90,12 +90,12 @@ def agent_ranks(log):
 
 
 @pytest.mark.multinode
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_two_torchrun_agents_as_two_nodes(tmp_path):
     """Two torchrun agents, one process each, meet through a c10d rendezvous exactly as the
     agents on two SLURM nodes do; only the network is loopback."""
     port = free_port()
-    deadline = 100  # seconds for the whole run; a hang is killed
+    deadline = 180  # seconds for the whole run, with slack for a busy machine; a hang is killed
     procs, logs = [], []
     for node in range(2):
         # is_host says which agent serves the rendezvous store, as the first node of an
@@ -162,12 +162,12 @@ def job_state(job_id):
     return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "?")
 
 
-def sbatch_and_wait(tmp_path, sbatch_args, train_args, nproc_per_node=2, deadline=100):
+def sbatch_and_wait(tmp_path, sbatch_args, train_args, nproc_per_node=2, deadline=180, **env):
     """Submit submit.sh from the repository folder, poll until the job ends, return
     (state, exit code, log). `sbatch --wait` would do, but it polls at 2, 8 and 32 s."""
     submitted = slurm("sbatch", "--parsable", f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out",
                       *sbatch_args, str(REPO / "submit.sh"), *train_args,
-                      env=launch_env(NPROC_PER_NODE=str(nproc_per_node)))  # sbatch hands its environment to the job
+                      env=launch_env(NPROC_PER_NODE=str(nproc_per_node), **env))  # sbatch hands its environment to the job
     assert submitted.returncode == 0, f"sbatch failed:\n{submitted.stderr}"
     job_id = submitted.stdout.strip().split(";")[0]
     end = time.monotonic() + deadline
@@ -184,20 +184,24 @@ def sbatch_and_wait(tmp_path, sbatch_args, train_args, nproc_per_node=2, deadlin
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_sbatch_submit_sh_trains_on_two_ranks(slurm_cluster, tmp_path):
     """sbatch submit.sh as a student would on a CPU partition: no GPUs, 2 processes."""
+    # SETUP_CMD stands in for `module load`: such scripts read unset variables, which
+    # submit.sh's `set -u` must tolerate there
     state, code, log = sbatch_and_wait(
-        tmp_path, ["--gpus-per-node=0", "--cpus-per-task=2", "--time=5"], TINY_RUN)
+        tmp_path, ["--gpus-per-node=0", "--cpus-per-task=2", "--time=5"], TINY_RUN,
+        SETUP_CMD='echo "setup ran${NOT_SET_ANYWHERE}"')
     assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
     assert_trained_with_two_ranks(log)
     # the one torchrun agent of this one-node job started both ranks
     assert "global_ranks=[0, 1]" in log, f"the agent did not report ranks 0 and 1:\n{log}"
+    assert "setup ran" in log, f"SETUP_CMD did not run:\n{log}"
     assert "submit.sh: job" in log and "finished" in log, log
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_sbatch_job_fails_when_training_fails(slurm_cluster, tmp_path):
     """A training error (NCCL asked for on CPUs) must fail the job, not end it COMPLETED.
     One process is enough to fail, and spares the shared CPUs."""
