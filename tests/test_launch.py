@@ -102,7 +102,7 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
         # allocation does; on two real machines torchrun works it out from the host name.
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-agents",
-               f"--rdzv_conf=is_host={int(node == 0)},join_timeout=60", "--max_restarts=0",
+               f"--rdzv_conf=is_host={int(node == 0)},join_timeout=120", "--max_restarts=0",
                "train_ddp.py", *TINY_RUN]
         logs.append(tmp_path / f"node{node}.log")
         with open(logs[-1], "w") as out:

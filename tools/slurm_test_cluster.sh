@@ -100,7 +100,9 @@ start() {
     start_munge
     stop_daemons  # leftovers of an earlier run that no longer answer
     write_conf
-    slurmctld || die "slurmctld did not start: see $dir/slurmctld.log"
+    # -c: start from a clean state. Nothing in a test cluster is worth keeping, and a node
+    # left drained or down by an earlier run would otherwise stay so.
+    slurmctld -c || die "slurmctld did not start: see $dir/slurmctld.log"
     slurmd || die "slurmd did not start: see $dir/slurmd.log"
     for _ in $(seq 60); do
         if responding; then
