@@ -139,21 +139,22 @@ def slurm(*args, env=None, timeout=20):
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster():
-    """The SLURM_CONF of a running test cluster, or a skip that says how to start one."""
+def slurm_nodes():
+    """How many nodes of the test cluster can run jobs, or a skip that says how to start it."""
     if not shutil.which("sbatch"):
         pytest.skip(f"SLURM is not installed: {START_CLUSTER}")
     conf = SLURM_TEST_DIR / "slurm.conf"
     if not conf.exists():
         pytest.skip(f"no test SLURM cluster ({conf} is missing): {START_CLUSTER}")
     try:
-        info = slurm("sinfo", "--noheader", "--format=%t")
+        info = slurm("sinfo", "--noheader", "--Node", "--format=%t")
     except subprocess.TimeoutExpired:
         pytest.skip(f"the test SLURM cluster ({conf}) does not answer: {START_CLUSTER}")
-    if info.returncode != 0 or not re.match(r"(idle|mix|alloc)", info.stdout.strip()):
+    usable = len(re.findall(r"^(?:idle|mix|alloc)", info.stdout, re.MULTILINE))
+    if info.returncode != 0 or usable == 0:
         pytest.skip(f"the test SLURM cluster ({conf}) is not ready ({(info.stdout + info.stderr).strip()}): "
                     f"{START_CLUSTER}")
-    return conf
+    return usable
 
 
 def job_state(job_id):
@@ -185,12 +186,13 @@ def sbatch_and_wait(tmp_path, sbatch_args, train_args, nproc_per_node=2, deadlin
 
 @pytest.mark.slurm
 @pytest.mark.timeout(240)
-def test_sbatch_submit_sh_trains_on_two_ranks(slurm_cluster, tmp_path):
-    """sbatch submit.sh as a student would on a CPU partition: no GPUs, 2 processes."""
+def test_sbatch_submit_sh_trains_on_two_ranks(slurm_nodes, tmp_path):
+    """sbatch submit.sh as a student would on a CPU partition: one node, no GPUs, 2 processes.
+    (--cpus-per-task=1: each test node has one CPU; the 2 processes share it.)"""
     # SETUP_CMD stands in for `module load`: such scripts read unset variables, which
     # submit.sh's `set -u` must tolerate there
     state, code, log = sbatch_and_wait(
-        tmp_path, ["--gpus-per-node=0", "--cpus-per-task=2", "--time=5"], TINY_RUN,
+        tmp_path, ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"], TINY_RUN,
         SETUP_CMD='echo "setup ran${NOT_SET_ANYWHERE}"')
     assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
     assert_trained_with_two_ranks(log)
@@ -201,11 +203,36 @@ def test_sbatch_submit_sh_trains_on_two_ranks(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.multinode
 @pytest.mark.timeout(240)
-def test_sbatch_job_fails_when_training_fails(slurm_cluster, tmp_path):
+def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, tmp_path):
+    """sbatch --nodes=2 submit.sh: srun starts a torchrun on each node, and they meet at the
+    first node's name. The test cluster's two nodes are one machine, but SLURM, srun and
+    torchrun do everything they do on two."""
+    if slurm_nodes < 2:
+        pytest.skip(f"the test SLURM cluster has {slurm_nodes} usable node: restart it with "
+                    "sudo tools/slurm_test_cluster.sh stop && sudo tools/slurm_test_cluster.sh start")
+    state, code, log = sbatch_and_wait(
+        tmp_path, ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"], TINY_RUN,
+        nproc_per_node=1)
+    assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
+    assert_trained_with_two_ranks(log)
+    assert "on 2 node(s)" in log, log
+    # srun --label puts the node's number before each of its lines: one agent per node,
+    # each with one of the two global ranks
+    ranks = []
+    for node in (0, 1):
+        lines = "\n".join(line.split(": ", 1)[1] for line in log.splitlines() if line.startswith(f"{node}: "))
+        ranks.append(agent_ranks(lines))
+    assert sorted(ranks) == [(0, [0], 2), (1, [1], 2)], f"(group_rank, global_ranks, group_world_size): {ranks}\n{log}"
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_sbatch_job_fails_when_training_fails(slurm_nodes, tmp_path):
     """A training error (NCCL asked for on CPUs) must fail the job, not end it COMPLETED.
     One process is enough to fail, and spares the shared CPUs."""
-    state, code, log = sbatch_and_wait(tmp_path, ["--gpus-per-node=0", "--cpus-per-task=1", "--time=5"],
+    state, code, log = sbatch_and_wait(tmp_path, ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"],
                                        [*TINY_RUN, "--backend", "nccl"], nproc_per_node=1)
     assert state == "FAILED" and code != "0:0", f"job ended {state} with exit code {code}. Log:\n{log}"
     assert "training failed with exit code" in log, log

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on this machine, so that tests can submit submit.sh for real.
+# A two-node SLURM cluster on this one machine, so that tests can submit submit.sh for real,
+# on one node and on two.
 #
-#   sudo tools/slurm_test_cluster.sh start    # start munged, slurmctld and slurmd (does nothing if up)
+#   sudo tools/slurm_test_cluster.sh start    # start munged, slurmctld and two slurmd (does nothing if up)
 #   sudo tools/slurm_test_cluster.sh status   # sinfo against the test cluster
 #   sudo tools/slurm_test_cluster.sh stop     # stop slurmctld and slurmd (munged is left running)
 #   SLURM_CONF=/tmp/slurm-test-cluster/slurm.conf sinfo    # talk to it yourself
@@ -19,10 +20,16 @@ export SLURM_CONF=$conf  # read by slurmctld, slurmd and every client command be
 
 die() { echo "slurm_test_cluster: $*" >&2; exit 1; }
 
-responding() {  # the controller answers and our node is usable
-    local state
-    state=$(timeout 10 sinfo --noheader --format=%t 2>/dev/null | head -n 1) || return 1
-    [[ $state == idle* || $state == mix* || $state == alloc* ]]
+# The two nodes' names. Both must resolve to this machine, because submit.sh gives the first
+# node's name to torchrun as the rendezvous address: this machine's own name, and localhost.
+nodes() { echo "$(hostname -s) localhost"; }
+
+responding() {  # the controller answers and both nodes are usable
+    local states name
+    states=$(timeout 10 sinfo --noheader --Node --format="%N %t" 2>/dev/null) || return 1
+    for name in $(nodes); do
+        grep -qE "^$name (idle|mix|alloc)" <<<"$states" || return 1
+    done
 }
 
 start_munge() {
@@ -48,28 +55,34 @@ start_munge() {
 }
 
 write_conf() {
-    local host node
+    local host cpus memory name port=6818
     host=$(hostname -s)
-    # slurmd describes this machine exactly (CPUs, sockets, memory); a node line that
-    # claimed more than the machine has would leave the node drained.
-    node=$(slurmd -C | head -n 1)
-    [[ $node == NodeName=* ]] || die "slurmd -C did not describe this machine: $node"
-    mkdir -p "$dir/state" "$dir/spool"
-    # Every job runs as the submitting user (root in CI), with no cgroups, accounting or GPUs:
-    # enough to run submit.sh on the CPUs of one node, nothing more.
-    cat >"$conf.new" <<EOF
-# Written by tools/slurm_test_cluster.sh: a one-node test cluster. Not for production.
+    [[ $host != localhost ]] || die "this machine is called localhost, the name the second node needs"
+    getent hosts "$host" >/dev/null || die "$host does not resolve: add it to /etc/hosts"
+    # Half the machine for each node, so that together they never claim more CPUs or memory
+    # than there are (a node that claims more than its hardware is drained).
+    cpus=$(nproc)
+    cpus=$((cpus > 1 ? cpus / 2 : 1))
+    memory=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+    memory=$((${memory:-2048} / 2))
+    mkdir -p "$dir/state"
+    # Jobs run as the submitting user (root in CI), with no cgroups, accounting or GPUs.
+    # Two slurmd on one machine (Debian builds SLURM with MULTIPLE_SLURMD) differ in their
+    # port; %n in a path is the node's name.
+    {
+        cat <<EOF
+# Written by tools/slurm_test_cluster.sh: a two-node test cluster on one machine. Not for production.
 ClusterName=testcluster
 SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool-%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -81,9 +94,13 @@ MpiDefault=none
 ReturnToService=2
 # keep finished jobs visible to scontrol for 10 minutes (tests read their state)
 MinJobAge=600
-$node
-PartitionName=debug Nodes=$host Default=YES MaxTime=60 State=UP
 EOF
+        for name in $(nodes); do
+            echo "NodeName=$name NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=$cpus RealMemory=$memory"
+            port=$((port + 1))
+        done
+        echo "PartitionName=debug Nodes=$(nodes | tr ' ' ',') Default=YES MaxTime=60 State=UP"
+    } >"$conf.new"
     mv "$conf.new" "$conf"
 }
 
@@ -103,31 +120,35 @@ start() {
     # -c: start from a clean state. Nothing in a test cluster is worth keeping, and a node
     # left drained or down by an earlier run would otherwise stay so.
     slurmctld -c || die "slurmctld did not start: see $dir/slurmctld.log"
-    slurmd || die "slurmd did not start: see $dir/slurmd.log"
+    for name in $(nodes); do
+        slurmd -N "$name" || die "slurmd for node $name did not start: see $dir/slurmd-$name.log"
+    done
     for _ in $(seq 60); do
         if responding; then
-            echo "slurm_test_cluster: running (SLURM_CONF=$conf)"
+            echo "slurm_test_cluster: running, nodes $(nodes) (SLURM_CONF=$conf)"
             return
         fi
         sleep 0.5
     done
-    die "the daemons started but the node is not idle after 30 s: see $dir/slurmctld.log and $dir/slurmd.log"
+    die "the daemons started but the nodes are not idle after 30 s: see $dir/slurmctld.log and $dir/slurmd-*.log"
 }
 
 stop_daemons() {
-    local name pid
-    for name in slurmd slurmctld; do
-        [[ -f $dir/$name.pid ]] || continue
-        pid=$(cat "$dir/$name.pid")
+    local pidfile pid daemon
+    for pidfile in "$dir"/slurmd-*.pid "$dir"/slurmd.pid "$dir"/slurmctld.pid; do
+        [[ -f $pidfile ]] || continue
+        pid=$(cat "$pidfile")
+        daemon=$(basename "$pidfile" .pid)
+        daemon=${daemon%%-*}  # slurmd-<node> -> slurmd
         # only a process that really is this daemon: the pid may have been reused since
-        if [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]]; then
+        if [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$daemon" ]]; then
             kill "$pid"
             for _ in $(seq 50); do
                 [[ -d /proc/$pid ]] || break
                 sleep 0.1
             done
         fi
-        rm -f "$dir/$name.pid"
+        rm -f "$pidfile"
     done
 }
 
