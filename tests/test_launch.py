@@ -69,6 +69,117 @@ def test_submit_sh_outside_slurm_says_use_sbatch():
     assert result.returncode == 2 and "sbatch submit.sh" in result.stderr, result
 
 
+# ---------------------------------------------------------------- sbatch submit.sh
+
+
+def slurm(*args, env=None, timeout=20):
+    env = dict(env or os.environ, SLURM_CONF=str(SLURM_TEST_DIR / "slurm.conf"))
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def slurm_nodes():
+    """How many nodes of the test cluster can run jobs, or a skip that says how to start it."""
+    if not shutil.which("sbatch"):
+        pytest.skip(f"SLURM is not installed: {START_CLUSTER}")
+    conf = SLURM_TEST_DIR / "slurm.conf"
+    if not conf.exists():
+        pytest.skip(f"no test SLURM cluster ({conf} is missing): {START_CLUSTER}")
+    try:
+        info = slurm("sinfo", "--noheader", "--Node", "--format=%t")
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"the test SLURM cluster ({conf}) does not answer: {START_CLUSTER}")
+    usable = len(re.findall(r"^(?:idle|mix|alloc)", info.stdout, re.MULTILINE))
+    if info.returncode != 0 or usable == 0:
+        pytest.skip(f"the test SLURM cluster ({conf}) is not ready ({(info.stdout + info.stderr).strip()}): "
+                    f"{START_CLUSTER}")
+    return usable
+
+
+def job_state(job_id):
+    show = slurm("scontrol", "show", "job", "--oneliner", job_id)
+    fields = dict(f.split("=", 1) for f in show.stdout.split() if "=" in f)
+    return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "?")
+
+
+def sbatch(out_dir, sbatch_args, train_args, nproc_per_node, env):
+    """Submit submit.sh from the repository folder; the job id. sbatch hands its
+    environment, NPROC_PER_NODE included, to the job."""
+    submitted = slurm("sbatch", "--parsable", f"--chdir={REPO}", f"--output={out_dir}/slurm-%j.out",
+                      "--gpus-per-node=0", "--cpus-per-task=1", "--time=5", *sbatch_args,
+                      str(REPO / "submit.sh"), *train_args,
+                      env=launch_env(NPROC_PER_NODE=str(nproc_per_node), **env))
+    assert submitted.returncode == 0, f"sbatch failed:\n{submitted.stderr}"
+    return submitted.stdout.strip().split(";")[0]
+
+
+# The test jobs, all on CPUs (--gpus-per-node=0), one CPU per node (a test node has one):
+# name: (the test that checks it, sbatch options, train_ddp.py arguments, NPROC_PER_NODE, environment)
+JOBS = {
+    # as a student would on a CPU partition: one node, 2 processes. SETUP_CMD stands in for
+    # `module load`, whose scripts read unset variables: submit.sh's `set -u` must allow that.
+    "one_node": ("test_sbatch_submit_sh_trains_on_two_ranks", ["--nodes=1"], TINY_RUN, 2,
+                 {"SETUP_CMD": 'echo "setup ran${NOT_SET_ANYWHERE}"'}),
+    # a training error (NCCL asked for on CPUs); one process is enough to fail
+    "fails": ("test_sbatch_job_fails_when_training_fails", ["--nodes=1"], [*TINY_RUN, "--backend", "nccl"], 1, {}),
+    # two nodes, one process each: one torchrun per node, meeting at the first node's name
+    "two_nodes": ("test_sbatch_submit_sh_on_two_nodes", ["--nodes=2"], TINY_RUN, 1, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(request, slurm_nodes, tmp_path_factory):
+    """Submit the jobs of the selected tests at once, so that SLURM runs the two one-node
+    jobs side by side, one on each node, and the two-node job after them; cancel whatever
+    is left at the end."""
+    out_dir = tmp_path_factory.mktemp("slurm")
+    selected = {item.originalname for item in request.session.items}
+    ids = {name: sbatch(out_dir, *spec) for name, (test, *spec) in JOBS.items()
+           if test in selected and (name != "two_nodes" or slurm_nodes >= 2)}
+    yield {name: (job_id, out_dir) for name, job_id in ids.items()}
+    if ids:
+        slurm("scancel", *ids.values())
+
+
+def wait_for(jobs, name, deadline=180):
+    """Poll until the job ends; (state, exit code, log). Not `sbatch --wait`: it polls at
+    2, 8 and 32 s. A job still running at the deadline is cancelled and the test fails."""
+    job_id, out_dir = jobs[name]
+    end = time.monotonic() + deadline
+    state, code = job_state(job_id)
+    while state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "UNKNOWN") and time.monotonic() < end:
+        time.sleep(0.5)
+        state, code = job_state(job_id)
+    log_file = out_dir / f"slurm-{job_id}.out"
+    log = log_file.read_text() if log_file.exists() else "(no log written)"
+    if state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        slurm("scancel", job_id)
+        pytest.fail(f"job {job_id} was still {state} after {deadline} s and was cancelled. Log:\n{log}")
+    return state, code, log
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_sbatch_submit_sh_trains_on_two_ranks(jobs):
+    """sbatch submit.sh on one node with 2 processes: completes, both ranks train."""
+    state, code, log = wait_for(jobs, "one_node")
+    assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
+    assert_trained_with_two_ranks(log)
+    # the one torchrun agent of this one-node job started both ranks
+    assert "global_ranks=[0, 1]" in log, f"the agent did not report ranks 0 and 1:\n{log}"
+    assert "setup ran" in log, f"SETUP_CMD did not run:\n{log}"
+    assert "submit.sh: job" in log and "finished" in log, log
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_sbatch_job_fails_when_training_fails(jobs):
+    """A training error must fail the job with a non-zero exit code, not end it COMPLETED."""
+    state, code, log = wait_for(jobs, "fails")
+    assert state == "FAILED" and code != "0:0", f"job ended {state} with exit code {code}. Log:\n{log}"
+    assert "training failed with exit code" in log, log
+
+
 # ---------------------------------------------------------------- two torchrun agents
 
 
@@ -130,91 +241,22 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
     assert_trained_with_two_ranks(rank0_log)
 
 
-# ---------------------------------------------------------------- sbatch submit.sh
-
-
-def slurm(*args, env=None, timeout=20):
-    env = dict(env or os.environ, SLURM_CONF=str(SLURM_TEST_DIR / "slurm.conf"))
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
-
-
-@pytest.fixture(scope="module")
-def slurm_nodes():
-    """How many nodes of the test cluster can run jobs, or a skip that says how to start it."""
-    if not shutil.which("sbatch"):
-        pytest.skip(f"SLURM is not installed: {START_CLUSTER}")
-    conf = SLURM_TEST_DIR / "slurm.conf"
-    if not conf.exists():
-        pytest.skip(f"no test SLURM cluster ({conf} is missing): {START_CLUSTER}")
-    try:
-        info = slurm("sinfo", "--noheader", "--Node", "--format=%t")
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"the test SLURM cluster ({conf}) does not answer: {START_CLUSTER}")
-    usable = len(re.findall(r"^(?:idle|mix|alloc)", info.stdout, re.MULTILINE))
-    if info.returncode != 0 or usable == 0:
-        pytest.skip(f"the test SLURM cluster ({conf}) is not ready ({(info.stdout + info.stderr).strip()}): "
-                    f"{START_CLUSTER}")
-    return usable
-
-
-def job_state(job_id):
-    show = slurm("scontrol", "show", "job", "--oneliner", job_id)
-    fields = dict(f.split("=", 1) for f in show.stdout.split() if "=" in f)
-    return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "?")
-
-
-def sbatch_and_wait(tmp_path, sbatch_args, train_args, nproc_per_node=2, deadline=180, **env):
-    """Submit submit.sh from the repository folder, poll until the job ends, return
-    (state, exit code, log). `sbatch --wait` would do, but it polls at 2, 8 and 32 s."""
-    submitted = slurm("sbatch", "--parsable", f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out",
-                      *sbatch_args, str(REPO / "submit.sh"), *train_args,
-                      env=launch_env(NPROC_PER_NODE=str(nproc_per_node), **env))  # sbatch hands its environment to the job
-    assert submitted.returncode == 0, f"sbatch failed:\n{submitted.stderr}"
-    job_id = submitted.stdout.strip().split(";")[0]
-    end = time.monotonic() + deadline
-    state, code = job_state(job_id)
-    while state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "UNKNOWN") and time.monotonic() < end:
-        time.sleep(0.5)
-        state, code = job_state(job_id)
-    log_file = tmp_path / f"slurm-{job_id}.out"
-    log = log_file.read_text() if log_file.exists() else "(no log written)"
-    if state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-        slurm("scancel", job_id)
-        pytest.fail(f"job {job_id} was still {state} after {deadline} s and was cancelled. Log:\n{log}")
-    return state, code, log
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(240)
-def test_sbatch_submit_sh_trains_on_two_ranks(slurm_nodes, tmp_path):
-    """sbatch submit.sh as a student would on a CPU partition: one node, no GPUs, 2 processes.
-    (--cpus-per-task=1: each test node has one CPU; the 2 processes share it.)"""
-    # SETUP_CMD stands in for `module load`: such scripts read unset variables, which
-    # submit.sh's `set -u` must tolerate there
-    state, code, log = sbatch_and_wait(
-        tmp_path, ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"], TINY_RUN,
-        SETUP_CMD='echo "setup ran${NOT_SET_ANYWHERE}"')
-    assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
-    assert_trained_with_two_ranks(log)
-    # the one torchrun agent of this one-node job started both ranks
-    assert "global_ranks=[0, 1]" in log, f"the agent did not report ranks 0 and 1:\n{log}"
-    assert "setup ran" in log, f"SETUP_CMD did not run:\n{log}"
-    assert "submit.sh: job" in log and "finished" in log, log
+# ---------------------------------------------------------------- sbatch on two nodes
+# Last in the file on purpose: the jobs fixture submitted this job with the others, and
+# it runs while the two-agent test above does, which saves a run's time.
 
 
 @pytest.mark.slurm
 @pytest.mark.multinode
 @pytest.mark.timeout(240)
-def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, tmp_path):
+def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, jobs):
     """sbatch --nodes=2 submit.sh: srun starts a torchrun on each node, and they meet at the
     first node's name. The test cluster's two nodes are one machine, but SLURM, srun and
     torchrun do everything they do on two."""
     if slurm_nodes < 2:
         pytest.skip(f"the test SLURM cluster has {slurm_nodes} usable node: restart it with "
                     "sudo tools/slurm_test_cluster.sh stop && sudo tools/slurm_test_cluster.sh start")
-    state, code, log = sbatch_and_wait(
-        tmp_path, ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"], TINY_RUN,
-        nproc_per_node=1)
+    state, code, log = wait_for(jobs, "two_nodes")
     assert (state, code) == ("COMPLETED", "0:0"), f"job ended {state} with exit code {code}. Log:\n{log}"
     assert_trained_with_two_ranks(log)
     assert "on 2 node(s)" in log, log
@@ -225,14 +267,3 @@ def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, tmp_path):
         lines = "\n".join(line.split(": ", 1)[1] for line in log.splitlines() if line.startswith(f"{node}: "))
         ranks.append(agent_ranks(lines))
     assert sorted(ranks) == [(0, [0], 2), (1, [1], 2)], f"(group_rank, global_ranks, group_world_size): {ranks}\n{log}"
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(240)
-def test_sbatch_job_fails_when_training_fails(slurm_nodes, tmp_path):
-    """A training error (NCCL asked for on CPUs) must fail the job, not end it COMPLETED.
-    One process is enough to fail, and spares the shared CPUs."""
-    state, code, log = sbatch_and_wait(tmp_path, ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"],
-                                       [*TINY_RUN, "--backend", "nccl"], nproc_per_node=1)
-    assert state == "FAILED" and code != "0:0", f"job ended {state} with exit code {code}. Log:\n{log}"
-    assert "training failed with exit code" in log, log
