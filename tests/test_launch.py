@@ -1,7 +1,8 @@
 """Launching for real: submit.sh under SLURM, and torchrun across two "nodes".
 
-    pytest -m slurm        # sbatch submit.sh on the test cluster (sudo tools/slurm_test_cluster.sh start)
-    pytest -m multinode    # two torchrun agents meet on loopback, as two nodes would
+    pytest -m slurm        # sbatch submit.sh: one node, two nodes, a failing run (needs the test cluster:
+                           #   sudo tools/slurm_test_cluster.sh start)
+    pytest -m multinode    # two torchrun agents on loopback as two nodes would; sbatch --nodes=2
 
 Each run is a tiny synthetic training on CPUs with 2 processes. Every subprocess has a hard
 deadline and is killed (its whole process group, or scancel) when it passes: nothing hangs.
