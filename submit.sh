@@ -54,8 +54,9 @@ fi
 nproc_per_node=${NPROC_PER_NODE:-$((gpus > 0 ? gpus : 1))}
 
 # The rendezvous runs on the first node of the allocation: every node's torchrun meets
-# there, and then sets MASTER_ADDR and MASTER_PORT for its processes itself. A port taken from the job id keeps two jobs that share a
-# node apart (MASTER_PORT overrides it); it stays below Linux's ephemeral ports (32768+).
+# there, and then sets MASTER_ADDR and MASTER_PORT for its processes itself. A port taken
+# from the job id keeps two jobs that share a node apart (MASTER_PORT overrides it); it
+# stays below Linux's ephemeral ports (32768 and up).
 # (Not `| head -n 1`: with pipefail, a long node list could end the job with SIGPIPE.)
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${hosts%%$'\n'*}

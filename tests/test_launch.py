@@ -114,7 +114,8 @@ def sbatch(out_dir, sbatch_args, train_args, nproc_per_node, env):
     return submitted.stdout.strip().split(";")[0]
 
 
-# The test jobs, all on CPUs (--gpus-per-node=0), one CPU per node (a test node has one):
+# The test jobs, all on CPUs (--gpus-per-node=0) with one CPU per node (on a 2-core machine
+# a test node has just one):
 # name: (the test that checks it, sbatch options, train_ddp.py arguments, NPROC_PER_NODE, environment)
 JOBS = {
     # as a student would on a CPU partition: one node, 2 processes. SETUP_CMD stands in for
