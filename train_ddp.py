@@ -108,9 +108,12 @@ def main(args):
     task = unfilled_task(args.impl)
     if task:
         trainer = importlib.import_module("template_trainer")
+        marker = "task" + task[0][5:].replace(".", "_")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
-                       f"Fill it in and check it with:  pytest --impl template -m {task[0][5:].replace('.', '_').join(['task', ''])}\n"
+                       f"Fill it in and check it with:  pytest --impl template -m {marker}\n"
                        "or train with the reference answers:  --impl solutions")
+        if int(os.environ.get("RANK", 0)) != 0:
+            time.sleep(1)  # torchrun stops every rank when one exits: let rank 0 print first
         return 1
     package = "solutions." if args.impl != "template" else ""
     loader_lib = importlib.import_module(package + "template_data_loader")
@@ -191,5 +194,6 @@ if __name__ == "__main__":
     try:
         sys.exit(main(args))
     except ValueError as error:  # a setting that cannot work: one line, not a traceback
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+        print(f"{tag}error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)

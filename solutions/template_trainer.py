@@ -96,8 +96,9 @@ def average_gradients(model):
     """Replace every parameter's .grad with its mean over all ranks, in place.
 
     Call it on every rank after loss.backward() and before optimizer.step(). all_reduce
-    with SUM, then divide by the world size: gloo has no AVG, and a sum alone would act
-    like a learning rate world_size times too large. Skip parameters whose .grad is None
+    with SUM, then divide by the world size: a sum alone would act like a learning rate
+    world_size times too large. (ReduceOp.AVG does both, but only on NCCL and on recent
+    gloo, and SUM-then-divide shows what it does.) Skip parameters whose .grad is None
     (frozen ones): every rank skips the same ones, so the collectives still match.
     model.parameters() lists a parameter shared by two layers (tied weights) once, so it
     is averaged once.

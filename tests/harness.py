@@ -30,7 +30,8 @@ import torch.distributed as dist
 # rank instead of 3 s for "spawn", and safer than forking pytest itself, whose OpenMP
 # threads a plain fork would copy in a broken state.
 _context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(["torch", "torch.distributed"])
+# torch._dynamo too: DistributedDataParallel imports it on first use, 4 s for every rank.
+_context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
 
 
 class RankTimeout(AssertionError):
@@ -41,7 +42,7 @@ class RankFailed(AssertionError):
     """A rank raised; the message holds its traceback."""
 
 
-def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path):
+def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path, all_done):
     torch.set_num_threads(1)  # several ranks share a few cores
     with open(dump_path, "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
@@ -59,6 +60,10 @@ def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results
             buffer = io.BytesIO()
             torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
             results.put((rank, "ok", buffer.getvalue()))
+            # Stay in the group until every rank is done, as a rank of a real job would still
+            # be running: a rank that skipped a collective then shows as a hang of the others,
+            # not as a confusing "connection closed by peer".
+            all_done.wait(timeout + 10)
         except BaseException as error:  # report everything, KeyboardInterrupt included
             results.put((rank, type(error).__name__, (str(error), traceback.format_exc())))
         finally:
@@ -79,18 +84,21 @@ def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0):
     """Run fn(rank, world_size, *args) on `world_size` ranks; return the results by rank."""
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         results = _context.Queue()
+        all_done = _context.Event()
         procs = []
         for rank in range(world_size):
             proc = _context.Process(
                 target=_rank_main,
                 args=(fn, rank, world_size, os.path.join(tmp, "store"), backend, timeout,
-                      args, results, os.path.join(tmp, f"stack{rank}.txt")),
+                      args, results, os.path.join(tmp, f"stack{rank}.txt"), all_done),
                 daemon=True,
             )
             proc.start()
             procs.append(proc)
         try:
-            return _collect(procs, results, world_size, timeout, tmp)
+            outputs = _collect(procs, results, world_size, timeout, tmp)
+            all_done.set()
+            return outputs
         finally:
             for proc in procs:
                 if proc.is_alive():

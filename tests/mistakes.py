@@ -31,6 +31,36 @@ class Mistake:
 
 
 MISTAKES = [
+    # Task 0.1
+    Mistake("0.1", "mean-not-sum", "template_collectives.py",
+            "    return sum(rank_tensor(rank) for rank in range(world_size))",
+            "    return sum(rank_tensor(rank) for rank in range(world_size)) / world_size", "does not average"),
+    Mistake("0.1", "ranks-from-1", "template_collectives.py",
+            "rank_tensor(rank) for rank in range(world_size))",
+            "rank_tensor(rank) for rank in range(1, world_size + 1))", "count from 0"),
+    # Task 0.2
+    Mistake("0.2", "aliased-outputs", "template_collectives.py",
+            "    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]",
+            "    gathered = [torch.empty_like(tensor)] * dist.get_world_size()", "one tensor per rank"),
+    Mistake("0.2", "gather-to-rank-0", "template_collectives.py",
+            "    dist.all_gather(gathered, tensor)",
+            "    dist.gather(tensor, gathered if dist.get_rank() == 0 else None, dst=0)", "every rank"),
+    Mistake("0.2", "cat-not-stack", "template_collectives.py",
+            "    return torch.stack(gathered)", "    return torch.cat(gathered)", "torch.stack"),
+    # Task 0.3
+    Mistake("0.3", "wait-before-compute", "template_collectives.py",
+            "    result = compute()  # tensor must not be used here: until wait() it may hold anything\n"
+            "    handle.wait()\n",
+            "    handle.wait()\n    result = compute()\n", "nothing could overlap"),
+    Mistake("0.3", "blocking-all-reduce", "template_collectives.py",
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "    result = compute()  # tensor must not be used here: until wait() it may hold anything\n"
+            "    handle.wait()\n",
+            "    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)\n    result = compute()\n", "nothing could overlap"),
+    Mistake("0.3", "async-op-false", "template_collectives.py",
+            "SUM, async_op=True)", "SUM, async_op=False)", "nothing could overlap"),
+    Mistake("0.3", "no-wait", "template_collectives.py",
+            "    handle.wait()\n    return result", "    return result", "call handle.wait() before returning"),
     # Task 1.1
     Mistake("1.1", "epoch-not-in-seed", "template_data_loader.py",
             "g.manual_seed(seed + epoch)", "g.manual_seed(seed)", "epoch"),

@@ -1,6 +1,6 @@
 """check.py (students) and grading/grade.py (instructors), on prepared submissions.
 
-    pytest -m grading
+    pytest -m grading       # all of them; the three that run the commands are also `slow`
 
 The submissions are this repository with the solutions as template files, with or without
 the typical mistakes of tests/mistakes.py: the solutions get full marks, the untouched
@@ -144,6 +144,7 @@ def _grades(out):
     return {s["student"]: {**s, "by_task": {t["task"]: t for t in s["tasks"]}} for s in report["submissions"]}
 
 
+@pytest.mark.slow
 def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     solutions = make_submission(str(tmp_path / "solutions"))
     # noise: printing, extra imports, a conftest.py and a helper of its own
@@ -182,6 +183,7 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     print(f"graded 4 submissions in {seconds:.0f} s")
 
 
+@pytest.mark.slow
 def test_grade_reports_hangs_within_the_limit_and_grades_the_others(tmp_path):
     loop = make_submission(str(tmp_path / "loop"), [ENDLESS_WAIT])
     skips = make_submission(str(tmp_path / "skips"), [BY_NAME["rank-0-skips"]])
@@ -205,6 +207,7 @@ def test_grade_reports_hangs_within_the_limit_and_grades_the_others(tmp_path):
     print(f"graded 2 submissions in {seconds:.0f} s")
 
 
+@pytest.mark.slow
 def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
     student = make_submission(str(tmp_path / "student"), [BY_NAME["epoch-not-in-seed"]])
     with open(os.path.join(REPO, "template_trainer.py")) as src, \

@@ -253,3 +253,13 @@ def test_batch_size_errors_are_clear(data_loader):
         data_loader.build_loaders(_indexed(8), _indexed(8), 2, 0, 4)
     with pytest.raises(ValueError, match="not divisible"):
         data_loader.build_loaders(_indexed(8), _indexed(8), 10, 0, 4)
+
+
+@pytest.mark.task1_4
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: pinned memory only matters for copies to a GPU")
+def test_loaders_pin_memory_for_a_gpu(data_loader):
+    train, test = data_loader.build_loaders(_indexed(8), _indexed(8), 4, 0, 2, device="cuda")
+    assert train.pin_memory and test.pin_memory, f"{T14}: use pin_memory=True when the device is a GPU"
+    train, test = data_loader.build_loaders(_indexed(8), _indexed(8), 4, 0, 2, device="cpu")
+    assert not train.pin_memory, f"{T14}: pin_memory only helps copies to a GPU; leave it off on CPUs"

@@ -278,3 +278,24 @@ def test_nccl_world_of_one(impl):
     [(grads_ok, sums)] = run_ranks(_nccl_world_of_one, 1, impl, backend="nccl", timeout=60)
     assert grads_ok, "Tasks 2.1-2.2 on NCCL: with one rank the average gradient is the gradient itself"
     assert sums == (3, 4, 1.5), f"Task 2.3 on NCCL: one rank's sums are its own counts, got {sums}"
+
+
+# ------------------------------------------------------------------ the given set-up
+def test_setup_distributed_makes_a_world_of_one_without_torchrun(trainer, monkeypatch):
+    for name in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]:
+        monkeypatch.delenv(name, raising=False)
+    rank, local_rank, world_size, device = trainer.setup_distributed()
+    try:
+        assert (rank, local_rank, world_size) == (0, 0, 1)
+        assert dist.get_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+        assert device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    finally:
+        trainer.cleanup()
+    assert not dist.is_initialized(), "cleanup() must destroy the process group"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU, so NCCL can work")
+def test_nccl_without_a_gpu_says_what_to_do(trainer, monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ValueError, match="--backend gloo"):
+        trainer.setup_distributed(backend="nccl")

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Train with data parallelism on SLURM: one torchrun per node, one process per GPU.
+#
+#   sbatch submit.sh                                  # 1 node, 4 GPUs, your template_*.py files
+#   sbatch --nodes=2 submit.sh --impl solutions       # 2 nodes; arguments go to train_ddp.py
+#   sbatch --partition=gpu --account=myproject submit.sh
+#   NPROC_PER_NODE=8 sbatch --gpus-per-node=0 --cpus-per-task=8 --partition=cpu submit.sh   # CPUs (gloo)
+#
+# Run sbatch from the repository folder: the job starts there and runs ./train_ddp.py.
+# The log is slurm-<jobid>.out in that folder. README.md, "Running on a cluster", explains
+# every setting below and what to do when a run fails.
+#
+# Every #SBATCH line is a default: an option given to sbatch, or its SBATCH_* environment
+# variable (SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_GPUS_PER_NODE, SBATCH_TIMELIMIT), wins.
+#SBATCH --job-name=ddp-cifar10
+# Machines. torchrun runs once on each and learns their number from SLURM_NNODES.
+#SBATCH --nodes=1
+# ONE task per node: torchrun itself starts the per-GPU processes. More tasks would start
+# a torchrun each, and each would start its own set of processes.
+#SBATCH --ntasks-per-node=1
+# GPUs on each node, one training process each. Set it to what your nodes have; 0 on a CPU partition.
+#SBATCH --gpus-per-node=4
+# CPUs for the single task, shared by all its training processes and their DataLoader workers.
+#SBATCH --cpus-per-task=16
+# Wall-clock limit: a hung run is killed after this rather than burning the allocation.
+#SBATCH --time=00:30:00
+# %j is the job id: every job has its own log, in the folder sbatch ran in.
+#SBATCH --output=slurm-%j.out
+set -euo pipefail
+
+if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    echo "submit.sh is a SLURM batch script: submit it with  sbatch submit.sh" \
+        "(on one machine without SLURM:  torchrun --standalone --nproc_per_node=2 train_ddp.py)" >&2
+    exit 2
+fi
+
+# ---- what a cluster differs in, all from the environment (sbatch passes it on) ----
+# SETUP_CMD: shell commands that make python with PyTorch available on the nodes, for example
+#   SETUP_CMD='module load cuda/12.4 && source ~/venvs/ddp/bin/activate' sbatch submit.sh
+# It runs here, on the first node, before srun; srun hands the resulting environment to
+# every node. Without it the job uses the environment sbatch was called from.
+if [[ -n ${SETUP_CMD:-} ]]; then
+    set +u  # module and conda scripts read unset variables
+    eval "$SETUP_CMD"
+    set -u
+fi
+
+# NPROC_PER_NODE: training processes on each node. The default is one per allocated GPU;
+# on CPUs (no GPUs allocated) it is 1 unless you set it.
+gpus=${SLURM_GPUS_ON_NODE:-0}
+if [[ $gpus == 0 && -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+fi
+nproc_per_node=${NPROC_PER_NODE:-$((gpus > 0 ? gpus : 1))}
+
+# The rendezvous runs on the first node of the allocation: every node's torchrun meets
+# there, and then sets MASTER_ADDR and MASTER_PORT for its processes itself. A port taken
+# from the job id keeps two jobs that share a node apart (MASTER_PORT overrides it); it
+# stays below Linux's ephemeral ports (32768 and up).
+# (Not `| head -n 1`: with pipefail, a long node list could end the job with SIGPIPE.)
+hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${hosts%%$'\n'*}
+port=${MASTER_PORT:-$((15000 + SLURM_JOB_ID % 15000))}
+
+if [[ ! -f train_ddp.py ]]; then
+    echo "submit.sh: no train_ddp.py in $PWD: run sbatch from the repository folder" >&2
+    exit 2
+fi
+command -v torchrun >/dev/null || {
+    echo "submit.sh: torchrun not found on $(hostname): activate your PyTorch environment before sbatch," \
+        "or pass it as SETUP_CMD='source ~/venv/bin/activate'" >&2
+    exit 2
+}
+
+echo "submit.sh: job $SLURM_JOB_ID on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
+echo "submit.sh: rendezvous at $head_node:$port, $nproc_per_node process(es) per node," \
+    "$((SLURM_NNODES * nproc_per_node)) in all; train_ddp.py $*"
+
+# srun starts one torchrun per node (--ntasks-per-node=1). It is given the job's CPUs
+# explicitly because srun 22.05 and later no longer inherit --cpus-per-task from sbatch.
+# --kill-on-bad-exit ends every node's torchrun as soon as one fails, instead of leaving the
+# others waiting in a collective until the time limit. --label prefixes each line of the
+# log with the number of the node it came from.
+status=0
+srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit=1 --label \
+    torchrun \
+    --nnodes="$SLURM_NNODES" \
+    --nproc_per_node="$nproc_per_node" \
+    --rdzv_backend=c10d \
+    --rdzv_endpoint="$head_node:$port" \
+    --rdzv_id="$SLURM_JOB_ID" \
+    train_ddp.py "$@" || status=$?
+
+if [[ $status != 0 ]]; then
+    echo "submit.sh: training failed with exit code $status: the first error above is the cause" \
+        "(README.md, 'Running on a cluster', lists the common ones)" >&2
+    exit "$status"
+fi
+echo "submit.sh: job $SLURM_JOB_ID finished"

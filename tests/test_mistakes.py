@@ -1,0 +1,56 @@
+"""The tests themselves: every typical wrong answer in mistakes.py must fail its task's tests.
+
+    pytest -m slow        # about 5 s a mistake: each runs the task's tests in a fresh copy
+
+A test that passes a wrong answer teaches a wrong thing, so each mistake must fail, and
+the failure must say what is likely wrong (the mistake's hint).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mistakes import MISTAKES, REPO, make_submission
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.task}-{m.name}")
+def test_the_tests_catch_this_mistake(mistake, tmp_path):
+    repo = make_submission(str(tmp_path / "repo"), [mistake])
+    command = [sys.executable, "-m", "pytest", "--impl", "template", "-m", mistake.marker, "-x", "-q",
+               "-p", "no:cacheprovider", "tests"]
+    proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, f"the Task {mistake.task} tests let '{mistake.name}' through:\n{out[-3000:]}"
+    assert "NotImplementedError: Task" not in out, out[-3000:]
+    assert mistake.hint in out, f"the failure does not say '{mistake.hint}':\n{out[-3000:]}"
+
+
+@pytest.mark.slow
+def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
+    """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
+    import xml.etree.ElementTree as ElementTree
+
+    repo = make_submission(str(tmp_path / "repo"))
+    for name in os.listdir(os.path.join(repo, "solutions")):  # put the pristine templates back
+        if name.startswith("template_"):
+            with open(os.path.join(REPO, name)) as src, open(os.path.join(repo, name), "w") as dst:
+                dst.write(src.read())
+    report = tmp_path / "report.xml"
+    tasks = " or ".join(sorted({m.marker for m in MISTAKES}))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", tasks, "-q",
+                           "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
+                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True)
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    outcomes = {}
+    for case in cases:
+        failure = case.find("failure")
+        skipped = case.find("skipped")
+        outcomes[case.get("name")] = ("skipped" if skipped is not None else
+                                      "passed" if failure is None else failure.get("message", ""))
+    ran = {name: o for name, o in outcomes.items() if o != "skipped"}
+    assert len(ran) > 20, proc.stdout[-2000:]
+    wrong = {name: o[:120] for name, o in ran.items() if not o.startswith("NotImplementedError: Task")}
+    assert not wrong, f"these task tests did not fail with the task's NotImplementedError: {wrong}"
