@@ -21,7 +21,6 @@ import textwrap
 from grading.checker import discover_tasks, run_tests, select_tasks, summarize
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-STATUS_WIDTH = 12
 
 
 def parse_args(argv=None):
@@ -36,23 +35,23 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def print_result(result):
+def print_result(result, width):
     task = result.task
-    print(f"  Task {task.id:<5} {task.where():<44} {result.status}")
+    print(f"  Task {task.id:<5} {task.where():<{width}} {result.status}")
     if result.status in ("failing", "hang", "blocked", "error", "not run", "skipped"):
-        for line in textwrap.wrap(result.explanation, width=96):
+        for line in textwrap.wrap(result.explanation, width=100):
             print(" " * 13 + line)
         for line in result.details[:8]:
             print(" " * 15 + line)
 
 
-def next_step(results, impl):
+def next_step(results, impl, everything):
     todo = [r for r in results if not r.done and r.status not in ("skipped", "no tests")]
     if not todo:
-        if all(r.done for r in results) and len(results) > 1:
-            return ("every task passes. Train for real: torchrun --standalone --nproc_per_node=2 train_ddp.py "
-                    "(README: Running)")
-        return "this passes; run `python check.py` for every task."
+        if everything:
+            return ("every task passes. Train with your own code: torchrun --standalone --nproc_per_node=2 "
+                    "train_ddp.py (README: Training)")
+        return "these pass; `python check.py` checks every task."
     first = todo[0]
     task = first.task
     again = f"python check.py {task.id}"
@@ -88,12 +87,13 @@ def main(argv=None):
                 print(log.read())
     gpu = {e["nodeid"] for e in run.events if e.get("event") == "collected" and e.get("gpu")}
     skipped = {o.nodeid for r in results for o in r.outcomes if o.state == "skipped"} & gpu
+    width = max(len(r.task.where()) for r in results) + 1
     for result in results:
-        print_result(result)
+        print_result(result, width)
     done = sum(r.done for r in results)
     notes = f" ({len(skipped)} GPU tests skipped: they need CUDA)" if skipped else ""
     print(f"\n{done} of {len(results)} tasks done in {run.seconds:.0f} s{notes}.")
-    print("Next:", next_step(results, args.impl))
+    print("Next:", next_step(results, args.impl, everything=len(chosen) == len(tasks)))
     return 0 if done == len(results) else 1
 
 
