@@ -183,24 +183,26 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
         # (an assertion) compares deterministic values, so it is not run again.
         retries = policy["retries"] if args.retries is None else args.retries
         for attempt in range(retries if not run.timed_out else 0):
-            again = [r for r in results if not r.certain]
-            if not again:
-                break
-            retry_dir = os.path.join(workdir, f"retry{attempt + 1}")
-            os.makedirs(retry_dir)
-            rerun = run_tests(copy, [r.task.id for r in again], retry_dir, impl="template",
-                              timeout=args.timeout or policy["submission_seconds"],
-                              test_timeout=args.test_timeout or policy["test_seconds"])
-            seconds += rerun.seconds
-            with open(log, "a") as out, open(rerun.log_path) as f:
-                out.write(f"\n\n===== run {attempt + 2}: Task {', '.join(r.task.id for r in again)} =====\n")
-                out.write(f.read())
-            for new in summarize([r.task for r in again], rerun):
-                if new.done:
+            uncertain = [r for r in results if not r.certain]
+            # a task whose tests crashed the test process runs apart, so as not to take the others down again
+            for again in ([r for r in uncertain if r.status != "error"], [r for r in uncertain if r.status == "error"]):
+                if not again:
+                    continue
+                retry_dir = tempfile.mkdtemp(prefix="retry-", dir=workdir)
+                rerun = run_tests(copy, [r.task.id for r in again], retry_dir, impl="template",
+                                  timeout=args.timeout or policy["submission_seconds"],
+                                  test_timeout=args.test_timeout or policy["test_seconds"])
+                seconds += rerun.seconds
+                with open(log, "a") as out, open(rerun.log_path) as f:
+                    out.write(f"\n\n===== run {attempt + 2}: Task {', '.join(r.task.id for r in again)} =====\n")
+                    out.write(f.read())
+                for new in summarize([r.task for r in again], rerun):
                     old = next(r for r in results if r.task.id == new.task.id)
-                    notes.append(f"Task {new.task.id} passed on run {attempt + 2} (run 1: {old.status}: "
-                                 f"{old.explanation[:200]})")
-                    results[results.index(old)] = new
+                    if new.done:
+                        notes.append(f"Task {new.task.id} passed on run {attempt + 2} (run 1: {old.status}: "
+                                     f"{old.explanation[:200]})")
+                    if new.done or old.status == "not run":  # a task not run the first time: this is its grade
+                        results[results.index(old)] = new
     finally:
         if args.keep:
             print(f"kept the grading copy of {name}: {workdir}", file=sys.stderr)

@@ -118,6 +118,16 @@ def test_a_run_killed_at_the_limit_names_the_test_that_was_running():
     assert three.status == "not run"
 
 
+def test_a_crash_is_an_error_and_the_tasks_after_it_were_not_run():
+    tasks = _tasks("1.1", "2.3")
+    run = _run({"event": "collected", "nodeid": "t::a", "tasks": ["1.1"]}, {"event": "start", "nodeid": "t::a"},
+               {"event": "collected", "nodeid": "t::b", "tasks": ["2.3"]}, returncode=3)
+    crashed, after = summarize(tasks, run)
+    assert crashed.status == "error" and "died during t::a" in crashed.explanation
+    assert after.status == "not run" and "exit code 3" in after.explanation
+    assert not crashed.certain and not after.certain  # the grader runs both again, apart
+
+
 @pytest.mark.parametrize("exc_type,message,expected", [
     ("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
      "[127.0.0.1]:1. This is typically caused by a remote worker crashing. GLHF!", "in training is a hang"),
