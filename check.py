@@ -98,4 +98,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the tests and their ranks are already stopped
+        print("\ncheck.py: interrupted", file=sys.stderr)
+        sys.exit(130)

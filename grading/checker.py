@@ -286,7 +286,10 @@ def _summarize_task(task, tests, run, collect_errors):
     result = TaskResult(task, "done", total=len(tests), outcomes=tests,
                         passed=sum(t.state == "passed" for t in tests))
     if not tests:
-        if collect_errors:
+        if not run.events and run.returncode not in (0, 5) and not run.timed_out:
+            result.status = "error"
+            result.explanation = f"pytest did not start (exit code {run.returncode}): {_last_line(run.log_path)}"
+        elif collect_errors:
             short, _ = explain("Error", collect_errors[0]["message"], "")
             result.status, result.explanation = "error", f"the tests could not be collected: {short}"
         elif run.timed_out:
@@ -301,7 +304,8 @@ def _summarize_task(task, tests, run, collect_errors):
     unfinished = [t for t in tests if t.state == "unfinished"]
     hung = [t for t in tests if t.state == "hung" and t.exc_type != "Skipped"]
     failed = [t for t in tests if t.state == "failed"]
-    not_run = [t for t in tests if t.state == "not run"]
+    # a test that also belongs to another task, skipped because that task hung
+    not_run = [t for t in tests if t.state == "not run" or (t.state == "hung" and t.exc_type == "Skipped")]
     if unfinished and run.timed_out:
         test = unfinished[0]
         result.status = "hang"
@@ -341,12 +345,23 @@ def _summarize_task(task, tests, run, collect_errors):
     elif not_run:
         result.status = "not run"
         result.explanation = (f"the tests were stopped at the time limit ({run.timeout:.0f} s) before this task's"
-                              if run.timed_out else
+                              if run.timed_out and any(t.state == "not run" for t in not_run) else
+                              f"{_short_id(not_run[0].nodeid)} was skipped: it also tests a task that hung"
+                              if not_run[0].state == "hung" else
                               f"the test process stopped (exit code {run.returncode}) before this task's tests ran")
     elif result.passed == 0:
         result.status = "skipped"
         result.explanation = next((t.message for t in tests if t.message), "every test was skipped")
     return result
+
+
+def _last_line(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1] if lines else "no output"
 
 
 def _not_implemented(test):

@@ -70,7 +70,7 @@ class _Recorder:
     def __init__(self, path, stack_path):
         self.file = open(path, "a", encoding="utf-8")
         self.stopped = {}  # task -> (why its remaining tests are skipped, the test that showed it)
-        if stack_path:
+        if stack_path and hasattr(signal, "SIGUSR2"):  # not on Windows
             self.stack_file = open(stack_path, "w", encoding="utf-8")
             faulthandler.register(signal.SIGUSR2, file=self.stack_file, all_threads=True)
 
@@ -108,11 +108,18 @@ class _Recorder:
         elif report.failed and call.excinfo is not None:
             excinfo = call.excinfo
             event.update(exc_type=excinfo.typename, message=str(excinfo.value)[:8000], where=_where(excinfo))
-            reason = ("hang" if is_hang(excinfo.typename, event["message"]) else
-                      "NotImplementedError" if excinfo.typename == "NotImplementedError" else None)
-            if reason:
-                for task in tasks_of(item):
-                    self.stopped.setdefault(task, (reason, event["message"], item.nodeid))
+            tasks = tasks_of(item)
+            if is_hang(excinfo.typename, event["message"]):
+                stop, reason = tasks, "hang"
+            elif excinfo.typename == "NotImplementedError":
+                # "Task 1.1: ... not done yet" stops Task 1.1's tests, not those of another task
+                # of this test, which may well be done
+                named = re.findall(r"Task (\d+\.\d+)", event["message"])
+                stop, reason = [t for t in tasks if t in named] or ([] if named else tasks), "NotImplementedError"
+            else:
+                stop, reason = [], None
+            for task in stop:
+                self.stopped.setdefault(task, (reason, event["message"], item.nodeid))
         elif report.failed:
             event.update(exc_type="Error", message=str(report.longrepr)[-4000:])
         self.write(**event)
