@@ -25,7 +25,8 @@ from grading.pytest_plugin import is_hang
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MARKER_LINE = re.compile(r"^\s*task(\d+)_(\d+)\s*:\s*(.*?)\s*$", re.MULTILINE)
-FENCE = re.compile(r"#\s*---\s*Task (\d+)\.(\d+) begin\s*---")
+# where a task is: its fence, or its TODO line (a template may keep either)
+FENCE = re.compile(r"#\s*(?:---\s*Task (\d+)\.(\d+) begin\s*---|TODO Task (\d+)\.(\d+)\b)")
 TASK_NAMED = re.compile(r"Task (\d+\.\d+)")
 RANK_FAILED = re.compile(r"^rank (\d+) raised (\w+): (.*?)(?:\n\n--- rank \d+ traceback ---|\Z)", re.DOTALL)
 
@@ -83,7 +84,8 @@ class Task:
 
 
 def discover_tasks(repo=REPO):
-    """Every task of the course, in course order: pytest.ini's taskX_Y markers, and the fences."""
+    """Every task of the course, in course order: pytest.ini's taskX_Y markers, located by the fences
+    (or the TODO lines) of the template_*.py files."""
     tasks = {}
     ini = os.path.join(repo, "pytest.ini")
     if os.path.exists(ini):
@@ -99,7 +101,8 @@ def discover_tasks(repo=REPO):
             match = FENCE.search(line)
             if not match:
                 continue
-            task = tasks.setdefault(f"{match[1]}.{match[2]}", Task(f"{match[1]}.{match[2]}"))
+            task_id = f"{match[1]}.{match[2]}" if match[1] else f"{match[3]}.{match[4]}"
+            task = tasks.setdefault(task_id, Task(task_id))
             if task.file:  # a task fenced in two places: the first one names it
                 continue
             task.file, task.line = name, number

@@ -62,11 +62,14 @@ def test_tasks_are_found_in_the_markers_and_the_fences_in_course_order(tmp_path)
         "def first():\n    x = 1\n    # --- Task 0.1 begin ---\n    raise NotImplementedError\n"
         "    # --- Task 0.1 end ---\n\n\nclass A:\n    def method(self):\n"
         "        # --- Task 3.2 begin ---\n        pass\n        # --- Task 3.2 end ---\n")
+    (tmp_path / "template_b.py").write_text(  # a template that keeps only the TODO line
+        "def b():\n    # TODO Task 2.1: do b\n    raise NotImplementedError('Task 2.1')\n")
     tasks = discover_tasks(str(tmp_path))
     assert [t.id for t in tasks] == ["0.1", "2.1", "3.2", "10.1"]
     assert (tasks[0].file, tasks[0].function, tasks[0].line) == ("template_a.py", "first", 3)
     assert tasks[2].where() == "template_a.py, method()"
-    assert tasks[1].where() == "template_b.py, b"  # no fence: the marker's description
+    assert tasks[1].where() == "template_b.py, b()"
+    assert tasks[3].where() == "later"  # in no template: the marker's description
     assert [t.id for t in select_tasks(tasks, ["task2_1", "0.1"])] == ["0.1", "2.1"]
     assert [t.id for t in select_tasks(tasks, ["3"])] == ["3.2"]
     with pytest.raises(ValueError, match="the tasks are 0.1, 2.1, 3.2, 10.1"):
