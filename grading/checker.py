@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from grading.pytest_plugin import is_hang
+from grading.pytest_plugin import HARNESS_HANG, is_hang
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -318,6 +318,7 @@ def _summarize_task(task, tests, run, collect_errors):
     elif hung:
         result.status = "hang"
         result.explanation, result.details = explain(hung[0].exc_type, hung[0].message, hung[0].where)
+        result.explanation = _without_task_prefix(task, result.explanation)
     elif unfinished:  # the pytest process died during a test
         result.status = "error"
         result.explanation = (f"the test process died during {_short_id(unfinished[0].nodeid)} "
@@ -339,10 +340,7 @@ def _summarize_task(task, tests, run, collect_errors):
             result.status = "failing"
             first = started[0]
             result.explanation, result.details = explain(first.exc_type, first.message, first.where)
-            # "Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's
-            # line already says; "Tasks 1.1-1.3: ..." does not, and stays
-            result.explanation = re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \([^)]*\):\s*", r"\1",
-                                        result.explanation)
+            result.explanation = _without_task_prefix(task, result.explanation)
             rank = RANK_FAILED.match(first.message.strip())
             result.error_type = rank[2] if rank else first.exc_type
     elif not_run:
@@ -356,6 +354,12 @@ def _summarize_task(task, tests, run, collect_errors):
         result.status = "skipped"
         result.explanation = next((t.message for t in tests if t.message), "every test was skipped")
     return result
+
+
+def _without_task_prefix(task, text):
+    """"Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's line
+    already says; "Tasks 1.1-1.3: ..." does not, and stays."""
+    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \([^)]*\):\s*", r"\1", text)
 
 
 def _last_line(path):
@@ -392,9 +396,14 @@ def explain(exc_type, message, where):
     if rank:  # "rank 1 raised AssertionError: ..." from the harness
         prefix, exc_type, message = f"rank {rank[1]}: ", rank[2], rank[3].strip()
     details = []
-    if exc_type == "RankTimeout":
-        message, _, rest = message.partition("\n")
+    hang = HARNESS_HANG.search(message)
+    if hang:  # the harness's report, maybe after the test's own explanation of this hang
+        own = message[:hang.start()].strip()
+        harness, _, rest = message[hang.start():].partition("\n")
         details = _stuck_ranks(rest)
+        facts = harness.split(". ")[0]  # "ranks [0] were still running after 15 s (ranks [1] had finished)"
+        message = f"{own} ({facts})" if own else harness
+        exc_type = "RankTimeout"
     elif exc_type == "Failed" and "from pytest-timeout" in message:
         limit = re.search(r"Timeout \(>([\d.]+)s\)", message)
         seconds = f"{float(limit[1]):g} s" if limit else "its time limit"

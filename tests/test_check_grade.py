@@ -137,6 +137,9 @@ def test_a_crash_is_an_error_and_the_tasks_after_it_were_not_run():
     ("ValueError", "Cannot use ReduceOp.AVG with Gloo", "divide by the world size"),
     ("ModuleNotFoundError", "No module named 'helpers'", "only the template_*.py files are used"),
     ("Failed", "Timeout (>60.0s) from pytest-timeout.", "longer than 60 s"),
+    ("AssertionError", "Task 3.2 (f.py, ring): every rank sends first.\nranks [0, 1] were still running after 10 s "
+     "(ranks [] had finished). This is a hang: ...\n  rank 0 was at:\n      File \"template_f.py\", line 3 in ring",
+     "every rank sends first. (ranks [0, 1] were still running after 10 s"),
 ])
 def test_errors_that_no_test_explains_get_a_hint(exc_type, message, expected):
     text, _ = explain(exc_type, message, "template_trainer.py:1 in f")
