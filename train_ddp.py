@@ -10,7 +10,7 @@
 the reference answers in solutions/, and --impl ddp with PyTorch's own
 DistributedDataParallel and DistributedSampler, the production baseline to compare with.
 Every epoch rank 0 prints the losses, the global test accuracy, the throughput and the
-share of step time spent synchronising gradients, and appends them to --metrics.
+share of step time spent synchronising gradients, and writes them to --metrics.
 """
 import argparse
 import csv

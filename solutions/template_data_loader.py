@@ -60,7 +60,7 @@ def pad_or_drop(indices, num_replicas, drop_last):
 
 
 def shard(indices, num_replicas, rank):
-    """The contiguous block of `indices` that belongs to `rank`.
+    """The contiguous block of `indices` that belongs to `rank`, as a list.
 
     Rank r takes the r-th of num_replicas consecutive blocks. When len(indices) is a
     multiple of num_replicas (after padding) the blocks are equal: rank r takes
@@ -137,7 +137,8 @@ def build_loaders(train_set, test_set, global_batch_size, rank, world_size, seed
     - Training: a shuffled, padded DistributedSampler with this seed, and drop_last=True
       in the DataLoader, so every step of every rank has a full batch.
     - Evaluation: an unshuffled DistributedSampler with pad=False, so every test image
-      is counted exactly once over all ranks.
+      is counted exactly once over all ranks, in batches of the same per-rank size
+      (the last one may be smaller).
     - pin_memory only when the device is a GPU (it speeds up copies to the GPU, and only
       costs time otherwise).
     """

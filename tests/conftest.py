@@ -40,6 +40,11 @@ def trainer(impl):
     return load(impl, "template_trainer")
 
 
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("repo") and item.config.getoption("--impl") == "template":
+        pytest.skip("checks the repository itself, not your template files (run plain pytest for it)")
+
+
 def pytest_report_header(config):
     impl = config.getoption("--impl")
     where = "solutions/" if impl == "solutions" else "the template_*.py files (your code)"

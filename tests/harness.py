@@ -18,6 +18,7 @@ import faulthandler
 import io
 import multiprocessing
 import os
+import queue
 import signal
 import tempfile
 import time
@@ -112,7 +113,9 @@ def _collect(procs, results, world_size, timeout, tmp):
     while len(outputs) < world_size:
         try:
             rank, status, payload = results.get(timeout=0.05)
-        except Exception:  # queue.Empty: nobody reported in the last 50 ms
+        except queue.Empty:
+            rank = None  # nobody reported in the last 50 ms; checked below, outside the except
+        if rank is None:
             dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0 and r not in outputs]
             if dead and results.empty():
                 time.sleep(0.2)  # a rank may have reported just before dying

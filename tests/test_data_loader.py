@@ -35,11 +35,12 @@ def randperm(n, seed):
 def test_order_without_shuffle(data_loader):
     for n in SIZES:
         got = data_loader.ordered_indices(n, shuffle=False, seed=0, epoch=3)
-        assert got == list(range(n)), f"{T11}: without shuffle the order is 0..{n - 1}, got {got}"
+        assert got == list(range(n)), f"{T11}: without shuffle the order is list(range({n})), got {got}"
 
 
 @pytest.mark.task1_1
 def test_shuffle_is_randperm_seeded_with_seed_plus_epoch(data_loader):
+    global_rng = torch.get_rng_state()
     for n in [1, 10, 100, 1000]:
         for seed, epoch in [(0, 0), (0, 1), (7, 0), (7, 5)]:
             got = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
@@ -48,6 +49,9 @@ def test_shuffle_is_randperm_seeded_with_seed_plus_epoch(data_loader):
                 f"{T11}: with shuffle, n={n} seed={seed} epoch={epoch} must give "
                 f"torch.randperm(n, generator=g).tolist() with g.manual_seed(seed + epoch), exactly as "
                 f"PyTorch's DistributedSampler does; got {got[:8]}...")
+    assert torch.equal(torch.get_rng_state(), global_rng), (
+        f"{T11}: ordered_indices changed PyTorch's global random state (torch.manual_seed?): seed a "
+        "torch.Generator of your own, or every epoch resets the randomness of the whole program")
 
 
 @pytest.mark.task1_1
@@ -117,9 +121,12 @@ def test_shard_of_the_seeds_example(data_loader):
     padded = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     expected = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1]]
     got = [data_loader.shard(padded, 4, rank) for rank in range(4)]
+    assert all(isinstance(g, list) for g in got), (
+        f"{T13}: return a Python list (a slice of the list you are given), got {type(got[0]).__name__}")
     assert got == expected, (
-        f"{T13}: rank r takes the r-th contiguous block, positions [r*m, (r+1)*m): expected {expected}, got {got}; "
-        "a rank that ignores its rank gives every rank the same shard")
+        f"{T13}: rank r takes the r-th contiguous block, positions [r*m, (r+1)*m): expected {expected}, got {got} "
+        "(every rank the same shard? the rank is ignored; indices[rank::n]? that is PyTorch's strided split, "
+        "here each rank takes a contiguous block)")
 
 
 @pytest.mark.task1_3
@@ -207,10 +214,11 @@ def _indexed(n):
     return TensorDataset(torch.arange(n), torch.arange(n) % 10)
 
 
-def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_test=10, epoch=0):
+def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_test=10, epoch=0, seed=1):
     ranks = []
     for rank in range(world_size):
-        train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank, world_size, seed=1)
+        train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank, world_size,
+                                                seed=seed)
         train.sampler.set_epoch(epoch)
         ranks.append(([b[0].tolist() for b in train], [b[0].tolist() for b in test]))
     return ranks
@@ -236,6 +244,8 @@ def test_training_shuffles_per_epoch(data_loader):
     first = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=0)
     second = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=1)
     assert first[0][0] != second[0][0], f"{T14}: the training sampler must shuffle (shuffle=True), and use set_epoch"
+    other_seed = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=0, seed=2)
+    assert first[0][0] != other_seed[0][0], f"{T14}: pass the seed on to the training sampler: --seed must change the order"
 
 
 @pytest.mark.task1_4

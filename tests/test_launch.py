@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.repo  # launches the solutions: about the repository, not a student's tasks
+
 REPO = Path(__file__).resolve().parent.parent
 SHELL_SCRIPTS = ["submit.sh", "tools/slurm_test_cluster.sh", ".ci/run"]
 TINY_RUN = ["--impl", "solutions", "--data", "synthetic", "--epochs", "1",

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.repo  # about this repository's pristine templates, not a student's
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---\n.*?^[ \t]*# --- Task \1 end ---\n", re.M | re.S)
 TEMPLATES = sorted(name for name in os.listdir(REPO) if name.startswith("template_") and name.endswith(".py"))

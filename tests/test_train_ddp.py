@@ -42,10 +42,14 @@ QUICK = ["--data", "synthetic", "--epochs", "2", "--train-samples", "3072", "--t
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("impl", ["solutions", "ddp"])
-def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
+@pytest.mark.parametrize("which", ["checked", "ddp"])
+def test_torchrun_training_learns_and_keeps_ranks_identical(which, impl, tmp_path):
+    """With the files under test (solutions/, or yours with --impl template) and with DDP."""
+    if which == "ddp" and impl == "template":
+        pytest.skip("--impl ddp uses PyTorch's DDP, not your code (plain pytest runs it)")
     metrics = tmp_path / "metrics.csv"
-    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl, *QUICK, "--metrics", str(metrics)])
+    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl if which == "checked" else "ddp", *QUICK,
+                                "--metrics", str(metrics)])
     assert code == 0, out
     assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
     with open(metrics) as f:
@@ -58,6 +62,7 @@ def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
     assert out.count("test accuracy") == 2, "rank 0 alone prints one line per epoch"
 
 
+@pytest.mark.repo
 def test_an_unfilled_task_stops_training_with_one_clear_message(tmp_path):
     stub = Mistake("2.3", "unfilled", "template_trainer.py",
                    "    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n",
@@ -70,6 +75,7 @@ def test_an_unfilled_task_stops_training_with_one_clear_message(tmp_path):
     assert "Traceback" not in out, out
 
 
+@pytest.mark.repo
 @pytest.mark.parametrize("args,message", [
     (["--batch-size", "0"], "smaller than the world size"),
     (["--backend", "nccl"], "NCCL backend needs GPUs"),
@@ -157,6 +163,7 @@ def cifar_server(tmp_path):
     server.shutdown()
 
 
+@pytest.mark.repo
 def test_cifar10_is_downloaded_by_rank_0_only_and_read_by_torchvision(tmp_path, cifar_server):
     md5, url, images, requests = cifar_server
     root = str(tmp_path / "data")
@@ -173,6 +180,7 @@ def test_cifar10_is_downloaded_by_rank_0_only_and_read_by_torchvision(tmp_path, 
         assert test_label == images["test_batch"]["labels"][5]
 
 
+@pytest.mark.repo
 def test_auto_falls_back_to_synthetic_loudly_when_cifar10_cannot_be_had(tmp_path, cifar_server):
     md5, _, _, _ = cifar_server
     dead_url = "http://127.0.0.1:9/cifar-10-python.tar.gz"  # the discard port: nothing listens there
@@ -182,6 +190,7 @@ def test_auto_falls_back_to_synthetic_loudly_when_cifar10_cannot_be_had(tmp_path
     assert results[1][-1] == "", "rank 0 alone prints the notice"
 
 
+@pytest.mark.repo
 def test_cifar10_that_cannot_be_had_is_an_error_that_says_what_to_do(tmp_path, cifar_server):
     md5, _, _, _ = cifar_server
     with pytest.raises(AssertionError, match="--data synthetic"):
