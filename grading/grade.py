@@ -161,6 +161,7 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
     if files:
         root = os.path.dirname(min(files.values(), key=lambda p: p.count(os.sep)))
         notes += inspect_submission(root, list(files))
+        missing = [n for n in missing if n in {t.file for t in tasks}]  # only files of the tasks graded
         if missing:
             notes.append(f"missing: {', '.join(missing)} (graded as the untouched template)")
     else:
@@ -238,18 +239,19 @@ def student_names(paths):
 # ----------------------------------------------------------------------------- reports
 
 def print_table(grades):
-    print(f"{'student':<20} {'task':<6} {'points':>11}  {'status':<12} explanation")
+    width = max([len("student")] + [len(g["student"]) for g in grades])
+    print(f"{'student':<{width}}  {'task':<6} {'points':>7}  {'status':<12} explanation")
     for grade in grades:
         for row in grade["tasks"]:
             points = f"{row['points']:g}/{row['max_points']:g}"
             explanation = row["explanation"] if row["status"] != "done" else ""
-            if len(explanation) > 90:
-                explanation = explanation[:87] + "..."
-            print(f"{grade['student']:<20} {row['task']:<6} {points:>11}  {row['status']:<12} {explanation}")
+            if len(explanation) > 80:
+                explanation = explanation[:77] + "..."
+            print(f"{grade['student']:<{width}}  {row['task']:<6} {points:>7}  {row['status']:<12} {explanation}")
         total = f"{grade['points']:g}/{grade['max_points']:g}"
-        print(f"{grade['student']:<20} {'total':<6} {total:>11}  ({grade['seconds']:.0f} s)")
+        print(f"{grade['student']:<{width}}  {'total':<6} {total:>7}  ({grade['seconds']:.0f} s)")
         for note in grade["notes"]:
-            print(f"{'':<20} note: {note}")
+            print(f"{'':<{width}}  note: {note}")
         print()
 
 

@@ -160,6 +160,15 @@ def _grades(out):
     return {s["student"]: {**s, "by_task": {t["task"]: t for t in s["tasks"]}} for s in report["submissions"]}
 
 
+def _untouched_templates(dest):
+    make_submission(dest)
+    for name in os.listdir(REPO):
+        if name.startswith("template_") and name.endswith(".py"):
+            with open(os.path.join(REPO, name)) as src, open(os.path.join(dest, name), "w") as dst:
+                dst.write(src.read())
+    return dest
+
+
 @pytest.mark.slow
 def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     solutions = make_submission(str(tmp_path / "solutions"))
@@ -167,59 +176,61 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     with open(os.path.join(solutions, "template_trainer.py"), "a") as f:
         f.write('\nimport collections, json\nprint("debugging output from a student")\n')
     (tmp_path / "solutions" / "conftest.py").write_text("raise SystemExit('a student conftest must not run')\n")
-    templates = make_submission(str(tmp_path / "templates"))
-    for name in ("template_data_loader.py", "template_trainer.py"):
-        with open(os.path.join(REPO, name)) as src, open(os.path.join(templates, name), "w") as dst:
-            dst.write(src.read())
+    templates = _untouched_templates(str(tmp_path / "templates"))
     # a student who makes the tests pass by editing them is graded with the course's tests
     (tmp_path / "templates" / "tests" / "test_trainer.py").write_text(
         "import pytest\n\n@pytest.mark.task2_3\ndef test_ok():\n    pass\n")
-    epoch = make_submission(str(tmp_path / "epoch"), [BY_NAME["epoch-not-in-seed"]])
     counts = make_submission(str(tmp_path / "counts"), [BY_NAME["averaged-counts"]])
+    skips = make_submission(str(tmp_path / "skips"), [BY_NAME["rank-0-skips"]])
     out = str(tmp_path / "out")
 
-    done, seconds = _python("grading/grade.py", solutions, templates, epoch, counts, "--tasks", "1.1", "2.3",
-                            "--out", out, "--jobs", "2")
+    # the hang first: it takes longest, and the others are graded beside it meanwhile
+    done, seconds = _python("grading/grade.py", skips, solutions, templates, counts, "--tasks", "1.1", "2.3",
+                            "--out", out, "--jobs", "2", "--retries", "0")
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
     assert (grades["solutions"]["points"], grades["solutions"]["max_points"]) == (20, 20)
     assert grades["templates"]["points"] == 0
     assert {t["status"] for t in grades["templates"]["tasks"]} == {"not started"}
     assert any("tests/test_trainer.py differs" in note for note in grades["templates"]["notes"])
-    for name, mistake in [("epoch", BY_NAME["epoch-not-in-seed"]), ("counts", BY_NAME["averaged-counts"])]:
-        assert grades[name]["points"] == 10, grades[name]
-        wrong = grades[name]["by_task"][mistake.task]
-        assert wrong["status"] == "failing" and wrong["points"] == 0
-        assert mistake.hint in wrong["explanation"], wrong  # the failing test's own message
+    mistake = BY_NAME["averaged-counts"]
+    assert grades["counts"]["points"] == 10, grades["counts"]
+    wrong = grades["counts"]["by_task"][mistake.task]
+    assert wrong["status"] == "failing" and wrong["points"] == 0
+    assert mistake.hint in wrong["explanation"], wrong  # the failing test's own message
+    # a collective that rank 0 skips: the others wait for it until the test's limit (or until rank 0 leaves)
+    skipped = grades["skips"]["by_task"]["2.3"]
+    assert skipped["points"] == 0 and "hang" in skipped["explanation"], skipped
+    assert grades["skips"]["points"] == 10
     with open(os.path.join(out, "grades.csv")) as f:
         rows = list(csv.DictReader(f))
     assert {(r["student"], r["task"], float(r["points"])) for r in rows} >= {
-        ("solutions", "total", 20.0), ("templates", "2.3", 0.0), ("epoch", "1.1", 0.0), ("epoch", "2.3", 10.0)}
+        ("solutions", "total", 20.0), ("templates", "2.3", 0.0), ("counts", "1.1", 10.0), ("counts", "2.3", 0.0)}
     assert "solutions" in done.stdout and "not started" in done.stdout  # the table
     print(f"graded 4 submissions in {seconds:.0f} s")
 
 
 @pytest.mark.slow
-def test_grade_reports_hangs_within_the_limit_and_grades_the_others(tmp_path):
-    loop = make_submission(str(tmp_path / "loop"), [ENDLESS_WAIT])
-    skips = make_submission(str(tmp_path / "skips"), [BY_NAME["rank-0-skips"]])
+def test_grade_stops_a_submission_at_its_limit_and_grades_the_others(tmp_path):
+    wait = make_submission(str(tmp_path / "wait"), [ENDLESS_WAIT])
+    epoch = make_submission(str(tmp_path / "epoch"), [BY_NAME["epoch-not-in-seed"]])
     out = str(tmp_path / "out")
-    limit = 30
+    limit = 25
     # The per-test limit is longer than the submission's, so that the endless wait runs into
     # the latter: the worst case, a submission killed from outside.
-    done, seconds = _python("grading/grade.py", loop, skips, "--tasks", "1.1", "2.3", "--out", out,
+    done, seconds = _python("grading/grade.py", wait, epoch, "--tasks", "1.1", "2.3", "--out", out,
                             "--timeout", str(limit), "--test-timeout", "100", "--retries", "0", "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
-    assert grades["loop"]["timed_out"] and grades["loop"]["seconds"] < limit + 10
-    hang = grades["loop"]["by_task"]["1.1"]
+    assert grades["wait"]["timed_out"] and grades["wait"]["seconds"] < limit + 10
+    hang = grades["wait"]["by_task"]["1.1"]
     assert hang["status"] == "hang" and "still running" in hang["explanation"]
     assert any("ordered_indices" in line for line in hang["details"]), hang
-    assert grades["loop"]["by_task"]["2.3"]["status"] == "not run"
-    # a collective that rank 0 skips: the others wait for it, until it leaves or the limit
-    skipped = grades["skips"]["by_task"]["2.3"]
-    assert skipped["points"] == 0 and "hang" in skipped["explanation"], skipped
-    assert grades["skips"]["by_task"]["1.1"]["status"] == "done" and not grades["skips"]["timed_out"]
+    assert grades["wait"]["by_task"]["2.3"]["status"] == "not run"
+    mistake = BY_NAME["epoch-not-in-seed"]
+    wrong = grades["epoch"]["by_task"][mistake.task]
+    assert wrong["status"] == "failing" and mistake.hint in wrong["explanation"], wrong
+    assert grades["epoch"]["points"] == 10 and not grades["epoch"]["timed_out"]
     print(f"graded 2 submissions in {seconds:.0f} s")
 
 
