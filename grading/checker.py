@@ -6,7 +6,7 @@
     for result in summarize(tasks, run): print(result.task.id, result.status, result.explanation)
 
 Tasks are found, never listed here: a "taskX_Y" marker in pytest.ini is a task, and a
-"# --- Task X.Y begin ---" fence in a template_*.py file says where it is. The pytest run
+"# --- Task X.Y begin ---" fence (or "# TODO Task X.Y") in a template_*.py file says where it is. The pytest run
 is one process group with a time limit; grading/pytest_plugin.py records each test's
 outcome. The explanations are the tests' own assertion messages (and the harness's, for a
 hang), shortened; HINTS adds a sentence only for errors that no test message covers.
@@ -34,22 +34,22 @@ RANK_FAILED = re.compile(r"^rank (\d+) raised (\w+): (.*?)(?:\n\n--- rank \d+ tr
 # (regex on "ExceptionType: message", the sentence to add)
 HINTS = [
     (r"ReduceOp\.AVG|Cannot use ReduceOp\.AVG",
-     "gloo has no ReduceOp.AVG: all_reduce with SUM, then divide by the world size."),
+     "Gloo has no ReduceOp.AVG: all_reduce with SUM, then divide by the world size."),
     (r"a leaf Variable that requires grad is being used in an in-place operation",
-     "write into parameters under torch.no_grad(), so that autograd does not record the copy."),
+     "Write into parameters under torch.no_grad(), so that autograd does not record the copy."),
     (r"No backend type associated with device type cpu|Tensors must be CUDA",
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
     (r"Default process group has not been initialized",
-     "a collective ran before init_process_group (or after destroy_process_group)."),
+     "A collective ran before init_process_group (or after destroy_process_group)."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",
      "The ranks could not connect to each other, which happens on a very busy machine: run the check again."),
     (r"Connection closed by peer|Connection reset by peer",
      "Another rank left the process group while this one waited in a collective: some rank skips a "
      "collective that the others call, which in training is a hang."),
     (r"^(ModuleNotFoundError|ImportError)",
-     "only the template_*.py files are used: import nothing beyond the standard library, torch and "
+     "Only the template_*.py files are used: import nothing beyond the standard library, torch and "
      "the repository's own modules."),
-    (r"^(SyntaxError|IndentationError)", "the file does not parse: fix it, then run the check again."),
+    (r"^(SyntaxError|IndentationError)", "The file does not parse: fix it, then run the check again."),
 ]
 
 
@@ -144,7 +144,7 @@ class Run:
     stack: str = ""  # where the pytest process was when it was killed
 
 
-def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, extra_args=()):
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None):
     """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s."""
     results = os.path.join(workdir, "results.jsonl")
     stack = os.path.join(workdir, "stack.txt")
@@ -157,7 +157,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     selection = " or ".join("task" + task.replace(".", "_") for task in task_ids)
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-m", selection,
                "-p", "grading.pytest_plugin", f"--results-file={results}", f"--stack-file={stack}",
-               "-p", "no:cacheprovider", "-q", "--color=no", *extra_args]
+               "-p", "no:cacheprovider", "-q", "--color=no"]
     if test_timeout:
         command.append(f"--timeout={test_timeout}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
