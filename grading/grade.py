@@ -102,7 +102,7 @@ def find_student_files(folder, names):
     return {name: path for name, (depth, path) in found.items()}, notes
 
 
-def inspect_submission(root, names):
+def inspect_submission(root, files):
     """Notes for the instructor about what in the submission is ignored or suspicious."""
     notes = []
     ours = os.path.join(REPO, "tests")
@@ -121,12 +121,10 @@ def inspect_submission(root, names):
         if os.path.isfile(path) and not (os.path.exists(os.path.join(REPO, name))
                                          and filecmp.cmp(os.path.join(REPO, name), path, shallow=False)):
             notes.append(f"{name} differs from the course's: ignored")
-    for name in names:
-        path = os.path.join(root, name)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                if re.search(r"^\s*(from|import)\s+solutions\b", f.read(), re.MULTILINE):
-                    notes.append(f"{name} imports solutions/: check it by hand")
+    for name, path in sorted(files.items()):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if re.search(r"^\s*(from|import)\s+solutions\b", f.read(), re.MULTILINE):
+                notes.append(f"{name} imports solutions/: check it by hand")
     return notes
 
 
@@ -160,7 +158,7 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
     missing = [n for n in templates if n not in files]
     if files:
         root = os.path.dirname(min(files.values(), key=lambda p: p.count(os.sep)))
-        notes += inspect_submission(root, list(files))
+        notes += inspect_submission(root, files)
         missing = [n for n in missing if n in {t.file for t in tasks}]  # only files of the tasks graded
         if missing:
             notes.append(f"missing: {', '.join(missing)} (graded as the untouched template)")
