@@ -56,8 +56,8 @@ def exchange(send_buffer, recv_buffer, right, left):
     """Send send_buffer to rank `right` while receiving recv_buffer from rank `left`.
 
     Both are posted together with batch_isend_irecv. Had every rank first called a
-    blocking dist.send, all of them would wait for a receiver at once: a deadlock on
-    NCCL, and on gloo as soon as the message is too large to be buffered.
+    blocking dist.send, all of them would wait for a receiver at once: a deadlock, on
+    gloo as on NCCL, whose sends both wait for the matching receive.
     """
     ops = [dist.P2POp(dist.isend, send_buffer, right), dist.P2POp(dist.irecv, recv_buffer, left)]
     for request in dist.batch_isend_irecv(ops):
