@@ -235,3 +235,34 @@ def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
                 f"about 1/N of it, 2(N-1)/N = {2 * (n - 1) / n:.2f} times the tensor, at most {limit} bytes "
                 f"here. Passing the whole tensor around the ring costs (N-1) = {n - 1} times it: split it "
                 "into world_size chunks")
+
+
+# --- train_ddp.py --allreduce naive|ring ---------------------------------------------------------
+
+def sync_like_task_2_2(rank, world_size, name, impl):
+    """Gradients averaged by train_ddp's --allreduce path, and by dist.all_reduce / world_size."""
+    import train_ddp
+    from models import CNN
+
+    torch.manual_seed(0)  # the same model on every rank, different data
+    model = CNN()
+    model.features[0].bias.requires_grad_(False)  # a frozen parameter: no .grad to average
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(rank))
+    model(images).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for grad in expected:
+        dist.all_reduce(grad)
+        grad /= world_size
+    with traffic(WHERE[f"{name}_all_reduce"]):
+        train_ddp.average_gradients_with(name, impl)(model)
+    return [p.grad for p in model.parameters() if p.grad is not None], expected
+
+
+@pytest.mark.parametrize("name", [pytest.param("naive", marks=pytest.mark.task3_1),
+                                  pytest.param("ring", marks=pytest.mark.task3_2)])
+def test_train_ddp_allreduce_flag_averages_gradients(impl, name):
+    for rank, (got, expected) in enumerate(run_ranks(sync_like_task_2_2, 3, name, impl, timeout=10)):
+        for index, (g, e) in enumerate(zip(got, expected)):
+            assert torch.allclose(g, e, rtol=1e-5, atol=1e-6), (
+                f"{WHERE[name + '_all_reduce']}: train_ddp.py --allreduce {name} gave rank {rank} a different "
+                f"mean gradient than dist.all_reduce for parameter {index}")
