@@ -126,6 +126,35 @@ MISTAKES = [
             "    for step in range(world_size - 1):  # reduce-scatter",
             "    dist.all_reduce(tensor)\n    return\n    for step in range(world_size - 1):  # reduce-scatter",
             "collective"),
+    # Task 4.1
+    Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    return [master.to(device) for device in devices]", "deep copy"),
+    Mistake("4.1", "one-copy-for-all", "template_replicas.py",
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    replica = copy.deepcopy(master)\n    return [replica.to(device) for device in devices]",
+            "one copy per device"),
+    # Task 4.2
+    Mistake("4.2", "torch-chunk", "template_replicas.py",
+            "zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
+            "zip(images.chunk(len(devices)), labels.chunk(len(devices)))", "tensor_split"),
+    Mistake("4.2", "drops-remainder", "template_replicas.py",
+            "    chunks = zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
+            "    size = len(labels) // len(devices)\n"
+            "    chunks = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(len(devices))]",
+            "every image once"),
+    # Task 4.3
+    Mistake("4.3", "plain-mean", "template_replicas.py",
+            "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "param.grad = sum(p.grad.cpu() for p in replica_params) / len(replica_params)", "share of the batch"),
+    Mistake("4.3", "sum-not-mean", "template_replicas.py",
+            "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "param.grad = sum(p.grad.cpu() for p in replica_params)", "divide"),
+    # Task 4.4
+    Mistake("4.4", "assigns-data", "template_replicas.py",
+            "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
+    Mistake("4.4", "no-copy-back", "template_replicas.py",
+            "                target.copy_(source)", "                pass", "master's values"),
 ]
 
 
