@@ -76,8 +76,8 @@ def parse_args():
     parser.add_argument("--max-size", default="64MB", help="largest tensor, e.g. 64MB (default: 64MB)")
     parser.add_argument("--factor", type=int, default=4, help="each size is this times the last (default: 4)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per size and algorithm (default: 3)")
-    parser.add_argument("--repeats", type=int, default=15,
-                        help="timed calls per size and algorithm; the median is reported (default: 15)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed calls per size and algorithm; the median is reported (default: 20)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
                         help=f"comma-separated subset of {','.join(ALGORITHMS)} (default: all)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
