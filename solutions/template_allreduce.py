@@ -87,7 +87,14 @@ def ring_all_reduce(tensor):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     chunks = tensor.view(-1).tensor_split(world_size)  # views: writing a chunk writes the tensor
-    received = torch.empty_like(chunks[0])  # chunk 0 is the longest
+    # One receive buffer, kept between calls and grown when needed (chunk 0 is the longest).
+    # A new buffer of 32 MB or more comes straight from mmap and page-faults on first use:
+    # that made the ring 1.7x slower than gloo's own at 64 MB on 2 ranks (benchmarks/).
+    buffers = ring_all_reduce.__dict__.setdefault("receive_buffers", {})
+    key = (tensor.dtype, tensor.device)
+    if key not in buffers or buffers[key].numel() < chunks[0].numel():
+        buffers[key] = torch.empty_like(chunks[0])
+    received = buffers[key]
     for step in range(world_size - 1):  # reduce-scatter
         send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size
         incoming = received[: chunks[recv_index].numel()]

@@ -103,9 +103,7 @@ MISTAKES = [
             "    size = tensor.numel() // world_size\n"
             "    chunks = [tensor.view(-1)[i * size:(i + 1) * size] for i in range(world_size)]", "remainder"),
     Mistake("3.2", "whole-buffer-ring", "template_allreduce.py",  # right sums, (N-1) tensors sent
-            """    chunks = tensor.view(-1).tensor_split(world_size)  # views: writing a chunk writes the tensor
-    received = torch.empty_like(chunks[0])  # chunk 0 is the longest
-    for step in range(world_size - 1):  # reduce-scatter
+            """    for step in range(world_size - 1):  # reduce-scatter
         send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size
         incoming = received[: chunks[recv_index].numel()]
         exchange(chunks[send_index], incoming, right, left)
