@@ -32,8 +32,10 @@ def naive_all_reduce(tensor):
     copies the total into its own tensor (CPU -> GPU) and sends it to every other rank.
     Works for any shape, float and integer dtypes, and a world of one (nothing to do).
     """
+    # --- Task 3.1 begin ---
     # TODO Task 3.1: every rank sends its tensor to rank 0, which sums on the CPU and sends the sum back
     raise NotImplementedError("Task 3.1: naive_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    # --- Task 3.1 end ---
 
 
 def exchange(send_buffer, recv_buffer, right, left):
@@ -67,5 +69,7 @@ def ring_all_reduce(tensor):
     contiguous, as for dist.all_reduce. Works for any length, float and integer dtypes,
     and a world of one (nothing to do).
     """
+    # --- Task 3.2 begin ---
     # TODO Task 3.2: N-1 reduce-scatter steps, then N-1 all-gather steps, one exchange() each
     raise NotImplementedError("Task 3.2: ring_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    # --- Task 3.2 end ---

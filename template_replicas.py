@@ -37,8 +37,10 @@ def replicate(master, devices):
     buffers, equal to the master's, on its device: a deep copy, never the master itself,
     or the replicas on one device would all be one model. The master stays on the CPU.
     """
+    # --- Task 4.1 begin ---
     # TODO Task 4.1: a deep copy of master, moved to each device
     raise NotImplementedError("Task 4.1: replicate() in template_replicas.py is not done yet (README: Task 4)")
+    # --- Task 4.1 end ---
 
 
 def scatter(images, labels, devices):
@@ -52,8 +54,10 @@ def scatter(images, labels, devices):
     if len(labels) < len(devices):  # a replica with nothing to compute has no gradient to give
         raise ValueError(f"a batch of {len(labels)} cannot be split over {len(devices)} devices: "
                          f"use a batch of at least {len(devices)}")
+    # --- Task 4.2 begin ---
     # TODO Task 4.2: torch.tensor_split images and labels into len(devices) chunks, chunk i .to(devices[i])
     raise NotImplementedError("Task 4.2: scatter() in template_replicas.py is not done yet (README: Task 4)")
+    # --- Task 4.2 end ---
 
 
 def reduce_gradients(master, replicas, chunk_sizes):
@@ -65,8 +69,10 @@ def reduce_gradients(master, replicas, chunk_sizes):
     batch weighs chunk i by n_i / n; with equal chunks this is the plain mean. A parameter
     without a gradient on the replicas (a frozen one) keeps .grad None on the master.
     """
+    # --- Task 4.3 begin ---
     # TODO Task 4.3: master param.grad = sum of (n_i / n) * replica_i's grad, on the CPU; skip grads that are None
     raise NotImplementedError("Task 4.3: reduce_gradients() in template_replicas.py is not done yet (README: Task 4)")
+    # --- Task 4.3 end ---
 
 
 def copy_weights(master, replicas):
@@ -76,8 +82,10 @@ def copy_weights(master, replicas):
     replica's tensors with copy_ (CPU -> device) under torch.no_grad(): the replicas keep
     their own memory on their own devices, and autograd does not record the copy.
     """
+    # --- Task 4.4 begin ---
     # TODO Task 4.4: under torch.no_grad(), copy_ every master parameter and buffer into each replica's
     raise NotImplementedError("Task 4.4: copy_weights() in template_replicas.py is not done yet (README: Task 4)")
+    # --- Task 4.4 end ---
 
 
 def train_step(master, replicas, optimizer, images, labels, devices):
