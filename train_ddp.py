@@ -192,7 +192,8 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         # the global training loss, from the same reduction as the evaluation counts
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)
-        sync = f"{stats['sync_seconds'] / stats['seconds']:.0%}" if sync_gradients else "n/a (overlapped by DDP)"
+        sync = (f"sync {stats['sync_seconds'] / stats['seconds']:.0%} of step time" if sync_gradients
+                else "sync overlapped with backward by DDP")
         row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
                "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
                "sync_share": stats["sync_seconds"] / stats["seconds"] if sync_gradients else "",
@@ -200,7 +201,7 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         rows.append(row)
         print0(f"epoch {epoch}/{args.epochs}  train loss {row['train_loss']:.4f}  test loss {row['test_loss']:.4f}  "
                f"test accuracy {result['accuracy']:.2%} ({result['correct']}/{result['total']})  "
-               f"{row['images_per_second']:,.0f} images/s  sync {sync} of step time  ({stats['seconds']:.1f} s)")
+               f"{row['images_per_second']:,.0f} images/s  {sync}  ({stats['seconds']:.1f} s)")
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
 
