@@ -4,6 +4,7 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py     # 2 processes on CPUs (gloo)
     torchrun --standalone --nproc_per_node=gpu train_ddp.py   # one process per GPU (NCCL)
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
     sbatch submit.sh                                          # several nodes under SLURM (README)
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
@@ -56,6 +57,10 @@ def parse_args(argv=None):
                         help="use only the first N training images, for quick runs (default: all)")
     parser.add_argument("--test-samples", type=int, default=None,
                         help="use only the first N test images (default: all)")
+    parser.add_argument("--allreduce", choices=["torch", "naive", "ring"], default="torch",
+                        help="the all-reduce that averages the gradients: torch: dist.all_reduce, in Task 2.2's "
+                        "average_gradients; naive or ring: Task 3's naive_all_reduce or ring_all_reduce from "
+                        "template_allreduce.py (solutions/ with --impl solutions) (default: torch)")
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds a collective waits for the other ranks before failing: "
                         "how long a hang lasts (default: 300)")
@@ -64,12 +69,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def unfilled_task(impl):
+def unfilled_task(impl, files=TASK_FILES):
     """The first 'Task X.Y' whose TODO still raises NotImplementedError, or None."""
     if impl != "template":
         return None
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in TASK_FILES:
+    for name in files:
         with open(os.path.join(here, name)) as f:
             found = re.search(r'raise NotImplementedError\("(Task \d+\.\d+)', f.read())
         if found:
@@ -94,6 +99,26 @@ def ddp_loaders(train_set, test_set, batch_size, rank, world_size, seed, workers
     return train_loader, test_loader
 
 
+def average_gradients_with(name, impl):
+    """Task 2.2's averaging, with Task 3's naive or ring all-reduce in place of dist.all_reduce.
+
+    All gradients travel as one flat buffer, as in DDP's buckets: a hand-made collective
+    pays its per-message latency (2(N-1) messages for the ring) once per step, not once
+    per parameter. With 2 ranks the sums are a + b whatever the algorithm, so training
+    gives bit-identical results with --allreduce torch, naive or ring."""
+    package = "solutions." if impl == "solutions" else ""
+    all_reduce = getattr(importlib.import_module(package + "template_allreduce"), name + "_all_reduce")
+
+    def sync_gradients(model):
+        grads = [param.grad for param in model.parameters() if param.grad is not None]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        all_reduce(flat)
+        flat /= dist.get_world_size()
+        for grad, mean in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(mean.view_as(grad))
+    return sync_gradients
+
+
 def replicas_identical(model):
     """True on every rank if every rank holds bit-identical parameters."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -105,7 +130,10 @@ def replicas_identical(model):
 
 
 def main(args):
-    task = unfilled_task(args.impl)
+    if args.impl == "ddp" and args.allreduce != "torch":
+        raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
+                         "averages inside DistributedDataParallel: use --impl template or solutions")
+    task = unfilled_task(args.impl, TASK_FILES + (["template_allreduce.py"] if args.allreduce != "torch" else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         marker = "task" + task[0][5:].replace(".", "_")
@@ -149,9 +177,11 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     else:
         trainer.broadcast_parameters(model, src=0)
         sync_gradients = trainer.average_gradients
+        if args.allreduce != "torch":
+            sync_gradients = average_gradients_with(args.allreduce, args.impl)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
-    print0(f"impl={args.impl} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
+    print0(f"impl={args.impl} allreduce={args.allreduce} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
            f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
            f"steps/epoch={len(train_loader)}")
@@ -162,7 +192,8 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         # the global training loss, from the same reduction as the evaluation counts
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)
-        sync = f"{stats['sync_seconds'] / stats['seconds']:.0%}" if sync_gradients else "n/a (overlapped by DDP)"
+        sync = (f"sync {stats['sync_seconds'] / stats['seconds']:.0%} of step time" if sync_gradients
+                else "sync overlapped with backward by DDP")
         row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
                "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
                "sync_share": stats["sync_seconds"] / stats["seconds"] if sync_gradients else "",
@@ -170,7 +201,7 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         rows.append(row)
         print0(f"epoch {epoch}/{args.epochs}  train loss {row['train_loss']:.4f}  test loss {row['test_loss']:.4f}  "
                f"test accuracy {result['accuracy']:.2%} ({result['correct']}/{result['total']})  "
-               f"{row['images_per_second']:,.0f} images/s  sync {sync} of step time  ({stats['seconds']:.1f} s)")
+               f"{row['images_per_second']:,.0f} images/s  {sync}  ({stats['seconds']:.1f} s)")
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
 

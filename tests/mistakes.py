@@ -108,6 +108,81 @@ MISTAKES = [
     Mistake("2.3", "rank-0-skips", "template_trainer.py",
             "    dist.all_reduce(sums, op=dist.ReduceOp.SUM)",
             "    if dist.get_rank() != 0: dist.all_reduce(sums, op=dist.ReduceOp.SUM)", "hang"),
+    # Task 3.1
+    Mistake("3.1", "naive-no-send-back", "template_allreduce.py",
+            """    # the way back: rank 0 sends the whole sum once to every other rank
+    if rank == 0:
+        for dst in range(1, world_size):
+            dist.send(tensor, dst=dst)
+    else:
+        dist.recv(tensor, src=0)
+""", "", "every rank"),
+    Mistake("3.1", "naive-mean", "template_allreduce.py",
+            "        tensor.copy_(total)", "        tensor.copy_(total / world_size)", "mean"),
+    Mistake("3.1", "naive-forgets-own-tensor", "template_allreduce.py",
+            'total = tensor.to("cpu", copy=True)', 'total = torch.zeros_like(tensor, device="cpu")', "own tensor"),
+    # Task 3.2
+    Mistake("3.2", "reduce-scatter-only", "template_allreduce.py",
+            "    for step in range(world_size - 1):  # all-gather", "    for step in range(0):  # all-gather",
+            "all-gather"),
+    Mistake("3.2", "chunk-off-by-one", "template_allreduce.py",
+            "send_index, recv_index = (rank + 1 - step) % world_size, (rank - step) % world_size",
+            "send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size", "chunk"),
+    Mistake("3.2", "forgets-remainder", "template_allreduce.py",
+            "    chunks = tensor.view(-1).tensor_split(world_size)",
+            "    size = tensor.numel() // world_size\n"
+            "    chunks = [tensor.view(-1)[i * size:(i + 1) * size] for i in range(world_size)]", "remainder"),
+    Mistake("3.2", "whole-buffer-ring", "template_allreduce.py",  # right sums, (N-1) tensors sent
+            """    for step in range(world_size - 1):  # reduce-scatter
+        send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size
+        incoming = received[: chunks[recv_index].numel()]
+        exchange(chunks[send_index], incoming, right, left)
+        chunks[recv_index].add_(incoming)
+    for step in range(world_size - 1):  # all-gather: receive straight into the chunk
+        send_index, recv_index = (rank + 1 - step) % world_size, (rank - step) % world_size
+        exchange(chunks[send_index], chunks[recv_index], right, left)
+""", """    passing, incoming = tensor.clone(), torch.empty_like(tensor)
+    for step in range(world_size - 1):
+        exchange(passing, incoming, right, left)
+        tensor += incoming
+        passing, incoming = incoming, passing
+""", "whole tensor"),
+    Mistake("3.2", "blocking-send-first", "template_allreduce.py",
+            "        exchange(chunks[send_index], incoming, right, left)",
+            "        dist.send(chunks[send_index], right)\n        dist.recv(incoming, left)", "blocking"),
+    Mistake("3.2", "calls-dist-all-reduce", "template_allreduce.py",
+            "    for step in range(world_size - 1):  # reduce-scatter",
+            "    dist.all_reduce(tensor)\n    return\n    for step in range(world_size - 1):  # reduce-scatter",
+            "collective"),
+    # Task 4.1
+    Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    return [master.to(device) for device in devices]", "deep copy"),
+    Mistake("4.1", "one-copy-for-all", "template_replicas.py",
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    replica = copy.deepcopy(master)\n    return [replica.to(device) for device in devices]",
+            "one copy per device"),
+    # Task 4.2
+    Mistake("4.2", "torch-chunk", "template_replicas.py",
+            "zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
+            "zip(images.chunk(len(devices)), labels.chunk(len(devices)))", "tensor_split"),
+    Mistake("4.2", "drops-remainder", "template_replicas.py",
+            "    chunks = zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
+            "    size = len(labels) // len(devices)\n"
+            "    chunks = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(len(devices))]",
+            "every image once"),
+    # Task 4.3
+    Mistake("4.3", "plain-mean", "template_replicas.py",
+            "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "param.grad = sum(p.grad.cpu() for p in replica_params) / len(replica_params)", "share of the batch"),
+    Mistake("4.3", "sum-not-mean", "template_replicas.py",
+            "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "param.grad = sum(p.grad.cpu() for p in replica_params)", "divide"),
+    # Task 4.4
+    Mistake("4.4", "assigns-data", "template_replicas.py",
+            "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
+    Mistake("4.4", "no-copy-back", "template_replicas.py",
+            "                target.copy_(source)", "                pass", "master's values"),
 ]
 
 

@@ -1,0 +1,75 @@
+"""Task 3: all-reduce by hand, from dist.send and dist.recv.
+
+    pytest --impl template -m "task3_1 or task3_2"                        # check your work
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring  # train with yours
+    torchrun --standalone --nproc_per_node=4 benchmarks/allreduce_bench.py  # what each costs
+
+Both functions do what dist.all_reduce(tensor) does: every rank passes its own tensor,
+and afterwards every rank's tensor holds the element-wise SUM over all ranks, in place.
+They differ in who sends what to whom. With N ranks and a tensor of S bytes:
+
+    Task 3.1  naive_all_reduce  everything goes through rank 0. Rank 0 receives N-1
+              tensors, adds them up and sends the sum N-1 times: 2(N-1)S bytes through
+              one rank, which grows with N.
+    Task 3.2  ring_all_reduce   the ranks form a ring and each passes chunks of S/N bytes
+              to its right neighbour: 2(N-1) steps, 2(N-1)/N * S bytes sent by every
+              rank, less than 2S however many ranks there are.
+
+Use only point-to-point calls (dist.send, dist.recv, dist.isend, dist.irecv,
+dist.batch_isend_irecv): dist.all_reduce is what you are rebuilding, and the tests
+count the bytes each rank sends.
+"""
+import torch
+import torch.distributed as dist
+
+
+def naive_all_reduce(tensor):
+    """Sum `tensor` over all ranks, in place, through rank 0 (the seed's central pattern).
+
+    Every other rank sends its tensor to rank 0 and receives the sum back into it. Rank 0
+    receives the N-1 tensors one by one into a buffer on the tensor's device, adds each
+    to a running total held on the CPU (GPU -> CPU, as the seed's master copy does),
+    copies the total into its own tensor (CPU -> GPU) and sends it to every other rank.
+    Works for any shape, float and integer dtypes, and a world of one (nothing to do).
+    """
+    # --- Task 3.1 begin ---
+    # TODO Task 3.1: every rank sends its tensor to rank 0, which sums on the CPU and sends the sum back
+    raise NotImplementedError("Task 3.1: naive_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    # --- Task 3.1 end ---
+
+
+def exchange(send_buffer, recv_buffer, right, left):
+    """Send send_buffer to rank `right` while receiving recv_buffer from rank `left`.
+
+    Both are posted together with batch_isend_irecv. Had every rank first called a
+    blocking dist.send, all of them would wait for a receiver at once: a deadlock, on
+    gloo as on NCCL, whose sends both wait for the matching receive.
+    """
+    ops = [dist.P2POp(dist.isend, send_buffer, right), dist.P2POp(dist.irecv, recv_buffer, left)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def ring_all_reduce(tensor):
+    """Sum `tensor` over all ranks, in place, with the bandwidth-optimal ring.
+
+    View the tensor as one flat row of numbers and cut it into world_size chunks with
+    tensor_split (lengths differ by at most one; some are empty when there are fewer
+    numbers than ranks). Rank r sends to right = (r + 1) % N and receives from
+    left = (r - 1) % N, one exchange() per step.
+
+    Reduce-scatter, N-1 steps: at step s, rank r sends chunk (r - s) % N and adds what
+    it receives into chunk (r - s - 1) % N. Each chunk travels once around the ring and
+    collects every rank's contribution, so rank r ends holding the full sum of chunk
+    (r + 1) % N.
+    All-gather, N-1 steps: at step s, rank r sends chunk (r + 1 - s) % N and overwrites
+    chunk (r - s) % N with what it receives, so the finished chunks travel around too.
+
+    Every rank sends 2(N-1) chunks, 2(N-1)/N of the tensor. The tensor must be
+    contiguous, as for dist.all_reduce. Works for any length, float and integer dtypes,
+    and a world of one (nothing to do).
+    """
+    # --- Task 3.2 begin ---
+    # TODO Task 3.2: N-1 reduce-scatter steps, then N-1 all-gather steps, one exchange() each
+    raise NotImplementedError("Task 3.2: ring_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    # --- Task 3.2 end ---

@@ -1,0 +1,268 @@
+"""Task 3: the hand-made all-reduces against dist.all_reduce, and the bytes each rank sends.
+
+    pytest --impl template -m task3_1     # naive_all_reduce
+    pytest --impl template -m task3_2     # ring_all_reduce
+
+Each rank runs the function under test inside `traffic()`, which counts the bytes that
+pass through the process group's send and recv (every dist.send, recv, isend, irecv and
+batch_isend_irecv ends there, so a student's own plain code is measured too) and makes
+the collectives (all_reduce, reduce, broadcast, ...) fail: they are what is being rebuilt.
+The reference is dist.all_reduce itself, called outside traffic().
+"""
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import load
+from harness import RankFailed, RankTimeout, run_ranks
+
+ProcessGroup = torch._C._distributed_c10d.ProcessGroup
+COLLECTIVES = ["allreduce", "allreduce_coalesced", "reduce", "broadcast", "allgather", "_allgather_base",
+               "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter", "_reduce_scatter_base",
+               "reduce_scatter_tensor_coalesced", "gather", "scatter", "alltoall", "alltoall_base"]
+WHERE = {"naive_all_reduce": "Task 3.1 (template_allreduce.py, naive_all_reduce)",
+         "ring_all_reduce": "Task 3.2 (template_allreduce.py, ring_all_reduce)"}
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
+
+
+@contextlib.contextmanager
+def traffic(where):
+    """Count the bytes this rank sends and receives; make every collective raise."""
+    counts = {"sent": 0, "received": 0}
+    patched = {}
+
+    def counting(name, key):
+        original = getattr(ProcessGroup, name)
+        patched[name] = vars(ProcessGroup)[name]  # the attribute itself, to restore exactly
+
+        def method(self, tensors, *args, **kwargs):
+            counts[key] += sum(t.numel() * t.element_size() for t in tensors)
+            return original(self, tensors, *args, **kwargs)
+        return method
+
+    def forbidden(name):
+        patched[name] = vars(ProcessGroup)[name]
+
+        def method(self, *args, **kwargs):
+            raise AssertionError(f"{where}: it called a collective (ProcessGroup.{name}); build it from "
+                                 "dist.send/recv, isend/irecv or batch_isend_irecv only: the all-reduce is "
+                                 "what you are writing, and the tests count the bytes each rank sends")
+        return method
+
+    replacements = {"send": counting("send", "sent"), "recv": counting("recv", "received"),
+                    "recv_anysource": counting("recv_anysource", "received")}
+    replacements.update({name: forbidden(name) for name in COLLECTIVES if name in vars(ProcessGroup)})
+    for name, method in replacements.items():
+        setattr(ProcessGroup, name, method)
+    try:
+        yield counts
+    finally:
+        for name, original in patched.items():
+            setattr(ProcessGroup, name, original)
+
+
+def make_input(rank, shape, dtype):
+    """Different numbers on every rank, the same on every run."""
+    g = torch.Generator().manual_seed(1000 * rank + math.prod(shape))
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+
+
+def all_reduce_cases(rank, world_size, func_name, impl):
+    """On one rank: (input, result, expected, bytes sent, bytes received) for each case."""
+    all_reduce = getattr(load(impl, "template_allreduce"), func_name)
+    results = []
+    for shape, dtype in cases(world_size):
+        tensor = make_input(rank, shape, dtype)
+        before, expected = tensor.clone(), tensor.clone()
+        dist.all_reduce(expected)
+        with traffic(WHERE[func_name]) as counts:
+            all_reduce(tensor)
+        results.append((before, tensor, expected, counts["sent"], counts["received"]))
+    return results
+
+
+def cases(world_size):
+    """Evenly divisible lengths first (clean diagnoses), then remainders, tiny and 2-D tensors,
+    each in two of the dtypes."""
+    n = world_size
+    shapes = [(5 * n,), (64 * n,), (5 * n + 1,), (64 * n + n - 1,), (1003,), (1,), (max(n - 1, 1),), (n + 1,),
+              (0,), (3, 7), (2, 3, 5)]
+    return [(shape, DTYPES[(i + k) % len(DTYPES)]) for i, shape in enumerate(shapes) for k in (0, 2)]
+
+
+_runs = {}  # the sums test and the traffic test share one run, or one failure
+
+
+def run(func_name, world_size, impl, timeout=10):
+    """Every case on `world_size` ranks; any rank's failure or a hang is reported as this task's."""
+    key = (func_name, world_size, impl)
+    if key not in _runs:
+        try:
+            _runs[key] = run_ranks(all_reduce_cases, world_size, func_name, impl, timeout=timeout)
+        except (AssertionError, NotImplementedError) as error:
+            _runs[key] = as_task_failure(error, func_name, world_size)
+    if isinstance(_runs[key], Exception):
+        raise _runs[key]
+    return _runs[key]
+
+
+def as_task_failure(error, func_name, world_size):
+    where = WHERE[func_name]
+    if isinstance(error, RankTimeout):
+        return AssertionError(
+            f"{where}: the ranks hung on world size {world_size}. If every rank first calls a blocking "
+            "dist.send, all of them wait for a receiver that never comes (gloo's and NCCL's send both wait "
+            "for the matching receive): post each send together with its receive, as exchange() does. "
+            f"Otherwise the ranks disagree about how many messages go where.\n{error}")
+    if isinstance(error, RankFailed):
+        tip = (" An error about sizes means the sender and the receiver disagree about which chunk is "
+               "exchanged at some step (chunk bookkeeping)." if func_name == "ring_all_reduce" else "")
+        return AssertionError(f"{where}: a rank failed on world size {world_size}.{tip}\n{error}")
+    return error
+
+
+def close(got, expected):
+    if got.dtype.is_floating_point:
+        return torch.isclose(got, expected, rtol=1e-5, atol=1e-5)
+    return got == expected
+
+
+def check_sums(func_name, world_size, results):
+    """Assert every case on every rank holds dist.all_reduce's sum; explain the first one that does not."""
+    where = WHERE[func_name]
+    for case in range(len(results[0])):
+        for rank, rank_results in enumerate(results):
+            before, got, expected, _, _ = rank_results[case]
+            what = f"a {tuple(got.shape)} {str(got.dtype)[6:]} tensor on {world_size} ranks, rank {rank}"
+            assert got.shape == expected.shape and got.dtype == expected.dtype, (
+                f"{where}: {what} came back as {tuple(got.shape)} {got.dtype}: change the tensor in place")
+            good = close(got, expected).reshape(-1)
+            if good.all():
+                continue
+            n, wrong = got.numel(), (~good).nonzero().reshape(-1)
+            first = wrong[0].item()
+            detail = (f"{where}: {what} is wrong at {len(wrong)} of {n} elements (first at index {first}: "
+                      f"got {got.reshape(-1)[first].item()}, dist.all_reduce gives {expected.reshape(-1)[first].item()}).")
+            raise AssertionError(detail + " " + diagnose(func_name, world_size, rank, results, case, good))
+        same = [torch.equal(results[0][case][1], rank_results[case][1]) for rank_results in results]
+        assert all(same), (f"{where}: ranks {[r for r, s in enumerate(same) if not s]} hold sums that differ in the "
+                           "last bits from rank 0's: every rank must end with bit-identical results (sum each "
+                           "element once, then copy it), or the replicas of the model drift apart")
+
+
+def diagnose(func_name, world_size, rank, results, case, good):
+    before, got, expected, _, _ = results[rank][case]
+    n = got.numel()
+    if func_name == "naive_all_reduce" and rank != 0 and close(results[0][case][1], expected).all():
+        return ("Rank 0 has the sum but this rank does not: rank 0 must send the sum back to every rank, "
+                "and every other rank must receive it into its tensor.")
+    if world_size > 1 and torch.equal(got, before):
+        return ("The tensor was not changed: write the sum into `tensor` itself, in place, as "
+                "dist.all_reduce does; returning a new tensor is not enough.")
+    if got.dtype.is_floating_point and torch.allclose(got * world_size, expected, rtol=1e-4, atol=1e-4):
+        return ("It holds the mean, not the SUM: all-reduce sums, and average_gradients divides by the "
+                "world size afterwards.")
+    if func_name == "naive_all_reduce":
+        return ("Rank 0 must add up its own tensor and the N-1 it receives, then send that sum to every "
+                "other rank.")
+    tail = world_size * (n // world_size)
+    wrong = (~good).nonzero().reshape(-1)
+    if n % world_size and wrong.min().item() >= tail:
+        return (f"Only elements from index {tail} on are wrong: {n} elements do not divide evenly over "
+                f"{world_size} ranks, and the remainder of {n % world_size} belongs to no chunk. Make "
+                "world_size chunks that cover every element (tensor_split gives lengths that differ by "
+                "at most one).")
+    if n >= world_size > 1 and 0 < good.sum().item() <= math.ceil(n / world_size):
+        return ("Only one chunk's worth of elements holds the full sum: that is where the reduce-scatter "
+                "phase ends. The all-gather phase must then pass each finished chunk around the ring "
+                "(N-1 more steps, overwriting rather than adding).")
+    return ("Check the chunk bookkeeping: in the reduce-scatter, at step s rank r sends chunk (r - s) % N "
+            "and adds what it receives into chunk (r - s - 1) % N; in the all-gather it sends chunk "
+            "(r + 1 - s) % N and overwrites chunk (r - s) % N with what it receives.")
+
+
+# --- Task 3.1: naive_all_reduce ------------------------------------------------------------------
+
+@pytest.mark.task3_1
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_naive_all_reduce_sums_like_dist_all_reduce(impl, world_size):
+    check_sums("naive_all_reduce", world_size, run("naive_all_reduce", world_size, impl))
+
+
+@pytest.mark.task3_1
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_naive_all_reduce_goes_through_rank_0(impl, world_size):
+    where, others = WHERE["naive_all_reduce"], world_size - 1
+    for rank, rank_results in enumerate(run("naive_all_reduce", world_size, impl)):
+        for _, tensor, _, sent, received in rank_results:
+            size = tensor.numel() * tensor.element_size()
+            if rank == 0:
+                assert (received, sent) == (others * size, others * size), (
+                    f"{where}: on {world_size} ranks, with a tensor of {size} bytes, rank 0 received {received} "
+                    f"bytes and sent {sent}; in the naive pattern it receives the N-1 other tensors and sends "
+                    f"the sum back to each, {others * size} bytes each way: the bottleneck the ring removes")
+            else:
+                assert (sent, received) == (size, size), (
+                    f"{where}: rank {rank} sent {sent} and received {received} bytes for a tensor of {size} "
+                    "bytes; in the naive pattern every other rank sends its tensor to rank 0 once and "
+                    "receives the sum from rank 0 once")
+
+
+# --- Task 3.2: ring_all_reduce -------------------------------------------------------------------
+
+@pytest.mark.task3_2
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ring_all_reduce_sums_like_dist_all_reduce(impl, world_size):
+    check_sums("ring_all_reduce", world_size, run("ring_all_reduce", world_size, impl))
+
+
+@pytest.mark.task3_2
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
+    n = world_size
+    for rank, rank_results in enumerate(run("ring_all_reduce", world_size, impl)):
+        for _, tensor, _, sent, _ in rank_results:
+            size = tensor.numel() * tensor.element_size()
+            limit = 2 * (n - 1) * math.ceil(tensor.numel() / n) * tensor.element_size()  # 2(N-1) chunks
+            assert sent <= limit, (
+                f"{WHERE['ring_all_reduce']}: on {n} ranks rank {rank} sent {sent} bytes to all-reduce a "
+                f"tensor of {size} bytes, {sent / size:.2f} times the tensor; a ring sends 2(N-1) chunks of "
+                f"about 1/N of it, 2(N-1)/N = {2 * (n - 1) / n:.2f} times the tensor, at most {limit} bytes "
+                f"here. Passing the whole tensor around the ring costs (N-1) = {n - 1} times it: split it "
+                "into world_size chunks")
+
+
+# --- train_ddp.py --allreduce naive|ring ---------------------------------------------------------
+
+def sync_like_task_2_2(rank, world_size, name, impl):
+    """Gradients averaged by train_ddp's --allreduce path, and by dist.all_reduce / world_size."""
+    import train_ddp
+    from models import CNN
+
+    torch.manual_seed(0)  # the same model on every rank, different data
+    model = CNN()
+    model.features[0].bias.requires_grad_(False)  # a frozen parameter: no .grad to average
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(rank))
+    model(images).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for grad in expected:
+        dist.all_reduce(grad)
+        grad /= world_size
+    with traffic(WHERE[f"{name}_all_reduce"]):
+        train_ddp.average_gradients_with(name, impl)(model)
+    return [p.grad for p in model.parameters() if p.grad is not None], expected
+
+
+@pytest.mark.parametrize("name", [pytest.param("naive", marks=pytest.mark.task3_1),
+                                  pytest.param("ring", marks=pytest.mark.task3_2)])
+def test_train_ddp_allreduce_flag_averages_gradients(impl, name):
+    for rank, (got, expected) in enumerate(run_ranks(sync_like_task_2_2, 3, name, impl, timeout=10)):
+        for index, (g, e) in enumerate(zip(got, expected)):
+            assert torch.allclose(g, e, rtol=1e-5, atol=1e-6), (
+                f"{WHERE[name + '_all_reduce']}: train_ddp.py --allreduce {name} gave rank {rank} a different "
+                f"mean gradient than dist.all_reduce for parameter {index}; the other tests of this task say why")

@@ -1,0 +1,247 @@
+"""Task 4: one process, many replicas, checked against single-device training on the whole batch.
+
+    pytest --impl template -m task4_1     # replicate
+    pytest --impl template -m task4_2     # scatter
+    pytest --impl template -m task4_3     # reduce_gradients
+    pytest --impl template -m task4_4     # copy_weights, and whole training steps
+
+Several replicas on the CPU stand for several devices, so all but the nn.DataParallel
+comparison run without a GPU.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import load
+from models import CNN
+
+WHERE = {"4.1": "Task 4.1 (template_replicas.py, replicate)",
+         "4.2": "Task 4.2 (template_replicas.py, scatter)",
+         "4.3": "Task 4.3 (template_replicas.py, reduce_gradients)",
+         "4.4": "Task 4.4 (template_replicas.py, copy_weights)"}
+
+
+@pytest.fixture(scope="module")
+def replicas(impl):
+    return load(impl, "template_replicas")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and on a busy machine several threads spin
+    against each other (about 20 times slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Awkward(nn.Module):
+    """A small model with a buffer and a frozen parameter, which a careless copy or average misses."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.frozen = nn.Linear(4, 3)
+        self.frozen.weight.requires_grad_(False)
+        self.register_buffer("scale", torch.tensor([1.5, 0.5, 2.0]))
+
+    def forward(self, x):
+        return self.frozen(torch.relu(self.linear(x))) * self.scale
+
+
+def tensors(module):
+    return list(module.parameters()) + list(module.buffers())
+
+
+# --- Task 4.1 ------------------------------------------------------------------------------------
+
+@pytest.mark.task4_1
+def test_replicate_makes_independent_copies(replicas):
+    torch.manual_seed(0)
+    master = Awkward()
+    before = [t.clone() for t in tensors(master)]
+    devices = ["cpu", "cpu", "cpu"]
+    copies = replicas.replicate(master, devices)
+    assert isinstance(copies, list) and len(copies) == len(devices), (
+        f"{WHERE['4.1']}: expected a list of {len(devices)} replicas, got {type(copies).__name__} "
+        f"of length {len(copies) if hasattr(copies, '__len__') else '?'}")
+    for i, (replica, device) in enumerate(zip(copies, devices)):
+        assert replica is not master, f"{WHERE['4.1']}: replica {i} is the master itself: make a deep copy"
+        for name, (mine, theirs) in enumerate(zip(tensors(replica), tensors(master))):
+            assert mine.device == torch.device(device), (
+                f"{WHERE['4.1']}: replica {i}'s tensor {name} is on {mine.device}, not {device}")
+            assert torch.equal(mine.cpu(), theirs), f"{WHERE['4.1']}: replica {i}'s tensor {name} differs from the master's"
+            assert mine.data_ptr() != theirs.data_ptr(), (
+                f"{WHERE['4.1']}: replica {i} shares its memory with the master: each replica needs its own "
+                "copy of the weights (copy.deepcopy), or the replicas on one device are all one model")
+        assert len(tensors(replica)) == len(tensors(master)), f"{WHERE['4.1']}: replica {i} lost parameters or buffers"
+    pointers = {t.data_ptr() for replica in copies for t in tensors(replica)}
+    assert len(pointers) == len(devices) * len(tensors(master)), (
+        f"{WHERE['4.1']}: some replicas share memory with each other: make one copy per device")
+    with torch.no_grad():
+        copies[0].linear.weight.add_(1.0)
+    assert all(torch.equal(a, b) for a, b in zip(tensors(master), before)), (
+        f"{WHERE['4.1']}: changing a replica changed the master: the replicas must be copies")
+    assert all(t.device.type == "cpu" for t in tensors(master)), f"{WHERE['4.1']}: the master must stay on the CPU"
+
+
+# --- Task 4.2 ------------------------------------------------------------------------------------
+
+@pytest.mark.task4_2
+@pytest.mark.parametrize("batch,num_devices", [(8, 2), (10, 4), (5, 4), (4, 4), (7, 3), (9, 1)])
+def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
+    images = torch.arange(batch * 2.0).reshape(batch, 2)
+    labels = torch.arange(batch)
+    devices = ["cpu"] * num_devices
+    chunks = replicas.scatter(images, labels, devices)
+    sizes = [len(y) for _, y in chunks] if isinstance(chunks, (list, tuple)) else None
+    assert sizes is not None and len(sizes) == num_devices, (
+        f"{WHERE['4.2']}: {batch} images on {num_devices} devices gave {sizes and len(sizes)} chunks, not "
+        f"{num_devices}: every device needs a chunk (torch.chunk can give fewer; torch.tensor_split does not)")
+    assert max(sizes) - min(sizes) <= 1, (
+        f"{WHERE['4.2']}: {batch} images on {num_devices} devices gave chunks of {sizes}: their lengths must "
+        "differ by at most one (torch.tensor_split), or one device does most of the work")
+    assert torch.equal(torch.cat([x for x, _ in chunks]), images) and torch.equal(torch.cat([y for _, y in chunks]), labels), (
+        f"{WHERE['4.2']}: the chunks put together are not the batch, in order ({sizes}): every image once, "
+        "with its own label")
+    for i, ((x, y), device) in enumerate(zip(chunks, devices)):
+        assert x.device == torch.device(device) and y.device == torch.device(device), (
+            f"{WHERE['4.2']}: chunk {i} is on {x.device}/{y.device}, not on its device {device}")
+    with pytest.raises(ValueError, match=f"at least {num_devices + 1}"):  # the given check, before yours
+        replicas.scatter(images[:num_devices], labels[:num_devices], devices + ["cpu"])
+
+
+@pytest.mark.task4_2
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to see chunks move to their device")
+def test_scatter_moves_chunks_to_their_devices(replicas):
+    chunks = replicas.scatter(torch.zeros(6, 2), torch.zeros(6), ["cpu", "cuda:0", "cpu"])
+    assert [x.device.type for x, _ in chunks] == ["cpu", "cuda", "cpu"], f"{WHERE['4.2']}: chunk i goes to devices[i]"
+    assert [y.device.type for _, y in chunks] == ["cpu", "cuda", "cpu"], f"{WHERE['4.2']}: labels go with their images"
+
+
+# --- Task 4.3 ------------------------------------------------------------------------------------
+
+@pytest.mark.task4_3
+@pytest.mark.parametrize("chunk_sizes", [[4, 4], [3, 3, 2], [5, 1, 1, 1]])
+def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes):
+    torch.manual_seed(0)
+    master = Awkward()
+    copies = [copy.deepcopy(master) for _ in chunk_sizes]  # our own copies: independent of Task 4.1
+    for i, replica in enumerate(copies):
+        for param in replica.parameters():
+            if param.requires_grad:
+                param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(i))
+    replicas.reduce_gradients(master, copies, chunk_sizes)
+    total = sum(chunk_sizes)
+    for name, param in master.named_parameters():
+        grads = [dict(r.named_parameters())[name].grad for r in copies]
+        if grads[0] is None:
+            assert param.grad is None, f"{WHERE['4.3']}: {name} is frozen on the replicas, so its .grad must stay None"
+            continue
+        assert param.grad is not None, f"{WHERE['4.3']}: the master's {name}.grad is None: set it"
+        expected = sum(g * (n / total) for g, n in zip(grads, chunk_sizes))
+        if torch.allclose(param.grad, expected, atol=1e-6):
+            assert param.grad.device.type == "cpu", f"{WHERE['4.3']}: the master's gradients belong on the CPU"
+            continue
+        plain_mean, plain_sum = sum(grads) / len(grads), sum(grads)
+        why = ("it is the plain mean: weight each replica's gradient by its share of the batch, "
+               "n_i / n, because chunks of different lengths count differently in the batch's mean loss"
+               if torch.allclose(param.grad, plain_mean, atol=1e-6) else
+               "it is the sum: divide, weighting replica i by n_i / n" if torch.allclose(param.grad, plain_sum, atol=1e-6)
+               else "expected sum over replicas of (n_i / n) * grad_i")
+        raise AssertionError(f"{WHERE['4.3']}: chunks of {chunk_sizes}: the master's {name}.grad is wrong: {why}")
+
+
+# --- Task 4.4 ------------------------------------------------------------------------------------
+
+@pytest.mark.task4_4
+def test_copy_weights_overwrites_every_replica_in_place(replicas):
+    torch.manual_seed(0)
+    master = Awkward()
+    copies = [Awkward(), Awkward()]  # our own replicas, with other weights
+    pointers = [[t.data_ptr() for t in tensors(r)] for r in copies]
+    replicas.copy_weights(master, copies)
+    for i, replica in enumerate(copies):
+        for name, (mine, theirs) in enumerate(zip(tensors(replica), tensors(master))):
+            assert torch.equal(mine, theirs), (
+                f"{WHERE['4.4']}: replica {i}'s tensor {name} does not hold the master's values "
+                "(parameters and buffers both)")
+            assert mine.data_ptr() != theirs.data_ptr() and mine.data_ptr() == pointers[i][name], (
+                f"{WHERE['4.4']}: replica {i}'s tensor {name} now shares the master's memory: copy_ the values "
+                "into the replica's own tensors, which stay on its device (assigning .data moves them)")
+        assert all(p.grad_fn is None for p in replica.parameters()), (
+            f"{WHERE['4.4']}: autograd recorded the copy: do it under torch.no_grad()")
+
+
+def train_like_one_device(replicas, devices, batch_size, steps=3, lr=0.1):
+    """Per-step losses and final weights: replicas on `devices`, and one CPU model on the whole batch."""
+    torch.manual_seed(0)
+    master = CNN()
+    single = copy.deepcopy(master)
+    copies = replicas.replicate(master, devices)
+    optimizer = torch.optim.SGD(master.parameters(), lr=lr, momentum=0.9)
+    single_optimizer = torch.optim.SGD(single.parameters(), lr=lr, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses, single_losses = [], []
+    for _ in range(steps):
+        images, labels = torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+        losses.append(replicas.train_step(master, copies, optimizer, images, labels, devices))
+        single_optimizer.zero_grad()
+        loss = F.cross_entropy(single(images), labels)
+        loss.backward()
+        single_optimizer.step()
+        single_losses.append(loss.item())
+    return master, single, copies, losses, single_losses
+
+
+@pytest.mark.task4_4
+@pytest.mark.parametrize("num_devices,batch_size", [(2, 8), (3, 10), (4, 6)])
+def test_replicas_train_like_one_device_on_the_whole_batch(replicas, num_devices, batch_size):
+    devices = ["cpu"] * num_devices
+    master, single, copies, losses, single_losses = train_like_one_device(replicas, devices, batch_size)
+    assert losses == pytest.approx(single_losses, rel=1e-5), (
+        f"Task 4 (template_replicas.py): {num_devices} replicas, batch {batch_size}: losses {losses} differ from "
+        f"one device's {single_losses} on the whole batch. The first step tests replicate and scatter, "
+        "the second reduce_gradients (a plain mean is wrong for uneven chunks), and later ones copy_weights")
+    for (name, mine), theirs in zip(master.named_parameters(), single.parameters()):
+        assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), (
+            f"Task 4 (template_replicas.py): after 3 steps the master's {name} differs from one device's by "
+            f"{(mine - theirs).abs().max().item():.2e}")
+    for i, replica in enumerate(copies):
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(replica.parameters(), master.parameters())), (
+            f"{WHERE['4.4']}: after a step replica {i} does not hold the master's new weights")
+
+
+@pytest.mark.task4_4
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason=f"nn.DataParallel needs 2 or more GPUs; {torch.cuda.device_count()} visible")
+def test_replicas_match_nn_data_parallel(replicas):
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    batch_size = 8 * len(devices)  # even chunks: DataParallel's scatter and ours then agree exactly
+    torch.manual_seed(0)
+    master = CNN()
+    dp = nn.DataParallel(copy.deepcopy(master).to(devices[0]), device_ids=devices)
+    copies = replicas.replicate(master, devices)
+    optimizer = torch.optim.SGD(master.parameters(), lr=0.1, momentum=0.9)
+    dp_optimizer = torch.optim.SGD(dp.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        images, labels = torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+        loss = replicas.train_step(master, copies, optimizer, images, labels, devices)
+        dp_optimizer.zero_grad()
+        dp_loss = F.cross_entropy(dp(images.to(devices[0])), labels.to(devices[0]))
+        dp_loss.backward()
+        dp_optimizer.step()
+        # GPU convolutions may use TF32 and other kernels than the CPU: compare loosely
+        assert loss == pytest.approx(dp_loss.item(), rel=1e-3), (
+            f"Task 4 (template_replicas.py): step {step + 1}: loss {loss} but nn.DataParallel's {dp_loss.item()}")
+    for (name, mine), theirs in zip(master.named_parameters(), dp.module.parameters()):
+        assert torch.allclose(mine, theirs.cpu(), rtol=1e-2, atol=1e-4), (
+            f"Task 4 (template_replicas.py): {name} differs from nn.DataParallel's by "
+            f"{(mine - theirs.cpu()).abs().max().item():.2e}")
