@@ -21,19 +21,14 @@ import pytest
 from grading.checker import Run, discover_tasks, explain, select_tasks, summarize
 from mistakes import MISTAKES, REPO, Mistake, make_submission
 
-pytestmark = pytest.mark.grading
+# about the course's tools, not a student's tasks: skipped with --impl template (conftest.py)
+pytestmark = [pytest.mark.grading, pytest.mark.repo]
 
 BY_NAME = {m.name: m for m in MISTAKES}
 # The worst case for a grader: the test process itself never returns (a wait, so that it
 # leaves the CPU to the submission graded beside it).
 ENDLESS_WAIT = Mistake("1.1", "endless-wait", "template_data_loader.py", "    g = torch.Generator()",
                        "    import time; time.sleep(3600)\n    g = torch.Generator()", "")
-
-
-@pytest.fixture(autouse=True)
-def _not_for_students(impl):
-    if impl == "template":
-        pytest.skip("these test the course's tools, not your template files")
 
 
 def _tasks(*ids):
