@@ -254,8 +254,15 @@ def print_table(grades):
 
 
 def write_reports(grades, out, policy, tasks):
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    def git(*words):
+        try:
+            return subprocess.run(["git", *words], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git
+            return ""
+    commit = git("rev-parse", "HEAD")
     report = {"graded_at": datetime.datetime.now().isoformat(timespec="seconds"), "course_commit": commit or None,
+              # tests changed since that commit grade differently from it
+              "course_modified": bool(commit) and bool(git("status", "--porcelain", "--untracked-files=no")),
               "tasks": [t.id for t in tasks], "policy": policy, "submissions": grades}
     with open(os.path.join(out, "grades.json"), "w") as f:
         json.dump(report, f, indent=2)

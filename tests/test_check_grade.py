@@ -126,6 +126,19 @@ def test_a_crash_is_an_error_and_the_tasks_after_it_were_not_run():
     assert not crashed.certain and not after.certain  # the grader runs both again, apart
 
 
+def test_points_all_or_nothing_or_in_proportion():
+    from grading.checker import TaskResult
+    from grading.grade import points_for
+    task = _tasks("2.2")[0]
+    policy = {"default": 10.0, "points": {"2.2": 20.0}, "partial": False}
+    failing = TaskResult(task, "failing", passed=3, total=4)
+    assert points_for(TaskResult(task, "done", passed=4, total=4), policy) == (20.0, 20.0)
+    assert points_for(failing, policy) == (0.0, 20.0)
+    assert points_for(failing, {**policy, "partial": True}) == (15.0, 20.0)
+    assert points_for(TaskResult(task, "not started", passed=1, total=4), {**policy, "partial": True}) == (0.0, 20.0)
+    assert points_for(TaskResult(task, "no tests"), policy) == (0.0, 0.0)
+
+
 @pytest.mark.parametrize("exc_type,message,expected", [
     ("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
      "[127.0.0.1]:1. This is typically caused by a remote worker crashing. GLHF!", "in training is a hang"),
