@@ -145,6 +145,9 @@ def _raise_timeout(procs, outputs, timeout, tmp):
         with open(os.path.join(tmp, f"stack{rank}.txt")) as dump:
             where.append(f"  rank {rank} was at:\n      {_where(dump.read())}")
     finished = sorted(outputs)
+    if not finished:
+        where.append("  (No rank finished at all: a deadlock, or a machine too busy to finish in time; "
+                     "if the stacks above are not in a collective, run the test again on a quieter machine.)")
     raise RankTimeout(
         f"ranks {stuck} were still running after {timeout:.0f} s (ranks {finished} had finished). "
         "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "

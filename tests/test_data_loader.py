@@ -24,6 +24,14 @@ SIZES = [0, 1, 2, 3, 5, 7, 10, 16, 31, 100]
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 
 
+def use_reference(monkeypatch, data_loader, *names):
+    """Swap in solutions/'s answers to the earlier tasks, so that a test judges one task alone:
+    a mistake in Task 1.1 fails Task 1.1's tests, not those of every task built on it."""
+    reference = load("solutions", "template_data_loader")
+    for name in names:
+        monkeypatch.setattr(data_loader, name, getattr(reference, name))
+
+
 def randperm(n, seed):
     g = torch.Generator()
     g.manual_seed(seed)
@@ -88,7 +96,7 @@ def test_padding_wraps_around_to_a_multiple(data_loader):
             assert indices == original, f"{T12}: do not change the list you are given; return a new one"
             assert len(got) == total, (
                 f"{T12}: {n} indices on {world_size} ranks must be padded to {total}, the next multiple "
-                f"of {world_size}; got {len(got)}")
+                f"of {world_size}, wrapping around the list as often as needed; got {len(got)}")
             expected = [indices[i % n] for i in range(total)]
             assert got == expected, (
                 f"{T12}: pad with indices from the front of the list and wrap around as often as "
@@ -141,7 +149,7 @@ def test_shards_are_contiguous_blocks(data_loader):
                 f"{n % world_size} ranks one more than the others (as torch.tensor_split); expected {expected}, got {got}")
 
 
-# ----------------------------------------------- the whole sampler (needs Tasks 1.1 to 1.3)
+# ------------------------------- the whole sampler, with solutions/'s Tasks 1.1 and 1.2
 def _torch_padded_order(n, world_size, shuffle, seed, epoch, drop_last):
     """PyTorch's sampler hands out indices[rank::world_size]: undo that to get its padded order."""
     per_rank = []
@@ -153,7 +161,8 @@ def _torch_padded_order(n, world_size, shuffle, seed, epoch, drop_last):
 
 
 @pytest.mark.task1_3
-def test_sampler_agrees_with_pytorch(data_loader):
+def test_sampler_agrees_with_pytorch(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop")
     for n in [1, 2, 5, 10, 37, 100]:
         for world_size in [1, 2, 3, 4, 7]:
             for shuffle, seed, epoch, drop_last in [(False, 0, 0, False), (True, 0, 0, False), (True, 5, 3, False),
@@ -170,24 +179,25 @@ def test_sampler_agrees_with_pytorch(data_loader):
                 ours = [i for s in shards for i in s]
                 theirs = _torch_padded_order(n, world_size, shuffle, seed, epoch, drop_last)
                 assert ours == theirs, (
-                    f"Tasks 1.1-1.3: n={n} world_size={world_size} shuffle={shuffle} seed={seed} epoch={epoch} "
+                    f"{T13}: n={n} world_size={world_size} shuffle={shuffle} seed={seed} epoch={epoch} "
                     f"drop_last={drop_last}: the ranks' shards, joined in rank order, must be PyTorch's "
                     f"padded order {theirs}, got {ours}")
                 assert len({len(s) for s in shards}) == 1, f"{T13}: every rank must get as many indices"
 
 
 @pytest.mark.task1_3
-def test_unpadded_sampler_visits_every_sample_once(data_loader):
+def test_unpadded_sampler_visits_every_sample_once(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop")
     for n in SIZES:
         for world_size in WORLD_SIZES:
             shards = [list(data_loader.DistributedSampler(range(n), world_size, rank, shuffle=True, seed=2, pad=False))
                       for rank in range(world_size)]
             joined = sorted(i for s in shards for i in s)
             assert joined == list(range(n)), (
-                f"pad=False (Tasks 1.1-1.3): {n} samples on {world_size} ranks must be visited exactly once "
+                f"{T13}: pad=False: {n} samples on {world_size} ranks must be visited exactly once "
                 f"over all ranks, got {joined}")
             lengths = [len(s) for s in shards]
-            assert max(lengths) - min(lengths) <= 1, f"pad=False: shard lengths differ by more than one: {lengths}"
+            assert max(lengths) - min(lengths) <= 1, f"{T13}: pad=False: shard lengths differ by more than one: {lengths}"
 
 
 def _default_sampler(rank, world_size, impl):
@@ -225,7 +235,8 @@ def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_
 
 
 @pytest.mark.task1_4
-def test_each_rank_loads_its_share_of_the_global_batch(data_loader):
+def test_each_rank_loads_its_share_of_the_global_batch(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
     for world_size in [1, 2, 3]:
         ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=6)
         for rank, (train_batches, _) in enumerate(ranks):
@@ -240,7 +251,8 @@ def test_each_rank_loads_its_share_of_the_global_batch(data_loader):
 
 
 @pytest.mark.task1_4
-def test_training_shuffles_per_epoch(data_loader):
+def test_training_shuffles_per_epoch(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
     first = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=0)
     second = _loaders_of_every_rank(data_loader, 2, global_batch=4, epoch=1)
     assert first[0][0] != second[0][0], f"{T14}: the training sampler must shuffle (shuffle=True), and use set_epoch"
@@ -249,7 +261,8 @@ def test_training_shuffles_per_epoch(data_loader):
 
 
 @pytest.mark.task1_4
-def test_every_test_image_is_evaluated_exactly_once(data_loader):
+def test_every_test_image_is_evaluated_exactly_once(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
     for world_size in [1, 2, 3, 4]:
         ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=12, n_test=10)
         evaluated = sorted(i for _, test in ranks for batch in test for i in batch)
@@ -268,7 +281,8 @@ def test_batch_size_errors_are_clear(data_loader):
 @pytest.mark.task1_4
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: pinned memory only matters for copies to a GPU")
-def test_loaders_pin_memory_for_a_gpu(data_loader):
+def test_loaders_pin_memory_for_a_gpu(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
     train, test = data_loader.build_loaders(_indexed(8), _indexed(8), 4, 0, 2, device="cuda")
     assert train.pin_memory and test.pin_memory, f"{T14}: use pin_memory=True when the device is a GPU"
     train, test = data_loader.build_loaders(_indexed(8), _indexed(8), 4, 0, 2, device="cpu")

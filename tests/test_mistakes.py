@@ -8,6 +8,7 @@ the failure must say what is likely wrong (the mistake's hint).
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 
@@ -18,21 +19,24 @@ from mistakes import MISTAKES, REPO, make_submission
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.task}-{m.name}")
 def test_the_tests_catch_this_mistake(mistake, tmp_path):
     repo = make_submission(str(tmp_path / "repo"), [mistake])
+    report = tmp_path / "report.xml"
     command = [sys.executable, "-m", "pytest", "--impl", "template", "-m", mistake.marker, "-x", "-q",
-               "-p", "no:cacheprovider", "tests"]
+               "-p", "no:cacheprovider", f"--junitxml={report}", "tests"]
     proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, f"the Task {mistake.task} tests let '{mistake.name}' through:\n{out[-3000:]}"
-    assert "NotImplementedError: Task" not in out, out[-3000:]
-    assert mistake.hint in out, f"the failure does not say '{mistake.hint}':\n{out[-3000:]}"
+    failures = [case.find("failure") for case in ElementTree.parse(report).getroot().iter("testcase")]
+    messages = [f.get("message", "") for f in failures if f is not None]
+    assert messages, out[-3000:]
+    assert not messages[0].startswith("NotImplementedError"), out[-3000:]
+    # the hint must be in what the student reads first: the failing test's own message
+    assert mistake.hint in messages[0], f"the failure does not say '{mistake.hint}': {messages[0]}"
 
 
 @pytest.mark.slow
 def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
     """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
-    import xml.etree.ElementTree as ElementTree
-
     repo = make_submission(str(tmp_path / "repo"))
     for name in os.listdir(os.path.join(repo, "solutions")):  # put the pristine templates back
         if name.startswith("template_"):

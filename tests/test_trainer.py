@@ -273,6 +273,9 @@ def _nccl_world_of_one(rank, world_size, impl):
     return grads_ok, trainer.reduce_metrics(3, 4, 1.5, device="cuda")
 
 
+@pytest.mark.task2_1
+@pytest.mark.task2_2
+@pytest.mark.task2_3
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: NCCL needs one")
 def test_nccl_world_of_one(impl):
