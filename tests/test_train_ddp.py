@@ -71,7 +71,7 @@ def test_an_unfilled_task_stops_training_with_one_clear_message(tmp_path):
     code, out = run([sys.executable, "train_ddp.py", "--data", "synthetic"], cwd=repo, timeout=60)
     assert code == 1, out
     assert "Task 2.3 in template_trainer.py is not done yet" in out and "--impl solutions" in out, out
-    assert "pytest --impl template -m task2_3" in out, out
+    assert "python check.py 2.3" in out, out
     assert "Traceback" not in out, out
 
 
