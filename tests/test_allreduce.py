@@ -152,7 +152,8 @@ def check_sums(func_name, world_size, results):
         same = [torch.equal(results[0][case][1], rank_results[case][1]) for rank_results in results]
         assert all(same), (f"{where}: ranks {[r for r, s in enumerate(same) if not s]} hold sums that differ in the "
                            "last bits from rank 0's: every rank must end with bit-identical results (sum each "
-                           "element once, then copy it), or the replicas of the model drift apart")
+                           "element once, then copy it), or the replicas of the model drift apart. A ring that "
+                           "passes the whole tensor around adds in a different order on each rank")
 
 
 def diagnose(func_name, world_size, rank, results, case, good):
