@@ -31,11 +31,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 from grading.checker import REPO, discover_tasks, run_tests, select_tasks, summarize  # noqa: E402
+from grading.course import copy_course  # noqa: E402
 
 POINTS_FILE = os.path.join(REPO, "grading", "points.toml")
-# Never copied into a grading copy: build outputs, data, and earlier grades.
-COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.pyc", ".venv", "data", "runs",
-                                     "grades")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", "solutions", "node_modules", "data"}
 
 
@@ -128,12 +126,10 @@ def inspect_submission(root, files):
     return notes
 
 
-def make_grading_copy(submission_files, dest, exclude):
-    """This repository at `dest`, with the student's template files in place of ours."""
-    def ignore(folder, entries):
-        skipped = set(COPY_IGNORE(folder, entries))
-        return skipped | {e for e in entries if os.path.realpath(os.path.join(folder, e)) in exclude}
-    shutil.copytree(REPO, dest, ignore=ignore)
+def make_grading_copy(submission_files, dest, exclude, repo=REPO):
+    """The course's files at `dest` (grading/course.py: what git tracks, the templates untouched,
+    never a .venv or data), with the student's template files in place of ours."""
+    copy_course(dest, repo, exclude)
     for name, path in submission_files.items():
         shutil.copyfile(path, os.path.join(dest, name))
 

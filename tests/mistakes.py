@@ -7,7 +7,8 @@ wrong answer that the tests let through.
 """
 import dataclasses
 import os
-import shutil
+
+from grading.course import copy_course
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -183,18 +184,27 @@ MISTAKES = [
             "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
     Mistake("4.4", "no-copy-back", "template_replicas.py",
             "                target.copy_(source)", "                pass", "master's values"),
+    # Task 0.1
+    Mistake("0.1", "float-prediction", "template_collectives.py",
+            "    return sum(rank_tensor(rank) for rank in range(world_size))",
+            "    return sum(rank_tensor(rank) for rank in range(world_size)).float()", "integer"),
+    # Task 4.4
+    Mistake("4.4", "parameters-only", "template_replicas.py",
+            "        sources = list(master.parameters()) + list(master.buffers())",
+            "        sources = list(master.parameters())", "buffers"),
 ]
 
 
-def make_submission(dest, mistakes=()):
-    """A copy of the repository whose template_*.py files are the solutions with `mistakes` applied.
+def make_submission(dest, mistakes=(), repo=REPO):
+    """A copy of the course's files (grading/course.py: never a .venv or data) whose template_*.py
+    files are the solutions with `mistakes` applied.
 
     The tests in the copy are this repository's, so `pytest --impl template` there checks
     the wrong answers."""
-    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "data", "runs"))
-    for name in os.listdir(os.path.join(REPO, "solutions")):
+    copy_course(dest, repo)
+    for name in os.listdir(os.path.join(repo, "solutions")):
         if name.startswith("template_") and name.endswith(".py"):
-            with open(os.path.join(REPO, "solutions", name)) as f:
+            with open(os.path.join(repo, "solutions", name)) as f:
                 text = f.read()
             for mistake in mistakes:
                 if mistake.file == name:

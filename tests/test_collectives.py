@@ -146,10 +146,15 @@ def test_prediction_matches_all_reduce(impl, held, world_size):
 def test_prediction_for_larger_worlds(impl):
     collectives = load(impl, "template_collectives")
     for world_size in [4, 5, 8, 16]:
-        predicted = torch.as_tensor(collectives.predict_all_reduce(world_size)).tolist()
+        prediction = torch.as_tensor(collectives.predict_all_reduce(world_size))
+        predicted = prediction.tolist()
         assert predicted == all_reduce_sum(world_size), (
             f"{T01}: for world_size {world_size} you predicted {predicted}, but all_reduce would leave "
             f"{all_reduce_sum(world_size)} on every rank: {_why_not(predicted, world_size)}")
+        # rank_tensor holds integers, and the sum of integers stays an integer tensor
+        assert not prediction.is_floating_point() and not prediction.is_complex(), (
+            f"{T01}: the values are right, but the prediction is a {prediction.dtype} tensor: the ranks hold "
+            "integer tensors and all_reduce leaves an integer tensor; return an integer one (no division, no .float())")
 
 
 # --------------------------------------------------------------------------- Task 0.2

@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from mistakes import MISTAKES, REPO, make_submission
+from grading.course import copy_course
+from mistakes import MISTAKES, make_submission
 
 
 @pytest.mark.slow
@@ -37,11 +38,7 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path):
 @pytest.mark.slow
 def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
     """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
-    repo = make_submission(str(tmp_path / "repo"))
-    for name in os.listdir(os.path.join(repo, "solutions")):  # put the pristine templates back
-        if name.startswith("template_"):
-            with open(os.path.join(REPO, name)) as src, open(os.path.join(repo, name), "w") as dst:
-                dst.write(src.read())
+    repo = copy_course(str(tmp_path / "repo"))  # the committed templates, even if yours are filled in
     report = tmp_path / "report.xml"
     tasks = " or ".join(sorted({m.marker for m in MISTAKES}))
     proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", tasks, "-q",
@@ -58,3 +55,17 @@ def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path)
     assert len(ran) > 20, proc.stdout[-2000:]
     wrong = {name: o[:120] for name, o in ran.items() if not o.startswith("NotImplementedError: Task")}
     assert not wrong, f"these task tests did not fail with the task's NotImplementedError: {wrong}"
+
+
+@pytest.mark.slow
+def test_task_4_4_is_judged_alone(tmp_path):
+    """The grader gives points per task: wrong answers to Tasks 4.1-4.3 must not fail 4.4's tests too
+    (a plain mean in reduce_gradients once cost Task 4.4's points as well)."""
+    wrong = [next(m for m in MISTAKES if m.task == task) for task in ("4.1", "4.2", "4.3")]
+    repo = make_submission(str(tmp_path / "repo"), wrong)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", "task4_4", "-q",
+                           "-p", "no:cacheprovider", "tests/test_replicas.py"],
+                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 0, (f"wrong answers to Tasks 4.1-4.3 ({', '.join(m.name for m in wrong)}) fail "
+                                  f"Task 4.4's tests: swap in solutions/ for the other tasks\n{proc.stdout[-3000:]}")

@@ -29,6 +29,14 @@ def replicas(impl):
     return load(impl, "template_replicas")
 
 
+def use_reference(monkeypatch, replicas, *names):
+    """Swap in solutions/'s answers to the other subtasks, so that a test judges one task alone:
+    a mistake in reduce_gradients fails Task 4.3, not Task 4.4 as well."""
+    reference = load("solutions", "template_replicas")
+    for name in names:
+        monkeypatch.setattr(replicas, name, getattr(reference, name))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and on a busy machine several threads spin
@@ -164,13 +172,16 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
     torch.manual_seed(0)
     master = Awkward()
     copies = [Awkward(), Awkward()]  # our own replicas, with other weights
+    for replica in copies:  # and other buffers: a copy of the parameters alone must not pass
+        replica.scale.fill_(9.0)
     pointers = [[t.data_ptr() for t in tensors(r)] for r in copies]
     replicas.copy_weights(master, copies)
     for i, replica in enumerate(copies):
         for name, (mine, theirs) in enumerate(zip(tensors(replica), tensors(master))):
+            kind = "parameter" if name < len(list(replica.parameters())) else "buffer"
             assert torch.equal(mine, theirs), (
-                f"{WHERE['4.4']}: replica {i}'s tensor {name} does not hold the master's values "
-                "(parameters and buffers both)")
+                f"{WHERE['4.4']}: replica {i}'s {kind} {name} does not hold the master's values: copy the "
+                "parameters and the buffers both (model.buffers(): BatchNorm's running statistics are buffers)")
             assert mine.data_ptr() != theirs.data_ptr() and mine.data_ptr() == pointers[i][name], (
                 f"{WHERE['4.4']}: replica {i}'s tensor {name} now shares the master's memory: copy_ the values "
                 "into the replica's own tensors, which stay on its device (assigning .data moves them)")
@@ -201,16 +212,17 @@ def train_like_one_device(replicas, devices, batch_size, steps=3, lr=0.1):
 
 @pytest.mark.task4_4
 @pytest.mark.parametrize("num_devices,batch_size", [(2, 8), (3, 10), (4, 6)])
-def test_replicas_train_like_one_device_on_the_whole_batch(replicas, num_devices, batch_size):
+def test_replicas_train_like_one_device_on_the_whole_batch(replicas, num_devices, batch_size, monkeypatch):
+    use_reference(monkeypatch, replicas, "replicate", "scatter", "reduce_gradients")
     devices = ["cpu"] * num_devices
     master, single, copies, losses, single_losses = train_like_one_device(replicas, devices, batch_size)
     assert losses == pytest.approx(single_losses, rel=1e-5), (
-        f"Task 4 (template_replicas.py): {num_devices} replicas, batch {batch_size}: losses {losses} differ from "
-        f"one device's {single_losses} on the whole batch. The first step tests replicate and scatter, "
-        "the second reduce_gradients (a plain mean is wrong for uneven chunks), and later ones copy_weights")
+        f"{WHERE['4.4']}: {num_devices} replicas, batch {batch_size}: losses {losses} differ from "
+        f"one device's {single_losses} on the whole batch (with solutions/'s replicate, scatter and "
+        "reduce_gradients): from the second step on, the replicas need the master's new weights")
     for (name, mine), theirs in zip(master.named_parameters(), single.parameters()):
         assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), (
-            f"Task 4 (template_replicas.py): after 3 steps the master's {name} differs from one device's by "
+            f"{WHERE['4.4']}: after 3 steps the master's {name} differs from one device's by "
             f"{(mine - theirs).abs().max().item():.2e}")
     for i, replica in enumerate(copies):
         assert all(torch.equal(a.cpu(), b) for a, b in zip(replica.parameters(), master.parameters())), (
@@ -221,7 +233,8 @@ def test_replicas_train_like_one_device_on_the_whole_batch(replicas, num_devices
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
                     reason=f"nn.DataParallel needs 2 or more GPUs; {torch.cuda.device_count()} visible")
-def test_replicas_match_nn_data_parallel(replicas):
+def test_replicas_match_nn_data_parallel(replicas, monkeypatch):
+    use_reference(monkeypatch, replicas, "replicate", "scatter", "reduce_gradients")
     devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     batch_size = 8 * len(devices)  # even chunks: DataParallel's scatter and ours then agree exactly
     torch.manual_seed(0)
