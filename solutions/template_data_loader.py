@@ -11,7 +11,13 @@ same epoch), then keeps its own contiguous block of it:
     padded  0 1 2 3 4 5 6 7 8 9 0 1      (Task 1.2: a multiple of 4)
     rank 0: 0 1 2   rank 1: 3 4 5   rank 2: 6 7 8   rank 3: 9 0 1   (Task 1.3)
 
-Then Task 1.4 builds the train and test DataLoaders of one rank.
+Then Task 1.4 builds the train and test DataLoaders of one rank. For training, the same
+shard is taken of every global batch in turn (global_batch_size), so that step k trains on
+the k-th block of the epoch's order however many ranks there are. 8 samples, global batch 4:
+
+    1 rank:                   rank 0: 0 1 2 3 | 4 5 6 7        step 0 trains on {0 1 2 3}
+    2 ranks, whole epoch:     rank 0: 0 1 | 2 3   rank 1: 4 5 | 6 7    step 0: {0 1 4 5}
+    2 ranks, global batches:  rank 0: 0 1 | 4 5   rank 1: 2 3 | 6 7    step 0: {0 1 2 3}
 """
 import math
 
@@ -84,10 +90,19 @@ class DistributedSampler(Sampler):
     and the ranks' lengths differ by at most one. Use it for evaluation, where padded
     duplicates would count some test images twice.
     num_replicas and rank default to those of the initialised process group.
+
+    global_batch_size=None: rank r takes the r-th contiguous block of the whole epoch (the
+    seed's layout, as in the example at the top). A global_batch_size B, a multiple of
+    num_replicas: rank r takes the r-th block of each run of B consecutive indices in turn.
+    A DataLoader with batch_size B // num_replicas then loads, at step k, over all ranks,
+    exactly positions [k*B, (k+1)*B) of the epoch's order, whatever the number of ranks:
+    training on 1, 2 or 4 ranks sees the same global batches (PyTorch's sampler, which
+    hands out indices[rank::num_replicas], gives the same ones). With blocks of the whole
+    epoch, step k would mix num_replicas distant pieces of the order instead.
     """
 
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False, pad=True):
+                 drop_last=False, pad=True, global_batch_size=None):
         if num_replicas is None or rank is None:
             if not dist.is_initialized():
                 raise RuntimeError("DistributedSampler: no process group; pass num_replicas and rank, "
@@ -101,6 +116,9 @@ class DistributedSampler(Sampler):
         if drop_last and not pad:
             raise ValueError("DistributedSampler: pad=False keeps every sample exactly once, "
                              "so it cannot be combined with drop_last=True")
+        if global_batch_size is not None and (global_batch_size < 1 or global_batch_size % num_replicas):
+            raise ValueError(f"DistributedSampler: global_batch_size must be a positive multiple of "
+                             f"num_replicas ({num_replicas}), got {global_batch_size}")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
@@ -108,6 +126,7 @@ class DistributedSampler(Sampler):
         self.seed = seed
         self.drop_last = drop_last
         self.pad = pad
+        self.global_batch_size = global_batch_size
         self.epoch = 0
 
     def set_epoch(self, epoch):
@@ -118,7 +137,11 @@ class DistributedSampler(Sampler):
         indices = ordered_indices(len(self.dataset), self.shuffle, self.seed, self.epoch)
         if self.pad:
             indices = pad_or_drop(indices, self.num_replicas, self.drop_last)
-        return shard(indices, self.num_replicas, self.rank)
+        if self.global_batch_size is None:
+            return shard(indices, self.num_replicas, self.rank)
+        step = self.global_batch_size
+        return [i for start in range(0, len(indices), step)
+                for i in shard(indices[start:start + step], self.num_replicas, self.rank)]
 
     def __iter__(self):
         return iter(self._rank_indices())
@@ -134,8 +157,11 @@ def build_loaders(train_set, test_set, global_batch_size, rank, world_size, seed
     - The global batch is what the user chooses (the seed's 512); each rank loads
       global_batch_size // world_size samples a step, so the optimizer sees the same
       batch size however many ranks there are.
-    - Training: a shuffled, padded DistributedSampler with this seed, and drop_last=True
-      in the DataLoader, so every step of every rank has a full batch.
+    - Training: a shuffled DistributedSampler with this seed, drop_last=True and
+      global_batch_size=global_batch_size, and drop_last=True in the DataLoader. Then
+      every step of every rank has a full batch, and step k trains on the k-th global
+      batch of the epoch's order, the same on 1, 2 or 4 ranks: only the tail that does not
+      fill a global batch is left out (padding could add a step on some numbers of ranks).
     - Evaluation: an unshuffled DistributedSampler with pad=False, so every test image
       is counted exactly once over all ranks, in batches of the same per-rank size
       (the last one may be smaller).
@@ -151,7 +177,8 @@ def build_loaders(train_set, test_set, global_batch_size, rank, world_size, seed
     # --- Task 1.4 begin ---
     batch_size = global_batch_size // world_size
     pin_memory = torch.device(device).type == "cuda"
-    train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=seed)
+    train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True,
+                                       global_batch_size=global_batch_size)
     test_sampler = DistributedSampler(test_set, world_size, rank, shuffle=False, pad=False)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
                               num_workers=num_workers, pin_memory=pin_memory)

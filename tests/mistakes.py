@@ -192,6 +192,12 @@ MISTAKES = [
     Mistake("4.4", "parameters-only", "template_replicas.py",
             "        sources = list(master.parameters()) + list(master.buffers())",
             "        sources = list(master.parameters())", "buffers"),
+    # Task 1.4
+    Mistake("1.4", "blocks-of-the-whole-epoch", "template_data_loader.py",
+            "drop_last=True,\n                                       global_batch_size=global_batch_size)",
+            "drop_last=True)", "global_batch_size"),
+    Mistake("1.4", "padded-train-sampler", "template_data_loader.py",
+            "seed=seed, drop_last=True,\n", "seed=seed,\n", "drop_last=True in the training sampler"),
 ]
 
 

@@ -200,6 +200,29 @@ def test_unpadded_sampler_visits_every_sample_once(data_loader, monkeypatch):
             assert max(lengths) - min(lengths) <= 1, f"{T13}: pad=False: shard lengths differ by more than one: {lengths}"
 
 
+@pytest.mark.task1_3
+def test_global_batch_layout_gives_every_step_the_same_batch_on_any_number_of_ranks(data_loader, monkeypatch):
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop")
+    for n, global_batch in [(40, 8), (37, 8), (12, 12), (5, 4)]:
+        for world_size in [1, 2, 4]:
+            per_rank = global_batch // world_size
+            shards = []
+            for rank in range(world_size):
+                sampler = data_loader.DistributedSampler(range(n), world_size, rank, shuffle=True, seed=3,
+                                                         drop_last=True, global_batch_size=global_batch)
+                sampler.set_epoch(2)
+                shards.append(list(sampler))
+            steps = n // global_batch
+            # step k over all ranks, in rank order, against the k-th block of torch.randperm's order
+            got = [[i for s in shards for i in s[k * per_rank:(k + 1) * per_rank]] for k in range(steps)]
+            order = randperm(n, 3 + 2)
+            expected = [order[k * global_batch:(k + 1) * global_batch] for k in range(steps)]
+            assert got == expected, (
+                f"{T13}: with global_batch_size={global_batch}, {n} samples on {world_size} ranks: rank r takes "
+                f"the r-th block of every global batch (shard() of each run of {global_batch} indices); the "
+                f"steps' global batches should be {expected}, got {got}")
+
+
 def _default_sampler(rank, world_size, impl):
     data_loader = load(impl, "template_data_loader")
     sampler = data_loader.DistributedSampler(range(10), shuffle=False)
@@ -248,6 +271,29 @@ def test_each_rank_loads_its_share_of_the_global_batch(data_loader, monkeypatch)
         assert len(set(counts)) == 1, f"{T14}: every rank needs as many training steps, got {counts}"
         seen = {i for train, _ in ranks for batch in train for i in batch}
         assert len(seen) >= 18, f"{T14}: the ranks together should cover the training set, saw {sorted(seen)}"
+
+
+@pytest.mark.task1_4
+def test_every_step_trains_on_the_same_global_batch_on_any_number_of_ranks(data_loader, monkeypatch):
+    """Data parallelism is single-process training on the global batch only if the global
+    batches do not depend on the number of ranks."""
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
+    n, global_batch, seed, epoch = 37, 8, 1, 3
+    order = randperm(n, seed + epoch)  # the epoch's order, as PyTorch's DistributedSampler makes it
+    expected = [order[k * global_batch:(k + 1) * global_batch] for k in range(n // global_batch)]
+    for world_size in [1, 2, 4]:
+        ranks = _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=n, epoch=epoch, seed=seed)
+        steps = {len(train) for train, _ in ranks}
+        assert steps == {len(expected)}, (
+            f"{T14}: {n} samples in global batches of {global_batch} make {len(expected)} full steps on any number "
+            f"of ranks, but {world_size} ranks took {sorted(steps)}: the tail that does not fill a global batch is "
+            "left out (drop_last=True in the training sampler: padding adds a step on some numbers of ranks)")
+        got = [[i for train, _ in ranks for i in train[k]] for k in range(len(expected))]
+        assert got == expected, (
+            f"{T14}: on {world_size} ranks, step k must train on positions [k*{global_batch}, (k+1)*{global_batch}) "
+            f"of the epoch's order, as on one rank: {expected[:2]}..., got {got[:2]}... Give the training sampler "
+            "global_batch_size=global_batch_size, so each rank takes its slice of every global batch rather than "
+            "a block of the whole epoch")
 
 
 @pytest.mark.task1_4
