@@ -64,7 +64,7 @@ MISTAKES = [
             "    handle.wait()\n    return result", "    return result", "call handle.wait() before returning"),
     # Task 1.1
     Mistake("1.1", "epoch-not-in-seed", "template_data_loader.py",
-            "g.manual_seed(seed + epoch)", "g.manual_seed(seed)", "epoch"),
+            "g.manual_seed(seed + epoch)", "g.manual_seed(seed)", "left out of the seed"),
     Mistake("1.1", "seeded-by-rank", "template_data_loader.py",
             "g.manual_seed(seed + epoch)", "g.manual_seed(seed + epoch + dist.get_rank() if dist.is_initialized() else seed + epoch)",
             "same"),
@@ -198,6 +198,10 @@ MISTAKES = [
             "drop_last=True)", "global_batch_size"),
     Mistake("1.4", "padded-train-sampler", "template_data_loader.py",
             "seed=seed, drop_last=True,\n", "seed=seed,\n", "drop_last=True in the training sampler"),
+    # Task 1.1
+    Mistake("1.1", "no-seed", "template_data_loader.py",
+            "return torch.randperm(dataset_len, generator=g).tolist()", "return torch.randperm(dataset_len).tolist()",
+            "shards overlap"),
 ]
 
 

@@ -53,6 +53,15 @@ def test_shuffle_is_randperm_seeded_with_seed_plus_epoch(data_loader):
         for seed, epoch in [(0, 0), (0, 1), (7, 0), (7, 5)]:
             got = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
             assert isinstance(got, list), f"{T11}: return a list of ints (use .tolist()), got {type(got).__name__}"
+            if got != randperm(n, seed + epoch) and n > 1:
+                again = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
+                assert got == again, (
+                    f"{T11}: two calls with seed={seed} epoch={epoch} gave different orders: the shuffle is not "
+                    "seeded, so every rank draws its own permutation and the ranks' shards overlap (some samples "
+                    "trained on twice, others never): shuffle with a torch.Generator seeded with seed + epoch")
+                assert epoch == 0 or got != randperm(n, seed), (
+                    f"{T11}: seed={seed} epoch={epoch} gave the order of epoch 0: the epoch is left out of the "
+                    "seed, so every epoch visits the data in the same order; seed the generator with seed + epoch")
             assert got == randperm(n, seed + epoch), (
                 f"{T11}: with shuffle, n={n} seed={seed} epoch={epoch} must give "
                 f"torch.randperm(n, generator=g).tolist() with g.manual_seed(seed + epoch), exactly as "
