@@ -4,7 +4,7 @@
     python template_replicas.py --devices cpu,cpu,cpu --batch-size 50
     python template_replicas.py --devices cuda:0,cuda:1  # two GPUs, and nn.DataParallel too
     python -m solutions.template_replicas                # the same with the reference answers
-    pytest --impl template -m "task4_1 or task4_2 or task4_3 or task4_4"   # check your work
+    python check.py 4                                    # check your work (one task: python check.py 4.3)
 
 No process group and no torchrun: one Python process holds a master copy of the model
 on the CPU and one replica of it on each device of a list. A device may appear several

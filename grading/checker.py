@@ -444,10 +444,14 @@ def _stuck_ranks(text):
     return lines
 
 
-def _shorten(text, limit=400):
-    """At most `limit` characters, cut at a sentence end when there is one."""
+def _shorten(text, limit=1500):
+    """The sentences whole, the values short: they carry the hint, and check.py wraps them.
+
+    A long run of data (a list or a tensor's values, over 80 characters) keeps its start.
+    Only a text still longer than `limit` is cut, after a whole sentence."""
+    text = re.sub(r"\[[\[\]\d\s,.+\-e]{80,}\]", lambda m: m[0][:60].rstrip(", ") + ", ...]", text)
     if len(text) <= limit:
         return text
     cut = text[:limit]
-    end = max(cut.rfind(". "), cut.rfind(": "))
+    end = cut.rfind(". ")
     return (cut[:end + 1] if end > limit // 2 else cut.rstrip()) + " ..."

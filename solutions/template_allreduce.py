@@ -1,6 +1,6 @@
 """Task 3: all-reduce by hand, from dist.send and dist.recv.
 
-    pytest --impl template -m "task3_1 or task3_2"                        # check your work
+    python check.py 3                                                       # check your work (one task: 3.2)
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring  # train with yours
     torchrun --standalone --nproc_per_node=4 benchmarks/allreduce_bench.py  # what each costs
 

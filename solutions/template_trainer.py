@@ -1,7 +1,7 @@
 """Task 2: keep the replicas in sync.
 
     torchrun --standalone --nproc_per_node=2 train_ddp.py     # trains with these functions
-    pytest --impl template -m "task2_1 or task2_2 or task2_3"  # check your work
+    python check.py 2                                         # check your work (one task: python check.py 2.2)
 
 Every rank holds a full copy of the model and trains it on its own slice of each batch.
 Three collectives keep the copies identical, and they are your tasks:
