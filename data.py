@@ -60,9 +60,20 @@ def _load_cifar10(root, download):
     """((train, test), None) if CIFAR-10 can be read from root, else (None, why not)."""
     old_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(30)  # offline, fail in seconds rather than hang
+    missing = []  # the folders a download would create, deepest first
+    folder = os.path.abspath(root)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        missing.append(folder)
+        folder = os.path.dirname(folder)
     try:
         return cifar10(root, download=download), None
     except Exception as error:  # no data, a corrupted archive, no network: all mean "not available"
+        for folder in missing:  # a failed download leaves no empty folders behind
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (something was written there) or never made
+                if os.path.exists(folder):
+                    break
         return None, f"{type(error).__name__}: {error}"
     finally:
         socket.setdefaulttimeout(old_timeout)

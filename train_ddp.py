@@ -19,6 +19,7 @@ import datetime
 import importlib
 import os
 import re
+import signal
 import sys
 import time
 
@@ -31,6 +32,7 @@ from data import get_datasets
 from models import CNN
 
 TASK_FILES = ["template_data_loader.py", "template_trainer.py"]
+PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
 
 
 def parse_args(argv=None):
@@ -69,17 +71,49 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def unfilled_task(impl, files=TASK_FILES):
-    """The first 'Task X.Y' whose TODO still raises NotImplementedError, or None."""
+def unfilled_task(impl, files=TASK_FILES, root=None):
+    """The first 'Task X.Y' whose TODO still raises NotImplementedError, or None. `files`:
+    file names, or (file name, function) where training uses only that function of the file."""
     if impl != "template":
         return None
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = root or os.path.dirname(os.path.abspath(__file__))
     for name in files:
-        with open(os.path.join(here, name)) as f:
-            found = re.search(r'raise NotImplementedError\("(Task \d+\.\d+)', f.read())
+        name, function = name if isinstance(name, tuple) else (name, None)
+        with open(os.path.join(root, name)) as f:
+            text = f.read()
+        if function:  # from its def to the next top-level def
+            text = re.split(r"\n(?=def |class )", text[text.index(f"\ndef {function}(") + 1:])[0]
+        found = re.search(r'raise NotImplementedError\("(Task \d+\.\d+)', text)
         if found:
             return found.group(1), name
     return None
+
+
+def stop_on_interrupt(signum, frame):
+    """Ctrl-C (SIGINT), or SIGTERM from torchrun or SLURM passing one on: one line, exit code 130.
+
+    Exits at once, without unwinding: a traceback per rank would bury the line, and leaving
+    the process group politely can wait on ranks that are already gone."""
+    tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+    where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
+    sys.stdout.flush()
+    os.write(2, f"{tag}interrupted at {where}\n".encode())  # one write: the ranks' lines do not interleave
+    os._exit(130)
+
+
+class Counted:
+    """The training loader, counting the steps of the epoch for PROGRESS."""
+
+    def __init__(self, loader):
+        self.loader, self.sampler = loader, loader.sampler
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for step, batch in enumerate(self.loader, 1):
+            PROGRESS["step"] = step
+            yield batch
 
 
 def first_n(dataset, n):
@@ -130,10 +164,13 @@ def replicas_identical(model):
 
 
 def main(args):
+    if args.epochs < 1:
+        raise ValueError(f"--epochs {args.epochs}: train for at least one epoch")
     if args.impl == "ddp" and args.allreduce != "torch":
         raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                          "averages inside DistributedDataParallel: use --impl template or solutions")
-    task = unfilled_task(args.impl, TASK_FILES + (["template_allreduce.py"] if args.allreduce != "torch" else []))
+    needed = [("template_allreduce.py", f"{args.allreduce}_all_reduce")] if args.allreduce != "torch" else []
+    task = unfilled_task(args.impl, TASK_FILES + needed)
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -165,6 +202,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     else:
         train_loader, test_loader = loader_lib.build_loaders(train_set, test_set, args.batch_size, rank,
                                                              world_size, args.seed, workers, device)
+    if len(train_loader) == 0:  # every rank has as many steps, so every rank stops here
+        raise ValueError(f"{len(train_set)} training images do not fill one global batch of {args.batch_size}: "
+                         "use more --train-samples or a smaller --batch-size")
 
     # Each rank seeds differently on purpose: only the broadcast (Task 2.1) or DDP's own
     # broadcast makes the replicas start equal, so forgetting it shows.
@@ -187,7 +227,8 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     rows = []
     for epoch in range(1, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-        stats = trainer.train_one_epoch(model, train_loader, optimizer, device, sync_gradients, epoch)
+        PROGRESS.update(epoch=epoch, step=0)
+        stats = trainer.train_one_epoch(model, Counted(train_loader), optimizer, device, sync_gradients, epoch)
         # the global training loss, from the same reduction as the evaluation counts
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)
@@ -221,6 +262,8 @@ def write_metrics(path, rows):
 
 if __name__ == "__main__":
     args = parse_args()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_on_interrupt)
     try:
         sys.exit(main(args))
     except ValueError as error:  # a setting that cannot work: one line, not a traceback

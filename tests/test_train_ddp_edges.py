@@ -1,0 +1,112 @@
+"""train_ddp.py at its edges: what a user who stops it, or feeds it settings that train nothing, sees.
+
+    pytest tests/test_train_ddp_edges.py           # the quick ones
+    pytest -m slow tests/test_train_ddp_edges.py   # Ctrl-C, with a real signal to real processes
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import data
+import train_ddp
+
+pytestmark = pytest.mark.repo  # the course's own script, not a student's task
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = ["--impl", "solutions", "--data", "synthetic", "--test-samples", "100"]
+
+
+def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
+    """--allreduce ring with Task 3.2 done and 3.1 not yet must train (ring needs only 3.2)."""
+    ring = train_ddp.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
+    naive = train_ddp.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
+    assert (ring[0], naive[0]) == ("Task 3.2", "Task 3.1"), (ring, naive)
+    with open(os.path.join(REPO, "template_allreduce.py")) as f:
+        template = f.read()
+    with open(os.path.join(REPO, "solutions", "template_allreduce.py")) as f:
+        solution = f.read()
+    ring_done = template[:template.index("\ndef ring_all_reduce(")] + solution[solution.index("\ndef ring_all_reduce("):]
+    (tmp_path / "template_allreduce.py").write_text(ring_done)
+    assert train_ddp.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path)) is None
+    assert train_ddp.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")],
+                                   root=str(tmp_path))[0] == "Task 3.1"
+
+
+@pytest.mark.parametrize("epochs", ["0", "-1"])
+def test_no_epochs_is_an_error(epochs):
+    with pytest.raises(ValueError, match=f"--epochs {epochs}: train for at least one epoch"):
+        train_ddp.main(train_ddp.parse_args(QUICK + ["--epochs", epochs]))
+
+
+@pytest.mark.slow  # about 5 s: a real run of the script
+def test_fewer_samples_than_one_global_batch_is_one_line_and_an_error():
+    proc = subprocess.run([sys.executable, "train_ddp.py", *QUICK, "--train-samples", "100", "--epochs", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "error: 100 training images do not fill one global batch of 512" in proc.stderr, out
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in out, out
+
+
+def test_a_failed_download_leaves_no_folders(tmp_path, monkeypatch):
+    from torchvision.datasets import CIFAR10
+
+    monkeypatch.setattr(CIFAR10, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # refused at once
+    root = tmp_path / "nonexistent" / "deep" / "dir"
+    sets, problem = data._load_cifar10(str(root), download=True)
+    assert sets is None and problem
+    assert not (tmp_path / "nonexistent").exists(), "a failed download must not leave the folders it made"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    data._load_cifar10(str(kept), download=True)
+    assert kept.is_dir(), "a folder that was there before stays"
+
+
+def _interrupt(command, signum):
+    """Start training, send `signum` to the whole process group (what Ctrl-C in a terminal does)
+    once it trains, and return (exit code, output)."""
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines.append(proc.stdout.readline())
+            if "steps/epoch=" in lines[-1] or not lines[-1]:
+                break
+        time.sleep(2)  # inside the first epoch
+        os.killpg(proc.pid, signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, "".join(lines) + out
+
+
+TRAIN = ["train_ddp.py", *QUICK, "--train-samples", "20000", "--batch-size", "64", "--epochs", "3"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_and_exits_130():
+    code, out = _interrupt([sys.executable, *TRAIN], signal.SIGINT)
+    assert code == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    stopped = [line for line in out.splitlines() if "interrupted at" in line]
+    assert len(stopped) == 1 and stopped[0].startswith("interrupted at epoch 1 step "), out
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_rank_prints_one_line():
+    """torchrun passes the signal on to its workers; its own SignalException traceback is torchrun's."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    code, out = _interrupt(launch + TRAIN, signal.SIGINT)
+    assert code != 0, out
+    for rank in (0, 1):
+        mine = [line for line in out.splitlines() if f"[rank {rank}]" in line or f"[rank{rank}]" in line]
+        assert len(mine) == 1 and f"[rank {rank}] interrupted at epoch 1 step " in mine[0], out
+    assert "KeyboardInterrupt" not in out, out
