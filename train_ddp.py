@@ -33,6 +33,7 @@ from models import CNN
 
 TASK_FILES = ["template_data_loader.py", "template_trainer.py"]
 PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
+MAIN_PID = os.getpid()  # DataLoader workers are forked from this process, signal handlers and all
 
 
 def parse_args(argv=None):
@@ -94,6 +95,8 @@ def stop_on_interrupt(signum, frame):
 
     Exits at once, without unwinding: a traceback per rank would bury the line, and leaving
     the process group politely can wait on ranks that are already gone."""
+    if os.getpid() != MAIN_PID:  # a DataLoader worker: it stops quietly, as PyTorch's workers do
+        raise KeyboardInterrupt
     tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
     sys.stdout.flush()

@@ -93,7 +93,7 @@ TRAIN = ["train_ddp.py", *QUICK, "--train-samples", "20000", "--batch-size", "64
 
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_exits_130():
-    code, out = _interrupt([sys.executable, *TRAIN], signal.SIGINT)
+    code, out = _interrupt([sys.executable, *TRAIN, "--workers", "2"], signal.SIGINT)  # workers get it too
     assert code == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     stopped = [line for line in out.splitlines() if "interrupted at" in line]
