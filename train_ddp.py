@@ -124,8 +124,11 @@ def first_n(dataset, n):
 
 
 def ddp_loaders(train_set, test_set, batch_size, rank, world_size, seed, workers, device, reference):
-    """Loaders for --impl ddp: PyTorch's DistributedSampler for training. Evaluation keeps
-    the unpadded sampler, because PyTorch's pads the test set and counts some images twice."""
+    """Loaders for --impl ddp: PyTorch's DistributedSampler for training. It hands rank r the
+    indices [r::world_size] of the epoch's order, so step k trains, over all ranks, on positions
+    [k*B, (k+1)*B) of it: the same global batches as build_loaders gives (unless padding adds a
+    step). Evaluation keeps the unpadded sampler, because PyTorch's pads the test set and
+    counts some images twice."""
     from torch.utils.data import DistributedSampler
 
     pin_memory = device.type == "cuda"
