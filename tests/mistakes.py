@@ -189,7 +189,7 @@ MISTAKES = [
             "    return sum(rank_tensor(rank) for rank in range(world_size))",
             "    return sum(rank_tensor(rank) for rank in range(world_size)).float()", "integer"),
     # Task 4.4
-    Mistake("4.4", "parameters-only", "template_replicas.py",
+    Mistake("4.4", "copies-parameters-only", "template_replicas.py",
             "        sources = list(master.parameters()) + list(master.buffers())",
             "        sources = list(master.parameters())", "buffers"),
     # Task 1.4
