@@ -87,7 +87,7 @@ def broadcast_parameters(model, src=0):
     """
     # --- Task 2.1 begin ---
     # TODO Task 2.1: dist.broadcast every parameter and buffer from rank src
-    raise NotImplementedError("Task 2.1: broadcast_parameters() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.1: broadcast_parameters() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.1 end ---
 
 
@@ -104,7 +104,7 @@ def average_gradients(model):
     """
     # --- Task 2.2 begin ---
     # TODO Task 2.2: dist.all_reduce every gradient with SUM, then divide by the world size
-    raise NotImplementedError("Task 2.2: average_gradients() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.2: average_gradients() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.2 end ---
 
 
@@ -119,7 +119,7 @@ def reduce_metrics(correct, total, loss_sum, device="cpu"):
     """
     # --- Task 2.3 begin ---
     # TODO Task 2.3: one dist.all_reduce of the three numbers, so every rank gets the sums
-    raise NotImplementedError("Task 2.3: reduce_metrics() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.3: reduce_metrics() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.3 end ---
 
 

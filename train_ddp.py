@@ -5,7 +5,7 @@
     torchrun --standalone --nproc_per_node=gpu train_ddp.py   # one process per GPU (NCCL)
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
-    sbatch submit.sh                                          # several nodes under SLURM (README)
+    sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
 the reference answers in solutions/, and --impl ddp with PyTorch's own
