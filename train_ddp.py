@@ -19,6 +19,7 @@ import datetime
 import importlib
 import os
 import re
+import runpy
 import sys
 import time
 
@@ -66,6 +67,8 @@ def parse_args(argv=None):
                         "how long a hang lasts (default: 300)")
     parser.add_argument("--metrics", default="runs/metrics.csv",
                         help="CSV file that rank 0 writes the per-epoch figures to (default: runs/metrics.csv)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
     return parser.parse_args(argv)
 
 
@@ -204,6 +207,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
 
+    if rank == 0 and args.metrics and rows and not args.no_plot:
+        print0(write_plot(args.metrics, rows, f"--impl {args.impl} --allreduce {args.allreduce}, {data_name}, "
+                                              f"{world_size} rank(s), global batch {args.batch_size}"))
     same = replicas_identical(model)
     print0(f"ranks consistent: all {world_size} ranks hold bit-identical parameters" if same else
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
@@ -217,6 +223,18 @@ def write_metrics(path, rows):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def write_plot(metrics_path, rows, title):
+    """Draw the run beside its CSV (same name, .png) with tools/plot_runs.py, which also overlays
+    several runs. matplotlib is imported only here: a run without it still trains."""
+    path = os.path.splitext(metrics_path)[0] + ".png"
+    try:
+        plot_runs = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "plot_runs.py"))
+        plot_runs["plot_runs"]([{key: [row[key] for row in rows] for key in rows[0]}], [""], path, title)
+    except ImportError as error:
+        return f"no plot ({error}): pip install matplotlib, or pass --no-plot"
+    return f"plot: {path}"
 
 
 if __name__ == "__main__":

@@ -22,33 +22,48 @@ from glob import glob
 
 import pytest
 
-# Commands that are not run here, with the reason. A key matches a command equal to it or
-# starting with it and a space (after `VAR=value` prefixes and `&&` splits).
+# Commands that are not run here, with the reason. A key matches the command it equals (after
+# `&&` splits, comments dropped); a key ending in " *" matches every command that starts with
+# what comes before the star.
 NOT_RUN = {
-    "pip install": "installs packages: the environment is already set up (CI installs requirements.txt)",
-    "pytest": "the test suite itself: CI runs `pytest` and `pytest -m slow` (.ci/run)",
-    "python check.py": "runs the whole suite on the templates: the same tests as the default `pytest` run",
-    "python check.py 0": "one task group: the same tests as the default `pytest` run; `python check.py 2.3` runs here",
-    "python check.py 1": "one task group: as above",
-    "python check.py 2": "one task group: as above",
-    "python check.py 3": "one task group: as above",
-    "python check.py 4": "one task group: as above",
-    "python check.py 3.1": "one task: as above",
-    "python check.py 3.2": "one task: as above",
-    "python check.py -v 2.3": "the same as `python check.py 2.3`, with pytest's output",
-    "python grading/grade.py": "needs a folder of student submissions; `pytest -m grading` grades prepared ones",
-    "torchrun --standalone --nproc_per_node=gpu": "needs GPUs (NCCL)",
+    "pip install *": "installs packages: the environment is already set up (CI installs requirements.txt)",
+    "pytest *": "the test suite itself: CI runs `pytest` and `pytest -m slow` (.ci/run)",
+    "python check.py": "all tasks: the same tests as the default `pytest` run; `python check.py 1.2` runs here",
+    "python check.py 0": "one part: the same tests as the default `pytest` run; `python check.py 1.2` runs here",
+    "python check.py 1": "as `python check.py 0`",
+    "python check.py 2": "as `python check.py 0`",
+    "python check.py 3": "as `python check.py 0`",
+    "python check.py 4": "as `python check.py 0`",
+    "python check.py 0.1": "one task: as `python check.py 1.2`, which runs here",
+    "python check.py 2.3": "one task: as `python check.py 1.2`, which runs here",
+    "python check.py 3.1": "one task: as `python check.py 1.2`, which runs here",
+    "python check.py 3.2": "one task: as `python check.py 1.2`, which runs here",
+    "python check.py -v 2.3": "one task with pytest's output: as `python check.py 1.2`, which runs here",
+    "python grading/grade.py *": "needs a folder of student submissions; `pytest -m grading` grades prepared ones",
+    "torchrun --standalone --nproc_per_node=gpu *": "needs GPUs (NCCL)",
     "python -m solutions.template_replicas --devices cuda:0,cuda:1": "needs two GPUs",
-    "sbatch": "needs a SLURM cluster; tests/test_launch.py submits submit.sh to the test cluster (pytest -m slurm)",
-    "NPROC_PER_NODE=8 sbatch": "needs a SLURM cluster with a CPU partition",
-    "squeue": "needs a SLURM cluster",
-    "tail -f": "follows a SLURM job's log",
-    "scancel": "needs a SLURM cluster",
-    "export": "sets variables for a multi-node NCCL or gloo job",
-    "apt-get install": "installs system packages as root (.ci/run does it in CI)",
-    "tools/slurm_test_cluster.sh": "starts SLURM daemons as root (.ci/run does it in CI)",
+    "sbatch *": "needs a SLURM cluster; tests/test_launch.py submits submit.sh to the test cluster (pytest -m slurm)",
+    "NPROC_PER_NODE=8 sbatch *": "needs a SLURM cluster with a CPU partition",
+    "squeue *": "needs a SLURM cluster",
+    "tail -f *": "follows a SLURM job's log",
+    "scancel *": "needs a SLURM cluster",
+    "export *": "sets variables for a multi-node NCCL or gloo job",
+    "apt-get install *": "installs system packages as root (.ci/run does it in CI)",
+    "tools/slurm_test_cluster.sh *": "starts SLURM daemons as root (.ci/run does it in CI)",
     "torchrun --standalone --nproc_per_node=4 benchmarks/allreduce_bench.py":
         "4 ranks on 2 cores for minutes: the 2-rank form runs here",
+    "torchrun --standalone --nproc_per_node=4 train_ddp.py":
+        "4 processes on the 2-core test machine: the 2-process form runs here",
+    # run by other tests already; running them again here would cost the slow run a minute
+    "torchrun --standalone --nproc_per_node=2 template_collectives.py":
+        "tests/test_collectives.py runs the warm-up under torchrun, and every section on 1, 2 and 3 ranks",
+    "torchrun --standalone --nproc_per_node=3 template_collectives.py": "as the 2-rank warm-up",
+    "python template_collectives.py": "as the 2-rank warm-up",
+    "torchrun --standalone --nproc_per_node=2 solutions/template_collectives.py": "as the 2-rank warm-up",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring":
+        "tests/test_allreduce.py trains through train_ddp.py's --allreduce naive|ring path on 2 ranks",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
+        "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.
@@ -126,26 +141,34 @@ def blocks(page):
         yield match.group(1), match.group(2).strip(), match.group(3), text[:match.start()].count("\n") + 2
 
 
+def block_commands(page, body, first):
+    """The commands of a bash block, one per line and per `&&`, comments dropped."""
+    for number, line in enumerate(body.replace("\\\n", " ").splitlines(), first):
+        tokens = shlex.split(line, comments=True)
+        while tokens:
+            head, tokens = (tokens[:tokens.index("&&")], tokens[tokens.index("&&") + 1:]) if "&&" in tokens \
+                else (tokens, [])
+            yield Command(page, number, head)
+
+
 def commands(page):
     for lang, _, body, first in blocks(page):
-        if lang not in ("bash", "sh", "shell", "console"):
-            continue
-        assert lang == "bash", f"{page}:{first}: write shell commands in ```bash blocks"
-        lines = body.replace("\\\n", " ").splitlines()
-        for number, line in enumerate(lines, first):
-            tokens = shlex.split(line, comments=True)
-            while tokens:
-                head, tokens = (tokens[:tokens.index("&&")], tokens[tokens.index("&&") + 1:]) if "&&" in tokens \
-                    else (tokens, [])
-                yield Command(page, number, head)
+        if lang in ("sh", "shell", "console"):
+            raise AssertionError(f"{page}:{first}: write shell commands in ```bash blocks")
+        if lang == "bash":
+            yield from block_commands(page, body, first)
 
 
 ALL = [c for page in PAGES for c in commands(page)]
 
 
+def matches(key, command):
+    return command.text == key or key.endswith(" *") and (command.text + " ").startswith(key[:-1])
+
+
 def not_run_reason(command):
     for key, reason in NOT_RUN.items():
-        if command.text == key or command.text.startswith(key + " "):
+        if matches(key, command):
             return reason
     return None
 
@@ -302,7 +325,7 @@ def test_command_is_run_or_listed_and_its_flags_exist(command):
 
 
 def test_not_run_and_quick_have_no_stale_entries():
-    unused = [key for key in NOT_RUN if not any(c.text == key or c.text.startswith(key + " ") for c in ALL)]
+    unused = [key for key in NOT_RUN if not any(matches(key, c) for c in ALL)]
     assert not unused, f"NOT_RUN entries that match no command in the docs: {unused}"
     scripts = {script_of(c)[0] for c in ALL if script_of(c)}
     assert set(QUICK) <= scripts, f"QUICK entries for scripts no command runs: {set(QUICK) - scripts}"
@@ -358,3 +381,80 @@ def test_readme_table_agrees_with_markers_and_fences():
         assert re.search(rf"\(docs/task{task}-[\w-]+\.md\)", page), f"{part}: Page {page} is not docs/task{task}-*.md"
         assert check == f"`python check.py {task}`", f"{part}: Check is {check}"
     assert "Training" in rows, "README.md's course table lost its Training row"
+
+
+# ---------------------------------------------------------------------------- running the commands
+
+
+@pytest.fixture(scope="module")
+def course_copy(tmp_path_factory):
+    """The files git knows (no venv, no data, no runs) in a temporary folder, with the reference
+    answers in place of the template_*.py files, so that the commands a student runs on a
+    finished template run here on a fresh clone."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    dest = tmp_path_factory.mktemp("course")
+    for name in filter(None, listed.stdout.split("\0")):
+        if os.path.isfile(os.path.join(REPO, name)):
+            os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
+            shutil.copy2(os.path.join(REPO, name), os.path.join(dest, name))
+    for path in glob(os.path.join(dest, "solutions", "template_*.py")):
+        shutil.copy2(path, os.path.join(dest, os.path.basename(path)))
+    return str(dest)
+
+
+def argv_of(command):
+    """The command as it runs here: this Python, torchrun as a module, QUICK's arguments added."""
+    path, args, _ = script_of(command)
+    words = command.words
+    head = [sys.executable, "-m", "torch.distributed.run"] if words[0] == "torchrun" else [sys.executable]
+    return head + words[1:] + QUICK.get(path, [])
+
+
+def run_in(cwd, argv, env, what, timeout=120):
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} did not finish within {timeout} s; its output:\n{out[-3000:]}")
+    assert proc.returncode == 0, f"{what} exited with {proc.returncode}:\n{out[-3000:]}"
+
+
+ALREADY_RUN = set()  # over all pages: a command shown on several pages runs once
+
+
+def same_run(argv):
+    """What makes two runs differ: for train_ddp.py its parsed arguments (the last of a repeated
+    flag wins, and --impl template is the reference answers in the copy), else the words."""
+    if "train_ddp.py" not in argv or "--help" in argv or "-h" in argv:
+        return tuple(argv)
+    i = argv.index("train_ddp.py")
+    import train_ddp
+    args = vars(train_ddp.parse_args(argv[i + 1:]))
+    args["impl"] = "solutions" if args["impl"] == "template" else args["impl"]
+    return tuple(argv[:i]) + tuple(sorted(args.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("page", PAGES)
+def test_runnable_commands_and_python_blocks_run(page, course_copy):
+    """In document order, so a python block can read what a command above it wrote."""
+    for lang, info, body, first in blocks(page):
+        if lang == "python" and info == "run":
+            script = os.path.join(course_copy, "docs_block.py")
+            with open(script, "w") as f:
+                f.write(body)
+            run_in(course_copy, [sys.executable, script], {}, f"{page}:{first}: the python block")
+        elif lang == "bash":
+            for command in block_commands(page, body, first):
+                argv = argv_of(command) if runnable(command) else None
+                if argv and same_run(argv) not in ALREADY_RUN:
+                    ALREADY_RUN.add(same_run(argv))
+                    env = dict(token.split("=", 1) for token in command.tokens[:len(command.tokens) - len(command.words)])
+                    run_in(course_copy, argv, env, f"{command} (run as {' '.join(argv[1:])})")
