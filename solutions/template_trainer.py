@@ -143,7 +143,7 @@ def progress_bar(loader, epoch):
     except ImportError:
         return None
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    images_per_step = (loader.batch_size or 1) * world_size
+    images_per_step = (loader.batch_size or 1) * world_size  # the bar counts steps, unit_scale shows images
     return tqdm(total=len(loader), desc=f"epoch {epoch}", unit="img", unit_scale=images_per_step, leave=False)
 
 
