@@ -28,17 +28,8 @@ import pytest
 NOT_RUN = {
     "pip install *": "installs packages: the environment is already set up (CI installs requirements.txt)",
     "pytest *": "the test suite itself: CI runs `pytest` and `pytest -m slow` (.ci/run)",
-    "python check.py": "all tasks: the same tests as the default `pytest` run; `python check.py 1.2` runs here",
-    "python check.py 0": "one part: the same tests as the default `pytest` run; `python check.py 1.2` runs here",
-    "python check.py 1": "as `python check.py 0`",
-    "python check.py 2": "as `python check.py 0`",
-    "python check.py 3": "as `python check.py 0`",
-    "python check.py 4": "as `python check.py 0`",
-    "python check.py 0.1": "one task: as `python check.py 1.2`, which runs here",
-    "python check.py 2.3": "one task: as `python check.py 1.2`, which runs here",
-    "python check.py 3.1": "one task: as `python check.py 1.2`, which runs here",
-    "python check.py 3.2": "one task: as `python check.py 1.2`, which runs here",
-    "python check.py -v 2.3": "one task with pytest's output: as `python check.py 1.2`, which runs here",
+    "python check.py *": "runs the task's tests, which the default `pytest` run runs on the solutions; "
+                         "`pytest -m grading` runs check.py itself on prepared submissions",
     "python grading/grade.py *": "needs a folder of student submissions; `pytest -m grading` grades prepared ones",
     "torchrun --standalone --nproc_per_node=gpu *": "needs GPUs (NCCL)",
     "python -m solutions.template_replicas --devices cuda:0,cuda:1": "needs two GPUs",
@@ -72,6 +63,10 @@ QUICK = {
     "benchmarks/allreduce_bench.py": ["--max-size", "16KB", "--warmup", "1", "--repeats", "2"],
     "template_replicas.py": ["--steps", "2"],
 }
+
+# Pages of Phase 2 that other pages may link to before they land. Empty it once they exist:
+# a link to a page not listed here, or listed and still missing after it is emptied, fails.
+PLANNED = {"docs/task5-ddp.md", "docs/task7-fsdp.md", "docs/task8-checkpoints.md"}
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob(os.path.join(REPO, "docs", "*.md")))
@@ -204,6 +199,8 @@ def test_links_and_images_resolve(page):
             continue  # http:, https:, mailto:
         path, _, anchor = target.partition("#")
         resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if resolved in PLANNED and not os.path.exists(os.path.join(REPO, resolved)):
+            continue  # announced, not written yet
         if not os.path.exists(os.path.join(REPO, resolved)):
             broken.append(f"{target} ({resolved} does not exist)")
         elif anchor and resolved.endswith(".md") and anchor not in anchors(resolved):
