@@ -219,6 +219,16 @@ def test_every_page_is_linked_from_the_readme_or_another_page():
     assert not orphans, f"no page links to {orphans}: add them to README.md"
 
 
+@pytest.mark.parametrize("page", PAGES[1:])
+def test_page_says_what_it_teaches_and_ends_with_its_check_and_what_comes_next(page):
+    text = read(page).strip()
+    paragraphs = text.split("\n\n")
+    assert paragraphs[0].startswith("# ") and paragraphs[1].startswith("After this page you can"), (
+        f"{page}: start with the title, then 'After this page you can ...'")
+    assert re.search(r"^## Check\n\n```bash\n", text, re.M), f"{page}: end with '## Check' and its command in a bash block"
+    assert re.match(r"Next: .*\]\([^)]+\)", text.splitlines()[-1]), f"{page}: the last line is 'Next: [page](link)'"
+
+
 # ---------------------------------------------------------------------------- static checks of the commands
 
 
