@@ -52,7 +52,7 @@ def next_step(results, impl, everything):
             return "nothing: the reference solutions pass." if everything else "`python check.py --impl solutions` checks every task."
         if everything:
             return ("every task passes. Train with your own code: torchrun --standalone --nproc_per_node=2 "
-                    "train_ddp.py (README: Training)")
+                    "train_ddp.py (docs/training.md)")
         return "these pass; `python check.py` checks every task."
     first = todo[0]
     task = first.task

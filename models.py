@@ -8,7 +8,7 @@ There is no BatchNorm on purpose. BatchNorm normalises with the statistics of th
 batch it sees, and under data parallelism each rank sees only its own slice of the
 global batch, so the model would compute something different from single-process
 training on the whole batch; its running statistics (buffers, not parameters) would
-also drift apart between ranks. The README explains the two fixes (SyncBatchNorm, or
+also drift apart between ranks. docs/training.md explains the two fixes (SyncBatchNorm, or
 broadcasting buffers). Without it, data-parallel training here is exactly single-process
 training on the global batch, which is what the tests check.
 """

@@ -7,7 +7,7 @@
 #   NPROC_PER_NODE=8 sbatch --gpus-per-node=0 --cpus-per-task=8 --partition=cpu submit.sh   # CPUs (gloo)
 #
 # Run sbatch from the repository folder: the job starts there and runs ./train_ddp.py.
-# The log is slurm-<jobid>.out in that folder. README.md, "Running on a cluster", explains
+# The log is slurm-<jobid>.out in that folder. docs/clusters.md explains
 # every setting below and what to do when a run fails.
 #
 # Every #SBATCH line is a default: an option given to sbatch, or its SBATCH_* environment
@@ -93,7 +93,7 @@ srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-b
 
 if [[ $status != 0 ]]; then
     echo "submit.sh: training failed with exit code $status: the first error above is the cause" \
-        "(README.md, 'Running on a cluster', lists the common ones)" >&2
+        "(docs/clusters.md lists the common ones)" >&2
     exit "$status"
 fi
 echo "submit.sh: job $SLURM_JOB_ID finished"

@@ -34,7 +34,7 @@ def naive_all_reduce(tensor):
     """
     # --- Task 3.1 begin ---
     # TODO Task 3.1: every rank sends its tensor to rank 0, which sums on the CPU and sends the sum back
-    raise NotImplementedError("Task 3.1: naive_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    raise NotImplementedError("Task 3.1: naive_all_reduce() in template_allreduce.py is not done yet (docs/task3-allreduce.md)")
     # --- Task 3.1 end ---
 
 
@@ -71,5 +71,5 @@ def ring_all_reduce(tensor):
     """
     # --- Task 3.2 begin ---
     # TODO Task 3.2: N-1 reduce-scatter steps, then N-1 all-gather steps, one exchange() each
-    raise NotImplementedError("Task 3.2: ring_all_reduce() in template_allreduce.py is not done yet (README: Task 3)")
+    raise NotImplementedError("Task 3.2: ring_all_reduce() in template_allreduce.py is not done yet (docs/task3-allreduce.md)")
     # --- Task 3.2 end ---

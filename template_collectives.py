@@ -157,7 +157,7 @@ def predict_all_reduce(world_size):
     """
     # --- Task 0.1 begin ---
     # TODO Task 0.1: the sum of rank_tensor(rank) over every rank, computed here without communicating
-    raise NotImplementedError("Task 0.1: predict_all_reduce() in template_collectives.py is not done yet (README: Task 0)")
+    raise NotImplementedError("Task 0.1: predict_all_reduce() in template_collectives.py is not done yet (docs/task0-collectives.md)")
     # --- Task 0.1 end ---
 
 
@@ -171,7 +171,7 @@ def all_gather_tensors(tensor):
     """
     # --- Task 0.2 begin ---
     # TODO Task 0.2: a list of one new tensor per rank, dist.all_gather into it, then torch.stack
-    raise NotImplementedError("Task 0.2: all_gather_tensors() in template_collectives.py is not done yet (README: Task 0)")
+    raise NotImplementedError("Task 0.2: all_gather_tensors() in template_collectives.py is not done yet (docs/task0-collectives.md)")
     # --- Task 0.2 end ---
 
 
@@ -186,7 +186,7 @@ def overlapped_all_reduce(tensor, compute):
     """
     # --- Task 0.3 begin ---
     # TODO Task 0.3: dist.all_reduce with async_op=True, then compute(), then handle.wait()
-    raise NotImplementedError("Task 0.3: overlapped_all_reduce() in template_collectives.py is not done yet (README: Task 0)")
+    raise NotImplementedError("Task 0.3: overlapped_all_reduce() in template_collectives.py is not done yet (docs/task0-collectives.md)")
     # --- Task 0.3 end ---
 
 

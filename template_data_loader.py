@@ -37,7 +37,7 @@ def ordered_indices(dataset_len, shuffle, seed, epoch):
     """
     # --- Task 1.1 begin ---
     # TODO Task 1.1: the same order on every rank; shuffled with a generator seeded by seed + epoch
-    raise NotImplementedError("Task 1.1: ordered_indices() in template_data_loader.py is not done yet (README: Task 1)")
+    raise NotImplementedError("Task 1.1: ordered_indices() in template_data_loader.py is not done yet (docs/task1-sampler.md)")
     # --- Task 1.1 end ---
 
 
@@ -53,7 +53,7 @@ def pad_or_drop(indices, num_replicas, drop_last):
     """
     # --- Task 1.2 begin ---
     # TODO Task 1.2: pad with indices from the front (wrapping around), or drop the tail when drop_last
-    raise NotImplementedError("Task 1.2: pad_or_drop() in template_data_loader.py is not done yet (README: Task 1)")
+    raise NotImplementedError("Task 1.2: pad_or_drop() in template_data_loader.py is not done yet (docs/task1-sampler.md)")
     # --- Task 1.2 end ---
 
 
@@ -68,7 +68,7 @@ def shard(indices, num_replicas, rank):
     """
     # --- Task 1.3 begin ---
     # TODO Task 1.3: slice out this rank's contiguous block
-    raise NotImplementedError("Task 1.3: shard() in template_data_loader.py is not done yet (README: Task 1)")
+    raise NotImplementedError("Task 1.3: shard() in template_data_loader.py is not done yet (docs/task1-sampler.md)")
     # --- Task 1.3 end ---
 
 
@@ -166,7 +166,7 @@ def build_loaders(train_set, test_set, global_batch_size, rank, world_size, seed
                          f"({world_size}): choose a multiple of {world_size}")
     # --- Task 1.4 begin ---
     # TODO Task 1.4: this rank's train and test DistributedSampler and DataLoader (training: global_batch_size)
-    raise NotImplementedError("Task 1.4: build_loaders() in template_data_loader.py is not done yet (README: Task 1)")
+    raise NotImplementedError("Task 1.4: build_loaders() in template_data_loader.py is not done yet (docs/task1-sampler.md)")
     # --- Task 1.4 end ---
 
 

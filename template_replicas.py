@@ -39,7 +39,7 @@ def replicate(master, devices):
     """
     # --- Task 4.1 begin ---
     # TODO Task 4.1: a deep copy of master, moved to each device
-    raise NotImplementedError("Task 4.1: replicate() in template_replicas.py is not done yet (README: Task 4)")
+    raise NotImplementedError("Task 4.1: replicate() in template_replicas.py is not done yet (docs/task4-replicas.md)")
     # --- Task 4.1 end ---
 
 
@@ -56,7 +56,7 @@ def scatter(images, labels, devices):
                          f"use a batch of at least {len(devices)}")
     # --- Task 4.2 begin ---
     # TODO Task 4.2: torch.tensor_split images and labels into len(devices) chunks, chunk i .to(devices[i])
-    raise NotImplementedError("Task 4.2: scatter() in template_replicas.py is not done yet (README: Task 4)")
+    raise NotImplementedError("Task 4.2: scatter() in template_replicas.py is not done yet (docs/task4-replicas.md)")
     # --- Task 4.2 end ---
 
 
@@ -71,7 +71,7 @@ def reduce_gradients(master, replicas, chunk_sizes):
     """
     # --- Task 4.3 begin ---
     # TODO Task 4.3: master param.grad = sum of (n_i / n) * replica_i's grad, on the CPU; skip grads that are None
-    raise NotImplementedError("Task 4.3: reduce_gradients() in template_replicas.py is not done yet (README: Task 4)")
+    raise NotImplementedError("Task 4.3: reduce_gradients() in template_replicas.py is not done yet (docs/task4-replicas.md)")
     # --- Task 4.3 end ---
 
 
@@ -84,7 +84,7 @@ def copy_weights(master, replicas):
     """
     # --- Task 4.4 begin ---
     # TODO Task 4.4: under torch.no_grad(), copy_ every master parameter and buffer into each replica's
-    raise NotImplementedError("Task 4.4: copy_weights() in template_replicas.py is not done yet (README: Task 4)")
+    raise NotImplementedError("Task 4.4: copy_weights() in template_replicas.py is not done yet (docs/task4-replicas.md)")
     # --- Task 4.4 end ---
 
 

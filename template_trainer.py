@@ -15,6 +15,7 @@ read them to see where your functions are called.
 """
 import datetime
 import os
+import sys
 import time
 
 import torch
@@ -87,7 +88,7 @@ def broadcast_parameters(model, src=0):
     """
     # --- Task 2.1 begin ---
     # TODO Task 2.1: dist.broadcast every parameter and buffer from rank src
-    raise NotImplementedError("Task 2.1: broadcast_parameters() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.1: broadcast_parameters() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.1 end ---
 
 
@@ -104,7 +105,7 @@ def average_gradients(model):
     """
     # --- Task 2.2 begin ---
     # TODO Task 2.2: dist.all_reduce every gradient with SUM, then divide by the world size
-    raise NotImplementedError("Task 2.2: average_gradients() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.2: average_gradients() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.2 end ---
 
 
@@ -119,8 +120,23 @@ def reduce_metrics(correct, total, loss_sum, device="cpu"):
     """
     # --- Task 2.3 begin ---
     # TODO Task 2.3: one dist.all_reduce of the three numbers, so every rank gets the sums
-    raise NotImplementedError("Task 2.3: reduce_metrics() in template_trainer.py is not done yet (README: Task 2)")
+    raise NotImplementedError("Task 2.3: reduce_metrics() in template_trainer.py is not done yet (docs/task2-synchronisation.md)")
     # --- Task 2.3 end ---
+
+
+def progress_bar(loader, epoch):
+    """A tqdm bar with images/s over all ranks, on rank 0 when stderr is a terminal; else None,
+    and train_one_epoch prints a line every few seconds instead (a bar in a file or a SLURM
+    log is a wall of carriage returns)."""
+    if int(os.environ.get("RANK", 0)) != 0 or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    images_per_step = (loader.batch_size or 1) * world_size  # the bar counts steps, unit_scale shows images
+    return tqdm(total=len(loader), desc=f"epoch {epoch}", unit="img", unit_scale=images_per_step, leave=False)
 
 
 def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gradients,
@@ -135,6 +151,7 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
     model.train()
     loss_sum, samples, sync_seconds = 0.0, 0, 0.0
     start = last_log = time.perf_counter()
+    bar = progress_bar(loader, epoch)
     for step, (images, labels) in enumerate(loader):
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
@@ -152,9 +169,14 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
         optimizer.step()
         loss_sum += loss.item() * len(labels)
         samples += len(labels)
-        if time.perf_counter() - last_log > log_every:
+        if bar is not None:
+            bar.set_postfix_str(f"loss {loss.item():.4f}", refresh=False)
+            bar.update()
+        elif time.perf_counter() - last_log > log_every:
             last_log = time.perf_counter()
             print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {loss.item():.4f}")
+    if bar is not None:
+        bar.close()
     return {"loss_sum": loss_sum, "samples": samples,
             "seconds": time.perf_counter() - start, "sync_seconds": sync_seconds}
 

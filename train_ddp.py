@@ -5,7 +5,8 @@
     torchrun --standalone --nproc_per_node=gpu train_ddp.py   # one process per GPU (NCCL)
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
-    sbatch submit.sh                                          # several nodes under SLURM (README)
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
+    sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
 the reference answers in solutions/, and --impl ddp with PyTorch's own
@@ -19,6 +20,7 @@ import datetime
 import importlib
 import os
 import re
+import runpy
 import signal
 import sys
 import time
@@ -48,7 +50,13 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
     parser.add_argument("--batch-size", type=int, default=512,
                         help="the GLOBAL batch, split evenly over the ranks (default: 512)")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: 0.05 with sgd, 0.001 with adamw)")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="sgd: SGD with --momentum; adamw: AdamW (default: sgd)")
+    parser.add_argument("--shard", choices=["none", "optimizer", "full"], default="none",
+                        help="none: every rank holds all the state; optimizer: Task 6's ShardedOptimizer "
+                        "(ZeRO-1); full: Task 7's FSDP, or PyTorch's fully_shard with --impl ddp (default: none)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model, the shuffling and the synthetic data (default: 0)")
@@ -69,6 +77,8 @@ def parse_args(argv=None):
                         "how long a hang lasts (default: 300)")
     parser.add_argument("--metrics", default="runs/metrics.csv",
                         help="CSV file that rank 0 writes the per-epoch figures to (default: runs/metrics.csv)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
     return parser.parse_args(argv)
 
 
@@ -100,7 +110,8 @@ def stop_on_interrupt(signum, frame):
     tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
     sys.stdout.flush()
-    os.write(2, f"{tag}interrupted at {where}\n".encode())  # one write: the ranks' lines do not interleave
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over rank 0's progress bar, if it draws one
+    os.write(2, f"{clear}{tag}interrupted at {where}\n".encode())  # one write: the ranks' lines do not interleave
     os._exit(130)
 
 
@@ -108,7 +119,10 @@ class Counted:
     """The training loader, counting the steps of the epoch for PROGRESS."""
 
     def __init__(self, loader):
-        self.loader, self.sampler = loader, loader.sampler
+        self.loader = loader
+
+    def __getattr__(self, name):  # batch_size, sampler, ...: the loader's own
+        return getattr(self.loader, name)
 
     def __len__(self):
         return len(self.loader)
@@ -159,6 +173,25 @@ def average_gradients_with(name, impl):
     return sync_gradients
 
 
+def optimizer_class(args):
+    """The optimizer class and its keyword arguments, from --optimizer, --lr and --momentum."""
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW, {"lr": 0.001 if args.lr is None else args.lr}
+    return torch.optim.SGD, {"lr": 0.05 if args.lr is None else args.lr, "momentum": args.momentum}
+
+
+def sharded_optimizer(impl, model, optimizer_cls, optimizer_kwargs):
+    """--shard optimizer: Task 6's ShardedOptimizer, or PyTorch's ZeroRedundancyOptimizer with --impl ddp.
+
+    Each rank keeps the optimizer state of its shard of the parameters only; the gradients are
+    still averaged whole, by Task 2.2 (or DDP) before step(), which then shares the updated shards."""
+    if impl == "ddp":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_cls, **optimizer_kwargs)
+    zero = importlib.import_module(("solutions." if impl == "solutions" else "") + "template_zero")
+    return zero.ShardedOptimizer(model.parameters(), optimizer_cls, **optimizer_kwargs)
+
+
 def replicas_identical(model):
     """True on every rank if every rank holds bit-identical parameters."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -175,8 +208,10 @@ def main(args):
     if args.impl == "ddp" and args.allreduce != "torch":
         raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                          "averages inside DistributedDataParallel: use --impl template or solutions")
+    if args.shard == "full":
+        raise ValueError("--shard full (Task 7's FSDP) is not in this version yet: use --shard none or optimizer")
     needed = [("template_allreduce.py", f"{args.allreduce}_all_reduce")] if args.allreduce != "torch" else []
-    task = unfilled_task(args.impl, TASK_FILES + needed)
+    task = unfilled_task(args.impl, TASK_FILES + needed + (["template_zero.py"] if args.shard == "optimizer" else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -224,7 +259,12 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         sync_gradients = trainer.average_gradients
         if args.allreduce != "torch":
             sync_gradients = average_gradients_with(args.allreduce, args.impl)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer_cls, optimizer_kwargs = optimizer_class(args)
+    optimizer = optimizer_cls(model.parameters(), **optimizer_kwargs)
+    if args.shard == "optimizer":
+        optimizer = sharded_optimizer(args.impl, model, optimizer_cls, optimizer_kwargs)
+        print0(f"optimizer: {optimizer_cls.__name__}, its state sharded over the {world_size} ranks "
+               f"({type(optimizer).__name__})")
 
     print0(f"impl={args.impl} allreduce={args.allreduce} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
@@ -251,6 +291,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
 
+    if rank == 0 and args.metrics and rows and not args.no_plot:
+        print0(write_plot(args.metrics, rows, f"--impl {args.impl} --allreduce {args.allreduce}, {data_name}, "
+                                              f"{world_size} rank(s), global batch {args.batch_size}"))
     same = replicas_identical(model)
     print0(f"ranks consistent: all {world_size} ranks hold bit-identical parameters" if same else
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
@@ -264,6 +307,18 @@ def write_metrics(path, rows):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def write_plot(metrics_path, rows, title):
+    """Draw the run beside its CSV (same name, .png) with tools/plot_runs.py, which also overlays
+    several runs. matplotlib is imported only here: a run without it still trains."""
+    path = os.path.splitext(metrics_path)[0] + ".png"
+    try:
+        plot_runs = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "plot_runs.py"))
+        plot_runs["plot_runs"]([{key: [row[key] for row in rows] for key in rows[0]}], [""], path, title)
+    except ImportError as error:
+        return f"no plot ({error}): pip install matplotlib, or pass --no-plot"
+    return f"plot: {path}"
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ MAYBE_THE_MACHINE = {"RuntimeError", "DistError", "DistBackendError", "DistNetwo
 
 @dataclasses.dataclass
 class Task:
-    id: str  # "2.3", as in the README and the fences
+    id: str  # "2.3", as in the docs and the fences
     title: str = ""  # from the pytest.ini marker: "Task 2.3, template_trainer.py, reduce_metrics"
     file: str = ""  # "template_trainer.py", from the fence
     function: str = ""  # the function around the fence

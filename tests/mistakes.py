@@ -184,6 +184,36 @@ MISTAKES = [
             "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
     Mistake("4.4", "no-copy-back", "template_replicas.py",
             "                target.copy_(source)", "                pass", "master's values"),
+    # Task 6.1
+    Mistake("6.1", "set-of-params", "template_zero.py",  # a set is ordered by object id: differs by rank
+            "    for i in sorted(range(len(params)), key=lambda i: params[i].numel(), reverse=True):",
+            "    index = {param: i for i, param in enumerate(params)}\n"
+            "    for i in [index[p] for p in sorted(set(params), key=lambda p: p.numel(), reverse=True)]:",
+            "the same on every rank"),
+    Mistake("6.1", "round-robin", "template_zero.py",
+            "        rank = min(range(world_size), key=lambda r: loads[r])", "        rank = i % world_size",
+            "unbalanced"),
+    # Task 6.2
+    Mistake("6.2", "every-rank-steps-everything", "template_zero.py",
+            'local_group = {**param_group, "params": [p for p, owner in zip(params, owners) if owner == self.rank]}',
+            'local_group = {**param_group, "params": list(params)}', "every rank stepping every parameter"),
+    Mistake("6.2", "later-group-not-sharded", "template_zero.py",
+            "            self.optim.add_param_group(local_group)", "            self.optim.add_param_group(param_group)",
+            "added with add_param_group after __init__ must be sharded too"),
+    # Task 6.3
+    Mistake("6.3", "no-send", "template_zero.py",
+            "                dist.broadcast(param, src=self.param_to_rank[param])", "                pass",
+            "every rank must get every updated parameter"),
+    Mistake("6.3", "send-before-step", "template_zero.py",
+            """        loss = self.optim.step(closure, **kwargs)
+        for group in self.param_groups:
+            for param in group["params"]:
+                dist.broadcast(param, src=self.param_to_rank[param])
+""", """        for group in self.param_groups:
+            for param in group["params"]:
+                dist.broadcast(param, src=self.param_to_rank[param])
+        loss = self.optim.step(closure, **kwargs)
+""", "after the local optimizer's step"),
     # Task 0.1
     Mistake("0.1", "float-prediction", "template_collectives.py",
             "    return sum(rank_tensor(rank) for rank in range(world_size))",

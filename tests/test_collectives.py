@@ -5,7 +5,7 @@
 The given demos run on 1, 2 and 3 gloo ranks and each rank's tensors are checked against
 values worked out here by hand; the tasks are checked against dist.all_reduce and
 torch.stack of the tensors the test itself gave each rank. The last test runs the
-warm-up the way the README does, under torchrun.
+warm-up the way docs/task0-collectives.md does, under torchrun.
 """
 import os
 import signal
