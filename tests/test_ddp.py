@@ -8,6 +8,7 @@ DistributedDataParallel, or gradients computed by the test itself. Overlap is pr
 recording when each all_reduce is launched and waited for, never by timing.
 """
 import functools
+import os
 
 import pytest
 import torch
@@ -647,3 +648,48 @@ def test_the_training_loop_accumulates_and_syncs_on_the_last_micro_batch(impl):
                 f"{T55}: rank {rank}: after train_one_epoch(accumulate=2), '{name}' differs from single-process "
                 "training on the global batches: each micro-batch's loss is divided by the number of micro-batches, "
                 "the first ones run inside no_sync(), the last one outside")
+
+
+# ------------------------------------------------------------------ train_ddp.py's Task 5 flags
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,message", [
+    (["--impl", "ddp", "--sync", "overlap"], "PyTorch's own"),
+    (["--sync", "overlap", "--allreduce", "ring"], "--sync after-backward only"),
+    (["--accumulate", "0"], "1 or more"),
+    (["--bucket-mb", "-1"], "one bucket per parameter"),
+])
+def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
+    import train_ddp
+
+    with pytest.raises(ValueError, match=message):
+        train_ddp.check_sync_flags(train_ddp.parse_args(flags))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
+    """torchrun train_ddp.py --sync overlap, with and without --accumulate 2: the optimizer sees the same
+    global batches, so the losses agree up to float rounding, and the ranks stay bit-identical."""
+    import csv
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    losses = {}
+    for accumulate in (1, 2):
+        metrics = tmp_path / f"k{accumulate}.csv"
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
+             "--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
+             "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
+             "--accumulate", str(accumulate), "--metrics", str(metrics)],
+            cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "ranks consistent" in out, out[-3000:]
+        with open(metrics) as f:
+            row = next(csv.DictReader(f))
+        losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
+    # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch
+    # lost, counted twice or not divided by K moves them by 1e-2 or more
+    for one, two in zip(losses[1], losses[2]):
+        assert abs(one - two) < 1e-3 * abs(one), f"--accumulate 2 changed the losses: {losses}"
