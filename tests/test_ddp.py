@@ -693,3 +693,23 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
     # lost, counted twice or not divided by K moves them by 1e-2 or more
     for one, two in zip(losses[1], losses[2]):
         assert abs(one - two) < 1e-3 * abs(one), f"--accumulate 2 changed the losses: {losses}"
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs(tmp_path):
+    """benchmarks/ddp_bench.py, cut down to one repetition of one step: it runs, and writes its CSV."""
+    import csv
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "benchmarks/ddp_bench.py", "--models", "cnn", "--buckets", "none", "25", "--repeats", "1", "--steps", "1",
+         "--warmup", "0", "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    with open(tmp_path / "ddp_bench.csv") as f:
+        variants = [row["variant"] for row in csv.DictReader(f)]
+    assert variants == ["torch DDP", "task5 per-param", "task5 25 MB", "after-backward"], variants
+    assert (tmp_path / "ddp_bench.png").exists()
