@@ -669,7 +669,8 @@ def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
 @pytest.mark.e2e
 def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
     """torchrun train_ddp.py --sync overlap, with and without --accumulate 2: the optimizer sees the same
-    global batches, so the losses agree up to float rounding, and the ranks stay bit-identical."""
+    global batches, so the losses agree up to float rounding, and the ranks stay bit-identical.
+    The run with --accumulate 2 also writes a --profile."""
     import csv
     import subprocess
     import sys
@@ -682,13 +683,15 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
              "--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
              "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
-             "--accumulate", str(accumulate), "--metrics", str(metrics)],
+             "--accumulate", str(accumulate), "--metrics", str(metrics)]
+            + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),
             cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "ranks consistent" in out, out[-3000:]
         with open(metrics) as f:
             row = next(csv.DictReader(f))
         losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
+    assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
     # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch
     # lost, counted twice or not divided by K moves them by 1e-2 or more
     for one, two in zip(losses[1], losses[2]):
