@@ -157,6 +157,7 @@ class ProfiledLoader:
 
     def __init__(self, loader, profiler):
         self.loader, self.profiler, self.sampler = loader, profiler, loader.sampler
+        self.batch_size = loader.batch_size  # train_one_epoch may read it (a progress bar)
 
     def __len__(self):
         return len(self.loader)
