@@ -5,6 +5,8 @@
     torchrun --standalone --nproc_per_node=gpu train_ddp.py   # one process per GPU (NCCL)
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --accumulate 2  # Task 5's DDP
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --profile runs/profile
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
     sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
 
@@ -72,6 +74,18 @@ def parse_args(argv=None):
                         help="the all-reduce that averages the gradients: torch: dist.all_reduce, in Task 2.2's "
                         "average_gradients; naive or ring: Task 3's naive_all_reduce or ring_all_reduce from "
                         "template_allreduce.py (solutions/ with --impl solutions) (default: torch)")
+    parser.add_argument("--sync", choices=["after-backward", "overlap"], default="after-backward",
+                        help="after-backward: Task 2.2's averaging once backward is done; overlap: Task 5's DDP "
+                        "(template_ddp.py), all-reducing buckets while backward runs (default: after-backward)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="--sync overlap: the bucket size in MB; 0: one bucket per parameter (default: 25)")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="split each rank's batch into K micro-batches whose gradients add up before one "
+                        "optimizer step; the first K-1 run inside no_sync() with --sync overlap and --impl ddp "
+                        "(default: 1)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile 3 steps of the first epoch on rank 0: DIR/trace.json (chrome://tracing or "
+                        "ui.perfetto.dev) and DIR/timeline.png, backward beside the all-reduces (default: off)")
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds a collective waits for the other ranks before failing: "
                         "how long a hang lasts (default: 300)")
@@ -192,6 +206,61 @@ def sharded_optimizer(impl, model, optimizer_cls, optimizer_kwargs):
     return zero.ShardedOptimizer(model.parameters(), optimizer_cls, **optimizer_kwargs)
 
 
+def check_sync_flags(args):
+    """Task 5's flags: one clear line for a combination that cannot work."""
+    if args.sync == "overlap" and args.impl == "ddp":
+        raise ValueError("--sync overlap trains with Task 5's DDP (template_ddp.py), and --impl ddp brings "
+                         "PyTorch's own: use --impl template or solutions with --sync overlap")
+    if args.sync == "overlap" and args.allreduce != "torch":
+        raise ValueError("--sync overlap all-reduces buckets with dist.all_reduce inside Task 5's DDP: "
+                         "--allreduce naive/ring works with --sync after-backward only")
+    if args.accumulate < 1:
+        raise ValueError(f"--accumulate {args.accumulate}: the number of micro-batches per step must be 1 or more")
+    if args.bucket_mb < 0:
+        raise ValueError(f"--bucket-mb {args.bucket_mb}: a bucket size is 0 (one bucket per parameter) or more")
+
+
+def finish_gradient_synchronization(model):
+    """--sync overlap: wait for the buckets that backward launched (Task 5.4)."""
+    model.finish_gradient_synchronization()
+
+
+class ProfiledLoader:
+    """A loader that tells the profiler where each step ends, for its wait/warmup/active schedule."""
+
+    def __init__(self, loader, profiler):
+        self.loader, self.profiler, self.sampler = loader, profiler, loader.sampler
+        self.batch_size = loader.batch_size  # train_one_epoch may read it (a progress bar)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield batch
+            self.profiler.step()
+
+
+def start_profiler(directory, device):
+    """A torch.profiler that skips 2 steps, warms up 1, records 3 and writes DIR/trace.json and DIR/timeline.png."""
+    from tools.timeline import plot_timeline
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "trace.json")
+
+    def write(profiler):
+        profiler.export_chrome_trace(path)
+        plot_timeline(path, os.path.join(directory, "timeline.png"))
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities, on_trace_ready=write,
+                                      schedule=torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=1))
+    profiler.start()
+    return profiler
+
+
 def replicas_identical(model):
     """True on every rank if every rank holds bit-identical parameters."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -208,10 +277,12 @@ def main(args):
     if args.impl == "ddp" and args.allreduce != "torch":
         raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                          "averages inside DistributedDataParallel: use --impl template or solutions")
+    check_sync_flags(args)
     if args.shard == "full":
         raise ValueError("--shard full (Task 7's FSDP) is not in this version yet: use --shard none or optimizer")
     needed = [("template_allreduce.py", f"{args.allreduce}_all_reduce")] if args.allreduce != "torch" else []
-    task = unfilled_task(args.impl, TASK_FILES + needed + (["template_zero.py"] if args.shard == "optimizer" else []))
+    task = unfilled_task(args.impl, TASK_FILES + needed + (["template_ddp.py"] if args.sync == "overlap" else [])
+                         + (["template_zero.py"] if args.shard == "optimizer" else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -251,9 +322,16 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     # broadcast makes the replicas start equal, so forgetting it shows.
     torch.manual_seed(args.seed + rank)
     model = CNN().to(device)
+    if args.batch_size % (world_size * args.accumulate):
+        raise ValueError(f"the global batch {args.batch_size} does not split into {world_size} ranks x "
+                         f"{args.accumulate} equal micro-batches: choose a multiple of {world_size * args.accumulate}")
     if args.impl == "ddp":
         model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         sync_gradients = None  # DDP averages gradients during backward
+    elif args.sync == "overlap":  # Task 5: broadcasts at start, all-reduces buckets during backward
+        ddp_lib = importlib.import_module(("solutions." if args.impl == "solutions" else "") + "template_ddp")
+        model = ddp_lib.DDP(model, bucket_size_mb=args.bucket_mb or None)
+        sync_gradients = finish_gradient_synchronization
     else:
         trainer.broadcast_parameters(model, src=0)
         sync_gradients = trainer.average_gradients
@@ -266,7 +344,8 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         print0(f"optimizer: {optimizer_cls.__name__}, its state sharded over the {world_size} ranks "
                f"({type(optimizer).__name__})")
 
-    print0(f"impl={args.impl} allreduce={args.allreduce} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
+    print0(f"impl={args.impl} allreduce={args.allreduce} sync={args.sync if args.impl != 'ddp' else 'ddp'} "
+           f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
            f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
            f"steps/epoch={len(train_loader)}")
@@ -274,7 +353,13 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     for epoch in range(1, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         PROGRESS.update(epoch=epoch, step=0)
-        stats = trainer.train_one_epoch(model, Counted(train_loader), optimizer, device, sync_gradients, epoch)
+        profiler = start_profiler(args.profile, device) if args.profile and rank == 0 and epoch == 1 else None
+        loader = ProfiledLoader(train_loader, profiler) if profiler else train_loader
+        stats = trainer.train_one_epoch(model, Counted(loader), optimizer, device, sync_gradients, epoch,
+                                        accumulate=args.accumulate)
+        if profiler:
+            profiler.stop()
+            print0(f"profile of 3 steps on rank 0: {args.profile}/trace.json and {args.profile}/timeline.png")
         # the global training loss, from the same reduction as the evaluation counts
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)

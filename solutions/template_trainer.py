@@ -13,6 +13,7 @@ Three collectives keep the copies identical, and they are your tasks:
 setup_distributed(), cleanup() and the loops train_one_epoch() and evaluate() are given:
 read them to see where your functions are called.
 """
+import contextlib
 import datetime
 import os
 import sys
@@ -148,13 +149,15 @@ def progress_bar(loader, epoch):
 
 
 def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gradients,
-                    epoch=0, log_every=10.0):
+                    epoch=0, log_every=10.0, accumulate=1):
     """One pass over this rank's shard. Returns this rank's loss sum, samples and timings.
 
     sync_gradients(model) runs between backward and step: average_gradients for our own
     data parallelism, None under DistributedDataParallel, which averages during backward.
     Its time is measured, waiting for slower ranks included: that is the price of
     synchronising every step.
+    accumulate=K splits each batch into K micro-batches whose gradients add up before the
+    one optimizer step (Task 5); a model with no_sync() (a DDP) runs all but the last inside it.
     """
     model.train()
     loss_sum, samples, sync_seconds = 0.0, 0, 0.0
@@ -164,8 +167,14 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(images), labels)
-        loss.backward()
+        for micro_step, (x, y) in enumerate(zip(images.chunk(accumulate), labels.chunk(accumulate))):
+            # Only the last micro-batch may communicate: forward AND backward inside no_sync().
+            last = micro_step == accumulate - 1
+            with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+                # divided by K: the K micro-batches' gradients then sum to the whole batch's mean
+                loss = F.cross_entropy(model(x), y) / accumulate
+                loss.backward()
+            loss_sum += loss.item() * len(labels)  # = the micro-batch's mean loss x its size
         if sync_gradients is not None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # GPU work is asynchronous: time the sync alone
@@ -175,14 +184,13 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
                 torch.cuda.synchronize(device)
             sync_seconds += time.perf_counter() - t0
         optimizer.step()
-        loss_sum += loss.item() * len(labels)
         samples += len(labels)
         if bar is not None:
-            bar.set_postfix_str(f"loss {loss.item():.4f}", refresh=False)
+            bar.set_postfix_str(f"loss {loss.item() * accumulate:.4f}", refresh=False)
             bar.update()
         elif time.perf_counter() - last_log > log_every:
             last_log = time.perf_counter()
-            print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {loss.item():.4f}")
+            print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {loss.item() * accumulate:.4f}")
     if bar is not None:
         bar.close()
     return {"loss_sum": loss_sum, "samples": samples,

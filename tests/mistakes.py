@@ -184,6 +184,78 @@ MISTAKES = [
             "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
     Mistake("4.4", "no-copy-back", "template_replicas.py",
             "                target.copy_(source)", "                pass", "master's values"),
+    # Task 5.1
+    Mistake("5.1", "forward-order", "template_ddp.py",
+            "    for param in reversed(unique):", "    for param in unique:", "REVERSE"),
+    Mistake("5.1", "order-from-a-set", "template_ddp.py",
+            "    unique = list({id(param): param for param in parameters}.values())",
+            "    unique = list(set(parameters))", "same on every rank"),
+    Mistake("5.1", "cap-exclusive", "template_ddp.py",
+            "current_bytes + size > limit", "current_bytes + size >= limit", "at most"),
+    Mistake("5.1", "tied-twice", "template_ddp.py",
+            "    unique = list({id(param): param for param in parameters}.values())",
+            "    unique = list(parameters)", "twice"),
+    # Task 5.2
+    Mistake("5.2", "no-division", "template_ddp.py",
+            "    bucket.buffer /= dist.get_world_size()\n", "", "divide"),
+    Mistake("5.2", "reduces-the-parameters", "template_ddp.py",
+            "else param.grad.reshape(-1)", "else param.reshape(-1)", "param.grad"),
+    Mistake("5.2", "waits-at-once", "template_ddp.py",
+            "    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)\n",
+            "    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "    bucket.handle.wait()\n", "overlap"),
+    Mistake("5.2", "blocking-all-reduce", "template_ddp.py",
+            "op=dist.ReduceOp.SUM, async_op=True)", "op=dist.ReduceOp.SUM)", "overlap"),
+    # Task 5.3
+    Mistake("5.3", "register-hook", "template_ddp.py",
+            "self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))",
+            "self._hook_handles.append(param.register_hook(lambda grad, hook=hook, param=param: hook(param)))",
+            "register_post_accumulate_grad_hook"),
+    Mistake("5.3", "waits-in-the-hook", "template_ddp.py",
+            "                    launch_all_reduce(self.buckets[self.next_bucket])\n",
+            "                    launch_all_reduce(self.buckets[self.next_bucket])\n"
+            "                    self.buckets[self.next_bucket].handle.wait()\n", "nothing overlaps"),
+    Mistake("5.3", "out-of-order", "template_ddp.py",
+            """                while (self.next_bucket < len(self.buckets)
+                       and self.buckets[self.next_bucket].num_ready == len(self.buckets[self.next_bucket].params)):
+                    launch_all_reduce(self.buckets[self.next_bucket])
+                    self.next_bucket += 1
+""", """                if bucket.num_ready == len(bucket.params):
+                    launch_all_reduce(bucket)
+                    self.next_bucket += 1
+""", "bucket order"),
+    Mistake("5.3", "ignores-no-sync", "template_ddp.py",
+            "                if not self.sync_this_backward:\n                    return\n", "", "no_sync"),
+    # Task 5.4
+    Mistake("5.4", "hang-when-unused", "template_ddp.py",
+            """        for bucket in self.buckets[self.next_bucket:]:
+            launch_all_reduce(bucket)
+        for bucket in self.buckets:
+            bucket.handle.wait()
+""", """        for bucket in self.buckets:
+            if bucket.handle is None:  # never launched: nothing to wait for
+                continue
+            bucket.handle.wait()
+""", "unused"),
+    Mistake("5.4", "skips-missing-grads", "template_ddp.py",
+            "                    param.grad = mean.view_as(param).clone()", "                    continue",
+            "unused on this rank"),
+    Mistake("5.4", "syncs-after-no-sync", "template_ddp.py",
+            "        if not self.sync_this_backward:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
+            "        for bucket in self.buckets[self.next_bucket:]:", "return at once"),
+    # Task 5.5
+    Mistake("5.5", "no-sync-does-nothing", "template_ddp.py",
+            "        self.require_backward_grad_sync = False\n", "", "inside no_sync"),
+    Mistake("5.5", "no-finally", "template_ddp.py",
+            """        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+""", """        yield
+        self.require_backward_grad_sync = previous
+""", "finally"),
+    Mistake("5.5", "first-micro-batch-syncs", "template_trainer.py",
+            "            last = micro_step == accumulate - 1", "            last = micro_step == 0", "last one outside"),
     # Task 6.1
     Mistake("6.1", "set-of-params", "template_zero.py",  # a set is ordered by object id: differs by rank
             "    for i in sorted(range(len(params)), key=lambda i: params[i].numel(), reverse=True):",

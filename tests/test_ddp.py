@@ -1,0 +1,718 @@
+"""Task 5: DDP from scratch, buckets, overlap and no_sync (template_ddp.py).
+
+    pytest --impl template -m task5_3      # one task; see conftest.py
+
+Each multi-rank test runs real gloo ranks (tests/harness.py) and checks every rank against
+an independent reference: single-process training on the whole global batch, PyTorch's
+DistributedDataParallel, or gradients computed by the test itself. Overlap is proven by
+recording when each all_reduce is launched and waited for, never by timing.
+"""
+import functools
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from conftest import load
+from harness import RankFailed, RankTimeout, run_ranks
+
+T51 = "Task 5.1 (template_ddp.py, build_buckets)"
+T52 = "Task 5.2 (template_ddp.py, launch_all_reduce)"
+T53 = "Task 5.3 (template_ddp.py, DDP._register_hooks)"
+T54 = "Task 5.4 (template_ddp.py, DDP.finish_gradient_synchronization)"
+T55 = "Task 5.5 (template_ddp.py, DDP.no_sync)"
+TINY = 150 / 2**20  # 150 bytes: several buckets for the toy models below
+
+
+class Awkward(nn.Module):
+    """What trips up hand-written DDP: a frozen parameter, a parameter forward never uses,
+    tied weights (one Parameter in two layers) and a buffer. With `extra`, a parameter that
+    forward uses only when asked to (on some ranks only, as a mixture of experts would)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 6, bias=False)
+        self.hidden = nn.Linear(6, 6)
+        self.extra = nn.Parameter(torch.randn(6) * 0.1)
+        self.frozen = nn.Parameter(torch.randn(6), requires_grad=False)
+        self.out = nn.Linear(6, 6, bias=False)
+        self.out.weight = self.embed.weight  # tied
+        self.unused = nn.Parameter(torch.zeros(3))  # requires grad, but .grad stays None
+        self.register_buffer("scale", torch.rand(6) + 0.5)
+
+    def forward(self, x, use_extra=False):
+        h = torch.tanh(self.embed(x) * self.scale + self.frozen)
+        if use_extra:
+            h = h + self.extra
+        return self.out(torch.tanh(self.hidden(h)))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+def batches(steps, size, seed=0, width=6, outputs=6):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, width, generator=g), torch.randn(size, outputs, generator=g)) for _ in range(steps)]
+
+
+class Recorder:
+    """Replaces torch.distributed.all_reduce in a rank (its own process) and records, in order,
+    every launch (with its size and async_op), every wait on a returned handle, and marks."""
+
+    def __init__(self):
+        self.events = []
+        self.real = dist.all_reduce
+        dist.all_reduce = self.all_reduce
+
+    def all_reduce(self, tensor, *args, **kwargs):
+        async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
+        self.events.append(("launch", tensor.numel(), bool(async_op)))
+        work = self.real(tensor, *args, **kwargs)
+        return None if work is None else Handle(work, self.events, tensor.numel())
+
+    def mark(self, what):
+        self.events.append((what,))
+
+    def launches(self):
+        return [e for e in self.events if e[0] == "launch"]
+
+
+class Handle:
+    def __init__(self, work, events, numel):
+        self.work, self.events, self.numel = work, events, numel
+
+    def wait(self, *args, **kwargs):
+        self.events.append(("wait", self.numel))
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+def names_of(module, buckets):
+    names = {id(p): name for name, p in module.named_parameters()}
+    return [[names[id(p)] for p in bucket] for bucket in buckets]
+
+
+def grads_of(module):
+    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in module.named_parameters()}
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def bare_ddp(lib, module, bucket_params):
+    """A DDP made without its __init__ (so without Task 5.1 or a broadcast), with the buckets
+    given: one method can then be tested alone."""
+    model = lib.DDP.__new__(lib.DDP)
+    nn.Module.__init__(model)
+    model.module = module
+    model.buckets = [lib.Bucket(params) for params in bucket_params]
+    model.next_bucket = 0
+    model.require_backward_grad_sync = True
+    model.sync_this_backward = True
+    model._hook_handles = []
+    return model
+
+
+# --------------------------------------------------------------------------- Task 5.1
+def _params(*sizes, dtype=torch.float32):
+    return [nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes]
+
+
+def _as_indices(buckets, params):
+    return [[next(i for i, p in enumerate(params) if p is q) for q in bucket] for bucket in buckets]
+
+
+@pytest.mark.task5_1
+def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
+    lib = load(impl, "template_ddp")
+    allocated = _params(40, 10, 50, 20, 30)  # allocated in another order than listed: ids give no order
+    params = [allocated[i] for i in (1, 3, 4, 0, 2)]  # 10, 20, 30, 40, 50 floats: 40 ... 200 bytes
+    # 200 bytes: 50 floats fill a bucket; 40 floats (160 B) start a new one; 30 + 20 floats are
+    # exactly 200 B (at most the cap: together); 10 more would exceed it.
+    got = _as_indices(lib.build_buckets(params, 200 / 2**20), params)
+    expected = [[4], [3], [2, 1], [0]]
+    if got == [sorted(b) for b in reversed(expected)] or got and got[0] and got[0][0] == 0:
+        pytest.fail(f"{T51}: buckets {got} (indices into parameters) start from the first parameter: walk the "
+                    "parameters in REVERSE order, the order in which backward produces their gradients")
+    assert got == expected, (
+        f"{T51}: with a 200-byte cap and parameters of 40, 80, 120, 160, 200 bytes, the buckets (indices into "
+        f"parameters) should be {expected}, got {got}: take the parameters in the reverse order of the list, the "
+        "same on every rank (never from a set or by id), and start a new bucket only when adding one would take "
+        "the bucket over the cap: at most bucket_size_mb, equal is fine")
+
+
+@pytest.mark.task5_1
+def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
+    lib = load(impl, "template_ddp")
+    params = _params(3, 1000, 2)  # a 4000-byte parameter, larger than the 100-byte cap below
+    assert _as_indices(lib.build_buckets(params, None), params) == [[2], [1], [0]], (
+        f"{T51}: bucket_size_mb=None means one bucket per parameter, in reverse order")
+    assert _as_indices(lib.build_buckets(params, 25.0), params) == [[2, 1, 0]], (
+        f"{T51}: 4020 bytes fit in one 25 MB bucket")
+    got = _as_indices(lib.build_buckets(params, 100 / 2**20), params)
+    assert got == [[2], [1], [0]], (
+        f"{T51}: a parameter larger than a bucket gets a bucket of its own, and the next one starts a new "
+        f"bucket: expected [[2], [1], [0]], got {got}")
+
+
+@pytest.mark.task5_1
+def test_tied_weights_once_frozen_ones_never(impl):
+    lib = load(impl, "template_ddp")
+    a, b, c, d = _params(4, 5, 6, 7)
+    c.requires_grad_(False)
+    listed = [a, b, a, c, d]  # a is tied: listed twice, as named_parameters(remove_duplicate=False) does
+    got = _as_indices(lib.build_buckets(listed, None), [a, b, c, d])
+    flat = sum(got, [])
+    if len(flat) != len(set(flat)):
+        pytest.fail(f"{T51}: the tied parameter is in the buckets twice ({got}): its gradient would be "
+                    "reduced twice; put each Parameter in once, at its first occurrence")
+    assert got == [[3], [1], [0]], (
+        f"{T51}: parameters [a, b, a (tied), c (frozen), d] should give the buckets [[d], [b], [a]], got "
+        f"{got} (as indices a=0, b=1, c=2, d=3): tied weights once, at their first occurrence; "
+        "requires_grad=False parameters in no bucket")
+    one = _as_indices(lib.build_buckets(listed, 25.0), [a, b, c, d])
+    assert one == [[3, 1, 0]], f"{T51}: tied weights once with a 25 MB cap too: expected [[3, 1, 0]], got {one}"
+
+
+@pytest.mark.task5_1
+def test_a_new_bucket_where_the_dtype_changes(impl):
+    lib = load(impl, "template_ddp")
+    params = _params(4, 4) + _params(4, dtype=torch.float64)
+    got = _as_indices(lib.build_buckets(params, 25.0), params)
+    assert got == [[2], [1, 0]], (
+        f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
+        f"[[2], [1, 0]], got {got}")
+
+
+# --------------------------------------------------------------------------- Task 5.2
+def _launch(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    params = [nn.Parameter(torch.full((2, 3), 100.0 + rank)), nn.Parameter(torch.full((4,), 200.0)),
+              nn.Parameter(torch.arange(5.0) + 300)]
+    params[0].grad = torch.full((2, 3), rank + 1.0)
+    # params[1].grad stays None: unused in forward on this rank
+    params[2].grad = torch.arange(5.0) * (rank + 1)
+    bucket = lib.Bucket(params)
+    recorder = Recorder()
+    lib.launch_all_reduce(bucket)
+    recorder.mark("returned")
+    handle_kept = bucket.handle is not None
+    if handle_kept:
+        bucket.handle.wait()
+    return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
+            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params]}
+
+
+@pytest.mark.task5_2
+def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
+    world_size = 3
+    results = run_ranks(_launch, world_size, impl)
+    mean = sum(range(1, world_size + 1)) / world_size
+    expected = torch.cat([torch.full((6,), mean), torch.zeros(4), torch.arange(5.0) * mean])
+    for rank, got in enumerate(results):
+        events = got["events"]
+        launches = [e for e in events if e[0] == "launch"]
+        before_return = events[:events.index(("returned",))]
+        assert len(launches) == 1, f"{T52}: rank {rank}: one all_reduce for the whole bucket, got {launches}"
+        assert launches[0][2], (
+            f"{T52}: rank {rank}: dist.all_reduce(..., async_op=True): a blocking all_reduce leaves nothing to "
+            "overlap with backward")
+        assert not [e for e in before_return if e[0] == "wait"], (
+            f"{T52}: rank {rank}: launch_all_reduce waited for its own all_reduce: return at once and keep the "
+            "handle, so that backward can go on while the bucket travels (no wait, no overlap)")
+        assert got["handle_kept"], f"{T52}: rank {rank}: keep the handle in bucket.handle"
+        buffer = got["buffer"]
+        assert buffer is not None and buffer.shape == expected.shape, (
+            f"{T52}: rank {rank}: bucket.buffer should be the 15 gradient values in one flat tensor (zeros for "
+            f"the parameter whose .grad is None), got {None if buffer is None else tuple(buffer.shape)}")
+        if torch.allclose(buffer, expected * world_size):
+            pytest.fail(f"{T52}: rank {rank}'s buffer is the SUM over ranks: divide by the world size "
+                        "(before the all_reduce)")
+        if buffer[:6].min() >= 100:
+            pytest.fail(f"{T52}: rank {rank}'s buffer holds the parameters' values, not their gradients: "
+                        "flatten param.grad, not param")
+        assert torch.allclose(buffer, expected), (
+            f"{T52}: rank {rank}'s buffer should be the mean gradient over {world_size} ranks, in the bucket's "
+            f"order, with zeros for a parameter whose .grad is None: expected {expected.tolist()}, got "
+            f"{buffer.tolist()}")
+        assert torch.equal(got["params"][0], torch.full((2, 3), 100.0 + rank)), (
+            f"{T52}: rank {rank}: launch_all_reduce changed a parameter: only the flat buffer is reduced")
+
+
+# --------------------------------------------------------------------------- Task 5.3
+def _hooks(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    out = {}
+    for label, size in [("per-parameter", None), ("tiny", TINY)]:
+        torch.manual_seed(rank)  # different on each rank: DDP's broadcast makes them equal
+        model = lib.DDP(mlp(), bucket_size_mb=size)
+        out[label + " buckets"] = names_of(model.module, [b.params for b in model.buckets])
+        recorder = Recorder()
+        runs = []
+        for sync_first in (True, False):  # one plain step; then one accumulating step
+            for bucket in model.buckets:
+                bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+            model.next_bucket = 0
+            model.module.zero_grad(set_to_none=True)
+            recorder.events.clear()
+            data = batches(2, 4 * world_size, seed=len(runs), width=8, outputs=4)
+            for i, (x, y) in enumerate(data if not sync_first else data[:1]):
+                mine = slice(rank * 4, (rank + 1) * 4)
+                model.require_backward_grad_sync = sync_first or i == 1
+                loss = F.mse_loss(model(x[mine]), y[mine])
+                loss.backward()
+                recorder.mark(f"backward {i} returned")
+            events = list(recorder.events)
+            buffers = []
+            for bucket in model.buckets:
+                if bucket.handle is not None:
+                    bucket.handle.wait()
+                buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
+            runs.append({"events": events, "buffers": buffers})
+        out[label] = runs
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _hooks_results(impl):
+    return run_ranks(_hooks, 2, impl)
+
+
+def _expected_buffers(bucket_names, accumulate):
+    """The mean over the 2 ranks of each bucket's flat gradients, from single-process training."""
+    model = mlp()
+    data = batches(2, 8, seed=1 if accumulate else 0, width=8, outputs=4)
+    for x, y in (data if accumulate else data[:1]):
+        for rank in range(2):  # the mean of the ranks' losses is the loss of the whole batch
+            (F.mse_loss(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]) / 2).backward()
+    grads = dict(model.named_parameters())
+    return [torch.cat([grads[name].grad.reshape(-1) for name in names]) for names in bucket_names]
+
+
+@pytest.mark.task5_3
+@pytest.mark.parametrize("buckets", ["per-parameter", "tiny"])
+def test_backward_launches_every_bucket_before_it_returns(impl, buckets):
+    results = _hooks_results(impl)
+    for rank, result in enumerate(results):
+        names = result[buckets + " buckets"]
+        events = result[buckets][0]["events"]
+        done = events.index(("backward 0 returned",))
+        launched = [e for e in events[:done] if e[0] == "launch"]
+        assert launched, (
+            f"{T53}: rank {rank}: with {len(names)} buckets, no all_reduce started before loss.backward() "
+            "returned: register a post-accumulate-grad hook on every parameter, and launch a bucket from the hook "
+            "as soon as all its parameters are ready, so the all-reduces overlap backward")
+        waits = [e for e in events[:done] if e[0] == "wait"]
+        assert not waits, (
+            f"{T53}: rank {rank}: a hook waited for an all_reduce before backward returned: the wait blocks "
+            "backward, so nothing overlaps; only finish_gradient_synchronization() waits")
+        assert all(e[2] for e in launched), f"{T53}: rank {rank}: launch with async_op=True: {launched}"
+        assert len(launched) == len(names), (
+            f"{T53}: rank {rank}: every parameter is used, so all {len(names)} buckets should start during "
+            f"backward, {len(launched)} did")
+
+
+@pytest.mark.task5_3
+@pytest.mark.parametrize("buckets", ["per-parameter", "tiny"])
+def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
+    results = _hooks_results(impl)
+    names = results[0][buckets + " buckets"]
+    for accumulate in (False, True):
+        expected = _expected_buffers(names, accumulate)
+        for rank, result in enumerate(results):
+            run = result[buckets][int(accumulate)]
+            done = run["events"].index(("backward 0 returned",))
+            if accumulate:
+                early = [e for e in run["events"][:done] if e[0] == "launch"]
+                assert not early, (
+                    f"{T53}: rank {rank}: the forward ran with require_backward_grad_sync=False (inside no_sync), "
+                    f"and its backward still launched {len(early)} all-reduces: the hook must return at once "
+                    "when self.sync_this_backward is False")
+            for index, (got, want) in enumerate(zip(run["buffers"], expected)):
+                what = "the sum of two backwards' gradients (the first one without sync)" if accumulate else "the gradient"
+                # float32 rounding only: the sums run in another order than the reference's (~1e-7 relative)
+                assert got is not None and torch.allclose(got, want, rtol=1e-5, atol=1e-6), (
+                    f"{T53}: rank {rank}: bucket {index} ({names[index]}) should carry the mean over ranks of "
+                    f"{what}; got {None if got is None else got[:4].tolist()}..., expected {want[:4].tolist()}...: "
+                    "launch a bucket only when every gradient is IN param.grad, from "
+                    "register_post_accumulate_grad_hook (register_hook fires before the gradient is accumulated)")
+
+
+def _one_hook_each(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    module = mlp()
+    params = list(module.parameters())
+    model = bare_ddp(lib, module, [params[4:], params[2:4], params[:2]])
+    model._register_hooks()
+    recorder = Recorder()
+    model.sync_this_backward = False  # as after a forward inside no_sync()
+    F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
+    return len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets]
+
+
+@pytest.mark.task5_3
+def test_one_hook_per_parameter_silent_while_sync_is_off(impl):
+    [(hooks, launches, ready)] = run_ranks(_one_hook_each, 1, impl)
+    assert hooks == 6, (
+        f"{T53}: the 3 buckets hold 6 parameters: register one post-accumulate-grad hook per parameter and keep "
+        f"its handle in self._hook_handles, got {hooks} handles")
+    assert launches == 0, (
+        f"{T53}: with self.sync_this_backward False (a forward inside no_sync), backward launched {launches} "
+        "all-reduces: the hook must return at once, before counting or launching anything")
+
+
+class Gated(nn.Module):
+    """Parameters in the order l1.weight, l1.bias, gate.extra, l2.weight, l2.bias; `extra` is used
+    only when forward is asked to."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(4, 4)
+        self.gate = nn.Module()  # a submodule, so that its parameter sits between l1's and l2's
+        self.gate.extra = nn.Parameter(torch.ones(4))
+        self.l2 = nn.Linear(4, 4)
+
+    def forward(self, x, use_extra):
+        h = self.l1(x)
+        return self.l2(h * self.gate.extra if use_extra else h)
+
+
+def _order(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    torch.manual_seed(0)
+    model = lib.DDP(Gated(), bucket_size_mb=None)
+    recorder = Recorder()
+    x = torch.randn(3, 4)
+    model(x, use_extra=rank == 0).sum().backward()  # on rank 1, `extra` gets no gradient
+    launched = [e[1] for e in recorder.launches()]
+    sizes = [sum(p.numel() for p in b.params) for b in model.buckets]
+    incomplete = 2  # l2.bias, l2.weight, extra, l1.bias, l1.weight: rank 1 never completes bucket 2
+    if rank == 1 and launched != sizes[:incomplete]:
+        # raise before any mismatched collective can hang the other rank
+        raise AssertionError(
+            f"{T53}: on rank 1 the bucket of `extra` (bucket 2) never completes, yet backward launched buckets of "
+            f"sizes {launched} (bucket sizes {sizes}): launch the buckets strictly in bucket order, stopping at "
+            "the first incomplete one, or the ranks launch different all-reduces in a different order (a hang)")
+    for bucket in model.buckets[len(launched):]:  # what finish_gradient_synchronization() would do
+        lib.launch_all_reduce(bucket)
+    for bucket in model.buckets:
+        bucket.handle.wait()
+    return launched
+
+
+@pytest.mark.task5_3
+def test_buckets_launch_in_order_when_a_parameter_is_used_on_one_rank_only(impl):
+    try:
+        launched = run_ranks(_order, 2, impl, timeout=15)
+    except RankTimeout as error:
+        pytest.fail(f"{T53}: the ranks hung: launch the buckets strictly in bucket order.\n{error}")
+    assert len(launched[0]) == 5 and len(launched[1]) == 2, launched
+
+
+# --------------------------------------------------------------------------- Task 5.4
+def _train(model, optimizer, data, rank, world_size, finish):
+    for x, y in data:
+        mine = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+        optimizer.zero_grad(set_to_none=True)
+        F.mse_loss(model(x[mine]), y[mine]).backward()
+        finish(model)
+        optimizer.step()
+
+
+def _training(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    data = batches(3, 4 * world_size)
+    out = {}
+    for label, size in [("None", None), ("tiny", TINY), ("25 MB", 25.0)]:
+        torch.manual_seed(rank)  # each rank starts different: the DDP's broadcast makes them equal
+        model = lib.DDP(Awkward(), bucket_size_mb=size)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        _train(model, optimizer, data, rank, world_size, lambda m: m.finish_gradient_synchronization())
+        out[label] = (_state(model.module), len(model.buckets))
+    torch.manual_seed(rank)
+    reference = DistributedDataParallel(Awkward(), find_unused_parameters=True)
+    _train(reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), data, rank, world_size,
+           lambda m: None)
+    out["torch"] = _state(reference.module)
+    return out
+
+
+@pytest.mark.task5_4
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_training_equals_pytorch_ddp_and_single_process_training(impl, world_size):
+    results = run_ranks(_training, world_size, impl)
+    torch.manual_seed(0)
+    single = Awkward()
+    optimizer = torch.optim.SGD(single.parameters(), lr=0.1, momentum=0.9)
+    _train(single, optimizer, batches(3, 4 * world_size), 0, 1, lambda m: None)
+    expected = _state(single)
+    for label in ["None", "tiny", "25 MB"]:
+        counts = {r[label][1] for r in results}
+        for rank, result in enumerate(results):
+            ours = result[label][0]
+            for name, value in expected.items():
+                # The mean of the ranks' mean losses is the loss of the global batch, so only float32
+                # rounding differs (~1e-7 relative per operation, a few hundred operations over 3 momentum
+                # steps). A missing division, a skipped bucket or a stale gradient is off by 1e-2 or more.
+                error = (ours[name] - value).abs().max().item()
+                assert error < 1e-5, (
+                    f"{T54}: bucket_size_mb={label}, {world_size} ranks ({counts} buckets): after 3 SGD steps "
+                    f"'{name}' differs from single-process training on the global batch by {error:.2e}: every "
+                    ".grad must end as the mean over ranks; wait for every bucket, launch those backward did not "
+                    "(a parameter unused in forward), and copy each slice back into its parameter's .grad")
+                assert (ours[name] - result["torch"][name]).abs().max().item() < 1e-5, (
+                    f"{T54}: bucket_size_mb={label}: '{name}' differs from PyTorch's DistributedDataParallel")
+                assert torch.equal(ours[name], results[0][label][0][name]), (
+                    f"{T54}: bucket_size_mb={label}: rank {rank} and rank 0 hold different '{name}': every rank "
+                    "must copy back the same reduced buffer")
+
+
+def _unused_on_one_rank(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    out = {}
+    # Gated, one bucket per parameter: rank 0 launches all 5 during backward, rank 1 only 2
+    # (`extra` blocks the rest), so finish must launch the other 3 on rank 1 or rank 0 waits forever.
+    # Awkward, tiny buckets: `extra` shares a bucket with `unused`, which no rank ever completes.
+    for label, make, size, width in [("Gated", Gated, None, 4), ("Awkward", Awkward, TINY, 6)]:
+        torch.manual_seed(0)
+        model = lib.DDP(make(), bucket_size_mb=size)
+        x, y = batches(1, 4 * world_size, width=width, outputs=width)[0]
+        mine = slice(rank * 4, (rank + 1) * 4)
+        F.mse_loss(model(x[mine], use_extra=rank == 0), y[mine]).backward()
+        model.finish_gradient_synchronization()
+        out[label] = grads_of(model.module)
+    return out
+
+
+@pytest.mark.task5_4
+def test_a_parameter_used_on_one_rank_only_neither_hangs_nor_diverges(impl):
+    try:
+        results = run_ranks(_unused_on_one_rank, 2, impl, timeout=15)
+    except (RankTimeout, RankFailed) as error:
+        pytest.fail(f"{T54}: `extra` is unused in forward on rank 1, and finish_gradient_synchronization() hung "
+                    "or failed: launch every bucket backward did not launch (from self.next_bucket on) before "
+                    f"waiting, so every rank issues the same all-reduces.\n{str(error)[:1500]}")
+    for label, make, width in [("Gated", Gated, 4), ("Awkward", Awkward, 6)]:
+        torch.manual_seed(0)
+        single = make()
+        x, y = batches(1, 8, width=width, outputs=width)[0]
+        for rank in range(2):  # the mean of the 2 ranks' losses
+            (F.mse_loss(single(x[rank * 4:(rank + 1) * 4], use_extra=rank == 0), y[rank * 4:(rank + 1) * 4]) / 2).backward()
+        for rank, result in enumerate(results):
+            grads = result[label]
+            for name, p in single.named_parameters():
+                if name == "frozen":
+                    assert grads[name] is None, f"{T54}: the frozen parameter is in no bucket: its .grad stays None"
+                    continue
+                want = torch.zeros_like(p) if p.grad is None else p.grad
+                # float32 rounding of one backward only
+                assert grads[name] is not None and torch.allclose(grads[name], want, atol=1e-6), (
+                    f"{T54}: {label}, rank {rank}: the gradient of '{name}' should be the mean over ranks "
+                    f"({want.flatten()[:3].tolist()}...), got "
+                    f"{None if grads[name] is None else grads[name].flatten()[:3].tolist()}: a parameter unused on "
+                    "this rank still gets the mean (zeros if no rank used it), and every bucket is waited for")
+
+
+def _finish_after_no_sync(rank, world_size, impl):
+    lib = load(impl, "template_ddp")
+    module = mlp()
+    params = list(module.parameters())
+    model = bare_ddp(lib, module, [params[::-1]])
+    F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()  # no hooks: nothing launched
+    model.sync_this_backward = False  # as after a forward inside no_sync()
+    before = grads_of(module)
+    recorder = Recorder()
+    model.finish_gradient_synchronization()
+    return len(recorder.launches()), before, grads_of(module)
+
+
+@pytest.mark.task5_4
+def test_finish_after_a_no_sync_forward_communicates_nothing(impl):
+    [(launches, before, after)] = run_ranks(_finish_after_no_sync, 1, impl)
+    assert launches == 0, (
+        f"{T54}: the forward ran without sync (inside no_sync), yet finish_gradient_synchronization() launched "
+        f"{launches} all-reduces: when self.sync_this_backward is False, return at once")
+    for name, grad in before.items():
+        assert after[name] is not None and torch.equal(grad, after[name]), (
+            f"{T54}: after a no_sync backward, finish_gradient_synchronization() changed '{name}'.grad")
+
+
+# --------------------------------------------------------------------------- Task 5.5
+def _accumulate(rank, world_size, impl, accumulate):
+    lib = load(impl, "template_ddp")
+    torch.manual_seed(0)
+    model = lib.DDP(Awkward(), bucket_size_mb=TINY)
+    x, y = batches(1, 2 * accumulate * world_size)[0]
+    mine = slice(rank * 2 * accumulate, (rank + 1) * 2 * accumulate)
+    micro = list(zip(x[mine].chunk(accumulate), y[mine].chunk(accumulate)))
+    recorder = Recorder()
+    for x_micro, y_micro in micro[:-1]:
+        with model.no_sync():  # forward AND backward inside
+            (F.mse_loss(model(x_micro), y_micro) / accumulate).backward()
+    launched_inside = len(recorder.launches())
+    (F.mse_loss(model(micro[-1][0]), micro[-1][1]) / accumulate).backward()
+    model.finish_gradient_synchronization()
+    out = {"grads": grads_of(model.module), "inside": launched_inside, "launches": len(recorder.launches()),
+           "buckets": len(model.buckets)}
+    # the given training loop: --accumulate 2, one optimizer step per global batch
+    trainer = load(impl, "template_trainer")
+    torch.manual_seed(0)
+    model = lib.DDP(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), bucket_size_mb=TINY)
+    loader = [(images[rank * 4:(rank + 1) * 4], labels[rank * 4:(rank + 1) * 4]) for images, labels in _images()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    recorder.events.clear()
+    trainer.train_one_epoch(model, loader, optimizer, torch.device("cpu"),
+                            lambda m: m.finish_gradient_synchronization(), accumulate=2, log_every=1e9)
+    out["loop"] = (_state(model.module), len(recorder.launches()), len(model.buckets))
+    return out
+
+
+def _images(steps=3, world_size=2):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(4 * world_size, 3, 2, 2, generator=g), torch.randint(0, 5, (4 * world_size,), generator=g))
+            for _ in range(steps)]
+
+
+@functools.lru_cache(maxsize=None)
+def _accumulate_results(impl):
+    return run_ranks(_accumulate, 2, impl, 3)
+
+
+@pytest.mark.task5_5
+def test_accumulation_equals_one_big_batch_with_one_all_reduce_per_bucket(impl):
+    results = _accumulate_results(impl)
+    torch.manual_seed(0)
+    single = Awkward()
+    x, y = batches(1, 12)[0]
+    F.mse_loss(single(x), y).backward()  # 3 micro-batches of 2 on 2 ranks: a global batch of 12
+    for rank, out in enumerate(results):
+        assert out["inside"] == 0, (
+            f"{T55}: rank {rank}: {out['inside']} all-reduces were launched inside no_sync(): set "
+            "require_backward_grad_sync to False there, so the hooks do not communicate")
+        assert out["launches"] == out["buckets"], (
+            f"{T55}: rank {rank}: an optimizer step with 3 micro-batches should launch one all_reduce per bucket "
+            f"({out['buckets']}), got {out['launches']}")
+        for name, p in single.named_parameters():
+            if p.grad is None:
+                continue
+            got = out["grads"][name]
+            assert got is not None and torch.allclose(got, p.grad, rtol=1e-5, atol=1e-6), (
+                f"{T55}: rank {rank}: after 2 micro-batches in no_sync() and 1 outside, '{name}'.grad should be the "
+                "gradient of the whole global batch (the accumulated sum, all-reduced once)")
+
+
+@pytest.mark.task5_5
+def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(impl):
+    model = bare_ddp(load(impl, "template_ddp"), nn.Linear(2, 2), [])  # no communication: no process group
+    with model.no_sync():
+        inside = model.require_backward_grad_sync
+    assert inside is False and model.require_backward_grad_sync is True, (
+        f"{T55}: require_backward_grad_sync should be False inside no_sync() and True again after it, "
+        f"got {inside} and {model.require_backward_grad_sync}")
+    with pytest.raises(KeyError):
+        with model.no_sync():
+            raise KeyError("raised inside no_sync")
+    assert model.require_backward_grad_sync is True, (
+        f"{T55}: after an exception inside no_sync(), require_backward_grad_sync is "
+        f"{model.require_backward_grad_sync}: restore it in a finally block, or every later step skips communication")
+
+
+@pytest.mark.task5_5
+def test_the_training_loop_accumulates_and_syncs_on_the_last_micro_batch(impl):
+    results = _accumulate_results(impl)
+    torch.manual_seed(0)
+    single = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    optimizer = torch.optim.SGD(single.parameters(), lr=0.5, momentum=0.9)
+    for images, labels in _images():
+        optimizer.zero_grad()
+        F.cross_entropy(single(images), labels).backward()
+        optimizer.step()
+    for rank, out in enumerate(results):
+        state, launches, buckets = out["loop"]
+        assert launches == 3 * buckets, (
+            f"{T55}: train_one_epoch(accumulate=2) over 3 global batches launched {launches} all-reduces, "
+            f"expected 3 steps x {buckets} buckets: of each step's micro-batches, the first ones run inside "
+            "no_sync() and the last one outside")
+        for name, value in single.state_dict().items():
+            # float32 rounding, as above; a micro-batch lost or synced twice is off by 1e-2
+            assert (state[name] - value).abs().max().item() < 1e-5, (
+                f"{T55}: rank {rank}: after train_one_epoch(accumulate=2), '{name}' differs from single-process "
+                "training on the global batches: each micro-batch's loss is divided by the number of micro-batches, "
+                "the first ones run inside no_sync(), the last one outside")
+
+
+# ------------------------------------------------------------------ train_ddp.py's Task 5 flags
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,message", [
+    (["--impl", "ddp", "--sync", "overlap"], "PyTorch's own"),
+    (["--sync", "overlap", "--allreduce", "ring"], "--sync after-backward only"),
+    (["--accumulate", "0"], "1 or more"),
+    (["--bucket-mb", "-1"], "one bucket per parameter"),
+])
+def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
+    import train_ddp
+
+    with pytest.raises(ValueError, match=message):
+        train_ddp.check_sync_flags(train_ddp.parse_args(flags))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
+    """torchrun train_ddp.py --sync overlap, with and without --accumulate 2: the optimizer sees the same
+    global batches, so the losses agree up to float rounding, and the ranks stay bit-identical.
+    The run with --accumulate 2 also writes a --profile."""
+    import csv
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    losses = {}
+    for accumulate in (1, 2):
+        metrics = tmp_path / f"k{accumulate}.csv"
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
+             "--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
+             "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
+             "--accumulate", str(accumulate), "--metrics", str(metrics)]
+            + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),
+            cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "ranks consistent" in out, out[-3000:]
+        with open(metrics) as f:
+            row = next(csv.DictReader(f))
+        losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
+    assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
+    # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch
+    # lost, counted twice or not divided by K moves them by 1e-2 or more
+    for one, two in zip(losses[1], losses[2]):
+        assert abs(one - two) < 1e-3 * abs(one), f"--accumulate 2 changed the losses: {losses}"
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs(tmp_path):
+    """benchmarks/ddp_bench.py, cut down to one repetition of one step: it runs, and writes its CSV."""
+    import csv
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "benchmarks/ddp_bench.py", "--models", "cnn", "--buckets", "none", "25", "--repeats", "1", "--steps", "1",
+         "--warmup", "0", "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    with open(tmp_path / "ddp_bench.csv") as f:
+        variants = [row["variant"] for row in csv.DictReader(f)]
+    assert variants == ["torch DDP", "task5 per-param", "task5 25 MB", "after-backward"], variants
+    assert (tmp_path / "ddp_bench.png").exists()

@@ -1,0 +1,86 @@
+"""Draw a torch.profiler Chrome trace as a timeline: backward on one row, the all-reduces on others.
+
+    python tools/timeline.py runs/profile/trace.json runs/profile/timeline.png
+
+train_ddp.py --profile DIR calls plot_timeline() itself. The rows, from the trace's events:
+
+    backward           autograd's evaluate_function events on the main thread (CPU)
+    GPU compute        CUDA kernels other than NCCL's (on a GPU only)
+    all_reduce called  dist.all_reduce on the main thread (c10d::allreduce_): a tick where it starts
+    all_reduce running gloo's worker threads (gloo:all_reduce) or NCCL's kernels: the transfer itself
+    optimizer step     Optimizer.step
+
+With --sync overlap the "running" bars start while backward still runs; with --sync
+after-backward they all come after it.
+"""
+import json
+import sys
+
+
+def _merge(intervals):
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def timeline_rows(trace_path):
+    """{row name: merged [start, end] intervals in ms from the first profiled step}, and the step bounds."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    origin = min(e["ts"] for e in (steps or events))
+    main_tids = {e["tid"] for e in events if e.get("name", "").startswith("autograd::engine::evaluate_function")}
+    rows = {"backward": [], "GPU compute": [], "all_reduce called": [], "all_reduce running": [], "optimizer step": []}
+    for e in events:
+        name, span = e.get("name", ""), ((e["ts"] - origin) / 1e3, (e["ts"] + e["dur"] - origin) / 1e3)
+        is_kernel = e.get("cat") in ("kernel", "gpu_memcpy")
+        if name.startswith("autograd::engine::evaluate_function") and e["tid"] in main_tids:
+            rows["backward"].append(span)
+        elif is_kernel and "nccl" in name.lower():
+            rows["all_reduce running"].append(span)
+        elif is_kernel:
+            rows["GPU compute"].append(span)
+        elif name == "c10d::allreduce_":
+            rows["all_reduce called"].append(span)
+        elif name.startswith("gloo:all_reduce"):
+            rows["all_reduce running"].append(span)
+        elif name.startswith("Optimizer.step"):
+            rows["optimizer step"].append(span)
+    bounds = sorted(((e["ts"] - origin) / 1e3, (e["ts"] + e["dur"] - origin) / 1e3) for e in steps)
+    return {name: _merge(spans) for name, spans in rows.items() if spans}, bounds
+
+
+def plot_timeline(trace_path, png_path, title=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, bounds = timeline_rows(trace_path)
+    colors = {"backward": "tab:blue", "GPU compute": "tab:cyan", "all_reduce called": "tab:gray",
+              "all_reduce running": "tab:orange", "optimizer step": "tab:green"}
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * len(names)))
+    for y, name in enumerate(reversed(names)):
+        spans = rows[name]
+        widths = [max(end - start, 0.05) for start, end in spans]  # a launch is short: keep it visible
+        ax.broken_barh([(start, w) for (start, _), w in zip(spans, widths)], (y - 0.35, 0.7), color=colors[name])
+    for start, _ in bounds:
+        ax.axvline(start, color="black", linewidth=0.5, linestyle=":")
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(list(reversed(names)))
+    ax.set_xlabel("ms (dotted lines: the start of each profiled step)")
+    ax.set_title(title or f"rank 0, {len(bounds)} steps: {trace_path}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: python tools/timeline.py TRACE.json OUT.png [TITLE]")
+    plot_timeline(*sys.argv[1:])
