@@ -45,7 +45,13 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
     parser.add_argument("--batch-size", type=int, default=512,
                         help="the GLOBAL batch, split evenly over the ranks (default: 512)")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: 0.05 with sgd, 0.001 with adamw)")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="sgd: SGD with --momentum; adamw: AdamW (default: sgd)")
+    parser.add_argument("--shard", choices=["none", "optimizer", "full"], default="none",
+                        help="none: every rank holds all the state; optimizer: Task 6's ShardedOptimizer "
+                        "(ZeRO-1); full: Task 7's FSDP, or PyTorch's fully_shard with --impl ddp (default: none)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model, the shuffling and the synthetic data (default: 0)")
@@ -119,9 +125,40 @@ def average_gradients_with(name, impl):
     return sync_gradients
 
 
-def replicas_identical(model):
-    """True on every rank if every rank holds bit-identical parameters."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+def optimizer_class(args):
+    """The optimizer class and its keyword arguments, from --optimizer, --lr and --momentum."""
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW, {"lr": 0.001 if args.lr is None else args.lr}
+    return torch.optim.SGD, {"lr": 0.05 if args.lr is None else args.lr, "momentum": args.momentum}
+
+
+def shard_fully(model, impl, package):
+    """--shard full: Task 7's FSDP, or with --impl ddp PyTorch's fully_shard, one unit per module
+    that holds parameters, as ours. Returns the model and what runs between backward and step."""
+    if impl == "ddp":
+        from torch.distributed.fsdp import fully_shard
+        with torch.no_grad():  # fully_shard does not broadcast (DDP and our FSDP do): start from rank 0's model
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor, src=0)
+        for module in model.modules():
+            if module is not model and any(True for _ in module.parameters(recurse=False)):
+                fully_shard(module)
+        return fully_shard(model), None  # fully_shard reduce-scatters during backward
+    fsdp_lib = importlib.import_module(package + "template_fsdp")
+    return fsdp_lib.FSDP(model), lambda fsdp: fsdp.finish_gradient_synchronization()
+
+
+def full_parameters(model, impl):
+    """--shard full: each rank holds shards only, so the bit-identity check compares the whole
+    parameters, gathered."""
+    if impl == "ddp":
+        return [p.full_tensor() for p in model.parameters()]
+    return list(model.gather_full_params().values())
+
+
+def replicas_identical(model, params=None):
+    """True on every rank if every rank holds bit-identical parameters (params: default model.parameters())."""
+    flat = torch.cat([p.detach().reshape(-1) for p in (model.parameters() if params is None else params)])
     reference = flat.clone()
     dist.broadcast(reference, src=0)
     differs = torch.tensor([0 if torch.equal(flat, reference) else 1], device=flat.device)
@@ -133,7 +170,13 @@ def main(args):
     if args.impl == "ddp" and args.allreduce != "torch":
         raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                          "averages inside DistributedDataParallel: use --impl template or solutions")
-    task = unfilled_task(args.impl, TASK_FILES + (["template_allreduce.py"] if args.allreduce != "torch" else []))
+    if args.shard == "optimizer":
+        raise ValueError("--shard optimizer (Task 6) has not landed on this branch yet: use --shard none or full")
+    if args.shard == "full" and args.allreduce != "torch":
+        raise ValueError("--shard full reduce-scatters the gradients inside FSDP; --allreduce naive/ring "
+                         "replaces an all-reduce it does not use: leave --allreduce at torch")
+    task = unfilled_task(args.impl, TASK_FILES + (["template_allreduce.py"] if args.allreduce != "torch" else [])
+                         + (["template_fsdp.py"] if args.shard == "full" else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -170,7 +213,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     # broadcast makes the replicas start equal, so forgetting it shows.
     torch.manual_seed(args.seed + rank)
     model = CNN().to(device)
-    if args.impl == "ddp":
+    if args.shard == "full":  # FSDP starts every rank from rank 0's model, as DDP does
+        model, sync_gradients = shard_fully(model, args.impl, "solutions." if args.impl != "template" else "")
+    elif args.impl == "ddp":
         model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         sync_gradients = None  # DDP averages gradients during backward
     else:
@@ -178,7 +223,8 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         sync_gradients = trainer.average_gradients
         if args.allreduce != "torch":
             sync_gradients = average_gradients_with(args.allreduce, args.impl)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer_cls, optimizer_kwargs = optimizer_class(args)
+    optimizer = optimizer_cls(model.parameters(), **optimizer_kwargs)
 
     print0(f"impl={args.impl} allreduce={args.allreduce} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
@@ -204,7 +250,7 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
 
-    same = replicas_identical(model)
+    same = replicas_identical(model, full_parameters(model, args.impl) if args.shard == "full" else None)
     print0(f"ranks consistent: all {world_size} ranks hold bit-identical parameters" if same else
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
            "(Task 2.1) and averaging (Task 2.2) the same way?")
