@@ -190,8 +190,9 @@ class FSDP(nn.Module):
                 dist.broadcast(tensor, src=0)
         self.units = []
         self._uses = {}    # module -> [(attribute name, unit, index in unit)]
-        self._names = []   # [(name in module.named_parameters(), unit, index)], tied ones under each name
+        self._names = []   # [(name in module.named_parameters(), unit, index)]: a tied one under its first name
         owner = {}         # id(parameter) -> (unit, index): a tied parameter lives in one unit only
+        named = set()      # ids of the parameters in self._names
         for prefix, sub in module.named_modules():
             own = [(name, p) for name, p in sub._parameters.items() if p is not None]
             for requires_grad in (True, False):  # a flat shard is trainable or frozen, not both
@@ -202,7 +203,10 @@ class FSDP(nn.Module):
                     owner.update({id(p): (unit, index) for index, p in enumerate(new)})
             if own:
                 self._uses[sub] = [(name, *owner[id(p)]) for name, p in own]
-                self._names += [(f"{prefix}.{name}" if prefix else name, *owner[id(p)]) for name, p in own]
+            for name, p in own:
+                if id(p) not in named:  # named_parameters() lists a tied parameter once
+                    named.add(id(p))
+                    self._names.append((f"{prefix}.{name}" if prefix else name, *owner[id(p)]))
         for sub, uses in self._uses.items():
             for name, _, _ in uses:
                 del sub._parameters[name]  # from now on the shards are the parameters
@@ -257,8 +261,8 @@ class FSDP(nn.Module):
     def gather_full_params(self):
         """{name: full parameter}, the wrapped module's parameters as one process would hold them.
 
-        The names, shapes and values of module.named_parameters() before wrapping, a tied
-        parameter under each of its names (as in state_dict()), in the shards' dtype (fp32,
+        The names, shapes and values of module.named_parameters() before wrapping (so a tied
+        parameter once, under its first name), in the shards' dtype (fp32,
         also with a bf16 compute_dtype), each a new tensor that training does not change. A
         collective: every rank calls it, and every rank gets the whole model. For saving a
         checkpoint and for tests; it holds the whole model in memory, so call it rarely.

@@ -276,7 +276,7 @@ def _single_process(make_model, optimizer_name, world_size):
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()  # the mean over the global batch = the mean of equal ranks' means
         optimizer.step()
-    return {name: p.detach() for name, p in model.named_parameters(remove_duplicate=False)}
+    return {name: p.detach() for name, p in model.named_parameters()}
 
 
 def _compare(task, rank, full, expected, tol, against):
@@ -333,7 +333,7 @@ def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size
     expected = {"a.0": a[0], "a.1": a[1], "a.2": a[2], "b.0": b[0], "b.1": b[1], "tied": a[0]}
     for rank, full in enumerate(run_ranks(_gather_bare, world_size, impl)):
         assert sorted(full) == sorted(expected), (
-            f"{T75}: the names must be those of self._names, a tied parameter under each of its names; "
+            f"{T75}: the names must be those of self._names, one entry each; "
             f"got {sorted(full)}")
         for name, value in expected.items():
             assert full[name].dtype == torch.float32, (
@@ -353,7 +353,7 @@ def _fully_shard(rank, world_size, make_model, optimizer_name):
         optimizer.zero_grad()
         F.mse_loss(model(x.chunk(world_size)[rank]), y.chunk(world_size)[rank]).backward()
         optimizer.step()
-    return {name: p.full_tensor().detach() for name, p in model.named_parameters(remove_duplicate=False)}
+    return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
 
 
 @pytest.mark.task7_5
