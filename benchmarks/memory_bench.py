@@ -20,7 +20,8 @@ shards, for FSDP), their .grad, and every tensor in its optimizer's state (the l
 optimizer's, for the ZeRO ones). Gathered parameters of FSDP are freed by then, and counted if
 not. Activations, communication buffers and DDP's other buffers are not counted. The step
 time (forward, backward, synchronisation, step) is the median over --steps steps of the
-slowest rank, after a warm-up step; on a CPU machine shared with other work it is noisy.
+slowest rank, after a warm-up step, the strategies taking turns step by step so that load
+from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy.
 Writes memory_<model>.csv for each model and memory_per_rank.png under --out.
 """
 import argparse
@@ -123,32 +124,45 @@ def build(strategy, model_name):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3), None, lambda: list(model.parameters())
 
 
-def measure(strategy, model_name, steps, batch_size):
-    model, optimizer, finish, params = build(strategy, model_name)
+def timed_step(model, optimizer, finish, images, labels):
+    """Seconds the slowest rank took for one training step, the same on every rank."""
+    dist.barrier()  # start together: otherwise we time the wait for a late rank
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=False)  # keep the gradients, as between steps, so they are counted
+    F.cross_entropy(model(images), labels).backward()
+    if finish is not None:
+        finish()
+    optimizer.step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    return elapsed.item()
+
+
+def measure(strategies, model_name, steps, batch_size):
+    """One row per strategy. The strategies take turns step by step, so that a burst of load
+    from elsewhere slows them all alike; step 0 is a warm-up (allocations, DDP's first step)."""
+    built = {strategy: build(strategy, model_name) for strategy in strategies}
     g = torch.Generator().manual_seed(dist.get_rank())
     images = torch.randn(batch_size, 3, 32, 32, generator=g)
     labels = torch.randint(0, 10, (batch_size,), generator=g)
-    times = []
-    for step in range(steps + 1):  # step 0 warms up (allocations, DDP's first-step work)
-        dist.barrier()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=False)  # keep the gradients, as between steps, so they are counted
-        F.cross_entropy(model(images), labels).backward()
-        if finish is not None:
-            finish()
-        optimizer.step()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        if step:
-            times.append(elapsed.item())
-    row = {"param_bytes": nbytes(params()), "grad_bytes": nbytes(p.grad for p in params() if p.grad is not None),
-           "optimizer_bytes": nbytes(optimizer_state_tensors(optimizer))}
-    counts = torch.tensor(list(row.values()), dtype=torch.float64)
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the rank that holds the most (padding differs)
-    row = dict(zip(row, counts.long().tolist()))
-    row["total_bytes"] = sum(row.values())
-    row["step_seconds"] = statistics.median(times)
-    return row
+    times = {strategy: [] for strategy in strategies}
+    for step in range(steps + 1):
+        for strategy, (model, optimizer, finish, _) in built.items():
+            seconds = timed_step(model, optimizer, finish, images, labels)
+            if step:
+                times[strategy].append(seconds)
+    rows = []
+    for strategy, (_, optimizer, _, params) in built.items():
+        row = {"param_bytes": nbytes(params()), "grad_bytes": nbytes(p.grad for p in params() if p.grad is not None),
+               "optimizer_bytes": nbytes(optimizer_state_tensors(optimizer))}
+        counts = torch.tensor(list(row.values()), dtype=torch.float64)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the rank that holds the most (padding differs)
+        row = {"model": model_name, "ranks": dist.get_world_size(), "strategy": strategy,
+               **dict(zip(row, counts.long().tolist()))}
+        row["total_bytes"] = row["param_bytes"] + row["grad_bytes"] + row["optimizer_bytes"]
+        row["step_seconds"] = statistics.median(times[strategy])
+        rows.append(row)
+    return rows
 
 
 def rank_main(rank, world_size, store_path, model_names, steps, batch_size, results):
@@ -157,16 +171,13 @@ def rank_main(rank, world_size, store_path, model_names, steps, batch_size, resu
                             world_size=world_size, timeout=datetime.timedelta(seconds=300))
     try:
         rows = []
+        strategies = [s for s in STRATEGIES if s != "task6" or HAS_TASK6]
         for model_name in model_names:
-            for strategy in STRATEGIES:
-                if strategy == "task6" and not HAS_TASK6:
-                    continue
-                row = {"model": model_name, "ranks": world_size, "strategy": strategy,
-                       **measure(strategy, model_name, steps, batch_size)}
+            for row in measure(strategies, model_name, steps, batch_size):
                 rows.append(row)
                 if rank == 0:
-                    print(f"  {model_name} {world_size} ranks {strategy:>11}: {row['total_bytes'] / 2**20:8.2f} MiB "
-                          f"per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
+                    print(f"  {model_name} {world_size} ranks {row['strategy']:>11}: {row['total_bytes'] / 2**20:8.2f} "
+                          f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
         if rank == 0:
             results.put(rows)
     finally:
