@@ -8,6 +8,7 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --accumulate 2  # Task 5's DDP
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --profile runs/profile
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw        # Task 7
     sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
@@ -261,9 +262,33 @@ def start_profiler(directory, device):
     return profiler
 
 
-def replicas_identical(model):
-    """True on every rank if every rank holds bit-identical parameters."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+def shard_fully(model, impl, package):
+    """--shard full: Task 7's FSDP, or with --impl ddp PyTorch's fully_shard, one unit per module
+    that holds parameters, as ours. Returns the model and what runs between backward and step."""
+    if impl == "ddp":
+        from torch.distributed.fsdp import fully_shard
+        with torch.no_grad():  # fully_shard does not broadcast (DDP and our FSDP do): start from rank 0's model
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor, src=0)
+        for module in model.modules():
+            if module is not model and any(True for _ in module.parameters(recurse=False)):
+                fully_shard(module)
+        return fully_shard(model), None  # fully_shard reduce-scatters during backward
+    fsdp_lib = importlib.import_module(package + "template_fsdp")
+    return fsdp_lib.FSDP(model), lambda fsdp: fsdp.finish_gradient_synchronization()
+
+
+def full_parameters(model, impl):
+    """--shard full: each rank holds shards only, so the bit-identity check compares the whole
+    parameters, gathered."""
+    if impl == "ddp":
+        return [p.full_tensor() for p in model.parameters()]
+    return list(model.gather_full_params().values())
+
+
+def replicas_identical(model, params=None):
+    """True on every rank if every rank holds bit-identical parameters (params: default model.parameters())."""
+    flat = torch.cat([p.detach().reshape(-1) for p in (model.parameters() if params is None else params)])
     reference = flat.clone()
     dist.broadcast(reference, src=0)
     differs = torch.tensor([0 if torch.equal(flat, reference) else 1], device=flat.device)
@@ -278,11 +303,16 @@ def main(args):
         raise ValueError("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                          "averages inside DistributedDataParallel: use --impl template or solutions")
     check_sync_flags(args)
-    if args.shard == "full":
-        raise ValueError("--shard full (Task 7's FSDP) is not in this version yet: use --shard none or optimizer")
+    if args.shard == "full" and args.allreduce != "torch":
+        raise ValueError("--shard full reduce-scatters the gradients inside FSDP; --allreduce naive/ring "
+                         "replaces an all-reduce it does not use: leave --allreduce at torch")
+    if args.shard == "full" and args.sync == "overlap":
+        raise ValueError("--shard full reduce-scatters the gradients inside FSDP, and --sync overlap wraps the "
+                         "model in Task 5's DDP, which all-reduces them whole: use one of the two")
     needed = [("template_allreduce.py", f"{args.allreduce}_all_reduce")] if args.allreduce != "torch" else []
     task = unfilled_task(args.impl, TASK_FILES + needed + (["template_ddp.py"] if args.sync == "overlap" else [])
-                         + (["template_zero.py"] if args.shard == "optimizer" else []))
+                         + (["template_zero.py"] if args.shard == "optimizer" else [])
+                         + (["template_fsdp.py"] if args.shard == "full" else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -325,7 +355,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     if args.batch_size % (world_size * args.accumulate):
         raise ValueError(f"the global batch {args.batch_size} does not split into {world_size} ranks x "
                          f"{args.accumulate} equal micro-batches: choose a multiple of {world_size * args.accumulate}")
-    if args.impl == "ddp":
+    if args.shard == "full":  # FSDP starts every rank from rank 0's model, as DDP does
+        model, sync_gradients = shard_fully(model, args.impl, "solutions." if args.impl != "template" else "")
+    elif args.impl == "ddp":
         model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         sync_gradients = None  # DDP averages gradients during backward
     elif args.sync == "overlap":  # Task 5: broadcasts at start, all-reduces buckets during backward
@@ -379,7 +411,7 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     if rank == 0 and args.metrics and rows and not args.no_plot:
         print0(write_plot(args.metrics, rows, f"--impl {args.impl} --allreduce {args.allreduce}, {data_name}, "
                                               f"{world_size} rank(s), global batch {args.batch_size}"))
-    same = replicas_identical(model)
+    same = replicas_identical(model, full_parameters(model, args.impl) if args.shard == "full" else None)
     print0(f"ranks consistent: all {world_size} ranks hold bit-identical parameters" if same else
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
            "(Task 2.1) and averaging (Task 2.2) the same way?")

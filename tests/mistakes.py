@@ -304,6 +304,42 @@ MISTAKES = [
     Mistake("1.1", "no-seed", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()", "return torch.randperm(dataset_len).tolist()",
             "shards overlap"),
+    # Task 7.1
+    Mistake("7.1", "no-padding", "template_fsdp.py",
+            "    padding = -flat.numel() % world_size", "    padding = 0", "pad"),
+    Mistake("7.1", "uneven-shards", "template_fsdp.py",  # shard sizes that differ across ranks
+            "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()",
+            "    return flat.tensor_split(world_size)[rank].clone()", "same size"),
+    Mistake("7.1", "strided-shard", "template_fsdp.py",  # a layout all_gather does not put back together
+            "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()",
+            "    return padded[rank::world_size].clone()", "contiguous"),
+    # Task 7.2
+    Mistake("7.2", "new-full-tensor", "template_fsdp.py",
+            "        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype))",
+            "        gathered = torch.empty(self.full.numel(), dtype=self.compute_dtype, device=self.full.device)\n"
+            "        dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype))\n"
+            "        self.full = gathered", "in place"),
+    # Task 7.3
+    Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        pass\n        # --- Task 7.3 end ---", "free it"),
+    Mistake("7.3", "replaces-the-tensor", "template_fsdp.py",
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full = torch.empty(self.full.shape, dtype=self.full.dtype, device=self.full.device)\n"
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---", "in place"),
+    # Task 7.4
+    Mistake("7.4", "averages-twice", "template_fsdp.py",
+            "        dist.reduce_scatter_tensor(summed, full_grad.contiguous(), op=dist.ReduceOp.SUM)",
+            "        dist.reduce_scatter_tensor(summed, (full_grad / self.world_size).contiguous(), op=dist.ReduceOp.SUM)",
+            "divide once"),
+    Mistake("7.4", "sum-not-mean", "template_fsdp.py",
+            "        return summed.to(self.shard.dtype) / self.world_size",
+            "        return summed.to(self.shard.dtype)", "divide by the world size"),
+    # Task 7.5
+    Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
+            "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
+            "            full = full.to(unit.compute_dtype)\n"
+            "            dist.all_gather_into_tensor(full, unit.shard.detach().to(unit.compute_dtype))\n", "fp32 shards"),
 ]
 
 

@@ -1,0 +1,285 @@
+"""What sharding saves: bytes per rank of parameters, gradients and AdamW's state, and the step time.
+
+    python benchmarks/memory_bench.py            # CNN and ResNet-18 on 1, 2 and 4 ranks (minutes on CPUs)
+    python benchmarks/memory_bench.py --quick    # the CNN on 1 and 2 ranks, under a minute
+    python benchmarks/memory_bench.py --models resnet18 --ranks 2 --steps 10
+
+For each model and number of ranks N it starts N gloo processes on this machine, and each
+trains a few steps of AdamW with every strategy in turn:
+
+    ddp          unsharded: DistributedDataParallel (gradient_as_bucket_view=True, so the
+                 gradients are the buckets, counted once) and a full AdamW on every rank
+    task6        Task 6's ShardedOptimizer (ZeRO-1) from solutions/template_zero.py, over DDP;
+                 skipped while that file does not exist
+    zero         PyTorch's ZeroRedundancyOptimizer over DDP
+    task7        Task 7's FSDP from solutions/template_fsdp.py
+    fully_shard  PyTorch's fully_shard (FSDP2), one unit per module that holds parameters
+
+The bytes are counted after a step from the tensors each rank holds: its parameters (the
+shards, for FSDP), their .grad, and every tensor in its optimizer's state (the local
+optimizer's, for the ZeRO ones). Gathered parameters of FSDP are freed by then, and counted if
+not. Activations, communication buffers and DDP's other buffers are not counted. The step
+time (forward, backward, synchronisation, step) is the median over --steps steps of the
+slowest rank, after a warm-up step, the strategies taking turns step by step so that load
+from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy.
+Writes memory_<model>.csv for each model and memory_per_rank.png under --out.
+"""
+import argparse
+import csv
+import datetime
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repository root
+from models import CNN  # noqa: E402
+
+STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
+HAS_TASK6 = os.path.exists(os.path.join(ROOT, "solutions", "template_zero.py"))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the CNN on 1 and 2 ranks, 3 steps: under a minute")
+    parser.add_argument("--models", default="cnn,resnet18", help="comma-separated: cnn, resnet18 (default: both)")
+    parser.add_argument("--ranks", default="1,2,4", help="comma-separated numbers of ranks (default: 1,2,4)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy (default: 5)")
+    parser.add_argument("--batch-size", type=int, default=16, help="images per rank and step (default: 16)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                        help="folder for the CSV and PNG files (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.ranks, args.steps = "cnn", "1,2", 3
+    return args
+
+
+def make_model(name):
+    torch.manual_seed(0)
+    if name == "cnn":
+        return CNN()
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def local(tensor):
+    """The part of a tensor this rank holds: a DTensor's (fully_shard) local shard, else itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def nbytes(tensors):
+    tensors = list(tensors)  # alive until the end: an id is unique only among living objects
+    unique = {id(tensor): local(tensor) for tensor in tensors}  # a tensor listed twice counts once
+    return sum(tensor.numel() * tensor.element_size() for tensor in unique.values())
+
+
+def optimizer_state_tensors(optimizer, seen=None):
+    """Every tensor in the state of `optimizer` and of the optimizers it holds (ZeRO's local one)."""
+    seen = set() if seen is None else seen
+    if id(optimizer) in seen:
+        return []
+    seen.add(id(optimizer))
+    tensors = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    for value in vars(optimizer).values():
+        for item in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(item, torch.optim.Optimizer):
+                tensors += optimizer_state_tensors(item, seen)
+    return tensors
+
+
+def build(strategy, model_name):
+    """(model, optimizer, what runs between backward and step, the tensors that are the parameters)."""
+    from torch.nn.parallel import DistributedDataParallel
+    model = make_model(model_name)
+    if strategy in ("ddp", "task6", "zero"):
+        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        if strategy == "ddp":
+            optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        elif strategy == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+        else:
+            from solutions.template_zero import ShardedOptimizer
+            optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-3)
+        return ddp, optimizer, None, lambda: list(ddp.parameters())
+    if strategy == "task7":
+        from solutions.template_fsdp import FSDP
+        fsdp = FSDP(model)
+        full = lambda: [unit.full for unit in fsdp.units if unit.is_unsharded()]  # noqa: E731 (freed: none)
+        return fsdp, torch.optim.AdamW(fsdp.parameters(), lr=1e-3), fsdp.finish_gradient_synchronization, \
+            lambda: list(fsdp.parameters()) + full()
+    from torch.distributed.fsdp import fully_shard
+    for module in model.modules():
+        if module is not model and any(True for _ in module.parameters(recurse=False)):
+            fully_shard(module)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), None, lambda: list(model.parameters())
+
+
+def timed_step(model, optimizer, finish, images, labels):
+    """Seconds the slowest rank took for one training step, the same on every rank."""
+    dist.barrier()  # start together: otherwise we time the wait for a late rank
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=False)  # keep the gradients, as between steps, so they are counted
+    F.cross_entropy(model(images), labels).backward()
+    if finish is not None:
+        finish()
+    optimizer.step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    return elapsed.item()
+
+
+def measure(strategies, model_name, steps, batch_size):
+    """One row per strategy. The strategies take turns step by step, so that a burst of load
+    from elsewhere slows them all alike; step 0 is a warm-up (allocations, DDP's first step)."""
+    built = {strategy: build(strategy, model_name) for strategy in strategies}
+    g = torch.Generator().manual_seed(dist.get_rank())
+    images = torch.randn(batch_size, 3, 32, 32, generator=g)
+    labels = torch.randint(0, 10, (batch_size,), generator=g)
+    times = {strategy: [] for strategy in strategies}
+    for step in range(steps + 1):
+        for strategy, (model, optimizer, finish, _) in built.items():
+            seconds = timed_step(model, optimizer, finish, images, labels)
+            if step:
+                times[strategy].append(seconds)
+    rows = []
+    for strategy, (_, optimizer, _, params) in built.items():
+        row = {"param_bytes": nbytes(params()), "grad_bytes": nbytes(p.grad for p in params() if p.grad is not None),
+               "optimizer_bytes": nbytes(optimizer_state_tensors(optimizer))}
+        counts = torch.tensor(list(row.values()), dtype=torch.float64)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the rank that holds the most (padding differs)
+        row = {"model": model_name, "ranks": dist.get_world_size(), "strategy": strategy,
+               **dict(zip(row, counts.long().tolist()))}
+        row["total_bytes"] = row["param_bytes"] + row["grad_bytes"] + row["optimizer_bytes"]
+        row["step_seconds"] = statistics.median(times[strategy])
+        rows.append(row)
+    return rows
+
+
+def rank_main(rank, world_size, store_path, model_names, steps, batch_size, results):
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=300))
+    try:
+        rows = []
+        strategies = [s for s in STRATEGIES if s != "task6" or HAS_TASK6]
+        for model_name in model_names:
+            for row in measure(strategies, model_name, steps, batch_size):
+                rows.append(row)
+                if rank == 0:
+                    print(f"  {model_name} {world_size} ranks {row['strategy']:>11}: {row['total_bytes'] / 2**20:8.2f} "
+                          f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
+        if rank == 0:
+            results.put(rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(world_size, model_names, steps, batch_size):
+    # fork: this process has run no torch operation yet, so no thread pool is copied half-made
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [context.Process(target=rank_main, args=(rank, world_size, os.path.join(tmp, "store"), model_names,
+                                                         steps, batch_size, results)) for rank in range(world_size)]
+        for proc in procs:
+            proc.start()
+        try:
+            rows = results.get(timeout=600)
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+        if any(proc.exitcode for proc in procs):
+            raise SystemExit(f"a rank failed on {world_size} ranks (exit codes {[p.exitcode for p in procs]})")
+    return rows
+
+
+def add_ratios(rows):
+    """total / (unsharded total / N): 1.0 is a perfect 1/N; and the step time against DDP's."""
+    base = {(r["model"], r["ranks"]): r for r in rows if r["strategy"] == "ddp"}
+    single = {r["model"]: r for r in rows if r["strategy"] == "ddp" and r["ranks"] == 1}
+    for row in rows:
+        ddp = base[row["model"], row["ranks"]]
+        unsharded = single.get(row["model"], ddp)["total_bytes"] if row["model"] in single else ddp["total_bytes"]
+        row["vs_one_nth"] = row["total_bytes"] / (unsharded / row["ranks"])
+        row["optimizer_vs_one_nth"] = row["optimizer_bytes"] / (ddp["optimizer_bytes"] / row["ranks"])
+        row["step_vs_ddp"] = row["step_seconds"] / ddp["step_seconds"]
+
+
+def report(rows, args):
+    print(f"\nbytes per rank after an AdamW step (MiB), and the step time; vs 1/N: total / (unsharded / N)")
+    print(f"{'model':>9} {'N':>2} {'strategy':>11} {'params':>8} {'grads':>8} {'optim':>8} {'total':>8} "
+          f"{'vs 1/N':>7} {'step ms':>8} {'vs ddp':>7}")
+    for r in rows:
+        print(f"{r['model']:>9} {r['ranks']:>2} {r['strategy']:>11} {r['param_bytes'] / 2**20:8.2f} "
+              f"{r['grad_bytes'] / 2**20:8.2f} {r['optimizer_bytes'] / 2**20:8.2f} {r['total_bytes'] / 2**20:8.2f} "
+              f"{r['vs_one_nth']:7.2f} {r['step_seconds'] * 1e3:8.1f} {r['step_vs_ddp']:7.2f}")
+    print("\ntargets: task6 optimizer state within 10% of 1/N (optimizer_vs_one_nth <= 1.1) at N = 2 and 4; "
+          "task7 total within 10% of 1/N (vs 1/N <= 1.1); task7 step at most 1.5x ddp at N = 2 on ResNet-18")
+    os.makedirs(args.out, exist_ok=True)
+    for model in dict.fromkeys(r["model"] for r in rows):
+        path = os.path.join(args.out, f"memory_{model}.csv")
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(r for r in rows if r["model"] == model)
+        print(f"wrote {path}")
+    plot(rows, os.path.join(args.out, "memory_per_rank.png"))
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model]
+        ranks = sorted({r["ranks"] for r in mine})
+        for strategy in STRATEGIES:
+            points = sorted((r["ranks"], r["total_bytes"] / 2**20) for r in mine if r["strategy"] == strategy)
+            if points:  # ours dashed over PyTorch's solid: where they coincide, both show
+                ours = strategy.startswith("task")
+                ax.plot(*zip(*points), marker="x" if ours else "o", markersize=9 if ours else 6,
+                        linestyle="--" if ours else "-", linewidth=2 if ours else 4, alpha=1 if ours else 0.5,
+                        label=strategy)
+        unsharded = next(r["total_bytes"] for r in mine if r["strategy"] == "ddp" and r["ranks"] == ranks[0]) / 2**20
+        ax.plot(ranks, [unsharded * ranks[0] / n for n in ranks], "k:", label="1/N of unsharded")
+        ax.set(title=f"{model}, AdamW: parameters + gradients + optimizer state",
+               xlabel="ranks (N)", ylabel="MiB per rank", xticks=ranks)
+        ax.title.set_fontsize(9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main():
+    args = parse_args()
+    model_names = args.models.split(",")
+    rows = []
+    for world_size in (int(n) for n in args.ranks.split(",")):
+        print(f"{world_size} ranks:", flush=True)
+        rows += run(world_size, model_names, args.steps, args.batch_size)
+    if not HAS_TASK6:
+        print("(no solutions/template_zero.py: the task6 rows are left out)")
+    add_ratios(rows)
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()
