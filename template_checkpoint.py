@@ -111,6 +111,9 @@ def prepare_checkpoint_dir(directory):
                 os.makedirs(directory, exist_ok=True)
                 with tempfile.TemporaryFile(dir=directory):
                     pass
+                for name in os.listdir(directory):  # what saves cut short by a kill left behind
+                    if name.startswith(LAST + ".") and name.endswith(".tmp"):
+                        os.remove(os.path.join(directory, name))
             except OSError as error:
                 problem = (f"--checkpoint-dir {directory} is not writable ({error.strerror}): "
                            "choose a folder you can write to")

@@ -402,3 +402,103 @@ def test_cli_truncated_newest_is_reported_other_arguments_refused(tmp_path):
     code, out = run(CLI + ["--epochs", "4", "--checkpoint-dir", folder, "--batch-size", "64"])
     assert code == 2 and "Traceback" not in out, out
     assert error_lines(out) and "--batch-size 32" in error_lines(out)[0], out
+
+
+# ------------------------------------- torchrun restarts a killed rank, and nothing is lost (slow)
+TORCHRUN_RUN = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "512", "--test-samples", "256",
+                "--batch-size", "32", "--epochs", "2", "--metrics", ""]  # 16 steps an epoch
+STEPS_PER_EPOCH = 16
+
+
+def torchrun(folder, *extra, restarts=1):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               f"--max-restarts={restarts}", "train_ddp.py", *TORCHRUN_RUN, "--checkpoint-dir", str(folder), *extra]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def finish(proc, deadline):
+    """Wait for a torchrun (and its workers) until the deadline; kill all of it if it passes."""
+    try:
+        out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun did not finish in time (a hang, or a very busy machine):\n{out}")
+    return proc.returncode, out
+
+
+def worker_pid(agent_pid, rank):
+    """The pid of torchrun's worker with RANK=rank, from /proc: the agent's children."""
+    children = []
+    for task in os.listdir(f"/proc/{agent_pid}/task"):
+        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
+            children += [int(pid) for pid in f.read().split()]
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:  # it has just ended
+            continue
+        if env.get(b"RANK") == str(rank).encode():
+            return pid
+    return None
+
+
+def newest_checkpoint(folder, seen):
+    """(epoch, step) of folder/last.pt when it has changed since `seen`, else None."""
+    path = folder / "last.pt"
+    try:
+        stat = path.stat()
+        if (stat.st_ino, stat.st_mtime_ns) == seen.get("id"):
+            return None
+        seen["id"] = (stat.st_ino, stat.st_mtime_ns)
+        state = read(path)
+        return state["epoch"], state["step"]
+    except (OSError, RuntimeError, EOFError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The final checkpoint of the same training, never interrupted."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    code, out = finish(torchrun(folder, restarts=0), time.monotonic() + 150)
+    assert code == 0, out
+    return read(folder / "last.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("every", [None, 5], ids=["epoch-checkpoint", "mid-epoch-checkpoint"])
+def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(uninterrupted, tmp_path, every):
+    """SIGKILL rank 1 in the middle of epoch 2: torchrun --max-restarts=1 starts both ranks again,
+    they resume from the newest checkpoint, and the final weights equal the uninterrupted run's."""
+    folder = tmp_path / "ckpt"
+    extra = ["--checkpoint-every", str(every)] if every else []
+    proc = torchrun(folder, *extra)
+    deadline = time.monotonic() + 150
+    seen, killed = {}, None
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        found = newest_checkpoint(folder, seen)
+        # the kill comes right after a checkpoint inside epoch 2 (--checkpoint-every), or right
+        # after the epoch-1 checkpoint, as epoch 2 starts
+        if found and (found[1] > STEPS_PER_EPOCH if every else found[0] == 1):
+            pid = worker_pid(proc.pid, 1)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed = found
+        time.sleep(0.02)
+    code, out = finish(proc, deadline)
+    assert killed, f"rank 1 was never killed: no checkpoint of epoch 2 appeared in time:\n{out}"
+    assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
+    resumed = re.findall(r"resuming from \S+: (\d+) epochs and (\d+) steps done", out)
+    assert resumed, f"the restarted ranks did not resume from a checkpoint:\n{out}"
+    epochs, steps = map(int, resumed[-1])
+    assert epochs == 1 and (steps > STEPS_PER_EPOCH if every else steps == STEPS_PER_EPOCH), (
+        f"resumed at epoch {epochs}, step {steps}; expected inside epoch 2 (the kill came at {killed}):\n{out}")
+    final = read(folder / "last.pt")
+    assert (final["epoch"], final["step"]) == (2, 2 * STEPS_PER_EPOCH), out
+    differ = [k for k in final["model"] if not torch.equal(final["model"][k], uninterrupted["model"][k])]
+    assert not differ, f"after the restart {differ} differ from the uninterrupted run:\n{out}"
