@@ -111,8 +111,8 @@ def load_checkpoint(directory, device):
         try:
             return torch.load(path, map_location=device, weights_only=True), path
         except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:150]}); "
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
+            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}); "
                   "trying the previous one", flush=True)
             unreadable.append(path)
     if unreadable:
