@@ -89,9 +89,12 @@ echo "submit.sh: rendezvous at $head_node:$port, $nproc_per_node process(es) per
 # --kill-on-bad-exit ends every node's torchrun as soon as one fails, instead of leaving the
 # others waiting in a collective until the time limit. --label prefixes each line of the
 # log with the number of the node it came from.
-# USR1 goes from here to srun, from srun to each node's torchrun, and from torchrun to the
-# training processes: torchrun passes on only the signals in TORCHELASTIC_SIGNALS_TO_HANDLE.
-export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+# USR1 goes from here to srun, and from srun to every process of the job step on every node:
+# torchrun and its training processes. torchrun must handle it rather than die of it: it does
+# for the signals of its --signals-to-handle, whose default PET_SIGNALS_TO_HANDLE sets (older
+# torchruns read TORCHELASTIC_SIGNALS_TO_HANDLE), and then waits for its processes to end.
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+export TORCHELASTIC_SIGNALS_TO_HANDLE=$PET_SIGNALS_TO_HANDLE
 # Without --checkpoint-dir there is nothing to continue from: the run just ends at the limit.
 checkpointing=0
 for arg in "$@"; do

@@ -31,7 +31,7 @@ LAST, PREVIOUS = "last.pt", "previous.pt"
 # Every other argument (the data, the batch, the learning rate, the seed, the implementation,
 # the world size, and any flag added later) must be the same, or resuming would quietly mix
 # two different experiments.
-MAY_DIFFER = {"epochs", "checkpoint_dir", "checkpoint_every", "metrics", "timeout", "workers",
+MAY_DIFFER = {"epochs", "checkpoint_dir", "checkpoint_every", "metrics", "no_plot", "timeout", "workers",
               "data_dir", "test_samples", "backend"}
 
 
@@ -189,7 +189,11 @@ class StepsFrom:
 
     def __init__(self, loader, skip=0, after_step=None):
         self.loader, self.skip, self.after_step = loader, skip, after_step
-        self.sampler = loader.sampler
+
+    def __getattr__(self, name):  # batch_size, sampler, dataset: the loader's
+        if name == "loader":  # not set yet (a copy being made): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
     def __len__(self):
         return len(self.loader) - self.skip

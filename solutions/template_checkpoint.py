@@ -31,7 +31,7 @@ LAST, PREVIOUS = "last.pt", "previous.pt"
 # Every other argument (the data, the batch, the learning rate, the seed, the implementation,
 # the world size, and any flag added later) must be the same, or resuming would quietly mix
 # two different experiments.
-MAY_DIFFER = {"epochs", "checkpoint_dir", "checkpoint_every", "metrics", "timeout", "workers",
+MAY_DIFFER = {"epochs", "checkpoint_dir", "checkpoint_every", "metrics", "no_plot", "timeout", "workers",
               "data_dir", "test_samples", "backend"}
 
 
@@ -112,8 +112,8 @@ def load_checkpoint(directory, device):
             return torch.load(path, map_location=device, weights_only=True), path
         except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
-            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}); "
-                  "trying the previous one", flush=True)
+            then = "; trying previous.pt" if name == LAST else ""
+            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}){then}", flush=True)
             unreadable.append(path)
     if unreadable:
         raise CheckpointError(f"no readable checkpoint in {directory} ({', '.join(unreadable)} cannot be read): "
@@ -221,7 +221,11 @@ class StepsFrom:
 
     def __init__(self, loader, skip=0, after_step=None):
         self.loader, self.skip, self.after_step = loader, skip, after_step
-        self.sampler = loader.sampler
+
+    def __getattr__(self, name):  # batch_size, sampler, dataset: the loader's
+        if name == "loader":  # not set yet (a copy being made): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
     def __len__(self):
         return len(self.loader) - self.skip

@@ -473,8 +473,10 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("every", [None, 5], ids=["epoch-checkpoint", "mid-epoch-checkpoint"])
 def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(uninterrupted, tmp_path, every):
-    """SIGKILL rank 1 in the middle of epoch 2: torchrun --max-restarts=1 starts both ranks again,
-    they resume from the newest checkpoint, and the final weights equal the uninterrupted run's."""
+    """SIGKILL rank 1 in epoch 2 (right after a checkpoint inside it with --checkpoint-every 5;
+    else right after the epoch-1 checkpoint, as epoch 2 begins): torchrun --max-restarts=1 starts
+    both ranks again, they resume from the newest checkpoint, and the final weights equal the
+    uninterrupted run's, bit for bit."""
     folder = tmp_path / "ckpt"
     extra = ["--checkpoint-every", str(every)] if every else []
     proc = torchrun(folder, *extra)
