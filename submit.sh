@@ -5,6 +5,7 @@
 #   sbatch --nodes=2 submit.sh --impl solutions       # 2 nodes; arguments go to train_ddp.py
 #   sbatch --partition=gpu --account=myproject submit.sh
 #   NPROC_PER_NODE=8 sbatch --gpus-per-node=0 --cpus-per-task=8 --partition=cpu submit.sh   # CPUs (gloo)
+#   sbatch --time=01:00:00 submit.sh --checkpoint-dir ckpt --epochs 100   # a long run as a chain of 1-hour jobs
 #
 # Run sbatch from the repository folder: the job starts there and runs ./train_ddp.py.
 # The log is slurm-<jobid>.out in that folder. docs/clusters.md explains
@@ -24,8 +25,15 @@
 #SBATCH --cpus-per-task=16
 # Wall-clock limit: a hung run is killed after this rather than burning the allocation.
 #SBATCH --time=00:30:00
-# %j is the job id: every job has its own log, in the folder sbatch ran in.
+# %j is the job id: every job has its own log, in the folder sbatch ran in. Append: a requeued
+# job keeps its id, and its log keeps the earlier runs' lines.
 #SBATCH --output=slurm-%j.out
+#SBATCH --open-mode=append
+# 120 s before the time limit SLURM sends USR1 to this script (B:); it passes the signal on, and
+# with --checkpoint-dir every rank stops after its current step, rank 0 saves, and the job puts
+# itself back in the queue (--requeue), to continue from that checkpoint. REQUEUE=0: just stop.
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
 set -euo pipefail
 
 if [[ -z ${SLURM_JOB_ID:-} ]]; then
@@ -81,7 +89,31 @@ echo "submit.sh: rendezvous at $head_node:$port, $nproc_per_node process(es) per
 # --kill-on-bad-exit ends every node's torchrun as soon as one fails, instead of leaving the
 # others waiting in a collective until the time limit. --label prefixes each line of the
 # log with the number of the node it came from.
-status=0
+# USR1 goes from here to srun, and from srun to every process of the job step on every node:
+# torchrun and its training processes. torchrun must handle it rather than die of it: it does
+# for the signals of its --signals-to-handle, whose default PET_SIGNALS_TO_HANDLE sets (older
+# torchruns read TORCHELASTIC_SIGNALS_TO_HANDLE), and then waits for its processes to end.
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+export TORCHELASTIC_SIGNALS_TO_HANDLE=$PET_SIGNALS_TO_HANDLE
+# Without --checkpoint-dir there is nothing to continue from: the run just ends at the limit.
+checkpointing=0
+for arg in "$@"; do
+    [[ $arg == --checkpoint-dir* ]] && checkpointing=1
+done
+stopping=0
+forward_usr1() {
+    if [[ $checkpointing == 0 ]]; then
+        echo "submit.sh: USR1 (the time limit is near), but without --checkpoint-dir this run cannot continue later"
+        return
+    fi
+    stopping=1
+    echo "submit.sh: USR1 (the time limit is near): asking training to checkpoint and stop"
+    kill -USR1 "$srun_pid" 2>/dev/null || true
+}
+trap forward_usr1 USR1
+
+# srun runs in the background because bash runs a trap only between commands: `wait` is
+# interrupted by the signal, the trap runs, and the loop waits again until srun has ended.
 srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit=1 --label \
     torchrun \
     --nnodes="$SLURM_NNODES" \
@@ -89,8 +121,25 @@ srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-b
     --rdzv_backend=c10d \
     --rdzv_endpoint="$head_node:$port" \
     --rdzv_id="$SLURM_JOB_ID" \
-    train_ddp.py "$@" || status=$?
+    train_ddp.py "$@" &
+srun_pid=$!
+while :; do
+    status=0
+    wait "$srun_pid" || status=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
 
+if [[ $stopping == 1 ]]; then
+    # torchrun ends with a non-zero code after passing a signal on, even when every rank saved
+    # and ended cleanly, so the code says nothing here: the log above shows the checkpoint.
+    if [[ ${REQUEUE:-1} == 1 ]]; then
+        echo "submit.sh: job $SLURM_JOB_ID stopped before its time limit; requeued, it continues from the checkpoint"
+        scontrol requeue "$SLURM_JOB_ID"
+    else
+        echo "submit.sh: job $SLURM_JOB_ID stopped before its time limit; submit it again to continue"
+    fi
+    exit 0
+fi
 if [[ $status != 0 ]]; then
     echo "submit.sh: training failed with exit code $status: the first error above is the cause" \
         "(docs/clusters.md lists the common ones)" >&2

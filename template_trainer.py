@@ -64,12 +64,29 @@ def setup_distributed(backend=None, timeout=datetime.timedelta(minutes=5)):
 
     options = {"device_id": device} if backend == "nccl" else {}
     if "MASTER_ADDR" in os.environ:  # launched by torchrun (or srun with the variables set)
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **options)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                                store=restart_store(world_size, timeout), **options)
     else:  # plain `python`: an in-process store, so no port is needed
         if world_size != 1:
             raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **options)
     return rank, local_rank, world_size, device
+
+
+def restart_store(world_size, timeout):
+    """After torchrun restarted the processes (--max-restarts), a store for this attempt alone.
+
+    torchrun's store outlives the failed attempt and still holds the dead processes'
+    addresses under the same keys: a new rank that read them first would connect to a
+    process that no longer exists ("Connection refused" in connectFullMesh). A prefix per
+    attempt keeps the attempts apart. None, the default env:// store, on the first attempt.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"restart_{attempt}", store)
 
 
 def cleanup():

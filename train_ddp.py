@@ -10,6 +10,8 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw        # Task 7
     sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
+    torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt
+                                        # survives a killed rank (docs/task8-checkpoints.md)
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
 the reference answers in solutions/, and --impl ddp with PyTorch's own
@@ -94,6 +96,12 @@ def parse_args(argv=None):
                         help="CSV file that rank 0 writes the per-epoch figures to (default: runs/metrics.csv)")
     parser.add_argument("--no-plot", action="store_true",
                         help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="rank 0 saves a checkpoint here after every epoch (last.pt, previous.pt), and a run "
+                        "that finds one resumes from it, also after a torchrun restart (default: no checkpoints)")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="with --checkpoint-dir, also save every N optimizer steps, so that a failure loses at "
+                        "most N steps; SIGUSR1 saves at the next step and stops (default: at epoch ends only)")
     return parser.parse_args(argv)
 
 
@@ -312,7 +320,8 @@ def main(args):
     needed = [("template_allreduce.py", f"{args.allreduce}_all_reduce")] if args.allreduce != "torch" else []
     task = unfilled_task(args.impl, TASK_FILES + needed + (["template_ddp.py"] if args.sync == "overlap" else [])
                          + (["template_zero.py"] if args.shard == "optimizer" else [])
-                         + (["template_fsdp.py"] if args.shard == "full" else []))
+                         + (["template_fsdp.py"] if args.shard == "full" else [])
+                         + (["template_checkpoint.py"] if args.checkpoint_dir else []))
     if task:
         trainer = importlib.import_module("template_trainer")
         trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
@@ -375,6 +384,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         optimizer = sharded_optimizer(args.impl, model, optimizer_cls, optimizer_kwargs)
         print0(f"optimizer: {optimizer_cls.__name__}, its state sharded over the {world_size} ranks "
                f"({type(optimizer).__name__})")
+    checkpointer = make_checkpointer(args, model, optimizer, world_size, data_name, device, len(train_loader))
+    first_epoch = checkpointer.epochs_done + 1 if checkpointer else 1
+    stop_requested = checkpointer.StopRequested if checkpointer else ()  # () catches nothing
 
     print0(f"impl={args.impl} allreduce={args.allreduce} sync={args.sync if args.impl != 'ddp' else 'ddp'} "
            f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
@@ -382,16 +394,23 @@ def train(args, trainer, loader_lib, rank, world_size, device):
            f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
            f"steps/epoch={len(train_loader)}")
     rows = []
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         PROGRESS.update(epoch=epoch, step=0)
         profiler = start_profiler(args.profile, device) if args.profile and rank == 0 and epoch == 1 else None
         loader = ProfiledLoader(train_loader, profiler) if profiler else train_loader
-        stats = trainer.train_one_epoch(model, Counted(loader), optimizer, device, sync_gradients, epoch,
-                                        accumulate=args.accumulate)
+        batches = checkpointer.batches(loader) if checkpointer else loader
+        try:
+            stats = trainer.train_one_epoch(model, Counted(batches), optimizer, device, sync_gradients, epoch,
+                                            accumulate=args.accumulate)
+        except stop_requested as stop:  # SIGUSR1: saved, now end cleanly
+            print0(stop)
+            return 0
         if profiler:
             profiler.stop()
             print0(f"profile of 3 steps on rank 0: {args.profile}/trace.json and {args.profile}/timeline.png")
+        if checkpointer:
+            checkpointer.end_epoch()
         # the global training loss, from the same reduction as the evaluation counts
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)
@@ -416,6 +435,21 @@ def train(args, trainer, loader_lib, rank, world_size, device):
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
            "(Task 2.1) and averaging (Task 2.2) the same way?")
     return 0 if same else 1
+
+
+def make_checkpointer(args, model, optimizer, world_size, data_name, device, steps_per_epoch):
+    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py)."""
+    if args.checkpoint_dir is None:
+        if args.checkpoint_every:
+            raise ValueError("--checkpoint-every needs --checkpoint-dir: where should the checkpoints go?")
+        return None
+    if getattr(args, "shard", "none") != "none":  # a sharded state must be gathered first: not done yet
+        raise ValueError("--checkpoint-dir saves the unsharded model and optimizer: it does not work with --shard yet")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    lib = importlib.import_module(("solutions." if args.impl != "template" else "") + "template_checkpoint")
+    return lib.Checkpointer(args.checkpoint_dir, args.checkpoint_every, model, optimizer,
+                            lib.run_arguments(args, world_size, data_name), device, steps_per_epoch)
 
 
 def write_metrics(path, rows):

@@ -340,6 +340,49 @@ MISTAKES = [
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
             "            full = full.to(unit.compute_dtype)\n"
             "            dist.all_gather_into_tensor(full, unit.shard.detach().to(unit.compute_dtype))\n", "fp32 shards"),
+    # Task 8.1
+    Mistake("8.1", "every-rank-writes", "template_checkpoint.py",
+            "    if get_rank() != 0:\n        return None\n    state = {", "    state = {", "rank 0 alone"),
+    Mistake("8.1", "written-in-place", "template_checkpoint.py",
+            """    fd, tmp = tempfile.mkstemp(dir=directory, prefix=LAST + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint
+        if os.path.exists(last):
+            os.replace(last, os.path.join(directory, PREVIOUS))
+        os.replace(tmp, last)
+    except Exception:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+""", """    if os.path.exists(last):
+        os.replace(last, os.path.join(directory, PREVIOUS))
+    with open(last, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+""", "written in place"),
+    Mistake("8.1", "no-optimizer-state", "template_checkpoint.py",
+            '"optimizer": optimizer.state_dict(),\n             "epoch"', '\n             "epoch"', "optimizer state"),
+    Mistake("8.1", "no-epoch-or-step", "template_checkpoint.py",
+            '"epoch": epoch, "step": step, "args"', '"args"', "epoch and step"),
+    Mistake("8.1", "wrapper-prefixes", "template_checkpoint.py",
+            'state = {"model": unwrap(model).state_dict()', 'state = {"model": model.state_dict()', "module."),
+    Mistake("8.1", "no-fsync", "template_checkpoint.py",
+            "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n", "", "fsync"),
+    # Task 8.2
+    Mistake("8.2", "rank-0-loads-alone", "template_checkpoint.py",
+            "    unreadable = []\n", "    unreadable = []\n    if get_rank() != 0:\n        return None, None\n",
+            "every rank"),
+    Mistake("8.2", "no-fallback", "template_checkpoint.py",
+            "    for name in (LAST, PREVIOUS):", "    for name in (LAST,):", "previous.pt must be used"),
+    Mistake("8.2", "silent-fresh-start", "template_checkpoint.py",
+            "    if unreadable:\n        raise CheckpointError(", "    if False:\n        raise CheckpointError(",
+            "start from scratch"),
+    Mistake("8.2", "unsafe-load", "template_checkpoint.py",
+            "map_location=device, weights_only=True)", "map_location=device, weights_only=False)", "weights_only"),
 ]
 
 

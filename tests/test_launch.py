@@ -271,3 +271,54 @@ def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, jobs):
         lines = "\n".join(line.split(": ", 1)[1] for line in log.splitlines() if line.startswith(f"{node}: "))
         ranks.append(agent_ranks(lines))
     assert sorted(ranks) == [(0, [0], 2), (1, [1], 2)], f"(group_rank, global_ranks, group_world_size): {ranks}\n{log}"
+
+
+# ---------------------------------------------------------------- USR1 before the time limit
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sbatch_usr1_saves_a_checkpoint_and_the_next_job_finishes_like_an_uninterrupted_run(slurm_nodes, tmp_path):
+    """SLURM's warning before the time limit (scancel --signal=USR1 --batch stands in for
+    --signal=B:USR1@120): submit.sh passes it on, training saves and ends, the job ends
+    cleanly; the same job submitted again resumes and ends bit-identical to a run never stopped.
+    (REQUEUE=0: with it SLURM would requeue the job itself, but only after a delay of minutes.)"""
+    import torch
+
+    run = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "1024", "--test-samples", "256",
+           "--batch-size", "16", "--epochs", "2", "--metrics", ""]  # 64 steps an epoch
+    ckpt = tmp_path / "ckpt"
+    train = [*run, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10"]
+    first = sbatch(tmp_path, ["--nodes=1"], train, 2, {"REQUEUE": "0"})
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py", *run,
+         "--checkpoint-dir", str(tmp_path / "reference")], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 150
+        while not (ckpt / "last.pt").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert (ckpt / "last.pt").exists(), f"job {first} wrote no checkpoint in time:\n{wait_for({'j': (first, tmp_path)}, 'j', 1)[2]}"
+        signalled = slurm("scancel", "--signal=USR1", "--batch", first)
+        assert signalled.returncode == 0, signalled.stderr
+        state, code, log = wait_for({"first": (first, tmp_path)}, "first", 150)
+        assert (state, code) == ("COMPLETED", "0:0"), f"job {first} ended {state} {code}:\n{log}"
+        assert "stopped by SIGUSR1 after step" in log and "submit it again to continue" in log, log
+        stopped = torch.load(ckpt / "last.pt", weights_only=True)
+        assert stopped["epoch"] < 2, f"the job finished before USR1 arrived (a fast machine?):\n{log}"
+
+        second = sbatch(tmp_path, ["--nodes=1"], train, 2, {"REQUEUE": "0"})
+        state, code, log = wait_for({"second": (second, tmp_path)}, "second", 150)
+        assert (state, code) == ("COMPLETED", "0:0"), f"job {second} ended {state} {code}:\n{log}"
+        assert f"{stopped['step']} steps done" in log, f"job {second} did not resume at step {stopped['step']}:\n{log}"
+        out, _ = reference.communicate(timeout=max(end - time.monotonic(), 30))
+    finally:
+        if reference.poll() is None:
+            os.killpg(reference.pid, signal.SIGKILL)
+            reference.wait()
+    assert reference.returncode == 0, out
+    final = torch.load(ckpt / "last.pt", weights_only=True)["model"]
+    expected = torch.load(tmp_path / "reference" / "last.pt", weights_only=True)["model"]
+    differ = [k for k in expected if not torch.equal(final[k], expected[k])]
+    assert not differ, f"after the stop and the second job, {differ} differ from the uninterrupted run:\n{log}"

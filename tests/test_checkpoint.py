@@ -1,0 +1,516 @@
+"""Task 8: checkpoints that survive a crash, and a resume that loses nothing (template_checkpoint.py).
+
+    pytest --impl template -m task8_1      # save_checkpoint
+    pytest --impl template -m task8_2      # load_checkpoint, and resuming train_ddp.py with it
+    pytest -m slow tests/test_checkpoint.py   # train_ddp.py's error lines, and ranks killed under torchrun
+
+The references are independent of the code under test: the files are read back with
+torch.load, written for load_checkpoint with torch.save, and a resumed training is compared
+with the same training run without interruption, bit for bit.
+"""
+import functools
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import train_ddp
+from conftest import load
+from harness import run_ranks
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"
+T82 = "Task 8.2 (template_checkpoint.py, load_checkpoint)"
+
+
+class Wrapper(nn.Module):
+    """Stands in for DistributedDataParallel: the model is its .module, and its own
+    state_dict has "module." before every key."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+def trained(seed=0):
+    """A small model and an SGD optimizer that has taken one step, so it holds momentum."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for param in model.parameters():  # gradients by hand: a first backward() costs seconds in a fresh process
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    return model, optimizer
+
+
+def read(path):
+    return torch.load(path, weights_only=True)
+
+
+def same_tensors(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------- Task 8.1
+@pytest.mark.task8_1
+def test_save_writes_model_optimizer_epoch_step_and_args(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    args = {"lr": 0.1, "batch_size": 64}
+    path = ckpt.save_checkpoint(str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
+        f"{T81}: on rank 0 (or without a process group) it must write last.pt and return its path, got {path!r}")
+    saved = read(tmp_path / "last.pt")
+    assert isinstance(saved, dict), f"{T81}: the checkpoint must be a dict, got {type(saved).__name__}"
+    missing = [key for key in ("model", "optimizer", "epoch", "step", "args") if key not in saved]
+    assert "optimizer" not in missing, (
+        f"{T81}: no 'optimizer' entry: save the optimizer state (SGD's momentum buffers), or the resumed run "
+        "takes different steps from the uninterrupted one")
+    assert not {"epoch", "step"} & set(missing), (
+        f"{T81}: no {' or '.join(k for k in ('epoch', 'step') if k in missing)} entry: without the epoch and "
+        "step the resumed run starts its data over and trains some batches twice")
+    assert not missing, f"{T81}: the checkpoint lacks {missing}"
+    prefixed = [key for key in saved["model"] if key.startswith("module.")]
+    assert not prefixed, (
+        f"{T81}: the model's keys start with 'module.' ({prefixed[:2]}): save the plain module's state_dict "
+        "(unwrap(model)), so that the checkpoint loads with or without the DistributedDataParallel wrapper")
+    assert same_tensors(saved["model"], model.state_dict()), f"{T81}: 'model' is not the model's state_dict"
+    momentum = [s.get("momentum_buffer") for s in saved["optimizer"].get("state", {}).values()]
+    expected = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    assert len(momentum) == len(expected) and all(
+        m is not None and torch.equal(m, e) for m, e in zip(momentum, expected)), (
+        f"{T81}: 'optimizer' does not hold the momentum buffers: save optimizer.state_dict()")
+    assert (saved["epoch"], saved["step"]) == (2, 17), (
+        f"{T81}: epoch and step saved as {saved['epoch']}, {saved['step']}, expected the arguments 2, 17")
+    assert saved["args"] == args, f"{T81}: args saved as {saved['args']}, expected {args}"
+
+
+@pytest.mark.task8_1
+def test_save_keeps_the_newest_as_last_and_the_one_before_as_previous(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    for epoch in (1, 2, 3):
+        ckpt.save_checkpoint(str(tmp_path), model, optimizer, epoch, 10 * epoch, {})
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["last.pt", "previous.pt"], (
+        f"{T81}: after three saves the folder holds {names}: keep exactly last.pt (the newest) and "
+        "previous.pt (the one before), and leave no temporary file behind")
+    epochs = read(tmp_path / "last.pt")["epoch"], read(tmp_path / "previous.pt")["epoch"]
+    assert epochs == (3, 2), f"{T81}: last.pt and previous.pt hold epochs {epochs}, expected 3 and 2"
+
+
+class Crash(BaseException):
+    """The process dying in the middle of torch.save (BaseException: no `except Exception` hides it)."""
+
+
+def half_written_save(obj, f, *args, **kwargs):
+    """torch.save that dies after writing the first bytes, as a killed process would."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 half a checkpoint")
+    else:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        f.flush()
+    raise Crash("killed in the middle of torch.save")
+
+
+@pytest.mark.task8_1
+def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, monkeypatch):
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    monkeypatch.setattr(torch, "save", half_written_save)
+    with pytest.raises(Crash):
+        ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})
+    monkeypatch.undo()
+    try:
+        epoch = read(tmp_path / "last.pt")["epoch"]
+    except Exception as error:
+        pytest.fail(f"{T81}: a crash in the middle of the save left last.pt unreadable ({type(error).__name__}): "
+                    "it was written in place. Write a temporary file in the same folder, then os.replace it "
+                    "onto last.pt, so that last.pt is always a whole checkpoint")
+    assert epoch == 1, (f"{T81}: after a crash in the middle of saving epoch 2, last.pt holds epoch {epoch}, "
+                        "expected the last good one (epoch 1)")
+
+
+@pytest.mark.task8_1
+def test_save_fsyncs_the_file_before_renaming_it(impl, tmp_path, monkeypatch):
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    synced = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or fsync(fd))
+    ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    assert synced, (f"{T81}: os.fsync was never called: without it the rename can reach the disk before the "
+                    "data, and a power cut leaves an empty last.pt. flush() and os.fsync(f.fileno()) first")
+
+
+def _save_on_each_rank(rank, world_size, impl, root):
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained(seed=rank)
+    folder = os.path.join(root, f"rank{rank}")  # a folder per rank shows who wrote
+    path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
+    return path, sorted(os.listdir(folder))
+
+
+@pytest.mark.task8_1
+def test_only_rank_0_writes(impl, tmp_path):
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}").mkdir()
+    results = run_ranks(_save_on_each_rank, 2, impl, str(tmp_path), timeout=30)
+    assert results[1] == (None, []), (
+        f"{T81}: rank 1 wrote {results[1][1]} (returned {results[1][0]!r}): rank 0 alone must write. Every rank "
+        "holds the same weights, and several processes writing one file at once leave a mix of their bytes")
+    assert results[0][1] == ["last.pt"], f"{T81}: rank 0 wrote {results[0][1]}, expected last.pt"
+
+
+# --------------------------------------------------------------------------- Task 8.2
+def write(path, epoch, seed=0):
+    model, optimizer = trained(seed)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+             "step": 10 * epoch, "args": {"lr": 0.1}}
+    torch.save(state, path)
+    return state
+
+
+@pytest.mark.task8_2
+def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    assert ckpt.load_checkpoint(str(tmp_path), "cpu") == (None, None), (
+        f"{T82}: an empty folder must give (None, None): nothing to resume")
+    write(tmp_path / "previous.pt", 1, seed=1)
+    newest = write(tmp_path / "last.pt", 2, seed=2)
+    state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
+        f"{T82}: returned {path!r}, expected last.pt, the newest")
+    assert state["epoch"] == 2 and same_tensors(state["model"], newest["model"]), (
+        f"{T82}: the checkpoint returned is not last.pt's")
+
+
+@pytest.mark.task8_2
+def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(impl, tmp_path, capsys):
+    ckpt = load(impl, "template_checkpoint")
+    good = write(tmp_path / "previous.pt", 1)
+    write(tmp_path / "last.pt", 2)
+    data = (tmp_path / "last.pt").read_bytes()
+    (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])  # as a write cut short by a crash
+    try:
+        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except ValueError as error:
+        pytest.fail(f"{T82}: last.pt is truncated, so previous.pt must be used; load_checkpoint raised: {error}")
+    assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
+        f"{T82}: last.pt is truncated, so previous.pt must be used; returned {path!r}")
+    assert same_tensors(state["model"], good["model"])
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if "last.pt" in line]
+    assert len(lines) == 1, (f"{T82}: say in one line (print it) that last.pt cannot be read, naming it; "
+                             f"printed: {out.out + out.err!r}")
+
+
+@pytest.mark.task8_2
+def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    (tmp_path / "last.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    try:
+        result = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except ValueError as error:  # CheckpointError is a ValueError: train_ddp.py prints one line
+        assert "last.pt" in str(error), f"{T82}: the error should name the file: {error}"
+        return
+    pytest.fail(f"{T82}: last.pt cannot be read and there is no other checkpoint, yet load_checkpoint returned "
+                f"{result!r}: raise CheckpointError; returning None would silently start from scratch")
+
+
+class Payload:
+    """Runs code when unpickled, as a booby-trapped checkpoint could."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+@pytest.mark.task8_2
+def test_load_does_not_run_code_hidden_in_a_checkpoint(impl, tmp_path, capsys):
+    ckpt = load(impl, "template_checkpoint")
+    write(tmp_path / "previous.pt", 1)
+    marker = tmp_path / "code-ran"
+    torch.save({"model": {}, "epoch": 9, "payload": Payload(str(marker))}, tmp_path / "last.pt")
+    state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    assert not marker.exists(), (
+        f"{T82}: loading the checkpoint ran code stored in it: torch.load(..., weights_only=True) refuses "
+        "anything but tensors and plain containers")
+    assert os.path.samefile(path, tmp_path / "previous.pt"), f"{T82}: expected previous.pt, got {path!r}"
+
+
+def _load_on_every_rank(rank, world_size, impl, folder):
+    ckpt = load(impl, "template_checkpoint")
+    state, path = ckpt.load_checkpoint(folder, "cpu")
+    return None if state is None else (state["epoch"], state["model"])
+
+
+@pytest.mark.task8_2
+def test_every_rank_loads_the_checkpoint(impl, tmp_path):
+    expected = write(tmp_path / "last.pt", 3)
+    results = run_ranks(_load_on_every_rank, 2, impl, str(tmp_path), timeout=30)
+    for rank, result in enumerate(results):
+        assert result is not None, (f"{T82}: rank {rank} got no checkpoint: every rank must load it itself, since "
+                                    "each needs the state in its own model and optimizer")
+        assert result[0] == 3 and same_tensors(result[1], expected["model"]), f"{T82}: rank {rank} got another state"
+
+
+@pytest.mark.task8_2
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: map_location from a GPU needs one")
+def test_load_maps_a_gpu_checkpoint_to_the_ranks_device(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    torch.save({"model": {"w": torch.ones(3, device="cuda")}, "epoch": 1, "step": 1}, tmp_path / "last.pt")
+    state, _ = ckpt.load_checkpoint(str(tmp_path), torch.device("cpu"))
+    assert state["model"]["w"].device.type == "cpu", (
+        f"{T82}: a checkpoint saved on a GPU came back on {state['model']['w'].device}: "
+        "pass map_location=device to torch.load")
+
+
+# ------------------------------------------- train_ddp.py resumes, in-process on 2 gloo ranks
+TINY = ["--data", "synthetic", "--train-samples", "256", "--test-samples", "64", "--batch-size", "32",
+        "--metrics", ""]
+
+
+def _train(impl, extra):
+    """train_ddp.py's training, in a rank that the harness has already put in a process group."""
+    if not hasattr(train_ddp.get_datasets, "cache_info"):  # the same synthetic data, made once a rank
+        train_ddp.get_datasets = functools.lru_cache(train_ddp.get_datasets)
+    args = train_ddp.parse_args(["--impl", impl, *TINY, *extra])
+    trainer, loader_lib = load(impl, "template_trainer"), load(impl, "template_data_loader")
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return train_ddp.train(args, trainer, loader_lib, rank, world_size, torch.device("cpu"))
+
+
+def _interrupt_and_resume(rank, world_size, impl, root, stop_after):
+    """An uninterrupted run, then a run that rank 1 sends SIGUSR1 to after `stop_after` steps,
+    then the same command again, which resumes. Returns the two runs' final checkpoints."""
+    trainer = load(impl, "template_trainer")
+    _train(impl, ["--epochs", "2", "--checkpoint-dir", f"{root}/whole"])
+    calls = [0]
+    average = trainer.average_gradients
+
+    def average_then_signal(model):  # train_ddp looks trainer.average_gradients up when it starts
+        average(model)
+        calls[0] += 1
+        if rank == 1 and calls[0] == stop_after:
+            os.kill(os.getpid(), signal.SIGUSR1)  # as SLURM's warning before the time limit would
+
+    trainer.average_gradients = average_then_signal
+    try:
+        _train(impl, ["--epochs", "2", "--checkpoint-dir", f"{root}/parts"])
+    finally:
+        trainer.average_gradients = average
+    stopped = read(f"{root}/parts/last.pt")
+    _train(impl, ["--epochs", "2", "--checkpoint-dir", f"{root}/parts"])
+    resumed = read(f"{root}/parts/last.pt")
+    # a truncated newest checkpoint: the run goes back to previous.pt (epoch 1) and trains epoch 2 again
+    torch.distributed.barrier()  # every rank has read it
+    if rank == 0:
+        last = pathlib.Path(root, "parts", "last.pt")
+        last.write_bytes(last.read_bytes()[:1000])
+    torch.distributed.barrier()
+    _train(impl, ["--epochs", "2", "--checkpoint-dir", f"{root}/parts"])
+    recovered = read(f"{root}/parts/last.pt")
+    try:  # and a run with another learning rate must refuse these checkpoints
+        _train(impl, ["--epochs", "3", "--checkpoint-dir", f"{root}/parts", "--lr", "0.1"])
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    return ((stopped["epoch"], stopped["step"]), read(f"{root}/whole/last.pt"), resumed, recovered,
+            sorted(os.listdir(f"{root}/parts")), refused)
+
+
+@pytest.mark.task8_2
+def test_train_ddp_stopped_mid_epoch_and_resumed_ends_bit_identical(impl, tmp_path):
+    """256 images, global batch 32: 8 steps an epoch. SIGUSR1 after step 5 of epoch 1."""
+    results = run_ranks(_interrupt_and_resume, 2, impl, str(tmp_path), 5, timeout=90)
+    stopped, whole, resumed, recovered, files, refused = results[0]
+    assert stopped == (0, 5), f"the stop after SIGUSR1 saved (epoch, step) = {stopped}, expected (0, 5)"
+    assert (resumed["epoch"], resumed["step"]) == (2, 16), (resumed["epoch"], resumed["step"])
+    differ = [k for k in whole["model"] if not torch.equal(whole["model"][k], resumed["model"][k])]
+    assert not differ, (
+        f"{T82}: after a stop in the middle of epoch 1 and a resume, {differ} differ from the uninterrupted run. "
+        "Check that load_checkpoint returns the optimizer state and the step as saved")
+    assert same_tensors(whole["optimizer"]["state"][0], resumed["optimizer"]["state"][0])
+    assert (recovered["epoch"], recovered["step"]) == (2, 16) and same_tensors(whole["model"], recovered["model"]), (
+        f"{T82}: with last.pt truncated, the run must resume from previous.pt and end like the uninterrupted run")
+    assert files == ["last.pt", "last.pt.corrupt", "previous.pt"], files
+    assert refused is not None, "a checkpoint written with --lr 0.05 was resumed by a run with --lr 0.1"
+    assert "--lr" in refused and "\n" not in refused, refused
+
+
+# ------------------------------------------------------- train_ddp.py's one-line errors (slow)
+def run(args, timeout=120, **kwargs):
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kwargs)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+CLI = [sys.executable, "train_ddp.py", "--impl", "solutions", *TINY, "--epochs", "1"]
+
+
+def error_lines(out):
+    return [line for line in out.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+def test_cli_missing_parent_folder_is_one_line(tmp_path):
+    code, out = run(CLI + ["--checkpoint-dir", str(tmp_path / "typo" / "ckpt")])
+    assert code == 2 and "Traceback" not in out, out
+    assert len(error_lines(out)) == 1 and "does not exist" in out, out
+
+
+def read_only_command(folder):
+    """A command prefix that makes `folder` read-only for the command, or None. chmod does not
+    stop root, so as root the folder is a read-only mount in a private mount namespace."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o500)
+        return []
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "{folder}" && exec "$0" "$@"']
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+def test_cli_read_only_folder_is_one_line(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    prefix = read_only_command(str(folder))
+    if prefix is None:
+        pytest.skip("cannot make a read-only folder here (root without unshare)")
+    code, out = run(prefix + CLI + ["--checkpoint-dir", str(folder)])
+    assert code == 2 and "Traceback" not in out, out
+    assert len(error_lines(out)) == 1 and "not writable" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+def test_cli_checkpoint_of_other_arguments_is_one_line(tmp_path):
+    from models import CNN
+
+    model = CNN()
+    saved = dict(vars(train_ddp.parse_args(CLI[2:])), world_size=1, data="synthetic", batch_size=64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    (tmp_path / "ckpt").mkdir()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0, "step": 3,
+                "args": saved}, tmp_path / "ckpt" / "last.pt")
+    code, out = run(CLI + ["--checkpoint-dir", str(tmp_path / "ckpt")])
+    assert code == 2 and "Traceback" not in out, out
+    assert len(error_lines(out)) == 1 and "--batch-size 64, this run has 32" in out, out
+
+
+# ------------------------------------- torchrun restarts a killed rank, and nothing is lost (slow)
+TORCHRUN_RUN = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "512", "--test-samples", "256",
+                "--batch-size", "32", "--epochs", "2", "--metrics", ""]  # 16 steps an epoch
+STEPS_PER_EPOCH = 16
+
+
+def torchrun(folder, *extra, restarts=1):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               f"--max-restarts={restarts}", "train_ddp.py", *TORCHRUN_RUN, "--checkpoint-dir", str(folder), *extra]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def finish(proc, deadline):
+    """Wait for a torchrun (and its workers) until the deadline; kill all of it if it passes."""
+    try:
+        out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun did not finish in time (a hang, or a very busy machine):\n{out}")
+    return proc.returncode, out
+
+
+def worker_pid(agent_pid, rank):
+    """The pid of torchrun's worker with RANK=rank, from /proc: the agent's children."""
+    children = []
+    for task in os.listdir(f"/proc/{agent_pid}/task"):
+        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
+            children += [int(pid) for pid in f.read().split()]
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:  # it has just ended
+            continue
+        if env.get(b"RANK") == str(rank).encode():
+            return pid
+    return None
+
+
+def newest_checkpoint(folder, seen):
+    """(epoch, step) of folder/last.pt when it has changed since `seen`, else None."""
+    path = folder / "last.pt"
+    try:
+        stat = path.stat()
+        if (stat.st_ino, stat.st_mtime_ns) == seen.get("id"):
+            return None
+        seen["id"] = (stat.st_ino, stat.st_mtime_ns)
+        state = read(path)
+        return state["epoch"], state["step"]
+    except (OSError, RuntimeError, EOFError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The final checkpoint of the same training, never interrupted."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    code, out = finish(torchrun(folder, restarts=0), time.monotonic() + 150)
+    assert code == 0, out
+    return read(folder / "last.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("every", [None, 5], ids=["epoch-checkpoint", "mid-epoch-checkpoint"])
+def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(uninterrupted, tmp_path, every):
+    """SIGKILL rank 1 in epoch 2 (right after a checkpoint inside it with --checkpoint-every 5;
+    else right after the epoch-1 checkpoint, as epoch 2 begins): torchrun --max-restarts=1 starts
+    both ranks again, they resume from the newest checkpoint, and the final weights equal the
+    uninterrupted run's, bit for bit."""
+    folder = tmp_path / "ckpt"
+    extra = ["--checkpoint-every", str(every)] if every else []
+    proc = torchrun(folder, *extra)
+    deadline = time.monotonic() + 150
+    seen, killed = {}, None
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        found = newest_checkpoint(folder, seen)
+        # the kill comes right after a checkpoint inside epoch 2 (--checkpoint-every), or right
+        # after the epoch-1 checkpoint, as epoch 2 starts
+        if found and (found[1] > STEPS_PER_EPOCH if every else found[0] == 1):
+            pid = worker_pid(proc.pid, 1)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed = found
+        time.sleep(0.02)
+    code, out = finish(proc, deadline)
+    assert killed, f"rank 1 was never killed: no checkpoint of epoch 2 appeared in time:\n{out}"
+    assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
+    resumed = re.findall(r"resuming from \S+: (\d+) epochs and (\d+) steps done", out)
+    assert resumed, f"the restarted ranks did not resume from a checkpoint:\n{out}"
+    epochs, steps = map(int, resumed[-1])
+    assert epochs == 1 and (steps > STEPS_PER_EPOCH if every else steps == STEPS_PER_EPOCH), (
+        f"resumed at epoch {epochs}, step {steps}; expected inside epoch 2 (the kill came at {killed}):\n{out}")
+    final = read(folder / "last.pt")
+    assert (final["epoch"], final["step"]) == (2, 2 * STEPS_PER_EPOCH), out
+    differ = [k for k in final["model"] if not torch.equal(final["model"][k], uninterrupted["model"][k])]
+    assert not differ, f"after the restart {differ} differ from the uninterrupted run:\n{out}"
