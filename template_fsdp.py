@@ -1,7 +1,6 @@
 """Task 7: fully sharded data parallelism (FSDP, ZeRO stage 3).
 
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw
-    pytest --impl template -m "task7_1 or task7_2 or task7_3 or task7_4 or task7_5"
     python check.py 7                 # which of these tasks are done (docs/task7-fsdp.md)
 
 Data parallelism keeps the whole model, its gradients and its optimizer state on every rank.

@@ -1,6 +1,6 @@
 """Task 5: DistributedDataParallel from scratch: buckets, overlap, gradient accumulation.
 
-    pytest --impl template -m "task5_1 or task5_2 or task5_3 or task5_4 or task5_5"  # check your work
+    python check.py 5                                                               # check your work
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap            # train with it
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --accumulate 4
     docs/task5-ddp.md                                                               # the ideas, measured

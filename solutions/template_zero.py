@@ -1,6 +1,6 @@
 """Task 6: shard the optimizer state over the ranks (ZeRO stage 1).
 
-    pytest --impl template -m "task6_1 or task6_2 or task6_3"   # check your work
+    python check.py 6                                          # check your work
     python check.py 6
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw
 

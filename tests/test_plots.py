@@ -1,5 +1,6 @@
 """The figures and the progress bar: tools/plot_runs.py, train_ddp.py's plot, the tqdm bar on rank 0."""
 import csv
+import functools
 import io
 import runpy
 import sys
@@ -74,7 +75,9 @@ def one_epoch(trainer, monkeypatch, stderr, rank="0"):
 
 
 def test_rank_0_in_a_terminal_gets_a_progress_bar_with_images_per_second(trainer, monkeypatch, capsys):
-    pytest.importorskip("tqdm")
+    tqdm = pytest.importorskip("tqdm")
+    # tqdm redraws at most every 0.1 s: on a fast machine 5 tiny steps end before the first redraw
+    monkeypatch.setattr(tqdm, "tqdm", functools.partial(tqdm.tqdm, mininterval=0))
     terminal = Terminal()
     one_epoch(trainer, monkeypatch, terminal)
     shown = terminal.getvalue()
