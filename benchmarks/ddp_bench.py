@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from models import CNN  # noqa: E402
+from models import benchmark_model  # noqa: E402
 from solutions.template_ddp import DDP  # noqa: E402
 from solutions.template_trainer import average_gradients  # noqa: E402
 
@@ -59,15 +59,6 @@ def parse_args(argv=None):
     return args
 
 
-def make_model(name):
-    torch.manual_seed(0)
-    if name == "cnn":
-        return CNN()
-    import torchvision
-
-    return torchvision.models.resnet18(num_classes=10)
-
-
 class Variant:
     def __init__(self, label, model, bucket_mb=""):
         self.label, self.model, self.bucket_mb = label, model, bucket_mb
@@ -89,13 +80,13 @@ class Variant:
 
 
 def variants(model_name, buckets):
-    out = [Variant("torch DDP", DistributedDataParallel(make_model(model_name)), 25)]
+    out = [Variant("torch DDP", DistributedDataParallel(benchmark_model(model_name)), 25)]
     for size in buckets:
         mb = None if size == "none" else float(size)
-        model = DDP(make_model(model_name), bucket_size_mb=mb)
+        model = DDP(benchmark_model(model_name), bucket_size_mb=mb)
         out.append(Variant(f"task5 {size} MB" if mb else "task5 per-param", model, size))
         out[-1].num_buckets = len(model.buckets)
-    out.append(Variant("after-backward", make_model(model_name), "per-param"))
+    out.append(Variant("after-backward", benchmark_model(model_name), "per-param"))
     return out
 
 

@@ -41,7 +41,7 @@ from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
-from models import CNN  # noqa: E402
+from models import benchmark_model  # noqa: E402
 
 STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
 HAS_TASK6 = os.path.exists(os.path.join(ROOT, "solutions", "template_zero.py"))
@@ -60,14 +60,6 @@ def parse_args(argv=None):
     if args.quick:
         args.models, args.ranks, args.steps = "cnn", "1,2", 3
     return args
-
-
-def make_model(name):
-    torch.manual_seed(0)
-    if name == "cnn":
-        return CNN()
-    import torchvision
-    return torchvision.models.resnet18(num_classes=10)
 
 
 def local(tensor):
@@ -98,7 +90,7 @@ def optimizer_state_tensors(optimizer, seen=None):
 def build(strategy, model_name):
     """(model, optimizer, what runs between backward and step, the tensors that are the parameters)."""
     from torch.nn.parallel import DistributedDataParallel
-    model = make_model(model_name)
+    model = benchmark_model(model_name)
     if strategy in ("ddp", "task6", "zero"):
         ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         if strategy == "ddp":
