@@ -388,7 +388,10 @@ def train(args, trainer, loader_lib, rank, world_size, device):
     first_epoch = checkpointer.epochs_done + 1 if checkpointer else 1
     stop_requested = checkpointer.StopRequested if checkpointer else ()  # () catches nothing
 
-    print0(f"impl={args.impl} allreduce={args.allreduce} sync={args.sync if args.impl != 'ddp' else 'ddp'} "
+    sync_name = "ddp" if args.impl == "ddp" else args.sync
+    if args.shard == "full":  # the gradients are reduce-scattered inside backward
+        sync_name = "fully_shard" if args.impl == "ddp" else "fsdp"
+    print0(f"impl={args.impl} allreduce={args.allreduce} sync={sync_name} "
            f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
            f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
@@ -415,7 +418,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
         result = trainer.evaluate(model, test_loader, device)
         sync = (f"sync {stats['sync_seconds'] / stats['seconds']:.0%} of step time" if sync_gradients
-                else "sync overlapped with backward by DDP")
+                else f"sync overlapped with backward by {'fully_shard' if args.shard == 'full' else 'DDP'}")
+        if args.shard == "full" and sync_gradients:  # Task 7 reduce-scatters inside backward, not after it
+            sync = f"reduce-scatter inside backward (not timed), {sync}"
         row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
                "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
                "sync_share": stats["sync_seconds"] / stats["seconds"] if sync_gradients else "",
