@@ -8,6 +8,7 @@ so these tests check the repository with the solutions, not a student's tasks. T
 is independent of the code under test: the same training run without interruption, and a plain
 CNN() that the saved model must load into with strict=True.
 """
+import functools
 import os
 import signal
 
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's
 def _train(impl, extra):
     """train_ddp.py's training in a harness rank, as test_checkpoint._train, with the solutions'
     trainer and loaders also for --impl ddp (as train_ddp.main does); 128 images: 4 steps an epoch."""
-    args = train_ddp.parse_args(["--impl", impl, *TINY, "--train-samples", "128", *extra])
+    if not hasattr(train_ddp.get_datasets, "cache_info"):  # the same synthetic data, made once a rank
+        train_ddp.get_datasets = functools.lru_cache(train_ddp.get_datasets)
+    args = train_ddp.parse_args(["--impl", impl, *TINY, "--train-samples", "128", "--test-samples", "32", *extra])
     lib = "template" if impl == "template" else "solutions"
     trainer, loader_lib = load(lib, "template_trainer"), load(lib, "template_data_loader")
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -47,13 +50,13 @@ def _signal_after(steps):
     return SignalAfter
 
 
-def _stop_and_resume(rank, world_size, impl, shards, root, stop_after):
-    """For each --shard in shards: an uninterrupted 2-epoch run; then one stopped by SIGUSR1 after
+def _stop_and_resume(rank, world_size, impl, shards, root, epochs, stop_after):
+    """For each --shard in shards: an uninterrupted run of `epochs` epochs; then one stopped by SIGUSR1 after
     `stop_after` steps, and the same command again, which resumes. Returns, on rank 0, for each
     shard: (stopped at, the two final checkpoints, exit codes)."""
     results = {}
     for shard in shards:
-        extra = ["--shard", shard, "--optimizer", "adamw", "--epochs", "2"]
+        extra = ["--shard", shard, "--optimizer", "adamw", "--epochs", str(epochs)]
         whole_code = _train(impl, [*extra, "--checkpoint-dir", f"{root}/{shard}-whole"])
         counted = train_ddp.Counted
         train_ddp.Counted = _signal_after(stop_after)
@@ -84,31 +87,33 @@ def _equal(a, b, where=""):
     return [] if a == b else [where]
 
 
-def _check(label, result):
+def _check(label, result, epochs, stop_after):
     stopped, whole, resumed, codes = result
     assert codes == (0, 0), f"{label}: the ranks' parameters differ at the end (exit codes {codes})"
-    assert stopped == (0, 3), f"{label}: the stop after SIGUSR1 saved (epoch, step) = {stopped}, expected (0, 3)"
-    assert (resumed["epoch"], resumed["step"]) == (2, 8), (resumed["epoch"], resumed["step"])
+    assert stopped == (0, stop_after), (
+        f"{label}: the stop after SIGUSR1 saved (epoch, step) = {stopped}, expected (0, {stop_after})")
+    assert (resumed["epoch"], resumed["step"]) == (epochs, 4 * epochs), (resumed["epoch"], resumed["step"])
     for checkpoint in (whole, resumed):  # the plain model, full tensors, as one process holds it
         CNN().load_state_dict(checkpoint["model"], strict=True)
         assert all(type(t) is torch.Tensor for t in checkpoint["model"].values()), \
             f"{label}: the checkpoint's model holds {set(type(t).__name__ for t in checkpoint['model'].values())}"
     differ = _equal(whole["model"], resumed["model"], "model")
-    assert not differ, f"{label}: stopped after step 3 and resumed, {differ} differ from the uninterrupted run"
+    assert not differ, f"{label}: stopped after step {stop_after} and resumed, {differ} differ from the uninterrupted run"
     differ = _equal(whole["optimizer"], resumed["optimizer"], "optimizer")
     assert not differ, f"{label}: the resumed run's optimizer state differs from the uninterrupted run's at {differ}"
     return whole
 
 
-# 128 images, global batch 32: 4 steps an epoch; SIGUSR1 after step 3 of epoch 1. Both shardings in
-# one group of processes: starting the ranks costs more than their training.
+# 128 images, global batch 32: 4 steps an epoch; SIGUSR1 in the middle of epoch 1. Both shardings in
+# one group of processes: starting the ranks costs more than their training. The default run trains
+# one epoch (stopped after step 2), the slow one two (after step 3), so the resume also starts an epoch.
 def test_sharded_runs_stopped_mid_epoch_and_resumed_end_bit_identical(tmp_path):
-    results = run_ranks(_stop_and_resume, 2, "solutions", ["optimizer", "full"], str(tmp_path), 3, timeout=120)[0]
-    whole = _check("--shard optimizer", results["optimizer"])
+    results = run_ranks(_stop_and_resume, 2, "solutions", ["optimizer", "full"], str(tmp_path), 1, 2, timeout=120)[0]
+    whole = _check("--shard optimizer", results["optimizer"], 1, 2)
     # the whole state, as the unsharded AdamW's state_dict() holds it (Task 6's state_dict() gathers it)
     assert sorted(whole["optimizer"]["state"]) == list(range(len(list(CNN().parameters())))), \
         f"--shard optimizer: the checkpoint holds the state of parameters {sorted(whole['optimizer']['state'])} only"
-    whole = _check("--shard full", results["full"])
+    whole = _check("--shard full", results["full"], 1, 2)
     assert len(whole["optimizer"]["per_rank"]) == 2, "--shard full: one optimizer state per rank"
 
 
@@ -120,6 +125,13 @@ def test_pytorch_sharded_runs_stopped_mid_epoch_and_resumed_end_bit_identical(tm
         shards = ["optimizer", "full"]
     except ImportError:  # torch before 2.6: ZeroRedundancyOptimizer only
         shards = ["optimizer"]
-    results = run_ranks(_stop_and_resume, 2, "ddp", shards, str(tmp_path), 3, timeout=120)[0]
+    results = run_ranks(_stop_and_resume, 2, "ddp", shards, str(tmp_path), 2, 3, timeout=120)[0]
     for shard in shards:
-        _check(f"--impl ddp --shard {shard}", results[shard])
+        _check(f"--impl ddp --shard {shard}", results[shard], 2, 3)
+
+
+@pytest.mark.slow
+def test_sharded_runs_stopped_and_resumed_over_two_epochs_end_bit_identical(tmp_path):
+    results = run_ranks(_stop_and_resume, 2, "solutions", ["optimizer", "full"], str(tmp_path), 2, 3, timeout=120)[0]
+    for shard in ("optimizer", "full"):
+        _check(f"--shard {shard}", results[shard], 2, 3)
