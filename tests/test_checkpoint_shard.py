@@ -10,7 +10,9 @@ CNN() that the saved model must load into with strict=True.
 """
 import functools
 import os
+import re
 import signal
+import time
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ import train_ddp
 from harness import run_ranks
 from models import CNN
 from conftest import load
-from test_checkpoint import TINY, read
+from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, newest_checkpoint, read, torchrun, worker_pid
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
 
@@ -135,3 +137,35 @@ def test_sharded_runs_stopped_and_resumed_over_two_epochs_end_bit_identical(tmp_
     results = run_ranks(_stop_and_resume, 2, "solutions", ["optimizer", "full"], str(tmp_path), 2, 3, timeout=120)[0]
     for shard in ("optimizer", "full"):
         _check(f"--shard {shard}", results[shard], 2, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(tmp_path):
+    """--shard full --optimizer adamw --checkpoint-every 5 under torchrun --max-restarts=1: SIGKILL
+    rank 1 right after a checkpoint inside epoch 2; the restarted ranks resume from it and end with
+    the uninterrupted run's model and per-rank optimizer state, bit for bit."""
+    extra = ["--shard", "full", "--optimizer", "adamw", "--checkpoint-every", "5"]
+    code, out = finish(torchrun(tmp_path / "whole", *extra, restarts=0), time.monotonic() + 150)
+    assert code == 0, out
+    proc = torchrun(tmp_path / "ckpt", *extra)
+    deadline = time.monotonic() + 150
+    seen, killed = {}, None
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        found = newest_checkpoint(tmp_path / "ckpt", seen)
+        if found and found[1] > STEPS_PER_EPOCH:
+            pid = worker_pid(proc.pid, 1)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed = found
+        time.sleep(0.02)
+    code, out = finish(proc, deadline)
+    assert killed, f"rank 1 was never killed: no checkpoint inside epoch 2 appeared in time:\n{out}"
+    assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
+    resumed = re.findall(r"resuming from \S+: (\d+) epochs and (\d+) steps done", out)
+    assert resumed and int(resumed[-1][1]) > STEPS_PER_EPOCH, f"no resume inside epoch 2:\n{out}"
+    whole, final = read(tmp_path / "whole" / "last.pt"), read(tmp_path / "ckpt" / "last.pt")
+    CNN().load_state_dict(final["model"], strict=True)
+    assert (final["epoch"], final["step"]) == (2, 2 * STEPS_PER_EPOCH), out
+    differ = _equal(whole["model"], final["model"], "model") + _equal(whole["optimizer"], final["optimizer"], "optimizer")
+    assert not differ, f"after the restart {differ} differ from the uninterrupted run:\n{out}"
