@@ -14,8 +14,9 @@ explains each decision.
     Task 8.2  load_checkpoint  every rank reads the newest checkpoint that is readable
 
 The rest is given: the folder's checks, resume() (which calls load_checkpoint and refuses a
-checkpoint from a run with other arguments), the batch skipping of a mid-epoch resume, and
-the stop on SIGUSR1 that SLURM sends before a job's time limit.
+checkpoint from a run with other arguments), the batch skipping of a mid-epoch resume, the
+stop on SIGUSR1 that SLURM sends before a job's time limit, and under --shard the gathering
+of the full state on every rank before rank 0 saves it (full_state, load_full_state).
 """
 import os
 import signal
@@ -283,7 +284,8 @@ def full_state(model, optimizer, shard):
         return unwrap(model).state_dict(), optim_state
     if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP
         model_state = model.gather_full_params()
-        model_state.update((name, buffer.detach().clone()) for name, buffer in unwrap(model).named_buffers())  # buffers are not sharded: every rank has them
+        buffers = unwrap(model).named_buffers()  # not sharded: every rank holds them whole
+        model_state.update((name, buffer.detach().clone()) for name, buffer in buffers)
         mine = optimizer.state_dict()  # this rank's shards' state, on the CPU to travel as an object
         mine = {"state": {index: {key: value.detach().cpu() if torch.is_tensor(value) else value
                                   for key, value in state.items()} for index, state in mine["state"].items()},
@@ -306,8 +308,8 @@ def load_full_state(model, optimizer, checkpoint, shard):
         full = checkpoint["model"]
         expected = {name for name, _, _ in model._names} | {name for name, _ in unwrap(model).named_buffers()}
         if set(full) != expected:
-            raise CheckpointError(f"the checkpoint's model has the entries {sorted(set(full) ^ expected)} "
-                                  "that this model has not, or lacks them")
+            raise CheckpointError(f"the checkpoint's model does not fit this model: {sorted(set(full) - expected)} "
+                                  f"only in the checkpoint, {sorted(expected - set(full))} only in the model")
         with torch.no_grad():
             for unit in model.units:
                 names = {index: name for name, owner, index in model._names if owner is unit}
