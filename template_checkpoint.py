@@ -14,8 +14,9 @@ explains each decision.
     Task 8.2  load_checkpoint  every rank reads the newest checkpoint that is readable
 
 The rest is given: the folder's checks, resume() (which calls load_checkpoint and refuses a
-checkpoint from a run with other arguments), the batch skipping of a mid-epoch resume, and
-the stop on SIGUSR1 that SLURM sends before a job's time limit.
+checkpoint from a run with other arguments), the batch skipping of a mid-epoch resume, the
+stop on SIGUSR1 that SLURM sends before a job's time limit, and under --shard the gathering
+of the full state on every rank before rank 0 saves it (full_state, load_full_state).
 """
 import os
 import signal
@@ -143,11 +144,12 @@ def check_arguments(saved, current, path):
                 f"resuming would mix two experiments; use the same {flag}, or another --checkpoint-dir")
 
 
-def resume(directory, model, optimizer, run_args, device, steps_per_epoch):
+def resume(directory, model, optimizer, run_args, device, steps_per_epoch, shard="none"):
     """Restore model and optimizer from the newest readable checkpoint in directory.
 
     Returns (epochs completed, optimizer steps completed); (0, 0) when there is none.
-    Every rank calls it. A corrupt last.pt is renamed last.pt.corrupt (by rank 0, after
+    Every rank calls it (shard: --shard, how the model and optimizer are split; see
+    load_full_state). A corrupt last.pt is renamed last.pt.corrupt (by rank 0, after
     every rank has tried it), so that the next save does not turn it into previous.pt over
     the good checkpoint that this run resumed from.
     """
@@ -166,8 +168,7 @@ def resume(directory, model, optimizer, run_args, device, steps_per_epoch):
     epoch, step = checkpoint["epoch"], checkpoint["step"]
     if not 0 <= step - epoch * steps_per_epoch < steps_per_epoch:
         raise CheckpointError(f"{path}: epoch {epoch} and step {step} do not fit {steps_per_epoch} steps an epoch")
-    unwrap(model).load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    load_full_state(model, optimizer, checkpoint, shard)
     last = os.path.join(directory, LAST)
     if path != last and os.path.exists(last) and get_rank() == 0:
         os.replace(last, last + ".corrupt")
@@ -206,6 +207,97 @@ class StepsFrom:
             yield batch
             if self.after_step is not None:
                 self.after_step(number)
+
+
+# ------------------------------------------------- checkpoints under sharding (--shard, given)
+
+
+class Snapshot:
+    """A state gathered before saving, handed to save_checkpoint in place of the model or the
+    optimizer: its state_dict() returns it. Under --shard no single rank holds the whole
+    state, so every rank first takes part in gathering it (full_state), and only then does
+    rank 0 write it with the same save_checkpoint as for unsharded training."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+
+def full_state(model, optimizer, shard):
+    """(model state, optimizer state) to save, gathered from the ranks. A collective under
+    --shard: every rank calls it at the same step; ranks other than 0 may get None.
+
+    model: always the plain module's state_dict with full tensors (the keys of CNN().state_dict(),
+    buffers included), loadable into an unwrapped model with strict=True.
+    optimizer:
+      --shard none       optimizer.state_dict() (every rank holds all of it);
+      --shard optimizer  the whole state, as the unsharded optimizer's state_dict() gives it:
+                         ShardedOptimizer.state_dict() all-gathers it (every rank must call it);
+                         ZeroRedundancyOptimizer needs consolidate_state_dict(to=0) on every rank
+                         first, then rank 0 alone calls state_dict();
+      --shard full       Task 7's FSDP: {"per_rank": [rank 0's optimizer.state_dict(), rank 1's, ...]},
+                         each over that rank's flat shards (the layout is FSDP's, so a resume needs
+                         the same world size, which resume() checks anyway); PyTorch's fully_shard:
+                         its optimizer state gathered to full tensors, keyed by parameter name
+                         (torch.distributed.checkpoint.state_dict with full_state_dict=True).
+    """
+    if shard == "optimizer":
+        if hasattr(optimizer, "consolidate_state_dict"):  # ZeroRedundancyOptimizer
+            optimizer.consolidate_state_dict(to=0)
+            optim_state = optimizer.state_dict() if get_rank() == 0 else None
+        else:  # Task 6's ShardedOptimizer: state_dict() is the collective
+            optim_state = optimizer.state_dict()
+        return unwrap(model).state_dict(), optim_state
+    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP
+        model_state = model.gather_full_params()
+        buffers = unwrap(model).named_buffers()  # not sharded: every rank holds them whole
+        model_state.update((name, buffer.detach().clone()) for name, buffer in buffers)
+        mine = optimizer.state_dict()  # this rank's shards' state, on the CPU to travel as an object
+        mine = {"state": {index: {key: value.detach().cpu() if torch.is_tensor(value) else value
+                                  for key, value in state.items()} for index, state in mine["state"].items()},
+                "param_groups": mine["param_groups"]}
+        per_rank = [None] * dist.get_world_size() if get_rank() == 0 else None
+        dist.gather_object(mine, per_rank, dst=0)
+        return model_state, ({"per_rank": per_rank} if get_rank() == 0 else None)
+    if shard == "full":  # PyTorch's fully_shard: its parameters and state are DTensors
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors, on rank 0
+        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+    return unwrap(model).state_dict(), optimizer.state_dict()
+
+
+def load_full_state(model, optimizer, checkpoint, shard):
+    """Put a checkpoint's full model (and its optimizer state) back into a model that may be
+    sharded: the inverse of full_state, on every rank, bit for bit."""
+    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP: cut the full tensors again
+        full = checkpoint["model"]
+        expected = {name for name, _, _ in model._names} | {name for name, _ in unwrap(model).named_buffers()}
+        if set(full) != expected:
+            raise CheckpointError(f"the checkpoint's model does not fit this model: {sorted(set(full) - expected)} "
+                                  f"only in the checkpoint, {sorted(expected - set(full))} only in the model")
+        with torch.no_grad():
+            for unit in model.units:
+                names = {index: name for name, owner, index in model._names if owner is unit}
+                flat = torch.cat([full[names[index]].reshape(-1) for index in range(len(unit.numels))])
+                padded = torch.cat([flat, flat.new_zeros(unit.shard.numel() * unit.world_size - flat.numel())])
+                piece = padded[unit.rank * unit.shard.numel():(unit.rank + 1) * unit.shard.numel()]
+                unit.shard.copy_(piece)
+            for name, buffer in unwrap(model).named_buffers():
+                buffer.copy_(full[name])
+        per_rank = checkpoint["optimizer"]["per_rank"]
+        optimizer.load_state_dict(per_rank[get_rank()])
+    elif shard == "full":  # PyTorch's fully_shard: every rank read the whole file and keeps its shards
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, checkpoint["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, checkpoint["optimizer"], options=options)
+    else:  # unsharded, and --shard optimizer: both optimizers load the whole state and keep their shard's
+        unwrap(model).load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
 
 
 class StopRequested(Exception):
@@ -255,7 +347,8 @@ class Checkpointer:
         self.run_args, self.device, self.steps_per_epoch = run_args, device, steps_per_epoch
         prepare_checkpoint_dir(directory)
         self.stop = StopSignal(signal.SIGUSR1)  # before resume(): a signal while loading is not lost
-        _, self.step = resume(directory, model, optimizer, run_args, device, steps_per_epoch)
+        self.shard = run_args.get("shard", "none")  # --shard: the state must be gathered before saving
+        _, self.step = resume(directory, model, optimizer, run_args, device, steps_per_epoch, self.shard)
         self.saved_step = self.step
 
     @property
@@ -285,6 +378,9 @@ class Checkpointer:
 
     def save(self):
         if self.saved_step != self.step:
-            save_checkpoint(self.directory, self.model, self.optimizer, self.epochs_done, self.step, self.run_args)
+            model, optimizer = self.model, self.optimizer
+            if self.shard != "none":  # every rank helps gather the state, then rank 0 writes it
+                model, optimizer = map(Snapshot, full_state(self.model, self.optimizer, self.shard))
+            save_checkpoint(self.directory, model, optimizer, self.epochs_done, self.step, self.run_args)
             self.saved_step = self.step
         return os.path.join(self.directory, LAST)

@@ -179,3 +179,4 @@ class ShardedOptimizer(torch.optim.Optimizer):
             group.update(options)
             local_groups.append({**options, "params": [local_index[p] for p in local_group["params"]]})
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self.state = self.optim.state  # load_state_dict gave the local optimizer a new state dict: show that one

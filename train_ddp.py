@@ -443,13 +443,12 @@ def train(args, trainer, loader_lib, rank, world_size, device):
 
 
 def make_checkpointer(args, model, optimizer, world_size, data_name, device, steps_per_epoch):
-    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py)."""
+    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py).
+    Under --shard the Checkpointer gathers the full state on every rank before rank 0 writes it."""
     if args.checkpoint_dir is None:
         if args.checkpoint_every:
             raise ValueError("--checkpoint-every needs --checkpoint-dir: where should the checkpoints go?")
         return None
-    if getattr(args, "shard", "none") != "none":  # a sharded state must be gathered first: not done yet
-        raise ValueError("--checkpoint-dir saves the unsharded model and optimizer: it does not work with --shard yet")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     lib = importlib.import_module(("solutions." if args.impl != "template" else "") + "template_checkpoint")
