@@ -469,6 +469,21 @@ def newest_checkpoint(folder, seen):
         return None
 
 
+def kill_rank_1_after(proc, folder, deadline, wanted):
+    """SIGKILL torchrun's rank 1 as soon as folder/last.pt holds a checkpoint whose (epoch, step)
+    is `wanted`; returns that (epoch, step), or None if the run ended or the deadline came first."""
+    seen, found = {}, None
+    while proc.poll() is None and time.monotonic() < deadline:
+        newest = newest_checkpoint(folder, seen)
+        found = newest if newest and wanted(*newest) else found
+        pid = worker_pid(proc.pid, 1) if found else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            return found
+        time.sleep(0.02)
+    return None
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The final checkpoint of the same training, never interrupted."""
@@ -491,17 +506,10 @@ def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(uninterrupted, t
     extra = ["--checkpoint-every", str(every)] if every else []
     proc = torchrun(folder, *extra)
     deadline = time.monotonic() + 150
-    seen, killed = {}, None
-    while killed is None and proc.poll() is None and time.monotonic() < deadline:
-        found = newest_checkpoint(folder, seen)
-        # the kill comes right after a checkpoint inside epoch 2 (--checkpoint-every), or right
-        # after the epoch-1 checkpoint, as epoch 2 starts
-        if found and (found[1] > STEPS_PER_EPOCH if every else found[0] == 1):
-            pid = worker_pid(proc.pid, 1)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                killed = found
-        time.sleep(0.02)
+    # the kill comes right after a checkpoint inside epoch 2 (--checkpoint-every), or right
+    # after the epoch-1 checkpoint, as epoch 2 starts
+    killed = kill_rank_1_after(proc, folder, deadline,
+                               lambda epoch, step: step > STEPS_PER_EPOCH if every else epoch == 1)
     code, out = finish(proc, deadline)
     assert killed, f"rank 1 was never killed: no checkpoint of epoch 2 appeared in time:\n{out}"
     assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"

@@ -21,7 +21,7 @@ import train_ddp
 from harness import run_ranks
 from models import CNN
 from conftest import load
-from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, newest_checkpoint, read, torchrun, worker_pid
+from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, kill_rank_1_after, read, torchrun
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
 
@@ -150,15 +150,7 @@ def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(t
     assert code == 0, out
     proc = torchrun(tmp_path / "ckpt", *extra)
     deadline = time.monotonic() + 150
-    seen, killed = {}, None
-    while killed is None and proc.poll() is None and time.monotonic() < deadline:
-        found = newest_checkpoint(tmp_path / "ckpt", seen)
-        if found and found[1] > STEPS_PER_EPOCH:
-            pid = worker_pid(proc.pid, 1)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                killed = found
-        time.sleep(0.02)
+    killed = kill_rank_1_after(proc, tmp_path / "ckpt", deadline, lambda epoch, step: step > STEPS_PER_EPOCH)
     code, out = finish(proc, deadline)
     assert killed, f"rank 1 was never killed: no checkpoint inside epoch 2 appeared in time:\n{out}"
     assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
