@@ -134,6 +134,18 @@ def _as_indices(buckets, params):
 @pytest.mark.task5_1
 def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
     lib = load(impl, "template_ddp")
+    # 64 parameters listed in another order than they were allocated: an order taken from a set
+    # or from ids would differ from the list's (5 parameters alone can match it by chance)
+    allocated = _params(*[1] * 64)
+    many = [allocated[i] for i in torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()]
+    got = _as_indices(lib.build_buckets(many, None), many)
+    if got == [[i] for i in range(64)]:
+        pytest.fail(f"{T51}: the buckets start from the first parameter: walk the parameters in REVERSE "
+                    "order, the order in which backward produces their gradients")
+    assert got == [[i] for i in reversed(range(64))], (
+        f"{T51}: with bucket_size_mb=None, 64 parameters should give one bucket each, in the reverse order of "
+        f"the list; got another order (indices {sum(got, [])[:12]} ...): take the order from the list, the "
+        "same on every rank (never from a set or by id)")
     allocated = _params(40, 10, 50, 20, 30)  # allocated in another order than listed: ids give no order
     params = [allocated[i] for i in (1, 3, 4, 0, 2)]  # 10, 20, 30, 40, 50 floats: 40 ... 200 bytes
     # 200 bytes: 50 floats fill a bucket; 40 floats (160 B) start a new one; 30 + 20 floats are
