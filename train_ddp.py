@@ -139,10 +139,11 @@ def stop_on_interrupt(signum, frame):
 
 
 class Counted:
-    """The training loader, counting the steps of the epoch for PROGRESS."""
+    """The training loader, counting the steps of the epoch for PROGRESS, and telling a
+    profiler (--profile) where each step ends, for its wait/warmup/active schedule."""
 
-    def __init__(self, loader):
-        self.loader = loader
+    def __init__(self, loader, profiler=None):
+        self.loader, self.profiler = loader, profiler
 
     def __getattr__(self, name):  # batch_size, sampler, ...: the loader's own
         return getattr(self.loader, name)
@@ -154,6 +155,8 @@ class Counted:
         for step, batch in enumerate(self.loader, 1):
             PROGRESS["step"] = step
             yield batch
+            if self.profiler:
+                self.profiler.step()
 
 
 def first_n(dataset, n):
@@ -230,24 +233,9 @@ def check_sync_flags(args):
 
 
 def finish_gradient_synchronization(model):
-    """--sync overlap: wait for the buckets that backward launched (Task 5.4)."""
+    """--sync overlap: wait for the buckets that backward launched (Task 5.4); --shard full: for
+    the reduce-scatters (Task 7)."""
     model.finish_gradient_synchronization()
-
-
-class ProfiledLoader:
-    """A loader that tells the profiler where each step ends, for its wait/warmup/active schedule."""
-
-    def __init__(self, loader, profiler):
-        self.loader, self.profiler, self.sampler = loader, profiler, loader.sampler
-        self.batch_size = loader.batch_size  # train_one_epoch may read it (a progress bar)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        for batch in self.loader:
-            yield batch
-            self.profiler.step()
 
 
 def start_profiler(directory, device):
@@ -283,7 +271,7 @@ def shard_fully(model, impl, package):
                 fully_shard(module)
         return fully_shard(model), None  # fully_shard reduce-scatters during backward
     fsdp_lib = importlib.import_module(package + "template_fsdp")
-    return fsdp_lib.FSDP(model), lambda fsdp: fsdp.finish_gradient_synchronization()
+    return fsdp_lib.FSDP(model), finish_gradient_synchronization
 
 
 def full_parameters(model, impl):
@@ -401,10 +389,9 @@ def train(args, trainer, loader_lib, rank, world_size, device):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         PROGRESS.update(epoch=epoch, step=0)
         profiler = start_profiler(args.profile, device) if args.profile and rank == 0 and epoch == 1 else None
-        loader = ProfiledLoader(train_loader, profiler) if profiler else train_loader
-        batches = checkpointer.batches(loader) if checkpointer else loader
+        batches = checkpointer.batches(train_loader) if checkpointer else train_loader
         try:
-            stats = trainer.train_one_epoch(model, Counted(batches), optimizer, device, sync_gradients, epoch,
+            stats = trainer.train_one_epoch(model, Counted(batches, profiler), optimizer, device, sync_gradients, epoch,
                                             accumulate=args.accumulate)
         except stop_requested as stop:  # SIGUSR1: saved, now end cleanly
             print0(stop)
