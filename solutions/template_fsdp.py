@@ -11,7 +11,7 @@ the moment that layer computes:
     optimizer = torch.optim.AdamW(model.parameters())  # over the shards: 1/N of the state
     loss = F.cross_entropy(model(images), labels)      # each unit: all-gather, forward, free
     loss.backward()                                    # each unit: all-gather, backward, free, reduce-scatter
-    model.finish_gradient_synchronization()
+    model.finish_gradient_synchronization()            # wait for the reduce-scatters
     optimizer.step()                                   # each rank updates its own shard only
 
 A unit is a module that holds parameters itself (a Linear, a Conv2d, a BatchNorm), its
@@ -22,14 +22,15 @@ pieces; rank r keeps piece r, the shard. Your tasks:
     Task 7.1  shard_flat                        pad a flat tensor and take this rank's piece
     Task 7.2  FlatUnit.unshard                  all-gather the shards into the full flat tensor
     Task 7.3  FlatUnit.reshard                  free the full flat tensor's memory
-    Task 7.4  FlatUnit.reduce_scatter_gradient  this rank's piece of the mean gradient
+    Task 7.4  FlatUnit.reduce_scatter_gradient  start reducing this rank's piece of the mean gradient
     Task 7.5  FSDP.gather_full_params           the whole model, as one process would hold it
 
 The hooks that call them at the right moments are given (FSDP._pre_forward, _post_forward,
-_pre_backward and _UnshardForCompute): read them. Compared with PyTorch's
-torch.distributed.fsdp.fully_shard, this is simplified, on purpose:
-- the collectives block: nothing overlaps with computation (fully_shard prefetches the next
-  unit's all-gather and runs reduce-scatters asynchronously);
+_pre_backward and _UnshardForCompute): read them. As in fully_shard, communication overlaps
+computation: while one unit computes, the next one's all-gather is already under way
+(prefetch), and each unit's reduce-scatter runs while backward goes on to the units before
+it, as Task 5's buckets do; finish_gradient_synchronization() waits for them. Compared with
+PyTorch's torch.distributed.fsdp.fully_shard, this is simplified, on purpose:
 - a unit is one module that holds parameters (fully_shard groups what you wrap, a whole
   transformer block, to send fewer and larger messages);
 - a module may use only its own parameters and its children's (through their forward); a
@@ -77,6 +78,9 @@ class FlatUnit:
     full   the whole flat tensor, padding included, in compute_dtype. Its memory exists only
            between unshard() and reshard(); the parameters the module computes with are
            views of it (views()).
+    gathering  the all-gather of a prefetch still under way (None: none)
+    reducing   the reduce-scatters started in backward, [(handle, gradient piece)], that
+               finish_reduce_scatters() waits for
     """
 
     def __init__(self, params, rank, world_size, compute_dtype=None):
@@ -88,6 +92,7 @@ class FlatUnit:
         self.shard = nn.Parameter(shard_flat(flat, rank, world_size), requires_grad=params[0].requires_grad)
         self.compute_dtype = compute_dtype or flat.dtype
         self.full = torch.empty(self.shard.numel() * world_size, dtype=self.compute_dtype, device=flat.device)
+        self.gathering, self.reducing = None, []
         self.reshard()
 
     def is_unsharded(self):
@@ -98,19 +103,42 @@ class FlatUnit:
         return [flat[offset:offset + numel].view(shape)
                 for offset, numel, shape in zip(self.offsets, self.numels, self.shapes)]
 
-    def unshard(self):
+    def unshard(self, async_op=False):
         """Fill self.full with the whole flat tensor: every rank's shard, in rank order, in
         compute_dtype. A collective: every rank calls it for the same unit at the same time.
 
         reshard() freed self.full's memory and kept the tensor: give the memory back first,
         self.full.untyped_storage().resize_(number of bytes), then all_gather_into_tensor into
-        self.full. The shards travel in compute_dtype (with bf16, half the bytes of fp32);
-        send a detached copy of the shard, this is no part of autograd's graph.
+        self.full, passing async_op on. The shards travel in compute_dtype (with bf16, half the
+        bytes of fp32); send a detached copy of the shard, this is no part of autograd's graph.
+        Return what all_gather_into_tensor returns: with async_op=True, a handle whose wait()
+        the caller calls before reading self.full (the hooks do, to gather the next unit while
+        this one computes); returning None after a blocking gather is correct too, only slower.
         """
         # --- Task 7.2 begin ---
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
-        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype))
+        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
         # --- Task 7.2 end ---
+
+    def prefetch(self):
+        """Start gathering this unit without waiting: it travels while another unit computes."""
+        if not self.is_unsharded():
+            self.gathering = self.unshard(async_op=True)
+
+    def wait_unsharded(self):
+        """Make sure self.full holds the whole flat tensor: wait for a prefetch, or gather now."""
+        if not self.is_unsharded():
+            self.gathering = self.unshard()
+        if self.gathering is not None:
+            self.gathering.wait()
+            self.gathering = None
+
+    def free(self):
+        """reshard(), once no all-gather writes into self.full any more."""
+        if self.gathering is not None:
+            self.gathering.wait()
+            self.gathering = None
+        self.reshard()
 
     def reshard(self):
         """Free the memory of the full flat tensor, and keep only the shard.
@@ -125,32 +153,46 @@ class FlatUnit:
         # --- Task 7.3 end ---
 
     def reduce_scatter_gradient(self, full_grad):
-        """This rank's piece of the mean over ranks of `full_grad`, in the shard's dtype (fp32).
+        """Start reducing this rank's piece of the mean over ranks of `full_grad`; do not wait.
 
         full_grad: this rank's gradient of the whole flat tensor (padded length, compute_dtype).
         dist.reduce_scatter_tensor with SUM hands each rank the sum over the ranks of its own
-        piece (in compute_dtype, as the gather); divide it by the world size, once, to get the
-        mean that single-process training on the global batch would give, and return it as a
-        new tensor of the shard's dtype and size.
+        piece. Divide full_grad by the world size BEFORE the sum, once, as Task 5.2 does (the
+        sum of the ranks' shares is then the mean that single-process training on the global
+        batch gives, and a float16 sum cannot overflow where the mean would not), into a new
+        tensor: autograd's full_grad is not yours to change. Start the reduce-scatter into a
+        new tensor of the shard's size, in compute_dtype, with async_op=True, and return
+        (handle, that tensor): it holds the mean once handle.wait() returns, which
+        finish_reduce_scatters() calls, while backward goes on without waiting. (A blocking
+        reduce-scatter and (None, tensor) is correct too, only slower.)
         """
         # --- Task 7.4 begin ---
-        summed = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)
-        dist.reduce_scatter_tensor(summed, full_grad.contiguous(), op=dist.ReduceOp.SUM)
-        return summed.to(self.shard.dtype) / self.world_size
+        piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)
+        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, async_op=True)
+        return handle, piece
         # --- Task 7.4 end ---
+
+    def finish_reduce_scatters(self):
+        """Wait for this unit's reduce-scatters, and add their pieces of the mean to shard.grad
+        in the shard's dtype (fp32), as autograd adds up gradients (a tied unit gets one a use)."""
+        for handle, piece in self.reducing:
+            if handle is not None:
+                handle.wait()
+            grad = piece.to(self.shard.dtype)
+            self.shard.grad = grad if self.shard.grad is None else self.shard.grad + grad
+        self.reducing = []
 
 
 class _UnshardForCompute(torch.autograd.Function):
     """Forward: gather a unit and hand out its full flat tensor, so that autograd links what the
     module computes with it back to unit.shard. Backward: the gradient of the whole flat tensor
-    comes in; this rank's piece of its mean goes to unit.shard.grad, and the full parameters,
-    no longer needed, are freed again."""
+    comes in; its reduce-scatter starts (finish_gradient_synchronization() waits for it and
+    sets unit.shard.grad), and the full parameters, no longer needed, are freed again."""
 
     @staticmethod
     def forward(ctx, shard, unit):
         ctx.unit = unit
-        if not unit.is_unsharded():
-            unit.unshard()
+        unit.wait_unsharded()
         # .data: a new tensor on the same memory with its own version counter, so that refilling
         # unit.full before backward is not mistaken for an in-place change of a saved tensor.
         return unit.full.data
@@ -158,16 +200,16 @@ class _UnshardForCompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, full_grad):
         unit = ctx.unit
-        shard_grad = unit.reduce_scatter_gradient(full_grad)
-        unit.reshard()
-        return shard_grad, None
+        unit.reducing.append(unit.reduce_scatter_gradient(full_grad))
+        unit.free()
+        return None, None  # not autograd's: shard.grad is set when the reduce-scatter is done
 
 
 class FSDP(nn.Module):
     """Fully sharded data parallelism: `module`'s parameters, gradients and optimizer state are
     split over the ranks, 1/world_size each (plus padding), instead of copied to every rank.
 
-        model = FSDP(module, compute_dtype=None)
+        model = FSDP(module, compute_dtype=None, prefetch=True)
         optimizer = torch.optim.AdamW(model.parameters())  # the shards, one per unit
         loss_fn(model(x), y).backward(); model.finish_gradient_synchronization(); optimizer.step()
 
@@ -177,13 +219,19 @@ class FSDP(nn.Module):
     compute_dtype (torch.bfloat16, say): the gathered parameters, their all-gather, the
     gradients' reduce-scatter and the floating-point inputs are in that dtype; the shards and
     so the optimizer (the master weights) stay fp32.
+    prefetch: while a module computes, start gathering the next module's units (the next in
+    forward's order, recorded in the first forward; the one before it in backward), as
+    fully_shard does, so that communication overlaps computation; it costs the memory of one
+    more unit's full parameters. prefetch=False gathers each unit only when it is needed.
     """
 
-    def __init__(self, module, compute_dtype=None):
+    def __init__(self, module, compute_dtype=None, prefetch=True):
         super().__init__()
         self.module = module
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.compute_dtype = compute_dtype
+        self.prefetch = prefetch
+        self._order = []   # the modules that hold parameters, in the order of the first forward
         with torch.no_grad():  # every rank starts from rank 0's model (sync_module_states in FSDP1)
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
@@ -216,28 +264,38 @@ class FSDP(nn.Module):
     def _units_of(self, module):
         return list({id(unit): unit for _, unit, _ in self._uses[module]}.values())
 
+    def _prefetch(self, module, step):
+        """Start gathering the units of the module `step` places from `module` in forward's order."""
+        if not self.prefetch or module not in self._order:
+            return
+        index = self._order.index(module) + step
+        if 0 <= index < len(self._order):
+            for unit in self._units_of(self._order[index]):
+                unit.prefetch()
+
     def _pre_forward(self, module, args):
         """Before a unit's module computes: gather its units, and give it its parameters back as views."""
+        if module not in self._order:
+            self._order.append(module)
         fulls = {id(unit): _UnshardForCompute.apply(unit.shard, unit) for unit in self._units_of(module)}
+        self._prefetch(module, +1)  # the next module's units travel while this one computes
         for name, unit, index in self._uses[module]:
             setattr(module, name, unit.views(fulls[id(unit)])[index])
 
     def _post_forward(self, module, args, output):
         """After it: free the full parameters, and gather them again when backward reaches this
         module (a hook on its outputs' gradients fires just before their backward)."""
-        units = self._units_of(module)
-        for unit in units:
-            unit.reshard()
+        for unit in self._units_of(module):
+            unit.free()
         if torch.is_grad_enabled():
             for tensor in tree_leaves(output):
                 if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                    tensor.register_hook(functools.partial(self._pre_backward, units))
+                    tensor.register_hook(functools.partial(self._pre_backward, module))
 
-    @staticmethod
-    def _pre_backward(units, grad):
-        for unit in units:
-            if not unit.is_unsharded():
-                unit.unshard()
+    def _pre_backward(self, module, grad):
+        for unit in self._units_of(module):
+            unit.wait_unsharded()
+        self._prefetch(module, -1)  # backward runs forward's order backwards
 
     def forward(self, *args, **kwargs):
         if self.compute_dtype is not None:  # inputs in the parameters' dtype, as fully_shard's MixedPrecisionPolicy
@@ -248,14 +306,15 @@ class FSDP(nn.Module):
     def finish_gradient_synchronization(self):
         """Call it between loss.backward() and optimizer.step(), on every rank.
 
-        Here each unit's reduce-scatter ran, blocking, in backward, so the shards' gradients
-        are final already; this frees the full parameters that backward gathered and no
-        gradient freed (a frozen unit, a unit that forward did not use). An overlapping FSDP
-        waits here for its asynchronous reduce-scatters, as DDP waits for its buckets.
+        Waits for the reduce-scatters that backward started, as Task 5's DDP waits for its
+        buckets, which sets each shard's .grad, and frees the full parameters that backward
+        gathered and no gradient freed (a frozen unit, a unit that forward did not use, a
+        prefetch that backward did not need).
         """
         for unit in self.units:
+            unit.finish_reduce_scatters()
             if unit.is_unsharded():
-                unit.reshard()
+                unit.free()
 
     def gather_full_params(self):
         """{name: full parameter}, the wrapped module's parameters as one process would hold them.

@@ -315,10 +315,17 @@ MISTAKES = [
             "    return padded[rank::world_size].clone()", "contiguous"),
     # Task 7.2
     Mistake("7.2", "new-full-tensor", "template_fsdp.py",
-            "        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype))",
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)",
             "        gathered = torch.empty(self.full.numel(), dtype=self.compute_dtype, device=self.full.device)\n"
-            "        dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype))\n"
-            "        self.full = gathered", "in place"),
+            "        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)\n"
+            "        self.full = gathered\n        return handle", "in place"),
+    Mistake("7.2", "drops-the-handle", "template_fsdp.py",  # async, but nobody can wait: a race with compute
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)",
+            "        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)", "returned None"),
     # Task 7.3
     Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
@@ -328,13 +335,19 @@ MISTAKES = [
             "        self.full = torch.empty(self.full.shape, dtype=self.full.dtype, device=self.full.device)\n"
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---", "in place"),
     # Task 7.4
-    Mistake("7.4", "averages-twice", "template_fsdp.py",
-            "        dist.reduce_scatter_tensor(summed, full_grad.contiguous(), op=dist.ReduceOp.SUM)",
-            "        dist.reduce_scatter_tensor(summed, (full_grad / self.world_size).contiguous(), op=dist.ReduceOp.SUM)",
-            "divide once"),
+    Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece",
+            "        dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM)\n"
+            "        return None, piece / self.world_size", "divide once"),
     Mistake("7.4", "sum-not-mean", "template_fsdp.py",
-            "        return summed.to(self.shard.dtype) / self.world_size",
-            "        return summed.to(self.shard.dtype)", "divide by the world size"),
+            "(piece, full_grad / self.world_size,", "(piece, full_grad,", "divide by the world size"),
+    Mistake("7.4", "divides-autograds-tensor", "template_fsdp.py",
+            "(piece, full_grad / self.world_size,", "(piece, full_grad.div_(self.world_size),", "not yours"),
+    Mistake("7.4", "drops-the-handle", "template_fsdp.py",
+            "        return handle, piece\n", "        return None, piece\n", "handle returned is None"),
+    Mistake("7.4", "returns-the-piece-alone", "template_fsdp.py",
+            "        return handle, piece\n", "        handle.wait()\n        return piece\n", "return a pair"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",

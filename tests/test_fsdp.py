@@ -107,25 +107,51 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
 
 
 # --------------------------------------------------------------------------- Task 7.2
+class _Started:
+    """Wraps a collective of torch.distributed to see whether a task started it asynchronously:
+    a handle it started must come back to the caller, or nobody waits for it."""
+
+    def __init__(self, fsdp_lib, name):
+        self.collective, self.asynchronous = getattr(fsdp_lib.dist, name), False
+        setattr(fsdp_lib.dist, name, self)  # the rank's own process: gone with it
+
+    def __call__(self, *args, async_op=False, **kwargs):
+        self.asynchronous |= async_op
+        return self.collective(*args, async_op=async_op, **kwargs)
+
+
 def _unshard(rank, world_size, impl, compute_dtype):
     fsdp_lib = load(impl, "template_fsdp")
-    unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
-    full = unit.full
-    unit.unshard()
-    return unit.full is full, unit.full.clone(), padded.to(compute_dtype)
+    started = _Started(fsdp_lib, "all_gather_into_tensor")
+    results = []
+    for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
+        unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
+        full = unit.full
+        started.asynchronous = False
+        handle = unit.unshard(async_op=async_op)
+        dropped = handle is None and started.asynchronous
+        if handle is not None:
+            handle.wait()
+        results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype)))
+    return results
 
 
 @pytest.mark.task7_2
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
-    for rank, (same_tensor, full, expected) in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        assert same_tensor, (f"{T72}: fill self.full in place (give back its memory with untyped_storage().resize_, "
-                             "then gather into it): the module's parameters are views of that very tensor")
-        assert full.dtype == compute_dtype, f"{T72}: self.full must hold {compute_dtype}, got {full.dtype}"
-        assert torch.equal(full, expected), (
-            f"{T72}: on rank {rank} of {world_size}, self.full is not every rank's shard in rank order "
-            f"(all_gather_into_tensor(self.full, shard)); first elements {full[:6].tolist()}, "
-            f"expected {expected[:6].tolist()}")
+    for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
+        for async_op, dropped, same_tensor, full, expected in results:
+            assert not dropped, (
+                f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
+                "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
+            assert same_tensor, (f"{T72}: fill self.full in place (give back its memory with "
+                                 "untyped_storage().resize_, then gather into it): the module's parameters are "
+                                 "views of that very tensor")
+            assert full.dtype == compute_dtype, f"{T72}: self.full must hold {compute_dtype}, got {full.dtype}"
+            assert torch.equal(full, expected), (
+                f"{T72}: on rank {rank} of {world_size}, unshard(async_op={async_op}) did not leave every rank's "
+                f"shard in rank order in self.full (all_gather_into_tensor(self.full, shard)); first elements "
+                f"{full[:6].tolist()}, expected {expected[:6].tolist()}")
 
 
 # --------------------------------------------------------------------------- Task 7.3
@@ -149,12 +175,12 @@ def _unit_bytes(fsdp):
     return sum(unit.full.untyped_storage().nbytes() for unit in fsdp.units)
 
 
-def _memory(rank, world_size, impl):
+def _memory(rank, world_size, impl, prefetch):
     fsdp_lib = load(impl, "template_fsdp")
     torch.manual_seed(0)
     model = mlp()
     unsharded_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # param, grad, Adam's 2
-    fsdp = fsdp_lib.FSDP(model)
+    fsdp = fsdp_lib.FSDP(model, prefetch=prefetch)
     optimizer = torch.optim.AdamW(fsdp.parameters(), lr=0.01)
     during = []  # gathered bytes while each Linear computes: runs after FSDP's own pre-forward hook
     for layer in model:
@@ -169,21 +195,24 @@ def _memory(rank, world_size, impl):
     persistent += sum(p.grad.numel() * p.grad.element_size() for p in fsdp.parameters())
     persistent += sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                       if torch.is_tensor(t) and t.dim() > 0)  # "step" is a 0-d counter
-    largest_unit = max(unit.full.numel() * unit.full.element_size() for unit in fsdp.units)
-    return during, after_forward, _unit_bytes(fsdp), persistent, unsharded_bytes, largest_unit
+    sizes = sorted(unit.full.numel() * unit.full.element_size() for unit in fsdp.units)
+    # while a layer computes: its own unit, and with prefetch the next one's, already on its way
+    allowed = sum(sizes[-2:]) if prefetch else sizes[-1]
+    return during, after_forward, _unit_bytes(fsdp), persistent, unsharded_bytes, allowed
 
 
 @pytest.mark.task7_3
-@pytest.mark.parametrize("world_size", [2, slow(4)])
-def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size):
-    for rank, (during, after_forward, after_step, persistent, unsharded, largest) in enumerate(
-            run_ranks(_memory, world_size, impl)):
+@pytest.mark.parametrize("world_size,prefetch", [(2, True), (2, False), slow(4, True)])
+def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size, prefetch):
+    for rank, (during, after_forward, after_step, persistent, unsharded, allowed) in enumerate(
+            run_ranks(_memory, world_size, impl, prefetch)):
         assert after_forward == 0, (
             f"{T73}: rank {rank} still holds {after_forward} bytes of gathered parameters after forward: each "
             "unit must reshard (free its full parameters) right after its forward, or nothing is saved")
-        assert max(during) <= largest, (
+        units = "its own unit and the next one (prefetch)" if prefetch else "the largest unit"
+        assert max(during) <= allowed, (
             f"{T73}: rank {rank} held {max(during)} bytes of gathered parameters during one layer's forward, more "
-            f"than the largest unit ({largest}): reshard each unit after its forward")
+            f"than {units} ({allowed}): reshard each unit after its forward")
         assert after_step == 0, f"{T73}: rank {rank} holds {after_step} bytes of gathered parameters after the step"
         # 1/N of the unsharded bytes, plus the padding (at most world_size - 1 elements a unit,
         # 16 bytes each for param, grad and Adam's two states): 10% covers it for this model.
@@ -195,13 +224,22 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 # --------------------------------------------------------------------------- Task 7.4
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = load(impl, "template_fsdp")
+    started = _Started(fsdp_lib, "reduce_scatter_tensor")
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(unit.full.numel(), generator=g) for _ in range(world_size)]  # every rank's gradient
-    shard_grad = unit.reduce_scatter_gradient(grads[rank].to(compute_dtype))
+    full_grad = grads[rank].to(compute_dtype)
+    before = full_grad.clone()
+    returned = unit.reduce_scatter_gradient(full_grad)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        return f"{type(returned).__name__}", None, None, None
+    handle, piece = returned
+    dropped = handle is None and started.asynchronous
+    if handle is not None:
+        handle.wait()
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
-    return shard_grad, mean
+    return dropped, torch.equal(full_grad, before), piece, mean
 
 
 @pytest.mark.task7_4
@@ -210,10 +248,21 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     # fp32: the sum in another order, rounding of ~1e-7 relative; bf16: 8-bit mantissas, inputs
     # and sum rounded, ~1% relative on values of about 1.
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
-    for rank, (got, mean) in enumerate(run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
-        assert got.dtype == torch.float32 and got.shape == mean.shape, (
-            f"{T74}: return the shard's piece of the gradient as float32 (the shard's dtype) with "
-            f"{mean.numel()} elements; got {got.dtype} {tuple(got.shape)}")
+    for rank, (dropped, untouched, piece, mean) in enumerate(
+            run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
+        assert piece is not None, (
+            f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
+            "the asynchronous reduce-scatter (or None if you waited) and the tensor it reduces into")
+        assert not dropped, (
+            f"{T74}: the reduce-scatter was started asynchronously but the handle returned is None: return it, "
+            "so that finish_gradient_synchronization() can wait for it")
+        assert untouched, (
+            f"{T74}: full_grad was changed in place: it is autograd's tensor, not yours; divide into a new "
+            "tensor (full_grad / world_size), not full_grad.div_()")
+        assert piece.shape == mean.shape, (
+            f"{T74}: the tensor returned must be this rank's piece, {mean.numel()} elements (the shard's size); "
+            f"got {tuple(piece.shape)}")
+        got = piece.float()
         for factor, what in ((1 / world_size, f"divided by the world size twice: divide once"),
                              (world_size, "the sum, not the mean: divide by the world size")):
             if not torch.allclose(got, mean, atol=tol, rtol=tol) and torch.allclose(got, mean * factor, atol=tol, rtol=tol):
