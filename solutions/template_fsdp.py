@@ -178,8 +178,10 @@ class FlatUnit:
         for handle, piece in self.reducing:
             if handle is not None:
                 handle.wait()
-            grad = piece.to(self.shard.dtype)
-            self.shard.grad = grad if self.shard.grad is None else self.shard.grad + grad
+            if self.shard.grad is None:
+                self.shard.grad = piece.to(self.shard.dtype)
+            else:
+                self.shard.grad += piece  # in place, as autograd accumulates
         self.reducing = []
 
 
