@@ -22,7 +22,10 @@ not. Activations, communication buffers and DDP's other buffers are not counted.
 time (forward, backward, synchronisation, step) is the median over --steps steps of the
 slowest rank, after a warm-up step, the strategies taking turns step by step so that load
 from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy.
-Writes memory_<model>.csv for each model and memory_per_rank.png under --out.
+Writes memory_<model>.csv for each model and memory_per_rank.png under --out; with another
+--batch-size than the default 16, memory_<model>_batch<B>.csv and memory_per_rank_batch<B>.png
+(the bytes do not depend on the batch, the step time does: the course trains with a global
+batch of 512, 256 images a rank at N = 2).
 """
 import argparse
 import csv
@@ -44,6 +47,7 @@ sys.path.insert(0, ROOT)  # the repository root
 from models import benchmark_model  # noqa: E402
 
 STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
+DEFAULT_BATCH = 16
 HAS_TASK6 = os.path.exists(os.path.join(ROOT, "solutions", "template_zero.py"))
 
 
@@ -53,7 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--models", default="cnn,resnet18", help="comma-separated: cnn, resnet18 (default: both)")
     parser.add_argument("--ranks", default="1,2,4", help="comma-separated numbers of ranks (default: 1,2,4)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy (default: 5)")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per rank and step (default: 16)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
+                        help=f"images per rank and step (default: {DEFAULT_BATCH})")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
                         help="folder for the CSV and PNG files (default: benchmarks/results)")
     args = parser.parse_args(argv)
@@ -150,7 +155,7 @@ def measure(strategies, model_name, steps, batch_size):
         counts = torch.tensor(list(row.values()), dtype=torch.float64)
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the rank that holds the most (padding differs)
         row = {"model": model_name, "ranks": dist.get_world_size(), "strategy": strategy,
-               **dict(zip(row, counts.long().tolist()))}
+               "batch_per_rank": batch_size, **dict(zip(row, counts.long().tolist()))}
         row["total_bytes"] = row["param_bytes"] + row["grad_bytes"] + row["optimizer_bytes"]
         row["step_seconds"] = statistics.median(times[strategy])
         rows.append(row)
@@ -210,7 +215,8 @@ def add_ratios(rows):
 
 
 def report(rows, args):
-    print(f"\nbytes per rank after an AdamW step (MiB), and the step time; vs 1/N: total / (unsharded / N)")
+    print(f"\nbytes per rank after an AdamW step (MiB), and the step time with {args.batch_size} images a rank; "
+          "vs 1/N: total / (unsharded / N)")
     print(f"{'model':>9} {'N':>2} {'strategy':>11} {'params':>8} {'grads':>8} {'optim':>8} {'total':>8} "
           f"{'vs 1/N':>7} {'step ms':>8} {'vs ddp':>7}")
     for r in rows:
@@ -220,14 +226,15 @@ def report(rows, args):
     print("\ntargets: task6 optimizer state within 10% of 1/N (optimizer_vs_one_nth <= 1.1) at N = 2 and 4; "
           "task7 total within 10% of 1/N (vs 1/N <= 1.1); task7 step at most 1.5x ddp at N = 2 on ResNet-18")
     os.makedirs(args.out, exist_ok=True)
+    suffix = "" if args.batch_size == DEFAULT_BATCH else f"_batch{args.batch_size}"
     for model in dict.fromkeys(r["model"] for r in rows):
-        path = os.path.join(args.out, f"memory_{model}.csv")
+        path = os.path.join(args.out, f"memory_{model}{suffix}.csv")
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(r for r in rows if r["model"] == model)
         print(f"wrote {path}")
-    plot(rows, os.path.join(args.out, "memory_per_rank.png"))
+    plot(rows, os.path.join(args.out, f"memory_per_rank{suffix}.png"))
 
 
 def plot(rows, path):
