@@ -257,35 +257,69 @@ MISTAKES = [
     Mistake("5.5", "first-micro-batch-syncs", "template_trainer.py",
             "            last = micro_step == accumulate - 1", "            last = micro_step == 0", "last one outside"),
     # Task 6.1
+    Mistake("6.1", "floor-not-ceil", "template_zero.py",
+            "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
+            "with floor"),
+    Mistake("6.1", "whole-parameters", "template_zero.py",  # ZeroRedundancyOptimizer's split, not an even one
+            "            end = min(param.numel(), (rank + 1) * shard_size - offset)",
+            "            end = param.numel()", "Cut the parameters by element"),
+    Mistake("6.1", "offset-not-advanced", "template_zero.py",
+            "        offset += param.numel()\n", "", "unequal shards"),
+    Mistake("6.1", "end-not-clipped", "template_zero.py",
+            "            end = min(param.numel(), (rank + 1) * shard_size - offset)",
+            "            end = (rank + 1) * shard_size - offset", "exactly one piece"),
     Mistake("6.1", "set-of-params", "template_zero.py",  # a set is ordered by object id: differs by rank
-            "    for i in sorted(range(len(params)), key=lambda i: params[i].numel(), reverse=True):",
-            "    index = {param: i for i, param in enumerate(params)}\n"
-            "    for i in [index[p] for p in sorted(set(params), key=lambda p: p.numel(), reverse=True)]:",
+            "    for index, param in enumerate(params):\n",
+            "    for param in set(params):\n        index = next(i for i, p in enumerate(params) if p is param)\n",
             "the same on every rank"),
-    Mistake("6.1", "round-robin", "template_zero.py",
-            "        rank = min(range(world_size), key=lambda r: loads[r])", "        rank = i % world_size",
-            "unbalanced"),
     # Task 6.2
     Mistake("6.2", "every-rank-steps-everything", "template_zero.py",
-            'local_group = {**param_group, "params": [p for p, owner in zip(params, owners) if owner == self.rank]}',
-            'local_group = {**param_group, "params": list(params)}', "every rank stepping every parameter"),
+            "            if rank == self.rank:\n                mine.append(view)",
+            "            mine.append(view)", "every rank stepping every parameter"),
+    Mistake("6.2", "copies-not-views", "template_zero.py",
+            "            view = params[index].detach().view(-1)[start:end]",
+            "            view = params[index].detach().flatten()[start:end].clone()",
+            "shares the parameter's memory"),
     Mistake("6.2", "later-group-not-sharded", "template_zero.py",
             "            self.optim.add_param_group(local_group)", "            self.optim.add_param_group(param_group)",
-            "added with add_param_group after __init__ must be sharded too"),
+            "add_param_group after __init__ not sharded"),
+    Mistake("6.2", "skips-empty-group", "template_zero.py",
+            "        local_group = {**param_group, \"params\": mine}\n",
+            "        if not mine:\n            return\n        local_group = {**param_group, \"params\": mine}\n",
+            "owns no piece of it"),
     # Task 6.3
     Mistake("6.3", "no-send", "template_zero.py",
-            "                dist.broadcast(param, src=self.param_to_rank[param])", "                pass",
-            "every rank must get every updated parameter"),
+            "            dist.broadcast(view, src=rank)", "            pass",
+            "every rank must get every updated piece"),
     Mistake("6.3", "send-before-step", "template_zero.py",
-            """        loss = self.optim.step(closure, **kwargs)
-        for group in self.param_groups:
-            for param in group["params"]:
-                dist.broadcast(param, src=self.param_to_rank[param])
-""", """        for group in self.param_groups:
-            for param in group["params"]:
-                dist.broadcast(param, src=self.param_to_rank[param])
-        loss = self.optim.step(closure, **kwargs)
+            """        self.optim.step(**kwargs)
+        for view, param, start, end, rank in self.pieces:
+            dist.broadcast(view, src=rank)
+""", """        for view, param, start, end, rank in self.pieces:
+            dist.broadcast(view, src=rank)
+        self.optim.step(**kwargs)
 """, "after the local optimizer's step"),
+    Mistake("6.3", "views-get-no-gradient", "template_zero.py",
+            "                view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+            "                pass", "param.grad.view(-1)[start:end]"),
+    Mistake("6.3", "closure-to-the-local-step", "template_zero.py",
+            """        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for view, param, start, end, rank in self.pieces:
+            if rank == self.rank:
+                view.grad = None if param.grad is None else param.grad.view(-1)[start:end]
+        self.optim.step(**kwargs)
+""", """        for view, param, start, end, rank in self.pieces:
+            if rank == self.rank:
+                view.grad = None if param.grad is None else param.grad.view(-1)[start:end]
+        loss = self.optim.step(closure, **kwargs)
+""", "call the closure first"),
+    Mistake("6.3", "views-keep-the-gradients", "template_zero.py",
+            """        for view, param, start, end, rank in self.pieces:
+            view.grad = None
+""", "", "Set view.grad = None"),
     # Task 0.1
     Mistake("0.1", "float-prediction", "template_collectives.py",
             "    return sum(rank_tensor(rank) for rank in range(world_size))",
