@@ -153,6 +153,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
            must be able to free.
         """
         self._sync_param_groups()
+        self._follow_moved_parameters()
         # --- Task 6.3 begin ---
         # TODO Task 6.3: closure; gradients to this rank's views; local step; broadcast every piece; clear the views' grads
         raise NotImplementedError("Task 6.3: step() in template_zero.py is not done yet (docs/task6-zero.md)")
@@ -164,6 +165,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for key, value in group.items():
                 if key != "params":
                     local_group[key] = value
+
+    def _follow_moved_parameters(self):
+        """Point a view at its parameter's memory again if code replaced that memory (param.data = ...,
+        as some checkpoint loaders do) since the view was made: the view would update the old memory."""
+        for view, param, start, end, rank in self.pieces:
+            if view.data_ptr() != param.data_ptr() + start * param.element_size():
+                view.set_(param.detach().view(-1)[start:end])  # the same tensor object: its state stays its own
 
     def _local_pieces(self):
         """This rank's pieces in the local optimizer's order, with (index in param_groups over all groups, start, end)."""
