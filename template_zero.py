@@ -36,7 +36,8 @@ def partition_parameters(params, world_size):
     params: a list of tensors. world_size: the number of ranks.
     Lay the parameters, flattened, end to end on one line of T elements (T = the sum of their
     numel()). Rank r owns elements [r * S, (r + 1) * S) of that line, S = ceil(T / world_size):
-    every rank owns S elements, the last one(s) fewer. A parameter that crosses the border
+    the first ranks own S elements each, the last ones may own fewer, or none (T = 5, N = 4:
+    2, 2, 1, 0). A parameter that crosses the border
     between two shards is cut in two (or more) pieces.
 
     Returns the pieces, in order along the line: a list of (index, start, end, rank) tuples, one
