@@ -240,6 +240,9 @@ MISTAKES = [
     Mistake("5.4", "skips-missing-grads", "template_ddp.py",
             "                    param.grad = mean.view_as(param).clone()", "                    continue",
             "unused on this rank"),
+    Mistake("5.4", "waits-on-unlaunched-buckets", "template_ddp.py",  # `unused` keeps a bucket from launching
+            "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n", "",
+            "backward never launched"),
     Mistake("5.4", "syncs-after-no-sync", "template_ddp.py",
             "        if not self.sync_this_backward:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
             "        for bucket in self.buckets[self.next_bucket:]:", "return at once"),
