@@ -337,6 +337,21 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full = torch.empty(self.full.shape, dtype=self.full.dtype, device=self.full.device)\n"
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---", "in place"),
+    Mistake("7.3", "new-empty-tensor", "template_fsdp.py",  # autograd's views keep the old memory alive
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full = torch.empty(0, dtype=self.full.dtype, device=self.full.device)\n"
+            "        # --- Task 7.3 end ---", "in place"),
+    Mistake("7.3", "resizes-the-tensor", "template_fsdp.py",  # shape (0,): unshard() then gathers into 0 bytes
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.resize_(0)\n        # --- Task 7.3 end ---", "keep its shape"),
+    Mistake("7.3", "empty-data", "template_fsdp.py",  # the same object, new empty memory; views keep the old
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.data = torch.empty(0, dtype=self.full.dtype, device=self.full.device)\n"
+            "        # --- Task 7.3 end ---", "keep its shape"),
+    Mistake("7.3", "keeps-its-shard", "template_fsdp.py",  # "keep only the shard", read as: in self.full
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
+            "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
     # Task 7.4
     Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
             "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
