@@ -5,6 +5,8 @@
     pytest --impl template -m task1_2   # one task
 """
 import importlib
+import importlib.util
+import sys
 
 import pytest
 import torch
@@ -23,6 +25,42 @@ def pytest_addoption(parser):
 def load(impl, name):
     """The module `name` (for example "template_trainer") of the chosen implementation."""
     return importlib.import_module(("solutions." if impl == "solutions" else "") + name)
+
+
+def load_with_reference(impl, name, *names):
+    """A fresh copy of the module `name` of `impl`, with solutions/' answers swapped in for `names`:
+    functions of the module ("build_buckets"), or methods of a class that the solution module
+    defines ("finish_gradient_synchronization", or "DDP.finish_gradient_synchronization" where
+    several classes define one). A test then judges one task alone: a wrong answer to an earlier
+    task fails that task's tests, not those of every task built on it (the grader gives points
+    per task).
+
+    The copy is new at each call, so the swap never leaks into another test, even in pytest's
+    own process. A function swapped in runs with solutions/' globals: a function it calls by
+    name is solutions/' too, so swap in every task that the judged one does not need.
+    """
+    module = load(impl, name)
+    if not names:
+        return module
+    spec = importlib.util.spec_from_file_location(f"{name}_judged_alone", module.__file__)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickle look a class's module up there
+    spec.loader.exec_module(module)
+    solution = load("solutions", name)
+    for wanted in names:
+        owner, _, attribute = wanted.rpartition(".")
+        if not owner and attribute in vars(solution):
+            setattr(module, attribute, getattr(solution, attribute))
+            continue
+        classes = [cls_name for cls_name, cls in vars(solution).items()
+                   if isinstance(cls, type) and cls.__module__ == solution.__name__ and attribute in vars(cls)
+                   and cls_name == (owner or cls_name)]
+        if len(classes) != 1:
+            raise ValueError(f"load_with_reference: '{wanted}' names {len(classes)} methods of classes in "
+                             f"solutions/{name}.py ({classes}): name a function or Class.method there")
+        # vars(), not getattr: a staticmethod or classmethod stays one
+        setattr(getattr(module, classes[0]), attribute, vars(getattr(solution, classes[0]))[attribute])
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -240,6 +240,9 @@ MISTAKES = [
     Mistake("5.4", "skips-missing-grads", "template_ddp.py",
             "                    param.grad = mean.view_as(param).clone()", "                    continue",
             "unused on this rank"),
+    Mistake("5.4", "waits-on-unlaunched-buckets", "template_ddp.py",  # `unused` keeps a bucket from launching
+            "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n", "",
+            "backward never launched"),
     Mistake("5.4", "syncs-after-no-sync", "template_ddp.py",
             "        if not self.sync_this_backward:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
             "        for bucket in self.buckets[self.next_bucket:]:", "return at once"),
@@ -368,6 +371,21 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full = torch.empty(self.full.shape, dtype=self.full.dtype, device=self.full.device)\n"
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---", "in place"),
+    Mistake("7.3", "new-empty-tensor", "template_fsdp.py",  # autograd's views keep the old memory alive
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full = torch.empty(0, dtype=self.full.dtype, device=self.full.device)\n"
+            "        # --- Task 7.3 end ---", "in place"),
+    Mistake("7.3", "resizes-the-tensor", "template_fsdp.py",  # shape (0,): unshard() then gathers into 0 bytes
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.resize_(0)\n        # --- Task 7.3 end ---", "keep its shape"),
+    Mistake("7.3", "empty-data", "template_fsdp.py",  # the same object, new empty memory; views keep the old
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.data = torch.empty(0, dtype=self.full.dtype, device=self.full.device)\n"
+            "        # --- Task 7.3 end ---", "keep its shape"),
+    Mistake("7.3", "keeps-its-shard", "template_fsdp.py",  # "keep only the shard", read as: in self.full
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
+            "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
     # Task 7.4
     Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
             "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "

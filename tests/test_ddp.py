@@ -5,7 +5,8 @@
 Each multi-rank test runs real gloo ranks (tests/harness.py) and checks every rank against
 an independent reference: single-process training on the whole global batch, PyTorch's
 DistributedDataParallel, or gradients computed by the test itself. Overlap is proven by
-recording when each all_reduce is launched and waited for, never by timing.
+recording when each all_reduce is launched and waited for, never by timing. The tests of one
+task take solutions/' answers to the other tasks (judging), so a mistake costs one task's points.
 """
 import functools
 import os
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from conftest import load
+from conftest import load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 
 T51 = "Task 5.1 (template_ddp.py, build_buckets)"
@@ -25,7 +26,17 @@ T52 = "Task 5.2 (template_ddp.py, launch_all_reduce)"
 T53 = "Task 5.3 (template_ddp.py, DDP._register_hooks)"
 T54 = "Task 5.4 (template_ddp.py, DDP.finish_gradient_synchronization)"
 T55 = "Task 5.5 (template_ddp.py, DDP.no_sync)"
+# Each task's answer, as load_with_reference names it: the tests of one task take solutions/'
+# answers to all the others (judging below).
+ANSWERS = {"5.1": "build_buckets", "5.2": "launch_all_reduce", "5.3": "DDP._register_hooks",
+           "5.4": "DDP.finish_gradient_synchronization", "5.5": "DDP.no_sync"}
 TINY = 150 / 2**20  # 150 bytes: several buckets for the toy models below
+
+
+def judging(impl, task):
+    """template_ddp of `impl` for the tests of `task`: your answer to that task, solutions/' to the
+    others, so that a mistake in Task 5.1 costs Task 5.1's points, not also those of 5.3-5.5."""
+    return load_with_reference(impl, "template_ddp", *(answer for t, answer in ANSWERS.items() if t != task))
 
 
 class Awkward(nn.Module):
@@ -133,7 +144,7 @@ def _as_indices(buckets, params):
 
 @pytest.mark.task5_1
 def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.1")
     # 64 parameters listed in another order than they were allocated: an order taken from a set
     # or from ids would differ from the list's (5 parameters alone can match it by chance)
     allocated = _params(*[1] * 64)
@@ -164,7 +175,7 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
 
 @pytest.mark.task5_1
 def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.1")
     params = _params(3, 1000, 2)  # a 4000-byte parameter, larger than the 100-byte cap below
     assert _as_indices(lib.build_buckets(params, None), params) == [[2], [1], [0]], (
         f"{T51}: bucket_size_mb=None means one bucket per parameter, in reverse order")
@@ -178,7 +189,7 @@ def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
 
 @pytest.mark.task5_1
 def test_tied_weights_once_frozen_ones_never(impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.1")
     a, b, c, d = _params(4, 5, 6, 7)
     c.requires_grad_(False)
     listed = [a, b, a, c, d]  # a is tied: listed twice, as named_parameters(remove_duplicate=False) does
@@ -197,7 +208,7 @@ def test_tied_weights_once_frozen_ones_never(impl):
 
 @pytest.mark.task5_1
 def test_a_new_bucket_where_the_dtype_changes(impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.1")
     params = _params(4, 4) + _params(4, dtype=torch.float64)
     got = _as_indices(lib.build_buckets(params, 25.0), params)
     assert got == [[2], [1, 0]], (
@@ -207,7 +218,7 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
 
 # --------------------------------------------------------------------------- Task 5.2
 def _launch(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.2")
     params = [nn.Parameter(torch.full((2, 3), 100.0 + rank)), nn.Parameter(torch.full((4,), 200.0)),
               nn.Parameter(torch.arange(5.0) + 300)]
     params[0].grad = torch.full((2, 3), rank + 1.0)
@@ -262,7 +273,7 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
 
 # --------------------------------------------------------------------------- Task 5.3
 def _hooks(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.3")
     out = {}
     for label, size in [("per-parameter", None), ("tiny", TINY)]:
         torch.manual_seed(rank)  # different on each rank: DDP's broadcast makes them equal
@@ -360,7 +371,7 @@ def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
 
 
 def _one_hook_each(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.3")
     module = mlp()
     params = list(module.parameters())
     model = bare_ddp(lib, module, [params[4:], params[2:4], params[:2]])
@@ -399,7 +410,7 @@ class Gated(nn.Module):
 
 
 def _order(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.3")
     torch.manual_seed(0)
     model = lib.DDP(Gated(), bucket_size_mb=None)
     recorder = Recorder()
@@ -431,6 +442,22 @@ def test_buckets_launch_in_order_when_a_parameter_is_used_on_one_rank_only(impl)
 
 
 # --------------------------------------------------------------------------- Task 5.4
+def _finish(model):
+    """model.finish_gradient_synchronization(), with a hint instead of a bare AttributeError when it
+    uses a bucket that backward never launched (its handle and buffer are still None)."""
+    unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
+    try:
+        model.finish_gradient_synchronization()
+    except AttributeError as error:
+        if not unlaunched or "'NoneType'" not in str(error):
+            raise
+        raise AssertionError(
+            f"{T54}: finish_gradient_synchronization() used bucket(s) {unlaunched} that backward never launched "
+            f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
+            "handle and buffer are still None. Launch every bucket from self.next_bucket on (launch_all_reduce "
+            "sends zeros for a missing gradient) before waiting for the handles") from None
+
+
 def _train(model, optimizer, data, rank, world_size, finish):
     for x, y in data:
         mine = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
@@ -441,14 +468,14 @@ def _train(model, optimizer, data, rank, world_size, finish):
 
 
 def _training(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.4")
     data = batches(3, 4 * world_size)
     out = {}
     for label, size in [("None", None), ("tiny", TINY), ("25 MB", 25.0)]:
         torch.manual_seed(rank)  # each rank starts different: the DDP's broadcast makes them equal
         model = lib.DDP(Awkward(), bucket_size_mb=size)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        _train(model, optimizer, data, rank, world_size, lambda m: m.finish_gradient_synchronization())
+        _train(model, optimizer, data, rank, world_size, _finish)
         out[label] = (_state(model.module), len(model.buckets))
     torch.manual_seed(rank)
     reference = DistributedDataParallel(Awkward(), find_unused_parameters=True)
@@ -489,7 +516,7 @@ def test_training_equals_pytorch_ddp_and_single_process_training(impl, world_siz
 
 
 def _unused_on_one_rank(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.4")
     out = {}
     # Gated, one bucket per parameter: rank 0 launches all 5 during backward, rank 1 only 2
     # (`extra` blocks the rest), so finish must launch the other 3 on rank 1 or rank 0 waits forever.
@@ -500,7 +527,7 @@ def _unused_on_one_rank(rank, world_size, impl):
         x, y = batches(1, 4 * world_size, width=width, outputs=width)[0]
         mine = slice(rank * 4, (rank + 1) * 4)
         F.mse_loss(model(x[mine], use_extra=rank == 0), y[mine]).backward()
-        model.finish_gradient_synchronization()
+        _finish(model)
         out[label] = grads_of(model.module)
     return out
 
@@ -535,7 +562,7 @@ def test_a_parameter_used_on_one_rank_only_neither_hangs_nor_diverges(impl):
 
 
 def _finish_after_no_sync(rank, world_size, impl):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.4")
     module = mlp()
     params = list(module.parameters())
     model = bare_ddp(lib, module, [params[::-1]])
@@ -560,7 +587,7 @@ def test_finish_after_a_no_sync_forward_communicates_nothing(impl):
 
 # --------------------------------------------------------------------------- Task 5.5
 def _accumulate(rank, world_size, impl, accumulate):
-    lib = load(impl, "template_ddp")
+    lib = judging(impl, "5.5")
     torch.manual_seed(0)
     model = lib.DDP(Awkward(), bucket_size_mb=TINY)
     x, y = batches(1, 2 * accumulate * world_size)[0]
@@ -624,7 +651,7 @@ def test_accumulation_equals_one_big_batch_with_one_all_reduce_per_bucket(impl):
 
 @pytest.mark.task5_5
 def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(impl):
-    model = bare_ddp(load(impl, "template_ddp"), nn.Linear(2, 2), [])  # no communication: no process group
+    model = bare_ddp(judging(impl, "5.5"), nn.Linear(2, 2), [])  # no communication: no process group
     with model.no_sync():
         inside = model.require_backward_grad_sync
     assert inside is False and model.require_backward_grad_sync is True, (

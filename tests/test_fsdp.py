@@ -6,6 +6,8 @@ The first test of each task calls that task's function alone (on a unit built by
 itself), so a task can be checked before the others are done. The training tests then run
 the whole FSDP on 2 and 3 gloo ranks and compare the full parameters with independent
 references: single-process training on the global batch, and PyTorch's own fully_shard.
+The tests of one task take solutions/' answers to the other tasks (judging), so a mistake costs
+one task's points.
 """
 import copy
 import math
@@ -16,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load
+from conftest import load_with_reference
 from harness import run_ranks
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
@@ -25,8 +27,19 @@ T73 = "Task 7.3 (template_fsdp.py, FlatUnit.reshard)"
 T74 = "Task 7.4 (template_fsdp.py, FlatUnit.reduce_scatter_gradient)"
 T75 = "Task 7.5 (template_fsdp.py, FSDP.gather_full_params)"
 
+# Each task's answer, as load_with_reference names it: the tests of one task take solutions/'
+# answers to all the others (judging below).
+ANSWERS = {"7.1": "shard_flat", "7.2": "FlatUnit.unshard", "7.3": "FlatUnit.reshard",
+           "7.4": "FlatUnit.reduce_scatter_gradient", "7.5": "FSDP.gather_full_params"}
+
 # Different sizes on purpose: 25 and 3 are not multiples of 2 or 3, so the shards need padding.
 SHAPES = [(5, 5), (3,), (2, 4)]
+
+
+def judging(impl, task):
+    """template_fsdp of `impl` for the tests of `task`: your answer to that task, solutions/' to the
+    others, so that a wrong reshard (7.3) costs Task 7.3's points, not also those of 7.4 and 7.5."""
+    return load_with_reference(impl, "template_fsdp", *(answer for t, answer in ANSWERS.items() if t != task))
 
 
 class Awkward(nn.Module):
@@ -85,7 +98,7 @@ def _tensors(seed=0):
 @pytest.mark.task7_1
 @pytest.mark.parametrize("numel", [12, 1, 5, 7, 33])
 def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.1")
     flat = torch.arange(1.0, numel + 1)
     for world_size in (1, 2, 3, 4):
         shards = [fsdp_lib.shard_flat(flat, rank, world_size) for rank in range(world_size)]
@@ -121,7 +134,7 @@ class _Started:
 
 
 def _unshard(rank, world_size, impl, compute_dtype):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.2")
     started = _Started(fsdp_lib, "all_gather_into_tensor")
     results = []
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
@@ -157,18 +170,36 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
 # --------------------------------------------------------------------------- Task 7.3
 @pytest.mark.task7_3
 def test_reshard_frees_the_memory_in_place(impl):
-    fsdp_lib = load(impl, "template_fsdp")
-    unit, _ = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
-    full = unit.full
+    fsdp_lib = judging(impl, "7.3")
+    unit, padded = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
+    full, shard = unit.full, unit.shard
+    kept = shard.detach().clone()
+    saved = unit.views(full)[0]  # what autograd saves for backward: a view of self.full's memory
     unit.reshard()
-    same_tensor = unit.full is full  # no tensor inside the assert: pytest would print one whose memory is freed
+    # Numbers only, no tensor inside an assert: pytest would print one whose memory is freed.
+    same_tensor = unit.full is full
     assert same_tensor, (
         f"{T73}: free self.full's memory in place (self.full.untyped_storage().resize_(0)) and keep the tensor: "
         "autograd saved views of it, and a new tensor leaves their memory allocated")
-    nbytes = full.untyped_storage().nbytes()
+    shape, dtype = tuple(full.shape), full.dtype
+    assert shape == tuple(padded.shape) and dtype == torch.float32, (
+        f"{T73}: reshard() made self.full a {dtype} tensor of shape {shape}, not float32 of shape "
+        f"{tuple(padded.shape)}: keep its shape and dtype, and free only its memory "
+        "(self.full.untyped_storage().resize_(0), not self.full.resize_() or self.full.data = ...): unshard() gives "
+        "the same tensor its bytes back, numel() x element_size(), and gathers into it")
+    nbytes, shard_bytes = full.untyped_storage().nbytes(), shard.numel() * shard.element_size()
+    assert nbytes != shard_bytes, (
+        f"{T73}: after reshard() self.full still holds {nbytes} bytes, the size of one shard: the shard that lasts "
+        "is self.shard, already; free all of self.full's memory, untyped_storage().resize_(0)")
     assert nbytes == 0, (
         f"{T73}: after reshard() the full flat tensor still holds {nbytes} bytes: "
         "free it (untyped_storage().resize_(0)), or every rank keeps the whole model and nothing is saved")
+    saved_bytes = saved.untyped_storage().nbytes()
+    assert saved_bytes == 0, (
+        f"{T73}: the views of self.full that autograd saved still hold {saved_bytes} bytes: free the memory they "
+        "share, self.full.untyped_storage().resize_(0), rather than give self.full other memory")
+    same_shard = unit.shard is shard and torch.equal(shard.detach(), kept)
+    assert same_shard, f"{T73}: reshard() changed self.shard: keep it as it is, the only lasting copy of the weights"
 
 
 def _unit_bytes(fsdp):
@@ -176,7 +207,7 @@ def _unit_bytes(fsdp):
 
 
 def _memory(rank, world_size, impl, prefetch):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.3")
     torch.manual_seed(0)
     model = mlp()
     unsharded_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # param, grad, Adam's 2
@@ -223,7 +254,7 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 
 # --------------------------------------------------------------------------- Task 7.4
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.4")
     started = _Started(fsdp_lib, "reduce_scatter_tensor")
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
     g = torch.Generator().manual_seed(0)
@@ -295,7 +326,7 @@ def _test_gather(fsdp):
 
 
 def _train_fsdp(rank, world_size, impl, make_model, optimizer_name, compute_dtype=None, gather="test"):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.5" if gather == "fsdp" else "7.4")
     torch.manual_seed(rank)  # each rank starts different: FSDP must start everyone from rank 0's model
     fsdp = fsdp_lib.FSDP(make_model(), compute_dtype=compute_dtype)
     optimizer = _optimizer(optimizer_name, fsdp.parameters())
@@ -364,7 +395,7 @@ def test_bf16_compute_keeps_fp32_shards_and_trains_like_fp32(impl):
 
 # --------------------------------------------------------------------------- Task 7.5
 def _gather_bare(rank, world_size, impl):
-    fsdp_lib = load(impl, "template_fsdp")
+    fsdp_lib = judging(impl, "7.5")
     fsdp = object.__new__(fsdp_lib.FSDP)
     nn.Module.__init__(fsdp)
     unit_a, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(0), torch.bfloat16, gathered=False)

@@ -77,3 +77,37 @@ def test_task_4_4_is_judged_alone(tmp_path):
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert proc.returncode == 0, (f"wrong answers to Tasks 4.1-4.3 ({', '.join(m.name for m in wrong)}) fail "
                                   f"Task 4.4's tests: swap in solutions/ for the other tasks\n{proc.stdout[-3000:]}")
+
+
+# (a wrong answer to one task, the marker of a later task whose tests run that task's code):
+# before the tests swapped in solutions/' answers to the other tasks, each of these also failed
+# the later task, with that task's name on an error that was not its fault.
+BUILT_ON_OTHERS = [
+    ("5.1", "order-from-a-set", "task5_3"),  # buckets in another order on each rank: mismatched all-reduces
+    ("5.1", "order-from-a-set", "task5_4"),
+    ("5.2", "no-division", "task5_3"),  # the buckets carry the sum, not the mean
+    ("5.3", "out-of-order", "task5_4"),  # a bucket used on one rank only: the ranks hang
+    ("5.3", "register-hook", "task5_5"),  # stale gradients in the buckets
+    ("5.4", "waits-on-unlaunched-buckets", "task5_5"),  # Awkward's unused parameter: AttributeError
+    ("7.1", "uneven-shards", "task7_3"),  # gloo refuses shards of different sizes
+    ("7.2", "new-full-tensor", "task7_4"),  # the module computes with the old, freed memory
+    ("7.3", "empty-data", "task7_4"),  # unshard() gathers into 0 bytes: a gloo size error
+    ("7.3", "keeps-its-shard", "task7_5"),  # never gathered again: computes with one shard's memory
+    ("7.4", "sum-not-mean", "task7_5"),  # training diverges from fully_shard's
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,name,marker", BUILT_ON_OTHERS, ids=lambda value: str(value))
+def test_tasks_built_on_others_are_judged_alone(task, name, marker, tmp_path):
+    """The grader gives points per task: a wrong answer to one task must cost that task's points
+    only, not also those of every later task that runs its code (conftest.load_with_reference)."""
+    mistake = next(m for m in MISTAKES if (m.task, m.name) == (task, name))
+    repo = make_submission(str(tmp_path / "repo"), [mistake])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", marker, "-q",
+                           "-p", "no:cacheprovider", *files_with(marker)],
+                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 0, (f"a wrong answer to Task {task} ({name}) fails the tests of {marker} too: judge "
+                                  f"that task with solutions/' answers to the others (judging(impl, task))\n"
+                                  f"{proc.stdout[-3000:]}")
