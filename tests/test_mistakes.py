@@ -89,6 +89,9 @@ BUILT_ON_OTHERS = [
     ("5.3", "out-of-order", "task5_4"),  # a bucket used on one rank only: the ranks hang
     ("5.3", "register-hook", "task5_5"),  # stale gradients in the buckets
     ("5.4", "waits-on-unlaunched-buckets", "task5_5"),  # Awkward's unused parameter: AttributeError
+    ("6.1", "whole-parameters", "task6_2"),  # the local optimizers hold more than their shard
+    ("6.1", "floor-not-ceil", "task6_3"),  # pieces for a rank that does not exist: a gloo error
+    ("6.2", "copies-not-views", "task6_3"),  # the parameters never change
     ("7.1", "uneven-shards", "task7_3"),  # gloo refuses shards of different sizes
     ("7.2", "new-full-tensor", "task7_4"),  # the module computes with the old, freed memory
     ("7.3", "empty-data", "task7_4"),  # unshard() gathers into 0 bytes: a gloo size error

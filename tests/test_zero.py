@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from conftest import load
+from conftest import load, load_with_reference
 from harness import run_ranks
 
 T61 = "Task 6.1 (template_zero.py, partition_parameters)"
@@ -50,19 +50,6 @@ class Toy(nn.Module):
 
     def body_parameters(self):
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
-
-
-def _zero(impl, *reference):
-    """template_zero of `impl`, with solutions/'s answers to the earlier tasks named (functions of the
-    module or methods of ShardedOptimizer): a test then judges one task alone, and a mistake in
-    Task 6.1 fails Task 6.1's tests, not those of every task built on it. Runs inside a rank."""
-    zero, solution = load(impl, "template_zero"), load("solutions", "template_zero")
-    for name in reference:
-        if hasattr(solution, name):
-            setattr(zero, name, getattr(solution, name))
-        else:
-            setattr(zero.ShardedOptimizer, name, getattr(solution.ShardedOptimizer, name))
-    return zero
 
 
 def _loss(model, step):
@@ -142,7 +129,7 @@ def test_partition_is_the_same_on_every_rank(impl):
 
 # --------------------------------------------------------------------------- Task 6.2
 def _shard_bytes(rank, world_size, impl):
-    zero = _zero(impl, "partition_parameters", "step")
+    zero = load_with_reference(impl, "template_zero", "partition_parameters", "step")
     solution = load("solutions", "template_zero")
     torch.manual_seed(0)
     model = Toy()
@@ -229,7 +216,7 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
 # --------------------------------------------------------------------------- Task 6.3
 def _train_three_ways(rank, world_size, impl):
     """Four steps of each optimizer: ShardedOptimizer, the unsharded one, ZeroRedundancyOptimizer."""
-    zero = _zero(impl, "partition_parameters", "shard_param_group")
+    zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
     out = {}
     for name, (optimizer_cls, kwargs) in OPTIMIZERS.items():
         junk = _shuffle_memory(rank)
@@ -285,7 +272,7 @@ def test_step_matches_the_unsharded_optimizer_and_pytorchs_zero(impl, world_size
 
 
 def _train_with_closure(rank, world_size, impl):
-    zero = _zero(impl, "partition_parameters", "shard_param_group")
+    zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
     torch.manual_seed(0)
     model = Toy()
     reference = copy.deepcopy(model)
@@ -317,7 +304,7 @@ def test_step_with_a_closure(impl):
 
 
 def _frees_gradients(rank, world_size, impl):
-    zero = _zero(impl, "partition_parameters", "shard_param_group")
+    zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
     torch.manual_seed(0)
     model = Toy()
     optimizer = zero.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
@@ -340,7 +327,7 @@ def test_zero_grad_frees_the_gradients_after_a_step(impl):
 
 
 def _state_dict_round_trip(rank, world_size, impl):
-    zero = _zero(impl, "partition_parameters", "shard_param_group")
+    zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
     torch.manual_seed(0)
     model = Toy()
     reference = copy.deepcopy(model)
