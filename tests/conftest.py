@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import sys
 
+import harness  # noqa: F401  (first: it starts the server that forks the ranks, see harness.py)
 import pytest
 import torch
 

@@ -17,6 +17,7 @@ import datetime
 import faulthandler
 import io
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import signal
@@ -24,15 +25,21 @@ import tempfile
 import time
 import traceback
 
-import torch
-import torch.distributed as dist
-
 # Processes are forked from a server that has already imported torch: about 30 ms a
 # rank instead of 3 s for "spawn", and safer than forking pytest itself, whose OpenMP
 # threads a plain fork would copy in a broken state.
 _context = multiprocessing.get_context("forkserver")
 # torch._dynamo too: DistributedDataParallel imports it on first use, 4 s for every rank.
 _context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+# Start the server now (conftest.py imports this file first thing): it imports those (about
+# 4 s) in the background while pytest starts, instead of when the first test needs a rank. Each rank still gets this process's
+# sys.path when it starts, so nothing that pytest adds later is missed. Not in a rank that is
+# starting (it imports this file to find its function), where multiprocessing forbids it.
+if not getattr(multiprocessing.current_process(), "_inheriting", False):
+    multiprocessing.forkserver.ensure_running()
+
+import torch  # noqa: E402  (after the server started: it imports torch meanwhile, on another core)
+import torch.distributed as dist  # noqa: E402
 
 
 class RankTimeout(AssertionError):

@@ -58,6 +58,14 @@ def _loss(model, step):
     return F.cross_entropy(model(x), y)
 
 
+def _step_both(pairs, step):
+    """One training step of each (model, optimizer) pair, on the same batch."""
+    for model, optimizer in pairs:
+        optimizer.zero_grad()
+        _loss(model, step).backward()
+        optimizer.step()
+
+
 def _state_bytes(optimizer):
     """Bytes of the tensors with one number per element in an optimizer's state (exp_avg,
     exp_avg_sq, momentum_buffer); Adam's step count, one scalar per parameter, is left out."""
@@ -145,10 +153,7 @@ def _shard_bytes(rank, world_size, impl):
             optimizer.add_param_group({"params": list(model.head.parameters()), "lr": 0.005})
             unsharded.add_param_group({"params": list(reference.head.parameters()), "lr": 0.005})
             groups.append(list(model.head.parameters()))
-        for m, opt in [(model, optimizer), (reference, unsharded)]:
-            opt.zero_grad()
-            _loss(m, step).backward()
-            opt.step()
+        _step_both([(model, optimizer), (reference, unsharded)], step)
     # a group too small to reach every rank: the last ranks own none of it, and get an empty group
     lonely = nn.Parameter(torch.zeros(1))
     optimizer.add_param_group({"params": [lonely], "lr": 0.25})
@@ -334,10 +339,7 @@ def _state_dict_round_trip(rank, world_size, impl):
     optimizer = zero.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
     unsharded = torch.optim.AdamW(reference.parameters(), lr=0.01)
     for step in range(2):
-        for m, opt in [(model, optimizer), (reference, unsharded)]:
-            opt.zero_grad()
-            _loss(m, step).backward()
-            opt.step()
+        _step_both([(model, optimizer), (reference, unsharded)], step)
     optimizer.zero_grad()
     cleared = all(p.grad is None for p in model.parameters())
     saved = optimizer.state_dict()  # every rank calls it: a collective
@@ -346,10 +348,7 @@ def _state_dict_round_trip(rank, world_size, impl):
     resumed_model = copy.deepcopy(reference)
     resumed = zero.ShardedOptimizer(resumed_model.parameters(), torch.optim.AdamW, lr=0.5)
     resumed.load_state_dict(copy.deepcopy(expected))
-    for m, opt in [(resumed_model, resumed), (reference, unsharded)]:
-        opt.zero_grad()
-        _loss(m, 2).backward()
-        opt.step()
+    _step_both([(resumed_model, resumed), (reference, unsharded)], 2)
     return cleared, saved, expected, dict(resumed_model.named_parameters()), dict(reference.named_parameters())
 
 
@@ -399,10 +398,7 @@ def _replaced_memory(rank, world_size, impl):
         if step == 1:  # as some checkpoint loaders do: the parameters get new memory, the views point at the old
             for param in model.parameters():
                 param.data = param.data.clone()
-        for m, opt in [(model, optimizer), (reference, unsharded)]:
-            opt.zero_grad()
-            _loss(m, step).backward()
-            opt.step()
+        _step_both([(model, optimizer), (reference, unsharded)], step)
     return max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
 
 
