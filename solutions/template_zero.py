@@ -224,22 +224,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for view, index, start, end in self._local_pieces() if view in self.optim.state]
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, mine)
-        pieces = sorted((piece for rank_pieces in everyone for piece in rank_pieces), key=lambda p: p[:2])
+        parts = {}  # parameter index: its pieces' states, in order along the parameter
+        for index, start, end, piece_state in sorted((p for pieces in everyone for p in pieces), key=lambda p: p[:2]):
+            parts.setdefault(index, []).append((end - start, piece_state))
         params = [param for group in self.param_groups for param in group["params"]]
         state = {}
-        for index, start, end, piece_state in pieces:
-            whole = state.setdefault(index, {})
-            for key, value in piece_state.items():
-                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == end - start:
-                    # a tensor with one number per element (exp_avg, momentum_buffer): glue the pieces
-                    whole[key] = value if key not in whole else torch.cat([whole[key], value])
-                else:
-                    whole[key] = value  # the same for every piece (Adam's step count)
-        for index, whole in state.items():
-            for key, value in whole.items():
-                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == params[index].numel():
-                    whole[key] = value.view(params[index].shape)
-        return {"state": dict(sorted(state.items())), "param_groups": _numbered(self.param_groups, self.param_groups)}
+        for index, pieces in sorted(parts.items()):
+            first = pieces[0][1]
+            # a tensor with one number per element (exp_avg, momentum_buffer): glue the pieces;
+            # anything else is the same for every piece (Adam's step count): take the first
+            state[index] = {key: torch.cat([piece[key] for _, piece in pieces]).view(params[index].shape)
+                            if _per_element(key, value, (pieces[0][0],)) else value
+                            for key, value in first.items()}
+        return {"state": state, "param_groups": _numbered(self.param_groups, self.param_groups)}
 
     def load_state_dict(self, state_dict):
         """Load a whole state (from state_dict(), or an unsharded optimizer's): each rank keeps its pieces' slices."""
@@ -254,16 +251,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         local_state = {}
         for local_index, (view, index, start, end) in enumerate(self._local_pieces()):
             if index in state_dict["state"]:
-                local_state[local_index] = {
-                    # a tensor shaped like the parameter holds one number per element: keep this piece's
-                    # ("step" is the one scalar PyTorch's optimizers keep, as a tensor, even for a 0-dim parameter)
-                    key: value.reshape(-1)[start:end].clone()
-                    if torch.is_tensor(value) and value.shape == params[index].shape and key != "step"
+                local_state[local_index] = {  # one number per element: keep this piece's
+                    key: value.reshape(-1)[start:end].clone() if _per_element(key, value, params[index].shape)
                     else value
                     for key, value in state_dict["state"][index].items()}
         self.optim.load_state_dict({"state": local_state,
                                     "param_groups": _numbered(self.param_groups, self.optim.param_groups)})
         self.state = self.optim.state  # load_state_dict gave the local optimizer a new state dict: show that one
+
+
+def _per_element(key, value, shape):
+    """Whether an optimizer's state value holds one number per element of a tensor of this shape
+    (exp_avg, momentum_buffer), so that a piece of it belongs to each piece of the parameter.
+    "step" is the one scalar PyTorch's optimizers keep as a tensor, shaped () like a 0-dim parameter."""
+    return torch.is_tensor(value) and tuple(value.shape) == tuple(shape) and key != "step"
 
 
 def _numbered(groups, params_of):

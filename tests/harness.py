@@ -32,9 +32,10 @@ _context = multiprocessing.get_context("forkserver")
 # torch._dynamo too: DistributedDataParallel imports it on first use, 4 s for every rank.
 _context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
 # Start the server now (conftest.py imports this file first thing): it imports those (about
-# 4 s) in the background while pytest starts, instead of when the first test needs a rank. Each rank still gets this process's
-# sys.path when it starts, so nothing that pytest adds later is missed. Not in a rank that is
-# starting (it imports this file to find its function), where multiprocessing forbids it.
+# 4 s) in the background while pytest starts, instead of when the first test needs a rank.
+# Each rank still gets this process's sys.path when it starts, so nothing that pytest adds
+# later is missed. Not in a rank that is starting (it imports this file to find its
+# function), where multiprocessing forbids it.
 if not getattr(multiprocessing.current_process(), "_inheriting", False):
     multiprocessing.forkserver.ensure_running()
 
