@@ -12,7 +12,7 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -115,3 +115,8 @@ def get_datasets(choice, root, seed=0):
               f"!!   {problem[:300]}\n!! Training on the built-in SYNTHETIC data set instead "
               f"(--data synthetic).\n!! Use --data cifar10 to make this an error.\n{banner}", flush=True)
     return (*synthetic_cifar(seed=seed), "synthetic")
+
+
+def first_n(dataset, n):
+    """The first n items of dataset (--train-samples, --test-samples); all of them for n None."""
+    return dataset if n is None or n >= len(dataset) else Subset(dataset, range(n))

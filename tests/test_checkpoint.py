@@ -288,9 +288,8 @@ def _train(impl, extra):
     if not hasattr(train_ddp.get_datasets, "cache_info"):  # the same synthetic data, made once a rank
         train_ddp.get_datasets = functools.lru_cache(train_ddp.get_datasets)
     args = train_ddp.parse_args(["--impl", impl, *TINY, *extra])
-    trainer, loader_lib = load(impl, "template_trainer"), load(impl, "template_data_loader")
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return train_ddp.train(args, trainer, loader_lib, rank, world_size, torch.device("cpu"))
+    return train_ddp.train(args, rank, world_size, torch.device("cpu"))
 
 
 def _interrupt_and_resume(rank, world_size, impl, root, stop_after):

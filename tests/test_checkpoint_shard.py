@@ -20,7 +20,6 @@ import torch
 import train_ddp
 from harness import run_ranks
 from models import CNN
-from conftest import load
 from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, kill_rank_1_after, read, torchrun
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
@@ -32,10 +31,8 @@ def _train(impl, extra):
     if not hasattr(train_ddp.get_datasets, "cache_info"):  # the same synthetic data, made once a rank
         train_ddp.get_datasets = functools.lru_cache(train_ddp.get_datasets)
     args = train_ddp.parse_args(["--impl", impl, *TINY, "--train-samples", "128", "--test-samples", "32", *extra])
-    lib = "template" if impl == "template" else "solutions"
-    trainer, loader_lib = load(lib, "template_trainer"), load(lib, "template_data_loader")
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return train_ddp.train(args, trainer, loader_lib, rank, world_size, torch.device("cpu"))
+    return train_ddp.train(args, rank, world_size, torch.device("cpu"))
 
 
 def _signal_after(steps):

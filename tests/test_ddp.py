@@ -701,7 +701,7 @@ def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
     import train_ddp
 
     with pytest.raises(ValueError, match=message):
-        train_ddp.check_sync_flags(train_ddp.parse_args(flags))
+        train_ddp.check_flags(train_ddp.parse_args(flags))
 
 
 @pytest.mark.slow

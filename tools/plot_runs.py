@@ -56,6 +56,24 @@ def plot_runs(runs, labels, out, title=None):
     plt.close(fig)
 
 
+def write_metrics(path, rows):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_plot(metrics_path, rows, title):
+    """train_ddp.py's own run, drawn beside its CSV (same name, .png). matplotlib is imported only here: a run without it still trains."""
+    path = os.path.splitext(metrics_path)[0] + ".png"
+    try:
+        plot_runs([{key: [row[key] for row in rows] for key in rows[0]}], [""], path, title)
+    except ImportError as error:
+        return f"no plot ({error}): pip install matplotlib, or pass --no-plot"
+    return f"plot: {path}"
+
+
 def default_labels(paths):
     """The file names without .csv, or the folder and the name where names repeat."""
     names = [os.path.splitext(os.path.basename(p))[0] for p in paths]

@@ -14,6 +14,7 @@ With --sync overlap the "running" bars start while backward still runs; with --s
 after-backward they all come after it.
 """
 import json
+import os
 import sys
 
 
@@ -78,6 +79,27 @@ def plot_timeline(trace_path, png_path, title=None):
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+
+
+def start_profiler(directory, device):
+    """train_ddp.py --profile: a torch.profiler that skips 2 steps, warms up 1, records 3 and writes
+    DIR/trace.json and DIR/timeline.png."""
+    import torch  # here, not at the top: drawing a saved trace needs no torch
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "trace.json")
+
+    def write(profiler):
+        profiler.export_chrome_trace(path)
+        plot_timeline(path, os.path.join(directory, "timeline.png"))
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities, on_trace_ready=write,
+                                      schedule=torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=1))
+    profiler.start()
+    return profiler
 
 
 if __name__ == "__main__":

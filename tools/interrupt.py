@@ -1,0 +1,46 @@
+"""Ctrl-C, and SIGTERM passed on by torchrun or SLURM: one line per rank saying where training was.
+
+    signal.signal(signal.SIGINT, stop_on_interrupt)   # train_ddp.py, at start
+    for images, labels in Counted(loader): ...        # keeps PROGRESS up to date
+"""
+import os
+import sys
+
+PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
+MAIN_PID = os.getpid()  # DataLoader workers are forked from this process, signal handlers and all
+
+
+def stop_on_interrupt(signum, frame):
+    """Ctrl-C (SIGINT), or SIGTERM from torchrun or SLURM passing one on: one line, exit code 130.
+
+    Exits at once, without unwinding: a traceback per rank would bury the line, and leaving
+    the process group politely can wait on ranks that are already gone."""
+    if os.getpid() != MAIN_PID:  # a DataLoader worker: it stops quietly, as PyTorch's workers do
+        raise KeyboardInterrupt
+    tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+    where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
+    sys.stdout.flush()
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over rank 0's progress bar, if it draws one
+    os.write(2, f"{clear}{tag}interrupted at {where}\n".encode())  # one write: the ranks' lines do not interleave
+    os._exit(130)
+
+
+class Counted:
+    """The training loader, counting the steps of the epoch for PROGRESS, and telling a
+    profiler (--profile) where each step ends, for its wait/warmup/active schedule."""
+
+    def __init__(self, loader, profiler=None):
+        self.loader, self.profiler = loader, profiler
+
+    def __getattr__(self, name):  # batch_size, sampler, ...: the loader's own
+        return getattr(self.loader, name)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for step, batch in enumerate(self.loader, 1):
+            PROGRESS["step"] = step
+            yield batch
+            if self.profiler:
+                self.profiler.step()
