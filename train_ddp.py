@@ -36,7 +36,7 @@ from data import first_n, get_datasets
 from models import CNN
 from strategies import unfilled_task
 from tools.interrupt import PROGRESS, Counted, stop_on_interrupt
-from tools.plot_runs import write_metrics, write_plot
+from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
 from tools.timeline import start_profiler
 
 
@@ -102,6 +102,10 @@ def check_flags(args):
         raise ValueError("--checkpoint-every needs --checkpoint-dir: where should the checkpoints go?")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    for flag, path in (("--metrics", args.metrics), ("--profile", args.profile and os.path.join(args.profile, "x"))):
+        problem = path and cannot_write(path)
+        if problem:  # found now, not after the first epoch's training
+            raise ValueError(f"{flag} {getattr(args, flag[2:])}: {problem}: choose another path")
     return strategies.choose(args)
 
 
@@ -160,7 +164,7 @@ def train(args, rank, world_size, device):
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
            f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
            f"steps/epoch={len(train_loader)}")
-    rows = []
+    rows = earlier_rows(args.metrics, first_epoch) if rank == 0 and args.metrics else []  # a resumed run's history
     for epoch in range(first_epoch, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         PROGRESS.update(epoch=epoch, step=0)
@@ -208,8 +212,7 @@ def optimizer_class(args):
 
 
 def make_checkpointer(args, model, optimizer, world_size, data_name, device, steps_per_epoch):
-    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py).
-    Under --shard the Checkpointer gathers the full state on every rank before rank 0 writes it."""
+    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py)."""
     if args.checkpoint_dir is None:
         return None
     lib = strategies.course_module(args.impl, "template_checkpoint")

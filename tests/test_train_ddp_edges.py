@@ -3,6 +3,7 @@
     pytest tests/test_train_ddp_edges.py           # the quick ones
     pytest -m slow tests/test_train_ddp_edges.py   # Ctrl-C, with a real signal to real processes
 """
+import csv
 import os
 import re
 import signal
@@ -114,3 +115,40 @@ def test_under_torchrun_each_rank_prints_one_line():
         mine = [line for line in out.splitlines() if f"[rank {rank}]" in line or f"[rank{rank}]" in line]
         assert len(mine) == 1 and re.search(rf"\[rank {rank}\] {TRAINING}$", mine[0]), out
     assert "KeyboardInterrupt" not in out, out
+
+
+@pytest.mark.parametrize("flag", ["--metrics", "--profile"])
+def test_an_unwritable_output_path_is_refused_before_training(flag, tmp_path):
+    """Issue 23: an unwritable --metrics or --profile path failed after the first epoch, with a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=f"{flag} {blocker}/out: {blocker} is a file, not a folder"):
+        train_ddp.check_flags(train_ddp.parse_args(QUICK + [flag, str(blocker / "out")]))
+    assert train_ddp.check_flags(train_ddp.parse_args(QUICK + [flag, str(tmp_path / "new" / "out")]))
+
+
+def test_sigterm_at_start_up_points_at_the_rank_that_failed():
+    """torchrun stops every rank with SIGTERM when one exits with an error: the others used to say
+    'interrupted at start-up', which reads as a Ctrl-C."""
+    proc = subprocess.run([sys.executable, "-c", "import signal, tools.interrupt as i; "
+                           "i.stop_on_interrupt(signal.SIGTERM, None)"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30, env={**os.environ, "RANK": "1"})
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.startswith("[rank 1] stopped at start-up (SIGTERM): torchrun stops every rank when one "
+                                  "fails, so look above for another rank's error"), proc.stderr
+
+
+@pytest.mark.slow  # two real runs of the script, about 10 s
+def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
+    """Issue 23: after a resume (--checkpoint-dir, a torchrun restart, a SLURM requeue) the CSV and
+    its PNG held only the new epochs."""
+    metrics = tmp_path / "metrics.csv"
+    run = [sys.executable, "train_ddp.py", *QUICK, "--train-samples", "256", "--batch-size", "64",
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
+    for epochs in ("1", "2"):
+        proc = subprocess.run(run + ["--epochs", epochs], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(metrics) as f:
+        rows = list(csv.DictReader(f))
+    assert [row["epoch"] for row in rows] == ["1", "2"], rows
+    assert float(rows[0]["train_loss"]) > 0, rows

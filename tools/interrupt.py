@@ -4,6 +4,7 @@
     for images, labels in Counted(loader): ...        # keeps PROGRESS up to date
 """
 import os
+import signal
 import sys
 
 PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
@@ -19,9 +20,13 @@ def stop_on_interrupt(signum, frame):
         raise KeyboardInterrupt
     tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
+    said = f"interrupted at {where}"
+    if signum == signal.SIGTERM and not PROGRESS["epoch"]:  # most often torchrun, after another rank failed
+        said = ("stopped at start-up (SIGTERM): torchrun stops every rank when one fails, so look above for "
+                "another rank's error; or the job was cancelled")
     sys.stdout.flush()
     clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over rank 0's progress bar, if it draws one
-    os.write(2, f"{clear}{tag}interrupted at {where}\n".encode())  # one write: the ranks' lines do not interleave
+    os.write(2, f"{clear}{tag}{said}\n".encode())  # one write: the ranks' lines do not interleave
     os._exit(130)
 
 

@@ -56,12 +56,36 @@ def plot_runs(runs, labels, out, title=None):
     plt.close(fig)
 
 
+def cannot_write(path):
+    """train_ddp.py --metrics and --profile, checked before training: why the file `path` could not
+    be written (its folder or one above it is a file, or not writable), or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{folder} is a file, not a folder"
+    if os.path.isdir(path):
+        return f"{path} is a folder"
+    return None if os.access(folder, os.W_OK) else f"{folder} is not writable"
+
+
 def write_metrics(path, rows):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def earlier_rows(path, first_epoch):
+    """The rows of the epochs before first_epoch in the CSV at path, as train_ddp.py wrote them: a
+    resumed run (--checkpoint-dir, a torchrun restart, a SLURM requeue) keeps its history."""
+    if first_epoch == 1 or not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if int(row["epoch"]) < first_epoch]
+    return [{key: int(value) if key == "epoch" else float(value) if value != "" else "" for key, value in row.items()}
+            for row in rows]
 
 
 def write_plot(metrics_path, rows, title):
