@@ -142,9 +142,10 @@ def train(args, rank, world_size, device):
     if len(train_loader) == 0:  # every rank has as many steps, so every rank stops here
         raise ValueError(f"{len(train_set)} training images do not fill one global batch of {args.batch_size}: "
                          "use more --train-samples or a smaller --batch-size")
-    if args.batch_size % (world_size * args.accumulate):
-        raise ValueError(f"the global batch {args.batch_size} does not split into {world_size} ranks x "
-                         f"{args.accumulate} equal micro-batches: choose a multiple of {world_size * args.accumulate}")
+    _, readers = strategy.data_ranks(rank, world_size)  # how many slices each global batch is cut into
+    if args.batch_size % (readers * args.accumulate):
+        raise ValueError(f"the global batch {args.batch_size} does not split into {readers} ranks x "
+                         f"{args.accumulate} equal micro-batches: choose a multiple of {readers * args.accumulate}")
 
     # Each rank seeds differently on purpose: only the broadcast (Task 2.1) or DDP's own
     # broadcast makes the replicas start equal, so forgetting it shows.
@@ -162,7 +163,7 @@ def train(args, rank, world_size, device):
     print0(f"impl={args.impl} allreduce={args.allreduce} sync={strategy.name} "
            f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
            f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
-           f"global batch={args.batch_size} ({args.batch_size // world_size} per rank) "
+           f"global batch={args.batch_size} ({args.batch_size // readers} per rank) "
            f"steps/epoch={len(train_loader)}")
     rows = earlier_rows(args.metrics, first_epoch) if rank == 0 and args.metrics else []  # a resumed run's history
     for epoch in range(first_epoch, args.epochs + 1):
@@ -172,7 +173,8 @@ def train(args, rank, world_size, device):
         batches = checkpointer.batches(train_loader) if checkpointer else train_loader
         try:
             stats = trainer.train_one_epoch(model, Counted(batches, profiler), optimizer, device,
-                                            strategy.sync_gradients, epoch, accumulate=args.accumulate)
+                                            strategy.sync_gradients, epoch, accumulate=args.accumulate,
+                                            forward_backward=strategy.forward_backward)
         except stop_requested as stop:  # SIGUSR1: saved, now end cleanly
             print0(stop)
             return 0
@@ -182,8 +184,8 @@ def train(args, rank, world_size, device):
         if checkpointer:
             checkpointer.end_epoch()
         # the global training loss, from the same reduction as the evaluation counts
-        _, samples, loss_sum = trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
-        result = trainer.evaluate(model, test_loader, device)
+        samples, loss_sum = strategy.totals(stats, device)
+        result = strategy.evaluate(model, test_loader, device)
         row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
                "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
                "sync_share": strategy.sync_share(stats), "epoch_seconds": stats["seconds"]}

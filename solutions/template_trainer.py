@@ -165,16 +165,35 @@ def progress_bar(loader, epoch):
     return tqdm(total=len(loader), desc=f"epoch {epoch}", unit="img", unit_scale=images_per_step, leave=False)
 
 
+def forward_backward(model, images, labels, accumulate=1):
+    """Forward and backward of one batch on this rank; returns the sum of its images' losses.
+
+    accumulate=K splits the batch into K micro-batches whose gradients add up before the one
+    optimizer step (Task 5); a model with no_sync() (a DDP) runs all but the last inside it.
+    A strategy that runs forward and backward its own way (a pipeline, Task 10) passes
+    train_one_epoch another function with the same arguments and result.
+    """
+    loss_sum = 0.0
+    for micro_step, (x, y) in enumerate(zip(images.chunk(accumulate), labels.chunk(accumulate))):
+        # Only the last micro-batch may communicate: forward AND backward inside no_sync().
+        last = micro_step == accumulate - 1
+        with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+            # divided by K: the K micro-batches' gradients then sum to the whole batch's mean
+            loss = F.cross_entropy(model(x), y) / accumulate
+            loss.backward()
+        loss_sum += loss.item() * len(labels)  # = the micro-batch's mean loss x its size
+    return loss_sum
+
+
 def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gradients,
-                    epoch=0, log_every=10.0, accumulate=1):
+                    epoch=0, log_every=10.0, accumulate=1, forward_backward=forward_backward):
     """One pass over this rank's shard. Returns this rank's loss sum, samples and timings.
 
     sync_gradients(model) runs between backward and step: average_gradients for our own
     data parallelism, None under DistributedDataParallel, which averages during backward.
     Its time is measured, waiting for slower ranks included: that is the price of
-    synchronising every step.
-    accumulate=K splits each batch into K micro-batches whose gradients add up before the
-    one optimizer step (Task 5); a model with no_sync() (a DDP) runs all but the last inside it.
+    synchronising every step. forward_backward(model, images, labels, accumulate) runs
+    forward and backward of each batch and returns the sum of its losses (see above).
     """
     model.train()
     loss_sum, samples, sync_seconds = 0.0, 0, 0.0
@@ -184,14 +203,8 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        for micro_step, (x, y) in enumerate(zip(images.chunk(accumulate), labels.chunk(accumulate))):
-            # Only the last micro-batch may communicate: forward AND backward inside no_sync().
-            last = micro_step == accumulate - 1
-            with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
-                # divided by K: the K micro-batches' gradients then sum to the whole batch's mean
-                loss = F.cross_entropy(model(x), y) / accumulate
-                loss.backward()
-            loss_sum += loss.item() * len(labels)  # = the micro-batch's mean loss x its size
+        batch_loss_sum = forward_backward(model, images, labels, accumulate)
+        loss_sum += batch_loss_sum
         if sync_gradients is not None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # GPU work is asynchronous: time the sync alone
@@ -203,11 +216,11 @@ def train_one_epoch(model, loader, optimizer, device, sync_gradients=average_gra
         optimizer.step()
         samples += len(labels)
         if bar is not None:
-            bar.set_postfix_str(f"loss {loss.item() * accumulate:.4f}", refresh=False)
+            bar.set_postfix_str(f"loss {batch_loss_sum / len(labels):.4f}", refresh=False)
             bar.update()
         elif time.perf_counter() - last_log > log_every:
             last_log = time.perf_counter()
-            print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {loss.item() * accumulate:.4f}")
+            print0(f"  epoch {epoch} step {step + 1}/{len(loader)} loss {batch_loss_sum / len(labels):.4f}")
     if bar is not None:
         bar.close()
     return {"loss_sum": loss_sum, "samples": samples,
