@@ -395,6 +395,7 @@ class TorchTensorParallel(TorchDDP):
         return "sync overlapped with backward by fully_shard"
 
     def full_parameters(self, model):
+        model.reshard()  # the root keeps its parameters gathered after a forward without backward (evaluation)
         return [p.full_tensor() for p in model.parameters()]
 
 
@@ -507,7 +508,7 @@ class TorchPipeline(PipelineParallel):
             self.schedule.step(images, target=labels if self.stage.is_last else None, losses=losses)
         else:
             self.schedule.step(target=labels if self.stage.is_last else None, losses=losses)
-        loss = torch.stack(losses).mean() if losses else None
+        loss = torch.stack(losses).mean().item() if losses else None
         return self.loss_to_every_stage(loss) * len(labels)
 
     sync_gradients = None  # DDP averaged each stage's gradients over its dp group during the last backward

@@ -9,6 +9,8 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --profile runs/profile
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw        # Task 7
+    torchrun --standalone --nproc_per_node=4 train_ddp.py --tp 2     # Task 9: tensor x data parallel
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --pp 2 --microbatches 4 --schedule 1f1b   # Task 10
     sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt
                                         # survives a killed rank (docs/task8-checkpoints.md)
@@ -18,7 +20,7 @@ the reference answers in solutions/, and --impl ddp with PyTorch's own
 DistributedDataParallel and DistributedSampler, the production baseline to compare with.
 Every epoch rank 0 prints the losses, the global test accuracy, the throughput and the
 share of step time spent synchronising gradients, and writes them to --metrics. How the
-model is parallelised (the flags --impl, --allreduce, --sync, --shard) is one strategy
+model is parallelised (--impl, --allreduce, --sync, --shard, --tp, --pp) is one strategy
 object from strategies.py: this file reads the same whatever it is.
 """
 import argparse
