@@ -190,6 +190,24 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
 
 
 # --------------------------------------------------------------------------- Task 9.2
+def _forward_backward(layer, x, upstream, wire):
+    """The layer's output, and the collectives of its forward and backward (backward with the upstream
+    gradient `upstream`); a layer that fails (a weight split along the wrong dimension cannot multiply x)
+    gives its error, for the test to explain after the shapes. Never a hang: on a failure every rank of
+    the group fails alike, since all hold the same kind of slice."""
+    wire.on = True
+    try:
+        y = layer(x)
+        forward = wire.take()
+        if y.shape == upstream.shape:
+            (y * upstream).sum().backward()
+        return y.detach().clone(), forward, wire.take(), None
+    except RuntimeError as error:
+        return None, wire.take(), [], f"{type(error).__name__}: {error}"
+    finally:
+        wire.on = False
+
+
 def _layers(rank, world_size, impl, sub, bias):
     tp = judging(impl, "9.2")
     group, grank, gsize = _group(rank, world_size, sub)
@@ -206,16 +224,11 @@ def _layers(rank, world_size, impl, sub, bias):
     for gather_output in (False, True):
         layer = tp.ColumnParallelLinear.from_linear(column_linear, group, gather_output=gather_output)
         xi = x.clone().requires_grad_()
-        wire.on = True
-        y = layer(xi)
-        forward = wire.take()
         wanted = grad_hidden if gather_output else grad_hidden.chunk(gsize, dim=-1)[grank]
-        (y * wanted).sum().backward() if y.shape == wanted.shape else None
-        backward = wire.take()
-        wire.on = False
+        y, forward, backward, error = _forward_backward(layer, xi, wanted, wire)
         results[("column", gather_output)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
-            weight_param=isinstance(layer.weight, nn.Parameter), y=y.detach().clone(),
+            weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
             grad_x=None if xi.grad is None else xi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -223,15 +236,10 @@ def _layers(rank, world_size, impl, sub, bias):
     for input_is_parallel in (True, False):
         layer = tp.RowParallelLinear.from_linear(row_linear, group, input_is_parallel=input_is_parallel)
         hi = (h.chunk(gsize, dim=-1)[grank] if input_is_parallel else h).clone().requires_grad_()
-        wire.on = True
-        y = layer(hi)
-        forward = wire.take()
-        (y * grad_out).sum().backward() if y.shape == grad_out.shape else None
-        backward = wire.take()
-        wire.on = False
+        y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire)
         results[("row", input_is_parallel)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
-            weight_param=isinstance(layer.weight, nn.Parameter), y=y.detach().clone(),
+            weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
             grad_x=None if hi.grad is None else hi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -287,6 +295,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
     else:
         assert got["bias"] is not None and torch.equal(got["bias"], ref["bias"][rows]), (
             f"{T92}: {where}: the bias must be this rank's slice of it, the same rows as the weight's")
+    assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
     y_expected = ref["y"] if gather_output else ref["y"][:, rows]
     assert _close(got["y"], y_expected), (
         f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
@@ -324,6 +333,8 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
     else:
         assert got["bias"] is not None and torch.equal(got["bias"], ref["bias"]), (
             f"{T92}: {where}: the bias must be the whole bias, on every rank")
+    assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
+    if ref["bias"] is not None:
         if gsize > 1 and _close(got["y"], ref["y"] + (gsize - 1) * ref["bias"]):
             pytest.fail(f"{T92}: {where} counts the bias {gsize} times: add the bias once, after the sum (g), "
                         "not to every rank's partial product")
@@ -555,8 +566,9 @@ def test_tp2_training_equals_single_process_training(impl):
 @pytest.mark.task9_3
 @pytest.mark.slow
 def test_tp2_training_equals_pytorch_tensor_parallel(impl):
+    ours = run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 2, 1, 2, timeout=60)[0]
-    for rank, (full, _) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+    for rank, (full, _) in enumerate(ours):
         _compare(T93, rank, full, expected, "PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel)")
 
 
@@ -649,6 +661,7 @@ def test_dp2_tp2_training_equals_single_process_training(impl):
 @pytest.mark.task9_4
 @pytest.mark.slow
 def test_dp2_tp2_training_equals_pytorch_tensor_parallel_with_fully_shard(impl):
+    ours = run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 4, 2, 2, timeout=90)[0]
-    for rank, (full, _) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
+    for rank, (full, _) in enumerate(ours):
         _compare(T94, rank, full, expected, "PyTorch's parallelize_module on the tp dimension with fully_shard on dp")
