@@ -244,6 +244,9 @@ def _layers(rank, world_size, impl, sub, bias):
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
             forward=forward, backward=backward)
+    for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # the nn.Linear's dtype, kept
+        layer = cls.from_linear(nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group)
+        results[("dtype", cls.__name__)] = (layer.weight.dtype, None if layer.bias is None else layer.bias.dtype)
     if not sub:  # a split size that does not divide: refused on every rank alike, never a hang
         for cls, linear in ((tp.ColumnParallelLinear, nn.Linear(4, 2 * world_size + 1)),
                             (tp.RowParallelLinear, nn.Linear(2 * world_size + 1, 4))):
@@ -369,6 +372,10 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
             _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
         for input_is_parallel in (True, False):
             _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel)
+        for name in ("ColumnParallelLinear", "RowParallelLinear"):
+            assert results[("dtype", name)] == (torch.float64, torch.float64), (
+                f"{T92}: {name}.from_linear of a float64 nn.Linear gave (weight, bias) dtypes {results[('dtype', name)]}: "
+                "keep the nn.Linear's dtype and device (slice its tensors, do not build new float32 ones)")
         if sub:
             continue
         for name, what in (("ColumnParallelLinear", "out_features"), ("RowParallelLinear", "in_features")):
@@ -492,6 +499,16 @@ def _single_process(dp_size):
     return {name: p.detach() for name, p in model.named_parameters()}, losses
 
 
+def _reference(dp_size):
+    """_single_process, run in a rank of its own: one thread (pytest's process may use several, which
+    on a busy machine made 3 small steps take seconds), torch._dynamo already imported by the server."""
+    return run_ranks(_single_process_rank, 1, dp_size, timeout=60)[0]
+
+
+def _single_process_rank(rank, world_size, dp_size):
+    return _single_process(dp_size)
+
+
 def _test_gather(model, tp_group):
     """The whole parameters, gathered by the test's own all_gather over the tp group (not gather_full_params):
     classifier.1's weight and bias along dim 0, classifier.3's weight along dim 1."""
@@ -522,7 +539,11 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
         tp.average_gradients_over_dp(model, dp_group)
         optimizer.step()
         losses.append(loss.item())
-    return _test_gather(model, tp_group), losses
+    full = _test_gather(model, tp_group)
+    given = tp.gather_full_params(model)  # the given helper train_ddp.py checks the ranks with
+    if sorted(given) != sorted(full) or any(not torch.equal(given[n], full[n]) for n in full):
+        raise AssertionError("gather_full_params (given code, not a task) differs from the test's own gather")
+    return full, losses
 
 
 def _train_torch(rank, world_size, dp_size, tp_size):
@@ -557,7 +578,7 @@ def _compare(task, rank, full, expected, against, hint=""):
 
 @pytest.mark.task9_3
 def test_tp2_training_equals_single_process_training(impl):
-    expected, expected_losses = _single_process(dp_size=1)
+    expected, expected_losses = _reference(1)
     for rank, (full, losses) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
         _compare(T93, rank, full, expected, "single-process training on the same batches",
                  ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
@@ -654,7 +675,7 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
 @pytest.mark.task9_4
 @pytest.mark.slow
 def test_dp2_tp2_training_equals_single_process_training(impl):
-    expected, expected_losses = _single_process(dp_size=2)
+    expected, expected_losses = _reference(2)
     for rank, (full, _) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
         _compare(T94, rank, full, expected, "single-process training on the global batch",
                  ": each tp group reads its dp rank's slice, and gradients are averaged over the dp group")
