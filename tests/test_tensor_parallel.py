@@ -106,12 +106,19 @@ def _operators(rank, world_size, impl, sub):
         grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
         x_before, grad_before = x.detach().clone(), grad_out.clone()
         wire.on = True
-        y = getattr(tp, name)(x, group)
-        forward_calls = wire.take()
-        (grad_x,) = torch.autograd.grad(y, x, grad_out)
-        backward_calls = wire.take()
-        wire.on = False
-        out[name] = dict(y=y.detach().clone(), grad_x=grad_x.clone(),
+        try:
+            y = getattr(tp, name)(x, group)
+            forward_calls = wire.take()
+            (grad_x,) = torch.autograd.grad(y, x, grad_out)
+            backward_calls = wire.take()
+        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+            raise
+        except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
+            out[name] = dict(error=f"{type(error).__name__}: {error}")
+            continue
+        finally:
+            wire.on = False
+        out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
     return grank, gsize, out
@@ -132,6 +139,10 @@ def _expected(name, grank, gsize):
 def _check_operator(name, rank, grank, gsize, got):
     y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize)
     where = f"{name} on rank {rank} (group rank {grank} of {gsize})"
+    assert got["error"] is None, (
+        f"{T91}: {where} failed: {got['error'][:300]}"
+        + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
+           f"dist.get_world_size(group) = {gsize}, not the global ones" if rank != grank else ""))
     y, grad_x = got["y"], got["grad_x"]
     assert got["x_same"], (
         f"{T91}: {where} changed its input x in place: all-reduce a copy (x.clone()), never x itself; autograd "
@@ -202,6 +213,8 @@ def _forward_backward(layer, x, upstream, wire):
         if y.shape == upstream.shape:
             (y * upstream).sum().backward()
         return y.detach().clone(), forward, wire.take(), None
+    except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+        raise
     except RuntimeError as error:
         return None, wire.take(), [], f"{type(error).__name__}: {error}"
     finally:
