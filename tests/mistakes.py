@@ -448,6 +448,48 @@ MISTAKES = [
             "start from scratch"),
     Mistake("8.2", "unsafe-load", "template_checkpoint.py",
             "map_location=device, weights_only=True)", "map_location=device, weights_only=False)", "weights_only"),
+    # Task 9.1 (tensor parallelism)
+    Mistake("9.1", "f-without-backward-all-reduce", "template_tensor_parallel.py",
+            "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n"
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+            "        return grad, None\n", "f's backward must all-reduce"),
+    Mistake("9.1", "g-all-reduces-in-backward-too", "template_tensor_parallel.py",  # what dist.nn.functional.all_reduce does
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out\n        # --- Task 9.1 end ---\n\n"
+            "    @staticmethod\n    def backward(ctx, grad):\n        # --- Task 9.1 begin ---\n        return grad, None\n",
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        ctx.group = group\n        return out\n"
+            "        # --- Task 9.1 end ---\n\n    @staticmethod\n    def backward(ctx, grad):\n        # --- Task 9.1 begin ---\n"
+            "        grad = grad.clone()\n        dist.all_reduce(grad, group=ctx.group)\n        return grad, None\n",
+            "backward is the identity"),
+    Mistake("9.1", "mean-not-sum", "template_tensor_parallel.py",
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out\n",
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out / dist.get_world_size(group)\n",
+            "not the mean"),
+    Mistake("9.1", "all-reduce-input-in-place", "template_tensor_parallel.py",
+            "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
+            "        out = x\n", "in place"),
+    # Task 9.2
+    Mistake("9.2", "column-split-along-in", "template_tensor_parallel.py",
+            "        weight = linear.weight.detach()[rows].clone()\n",
+            "        weight = linear.weight.detach()[:, rows].clone()\n", "weight is (out, in)"),
+    Mistake("9.2", "row-bias-before-sum", "template_tensor_parallel.py",
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias\n",
+            "        return reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)\n", "bias once"),
+    Mistake("9.2", "global-rank-slice", "template_tensor_parallel.py",
+            '        rank, size = dist.get_rank(group), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
+            '        rank, size = dist.get_rank(), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
+            "group rank"),
+    # Task 9.3
+    Mistake("9.3", "dp-and-tp-transposed", "template_tensor_parallel.py",
+            "    return dp_group, tp_group\n    # --- Task 9.3 end ---", "    return tp_group, dp_group\n    # --- Task 9.3 end ---",
+            "transposed"),
+    # Task 9.4
+    Mistake("9.4", "tp-peers-read-different-batches", "template_tensor_parallel.py",
+            "    return rank // tp_size, world_size // tp_size\n", "    return rank, world_size\n", "same batch"),
+    Mistake("9.4", "average-over-all-ranks", "template_tensor_parallel.py",
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= dist.get_world_size()\n",
+            "dp group only"),
 ]
 
 

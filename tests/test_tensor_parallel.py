@@ -1,0 +1,703 @@
+"""Task 9: tensor parallelism (template_tensor_parallel.py).
+
+    pytest --impl template -m task9_1      # one task; python check.py 9 for all four
+
+Task 9.1's operators are tested as Megatron-LM tests its mappings: rank-valued inputs on 2 and 3
+ranks and on two sub-groups of 4 ranks (where a slice by the global rank fails), exact forward
+values, exact gradients through torch.autograd.grad, inputs unchanged, and what goes on the wire
+(each collective's kind, dtype and size, recorded). The layers (9.2) are compared with the
+unsplit nn.Linear and with PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel) on a
+CPU DeviceMesh. The CNN (9.3, 9.4) trains a few steps of SGD with momentum (AdamW would hide a
+gradient N times too large: its update barely depends on the gradient's scale) at tp = 2 and on
+a dp 2 x tp 2 grid, against single-process training on the global batch and against PyTorch's
+own tensor parallelism (torch_tensor_parallel below). The tests of one task take solutions/'
+answers to the others (judging), so a mistake costs one task's points.
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import load_with_reference
+from harness import run_ranks
+from models import CNN
+
+T91 = "Task 9.1 (template_tensor_parallel.py, copy_to_tp / reduce_from_tp / gather_from_tp)"
+T92 = "Task 9.2 (template_tensor_parallel.py, ColumnParallelLinear / RowParallelLinear)"
+T93 = "Task 9.3 (template_tensor_parallel.py, parallelize_classifier / make_2d_groups)"
+T94 = "Task 9.4 (template_tensor_parallel.py, sampler_rank_and_size / average_gradients_over_dp)"
+
+OPERATORS = ("_CopyToTP", "_ReduceFromTP", "_GatherFromTP")
+ANSWERS = {
+    "9.1": [f"{cls}.{method}" for cls in OPERATORS for method in ("forward", "backward")],
+    "9.2": [f"{cls}.{method}" for cls in ("ColumnParallelLinear", "RowParallelLinear")
+            for method in ("from_linear", "forward")],
+    "9.3": ["parallelize_classifier", "make_2d_groups"],
+    "9.4": ["sampler_rank_and_size", "average_gradients_over_dp"],
+}
+
+
+def judging(impl, task):
+    """template_tensor_parallel of `impl` for the tests of `task`: your answer to that task, solutions/'
+    to the others, so that a wrong f (9.1) costs Task 9.1's points, not also those of 9.2 to 9.4."""
+    others = [answer for t, answers in ANSWERS.items() if t != task for answer in answers]
+    return load_with_reference(impl, "template_tensor_parallel", *others)
+
+
+def slow(*values):
+    """A test case for `pytest -m slow` only (and for the task's own marker): the default run keeps the cheap ones."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+class Wire:
+    """Records the collectives torch.distributed runs (kind, dtype, elements) while `on`, by
+    wrapping the module's functions: in a rank's own process, gone with it."""
+
+    KINDS = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+             "reduce", "all_to_all", "send", "recv", "isend", "irecv")
+
+    def __init__(self):
+        self.calls, self.on = [], False
+        for kind in self.KINDS:
+            setattr(dist, kind, self._wrap(kind, getattr(dist, kind)))
+
+    def _wrap(self, kind, collective):
+        def recorded(*args, **kwargs):
+            if self.on:
+                tensors = [t for a in args[:2] for t in (a if isinstance(a, (list, tuple)) else [a])
+                           if isinstance(t, torch.Tensor)]
+                sent = tensors[-1] if kind in ("all_gather", "all_gather_into_tensor") else tensors[0]
+                self.calls.append((kind, str(sent.dtype).replace("torch.", ""), sent.numel()))
+            return collective(*args, **kwargs)
+        return recorded
+
+    def take(self):
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def _group(rank, world_size, sub):
+    """(group, its rank, its size): the default group, or on 4 ranks two groups [0, 1] and [2, 3],
+    created by every rank in the same order."""
+    if not sub:
+        return None, rank, world_size
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    return groups[rank // 2], rank % 2, 2
+
+
+def _rank_valued(group_rank, shape, offset=0.0):
+    """Integers, so that sums are exact; different on every rank and in every element."""
+    numel = torch.Size(shape).numel()
+    return (torch.arange(1.0, numel + 1) + 100 * (group_rank + 1) + offset).view(shape)
+
+
+# --------------------------------------------------------------------------- Task 9.1
+def _operators(rank, world_size, impl, sub):
+    tp = judging(impl, "9.1")
+    group, grank, gsize = _group(rank, world_size, sub)
+    wire = Wire()
+    out = {}
+    for name, shape, grad_shape in (("copy_to_tp", (2, 3), (2, 3)), ("reduce_from_tp", (2, 3), (2, 3)),
+                                    ("gather_from_tp", (2, 3), (2, 3 * gsize))):
+        x = _rank_valued(grank, shape).requires_grad_()
+        grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
+        x_before, grad_before = x.detach().clone(), grad_out.clone()
+        wire.on = True
+        try:
+            y = getattr(tp, name)(x, group)
+            forward_calls = wire.take()
+            (grad_x,) = torch.autograd.grad(y, x, grad_out)
+            backward_calls = wire.take()
+        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+            raise
+        except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
+            out[name] = dict(error=f"{type(error).__name__}: {error}")
+            continue
+        finally:
+            wire.on = False
+        out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
+                         x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
+                         forward=forward_calls, backward=backward_calls)
+    return grank, gsize, out
+
+
+def _expected(name, grank, gsize):
+    """(forward output, x's gradient, forward collectives, backward collectives) by Megatron's definitions."""
+    xs = [_rank_valued(r, (2, 3)) for r in range(gsize)]
+    if name == "copy_to_tp":
+        grads = [_rank_valued(r, (2, 3), 0.5) for r in range(gsize)]
+        return xs[grank], sum(grads), [], [("all_reduce", "float32", 6)]
+    if name == "reduce_from_tp":
+        return sum(xs), _rank_valued(grank, (2, 3), 0.5), [("all_reduce", "float32", 6)], []
+    grad = _rank_valued(grank, (2, 3 * gsize), 0.5)
+    return torch.cat(xs, dim=-1), grad[:, 3 * grank:3 * (grank + 1)], "all_gather", []
+
+
+def _check_operator(name, rank, grank, gsize, got):
+    y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize)
+    where = f"{name} on rank {rank} (group rank {grank} of {gsize})"
+    assert got["error"] is None, (
+        f"{T91}: {where} failed: {got['error'][:300]}"
+        + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
+           f"dist.get_world_size(group) = {gsize}, not the global ones" if rank != grank else ""))
+    y, grad_x = got["y"], got["grad_x"]
+    assert got["x_same"], (
+        f"{T91}: {where} changed its input x in place: all-reduce a copy (x.clone()), never x itself; autograd "
+        "may have saved x for another layer's backward")
+    assert got["grad_same"], (
+        f"{T91}: {where}'s backward changed the incoming gradient in place: it is autograd's tensor, not yours; "
+        "all-reduce a copy (grad.clone())")
+    assert y.shape == y_expected.shape, f"{T91}: {where} returned shape {tuple(y.shape)}, expected {tuple(y_expected.shape)}"
+    if name == "reduce_from_tp" and torch.equal(y, y_expected / gsize):
+        pytest.fail(f"{T91}: {where} returned the mean of the ranks' inputs: g is the all-reduce SUM, the sum, not the "
+                    "mean (the partial products of a row-parallel layer add up to the product; no division)")
+    assert torch.equal(y, y_expected), (
+        f"{T91}: {where}'s forward gave {y.tolist()}, expected {y_expected.tolist()} "
+        + {"copy_to_tp": "(f's forward is the identity)",
+           "reduce_from_tp": "(g's forward: the all-reduce SUM over the group)",
+           "gather_from_tp": "(every rank's x concatenated along the last dimension, in group-rank order)"}[name])
+    assert grad_x.shape == grad_expected.shape, (
+        f"{T91}: {where}'s backward gave a gradient of shape {tuple(grad_x.shape)}, expected {tuple(grad_expected.shape)}")
+    if name == "copy_to_tp":
+        own = _rank_valued(grank, (2, 3), 0.5)
+        if gsize > 1 and torch.equal(grad_x, own):
+            pytest.fail(f"{T91}: {where}'s backward returned this rank's own gradient: f's backward must all-reduce "
+                        "(SUM) the gradient over the group, since the whole input fed every rank's slice of the layer")
+        if torch.equal(grad_x, grad_expected / gsize):
+            pytest.fail(f"{T91}: {where}'s backward averaged the ranks' gradients: f's backward is the all-reduce SUM, "
+                        "the sum, not the mean (each rank's slice adds its own part of x's gradient)")
+    if name == "reduce_from_tp" and gsize > 1 and not torch.equal(grad_x, grad_expected):
+        pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: g's "
+                    "backward is the identity (return grad as it is). An all-reduce there, or "
+                    "torch.distributed.nn.functional.all_reduce, whose backward all-reduces again, multiplies "
+                    "gradients by the tensor-parallel size")
+    assert torch.equal(grad_x, grad_expected), (
+        f"{T91}: {where}'s backward gave {grad_x.tolist()}, expected {grad_expected.tolist()} "
+        + ("(f's backward: the all-reduce SUM of the gradient over the group)" if name == "copy_to_tp" else
+           f"(this rank's slice, grad[..., r * k:(r + 1) * k] with r = dist.get_rank(group) = {grank}, not the "
+           "global rank, and no reduction)"))
+    if forward_wire == "all_gather":
+        kinds = {kind for kind, _, _ in got["forward"]}
+        sent = sum(n for _, _, n in got["forward"])
+        assert kinds and kinds <= {"all_gather", "all_gather_into_tensor"} and sent == 6, (
+            f"{T91}: {where}'s forward should send one all-gather of x (6 elements); it sent {got['forward']}")
+    else:
+        assert got["forward"] == forward_wire, (
+            f"{T91}: {where}'s forward should send {forward_wire or 'nothing'}; it sent {got['forward']}")
+    assert got["backward"] == backward_wire, (
+        f"{T91}: {where}'s backward should send {backward_wire or 'nothing'}; it sent {got['backward']}")
+
+
+@pytest.mark.task9_1
+@pytest.mark.parametrize("world_size,sub", [(2, False), (3, False), (4, True)],
+                         ids=["2 ranks", "3 ranks", "groups [0,1] [2,3]"])
+def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
+    for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
+        for name in ("reduce_from_tp", "copy_to_tp", "gather_from_tp"):
+            _check_operator(name, rank, grank, gsize, out[name])
+
+
+# --------------------------------------------------------------------------- Task 9.2
+def _forward_backward(layer, x, upstream, wire):
+    """The layer's output, and the collectives of its forward and backward (backward with the upstream
+    gradient `upstream`); a layer that fails (a weight split along the wrong dimension cannot multiply x)
+    gives its error, for the test to explain after the shapes. Never a hang: on a failure every rank of
+    the group fails alike, since all hold the same kind of slice."""
+    wire.on = True
+    try:
+        y = layer(x)
+        forward = wire.take()
+        if y.shape == upstream.shape:
+            (y * upstream).sum().backward()
+        return y.detach().clone(), forward, wire.take(), None
+    except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+        raise
+    except RuntimeError as error:
+        return None, wire.take(), [], f"{type(error).__name__}: {error}"
+    finally:
+        wire.on = False
+
+
+def _layers(rank, world_size, impl, sub, bias):
+    tp = judging(impl, "9.2")
+    group, grank, gsize = _group(rank, world_size, sub)
+    wire = Wire()
+    torch.manual_seed(0)  # the same unsplit layers and data on every rank
+    in_features, hidden, out_features = 5, 6 * gsize, 7
+    column_linear = nn.Linear(in_features, hidden, bias=bias)
+    row_linear = nn.Linear(hidden, out_features, bias=bias)
+    x = torch.randn(4, in_features)
+    grad_hidden = torch.randn(4, hidden)
+    h = torch.randn(4, hidden)
+    grad_out = torch.randn(4, out_features)
+    results = {}
+    for gather_output in (False, True):
+        layer = tp.ColumnParallelLinear.from_linear(column_linear, group, gather_output=gather_output)
+        xi = x.clone().requires_grad_()
+        wanted = grad_hidden if gather_output else grad_hidden.chunk(gsize, dim=-1)[grank]
+        y, forward, backward, error = _forward_backward(layer, xi, wanted, wire)
+        results[("column", gather_output)] = dict(
+            weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
+            weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            grad_x=None if xi.grad is None else xi.grad.clone(),
+            grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
+            grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
+            forward=forward, backward=backward)
+    for input_is_parallel in (True, False):
+        layer = tp.RowParallelLinear.from_linear(row_linear, group, input_is_parallel=input_is_parallel)
+        hi = (h.chunk(gsize, dim=-1)[grank] if input_is_parallel else h).clone().requires_grad_()
+        y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire)
+        results[("row", input_is_parallel)] = dict(
+            weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
+            weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            grad_x=None if hi.grad is None else hi.grad.clone(),
+            grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
+            grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
+            forward=forward, backward=backward)
+    for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # the nn.Linear's dtype, kept
+        layer = cls.from_linear(nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group)
+        results[("dtype", cls.__name__)] = (layer.weight.dtype, None if layer.bias is None else layer.bias.dtype)
+    if not sub:  # a split size that does not divide: refused on every rank alike, never a hang
+        for cls, linear in ((tp.ColumnParallelLinear, nn.Linear(4, 2 * world_size + 1)),
+                            (tp.RowParallelLinear, nn.Linear(2 * world_size + 1, 4))):
+            try:
+                cls.from_linear(linear, group)
+                results[("refused", cls.__name__)] = None
+            except Exception as error:  # noqa: BLE001 (which exception is the test's to judge)
+                results[("refused", cls.__name__)] = f"{type(error).__name__}: {error}"
+    references = dict(column=column_linear, row=row_linear, x=x, h=h, grad_hidden=grad_hidden, grad_out=grad_out)
+    return grank, gsize, results, {k: copy.deepcopy(v) for k, v in references.items()}
+
+
+def _unsplit(refs):
+    """The unsplit layers' outputs and gradients, for the whole (virtual) model."""
+    column, row = refs["column"], refs["row"]
+    x, h = refs["x"].clone().requires_grad_(), refs["h"].clone().requires_grad_()
+    y_col = column(x)
+    (y_col * refs["grad_hidden"]).sum().backward()
+    y_row = row(h)
+    (y_row * refs["grad_out"]).sum().backward()
+    return dict(column=dict(y=y_col.detach(), grad_x=x.grad, grad_weight=column.weight.grad, grad_bias=
+                            None if column.bias is None else column.bias.grad, weight=column.weight.detach(),
+                            bias=None if column.bias is None else column.bias.detach()),
+                row=dict(y=y_row.detach(), grad_x=h.grad, grad_weight=row.weight.grad,
+                         grad_bias=None if row.bias is None else row.bias.grad, weight=row.weight.detach(),
+                         bias=None if row.bias is None else row.bias.detach()))
+
+
+def _close(a, b):
+    # fp32, the same products summed in another order (a split dot product, then the all-reduce)
+    return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _check_column(rank, grank, gsize, got, ref, gather_output):
+    where = f"ColumnParallelLinear (gather_output={gather_output}) on rank {rank} (group rank {grank} of {gsize})"
+    k = ref["weight"].shape[0] // gsize
+    rows = slice(grank * k, (grank + 1) * k)
+    if rank != grank and torch.equal(got["weight"], ref["weight"][rank * k:(rank + 1) * k]):
+        pytest.fail(f"{T92}: {where} kept rows {rank * k}..{(rank + 1) * k} by its global rank {rank}: inside a group, "
+                    f"use the group rank, dist.get_rank(group) = {grank}, and the group's size")
+    assert got["weight"].shape == (k, ref["weight"].shape[1]), (
+        f"{T92}: {where} holds a weight of shape {tuple(got['weight'].shape)}, expected {(k, ref['weight'].shape[1])}: "
+        "nn.Linear's weight is (out, in), and a column-parallel layer splits the output features, dimension 0")
+    assert got["weight_param"], f"{T92}: {where}: weight must be an nn.Parameter (the optimizer steps it)"
+    assert torch.equal(got["weight"], ref["weight"][rows]), (
+        f"{T92}: {where} holds the wrong rows of the weight: rank r keeps rows [r * out / N, (r + 1) * out / N)")
+    if ref["bias"] is None:
+        assert got["bias"] is None, f"{T92}: {where}: the nn.Linear has no bias, the layer must have none (bias None)"
+    else:
+        assert got["bias"] is not None and torch.equal(got["bias"], ref["bias"][rows]), (
+            f"{T92}: {where}: the bias must be this rank's slice of it, the same rows as the weight's")
+    assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
+    y_expected = ref["y"] if gather_output else ref["y"][:, rows]
+    assert _close(got["y"], y_expected), (
+        f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
+        + ("whole output: gather_from_tp the slices" if gather_output else f"columns {rows.start}..{rows.stop - 1}"))
+    assert _close(got["grad_x"], ref["grad_x"]), (
+        f"{T92}: {where}: the input's gradient differs from nn.Linear's: copy_to_tp (f) before the product sums it "
+        "over the ranks in backward")
+    assert _close(got["grad_weight"], ref["grad_weight"][rows]), (
+        f"{T92}: {where}: the weight's gradient differs from nn.Linear's rows")
+    if ref["bias"] is not None:
+        assert _close(got["grad_bias"], ref["grad_bias"][rows]), f"{T92}: {where}: the bias's gradient differs"
+    forward_kinds = [kind for kind, _, _ in got["forward"]]
+    assert forward_kinds == (["all_gather"] if gather_output and gsize > 1 else []) or (
+        gather_output and forward_kinds == ["all_gather_into_tensor"]), (
+        f"{T92}: {where}'s forward should send {'one all-gather' if gather_output else 'nothing'}, it sent {got['forward']}")
+    assert got["backward"] == [("all_reduce", "float32", ref["grad_x"].numel())], (
+        f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
+
+
+def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
+    where = f"RowParallelLinear (input_is_parallel={input_is_parallel}) on rank {rank} (group rank {grank} of {gsize})"
+    k = ref["weight"].shape[1] // gsize
+    cols = slice(grank * k, (grank + 1) * k)
+    if rank != grank and torch.equal(got["weight"], ref["weight"][:, rank * k:(rank + 1) * k]):
+        pytest.fail(f"{T92}: {where} kept columns {rank * k}..{(rank + 1) * k} by its global rank {rank}: inside a "
+                    f"group, use the group rank, dist.get_rank(group) = {grank}, and the group's size")
+    assert got["weight"].shape == (ref["weight"].shape[0], k), (
+        f"{T92}: {where} holds a weight of shape {tuple(got['weight'].shape)}, expected {(ref['weight'].shape[0], k)}: "
+        "nn.Linear's weight is (out, in), and a row-parallel layer splits the input features, dimension 1")
+    assert got["weight_param"], f"{T92}: {where}: weight must be an nn.Parameter (the optimizer steps it)"
+    assert torch.equal(got["weight"], ref["weight"][:, cols]), (
+        f"{T92}: {where} holds the wrong columns of the weight: rank r keeps [r * in / N, (r + 1) * in / N)")
+    if ref["bias"] is None:
+        assert got["bias"] is None, f"{T92}: {where}: the nn.Linear has no bias, the layer must have none (bias None)"
+    else:
+        assert got["bias"] is not None and torch.equal(got["bias"], ref["bias"]), (
+            f"{T92}: {where}: the bias must be the whole bias, on every rank")
+    assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
+    if ref["bias"] is not None:
+        if gsize > 1 and _close(got["y"], ref["y"] + (gsize - 1) * ref["bias"]):
+            pytest.fail(f"{T92}: {where} counts the bias {gsize} times: add the bias once, after the sum (g), "
+                        "not to every rank's partial product")
+    assert _close(got["y"], ref["y"]), (
+        f"{T92}: {where}'s output differs from nn.Linear's: the partial products summed by reduce_from_tp (g), "
+        "then the bias")
+    grad_x_expected = ref["grad_x"][:, cols] if input_is_parallel else ref["grad_x"]
+    assert _close(got["grad_x"], grad_x_expected), (
+        f"{T92}: {where}: the input's gradient differs from nn.Linear's"
+        + ("" if input_is_parallel else ": without input_is_parallel, every rank gets x's whole gradient"))
+    assert _close(got["grad_weight"], ref["grad_weight"][:, cols]), (
+        f"{T92}: {where}: the weight's gradient differs from nn.Linear's columns")
+    if ref["bias"] is not None:
+        assert _close(got["grad_bias"], ref["grad_bias"]), (
+            f"{T92}: {where}: the bias's gradient differs from nn.Linear's (the whole bias, on every rank)")
+    out_numel = ref["y"].numel()
+    assert got["forward"] == [("all_reduce", "float32", out_numel)], (
+        f"{T92}: {where}'s forward should send one all-reduce of the output ({out_numel} elements, g's), "
+        f"it sent {got['forward']}")
+    expected_backward = [] if input_is_parallel else [("all_reduce", "float32", ref["grad_x"].numel())]
+    assert got["backward"] == expected_backward, (
+        f"{T92}: {where}'s backward should send {expected_backward or 'nothing'}, it sent {got['backward']}")
+
+
+@pytest.mark.task9_2
+@pytest.mark.parametrize("world_size,sub,bias", [(2, False, True), (3, False, False), slow(4, True, True)],
+                         ids=["2 ranks", "3 ranks, no bias", "groups [0,1] [2,3]"])
+def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
+    for rank, (grank, gsize, results, refs) in enumerate(run_ranks(_layers, world_size, impl, sub, bias)):
+        ref = _unsplit(refs)
+        for gather_output in (False, True):
+            _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
+        for input_is_parallel in (True, False):
+            _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel)
+        for name in ("ColumnParallelLinear", "RowParallelLinear"):
+            assert results[("dtype", name)] == (torch.float64, torch.float64), (
+                f"{T92}: {name}.from_linear of a float64 nn.Linear gave (weight, bias) dtypes {results[('dtype', name)]}: "
+                "keep the nn.Linear's dtype and device (slice its tensors, do not build new float32 ones)")
+        if sub:
+            continue
+        for name, what in (("ColumnParallelLinear", "out_features"), ("RowParallelLinear", "in_features")):
+            refused = results[("refused", name)]
+            assert refused is not None, (
+                f"{T92}: {name}.from_linear accepted {what} = {2 * world_size + 1} on {world_size} ranks: refuse a "
+                "split size that does not divide by the group's size (raise ValueError, one clear line)")
+            assert refused.startswith("ValueError") and what in refused, (
+                f"{T92}: {name}.from_linear should refuse {what} = {2 * world_size + 1} on {world_size} ranks with a "
+                f"ValueError that names {what}; it raised {refused}")
+
+
+def _against_torch(rank, world_size, impl, bias):
+    """Our layers and PyTorch's parallelize_module on a CPU DeviceMesh, side by side."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    tp = judging(impl, "9.2")
+    mesh = init_device_mesh("cpu", (world_size,))  # after init_process_group: it uses the gloo group
+    torch.manual_seed(0)
+    linear = nn.Linear(5, 4 * world_size, bias=bias)
+    x = torch.randn(3, 5)
+    grad_out = torch.randn(3, 4 * world_size)
+    out = {}
+    cases = [("column", False, ColwiseParallel()), ("column", True, ColwiseParallel(output_layouts=Replicate())),
+             ("row", False, RowwiseParallel(input_layouts=Replicate())), ("row", True, RowwiseParallel())]
+    for kind, flag, style in cases:
+        source = linear if kind == "column" else nn.Linear(4 * world_size, 6, bias=bias)
+        theirs = parallelize_module(copy.deepcopy(source), mesh, style)
+        ours = (tp.ColumnParallelLinear.from_linear(source, None, gather_output=flag) if kind == "column" else
+                tp.RowParallelLinear.from_linear(source, None, input_is_parallel=flag))
+        if kind == "column":
+            inputs = x
+            upstream = grad_out if flag else grad_out.chunk(world_size, dim=-1)[rank]
+        else:
+            full = torch.randn(3, 4 * world_size, generator=torch.Generator().manual_seed(1))
+            inputs = full.chunk(world_size, dim=-1)[rank] if flag else full
+            upstream = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+        result = {}
+        for who, layer in (("ours", ours), ("torch", theirs)):
+            xi = inputs.clone().requires_grad_()
+            y = layer(xi)
+            if y.shape == upstream.shape:
+                (y * upstream).sum().backward()
+            local = (lambda t: t.to_local() if hasattr(t, "to_local") else t)
+            result[who] = dict(weight=local(layer.weight.detach()), y=y.detach(), grad_x=xi.grad,
+                               grad_weight=None if layer.weight.grad is None else local(layer.weight.grad),
+                               grad_bias=None if layer.bias is None or layer.bias.grad is None else local(layer.bias.grad))
+        out[(kind, flag)] = result
+    return out
+
+
+@pytest.mark.task9_2
+@pytest.mark.parametrize("world_size,bias", [(2, True), slow(3, False)])
+def test_layers_equal_pytorch_parallelize_module(impl, world_size, bias):
+    """ColwiseParallel (gather_output = output_layouts=Replicate()) and RowwiseParallel (input_is_parallel =
+    its default input_layouts=Shard(-1)): the same local weights, outputs and gradients, weight.to_local() and
+    weight.grad.to_local() on PyTorch's side."""
+    for rank, out in enumerate(run_ranks(_against_torch, world_size, impl, bias, timeout=60)):
+        for (kind, flag), result in out.items():
+            ours, theirs = result["ours"], result["torch"]
+            name = (f"ColumnParallelLinear(gather_output={flag}) against ColwiseParallel" if kind == "column" else
+                    f"RowParallelLinear(input_is_parallel={flag}) against RowwiseParallel")
+            for what in ("weight", "y", "grad_x", "grad_weight", "grad_bias"):
+                if theirs[what] is None and ours[what] is None:
+                    continue
+                # fp32; PyTorch's DTensor ops sum the same products, maybe in another order
+                assert _close(ours[what], theirs[what]), (
+                    f"{T92}: {name} on rank {rank} of {world_size}: {what} differs from PyTorch's "
+                    f"(shape {None if ours[what] is None else tuple(ours[what].shape)}, "
+                    f"PyTorch's {None if theirs[what] is None else tuple(theirs[what].shape)})")
+
+
+# --------------------------------------------------------------------------- the PyTorch baseline
+def torch_tensor_parallel(model, dp_size, tp_size, device_type="cpu"):
+    """PyTorch's own tensor parallelism for the course CNN: the production baseline of Task 9.
+
+    A (dp_size x tp_size) DeviceMesh over the default group (tensor-parallel peers are consecutive
+    ranks, as make_2d_groups makes them); classifier[1] ColwiseParallel and classifier[3]
+    RowwiseParallel over its "tp" dimension; then, with dp_size > 1, fully_shard over its "dp"
+    dimension, which averages the gradients over the dp peers during backward (replicate() does not
+    run on this torch with gloo). Every rank must pass the same model (seed it alike or broadcast it
+    before). Nothing runs between backward and step; each parameter's p.full_tensor() is the whole
+    parameter. Returns (model, mesh); the sampler gets (mesh.get_local_rank("dp"), dp_size).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh(device_type, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"classifier.1": ColwiseParallel(), "classifier.3": RowwiseParallel()})
+    if dp_size > 1:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model, mesh=mesh["dp"])
+    return model, mesh
+
+
+# --------------------------------------------------------------------------- training the CNN
+STEPS, PER_DP_RANK = 3, 4
+
+
+def _batches(dp_size, steps=STEPS):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(dp_size * PER_DP_RANK, 3, 32, 32, generator=g),
+             torch.randint(0, 10, (dp_size * PER_DP_RANK,), generator=g)) for _ in range(steps)]
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def _single_process(dp_size):
+    torch.manual_seed(0)
+    model = CNN()
+    optimizer = _sgd(model.parameters())
+    losses = []
+    for images, labels in _batches(dp_size):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)  # the global batch: the mean of the dp ranks' means
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return {name: p.detach() for name, p in model.named_parameters()}, losses
+
+
+def _reference(dp_size):
+    """_single_process, run in a rank of its own: one thread (pytest's process may use several, which
+    on a busy machine made 3 small steps take seconds), torch._dynamo already imported by the server."""
+    return run_ranks(_single_process_rank, 1, dp_size, timeout=60)[0]
+
+
+def _single_process_rank(rank, world_size, dp_size):
+    return _single_process(dp_size)
+
+
+def _test_gather(model, tp_group):
+    """The whole parameters, gathered by the test's own all_gather over the tp group (not gather_full_params):
+    classifier.1's weight and bias along dim 0, classifier.3's weight along dim 1."""
+    split = {"classifier.1.weight": 0, "classifier.1.bias": 0, "classifier.3.weight": 1}
+    full = {}
+    for name, param in model.named_parameters():
+        if name in split:
+            pieces = [torch.empty_like(param) for _ in range(dist.get_world_size(tp_group))]
+            dist.all_gather(pieces, param.detach().contiguous(), group=tp_group)
+            full[name] = torch.cat(pieces, dim=split[name])
+        else:
+            full[name] = param.detach().clone()
+    return full
+
+
+def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
+    tp = judging(impl, task)
+    dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    torch.manual_seed(0)  # every rank builds the same whole model before splitting (or: broadcast it)
+    model = tp.parallelize_classifier(CNN(), tp_group)
+    optimizer = _sgd(model.parameters())
+    dp_rank, dp_world = tp.sampler_rank_and_size(rank, world_size, tp_size)
+    losses = []
+    for images, labels in _batches(dp_size):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images.chunk(dp_world)[dp_rank]), labels.chunk(dp_world)[dp_rank])
+        loss.backward()
+        tp.average_gradients_over_dp(model, dp_group)
+        optimizer.step()
+        losses.append(loss.item())
+    full = _test_gather(model, tp_group)
+    given = tp.gather_full_params(model)  # the given helper train_ddp.py checks the ranks with
+    if sorted(given) != sorted(full) or any(not torch.equal(given[n], full[n]) for n in full):
+        raise AssertionError("gather_full_params (given code, not a task) differs from the test's own gather")
+    return full, losses
+
+
+def _train_torch(rank, world_size, dp_size, tp_size):
+    torch.manual_seed(0)
+    model, mesh = torch_tensor_parallel(CNN(), dp_size, tp_size)
+    optimizer = _sgd(model.parameters())
+    dp_rank = mesh.get_local_rank("dp")
+    for images, labels in _batches(dp_size):
+        optimizer.zero_grad()
+        F.cross_entropy(model(images.chunk(dp_size)[dp_rank]), labels.chunk(dp_size)[dp_rank]).backward()
+        optimizer.step()
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+# fp32 throughout; the split dot products and the all-reduces sum the same terms in another order
+# (relative rounding ~1e-7 per operation). Measured after 3 steps of SGD (lr 0.05, momentum 0.9):
+# at most 1.5e-8 between ours, PyTorch's and single-process training, at tp 2 and dp 2 x tp 2,
+# while the steps move the weights by 4e-3 to 4e-2, so a gradient off by a factor (2x: 3e-3) is
+# far outside 1e-5.
+TOL = 1e-5
+
+
+def _compare(task, rank, full, expected, against, hint=""):
+    assert sorted(full) == sorted(expected), f"{task}: parameter names {sorted(full)}, expected {sorted(expected)}"
+    for name, value in expected.items():
+        assert full[name].shape == value.shape, f"{task}: rank {rank}'s whole '{name}' has shape {tuple(full[name].shape)}"
+        diff = (full[name] - value).abs().max().item()
+        assert diff <= TOL, (f"{task}: after {STEPS} steps of SGD, rank {rank}'s '{name}' differs from {against} by "
+                             f"{diff:.2e} (tolerance {TOL:.0e}){hint}")
+
+
+@pytest.mark.task9_3
+def test_tp2_training_equals_single_process_training(impl):
+    expected, expected_losses = _reference(1)
+    for rank, (full, losses) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+        _compare(T93, rank, full, expected, "single-process training on the same batches",
+                 ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
+                 "classifier[3] by input columns (row-parallel), from the model as it is")
+        assert max(abs(a - b) for a, b in zip(losses, expected_losses)) < 1e-5, (T93, losses, expected_losses)
+
+
+@pytest.mark.task9_3
+@pytest.mark.slow
+def test_tp2_training_equals_pytorch_tensor_parallel(impl):
+    ours = run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
+    expected = run_ranks(_train_torch, 2, 1, 2, timeout=60)[0]
+    for rank, (full, _) in enumerate(ours):
+        _compare(T93, rank, full, expected, "PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel)")
+
+
+def _groups(rank, world_size, impl, dp_size, tp_size):
+    tp = judging(impl, "9.3")
+    dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    return (dist.get_process_group_ranks(dp_group) if dp_group is not None else None,
+            dist.get_process_group_ranks(tp_group) if tp_group is not None else None)
+
+
+@pytest.mark.task9_3
+@pytest.mark.parametrize("dp_size,tp_size", [(2, 2), slow(1, 4), slow(4, 1)])
+def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_size):
+    for rank, (dp_ranks, tp_ranks) in enumerate(run_ranks(_groups, 4, impl, dp_size, tp_size)):
+        row, column = rank // tp_size, rank % tp_size
+        expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
+        expected_dp = list(range(column, dp_size * tp_size, tp_size))
+        if tp_ranks == expected_dp and dp_ranks == expected_tp and expected_tp != expected_dp:
+            pytest.fail(f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp and tp groups are transposed: the "
+                        f"tensor-parallel peers are consecutive ranks ({expected_tp}: they share a node's fast links), "
+                        f"the dp group is every {tp_size}-th rank ({expected_dp}); return (dp_group, tp_group)")
+        assert tp_ranks == expected_tp, (
+            f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s tp group is {tp_ranks}, expected {expected_tp}: "
+            "the tensor-parallel peers are consecutive ranks [d * tp_size, (d + 1) * tp_size)")
+        assert dp_ranks == expected_dp, (
+            f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp group is {dp_ranks}, expected {expected_dp}: "
+            "one rank of each tp group, the ranks t, t + tp_size, ...")
+
+
+# --------------------------------------------------------------------------- Task 9.4
+@pytest.mark.task9_4
+def test_sampler_rank_and_size_gives_tp_peers_the_same_slice(impl):
+    tp = judging(impl, "9.4")
+    for world_size, tp_size in ((4, 2), (4, 1), (4, 4), (6, 3), (6, 2), (8, 2)):
+        for rank in range(world_size):
+            got = tuple(tp.sampler_rank_and_size(rank, world_size, tp_size))
+            expected = (rank // tp_size, world_size // tp_size)
+            if got == (rank, world_size) and tp_size > 1:
+                pytest.fail(f"{T94}: on {world_size} ranks with tp {tp_size}, rank {rank} reads its own slice "
+                            f"({got}): the ranks of a tensor-parallel group must read the same batch, since g sums "
+                            "their partial products of ONE input; give the sampler the dp rank and size")
+            assert got == expected, (
+                f"{T94}: sampler_rank_and_size({rank}, {world_size}, {tp_size}) = {got}, expected {expected}: the "
+                "ranks of a tensor-parallel group read the same batch; the data is split over the dp ranks only")
+
+
+def _average(rank, world_size, impl, dp_size, tp_size):
+    tp = judging(impl, "9.4")
+    dp_group, _ = tp.make_2d_groups(dp_size, tp_size)
+    model = nn.Linear(3, 2)
+    model.weight.grad = torch.full((2, 3), float(rank + 1))
+    model.bias.grad = None  # frozen, or unused: skipped
+    wire = Wire()
+    wire.on = True
+    tp.average_gradients_over_dp(model, dp_group)
+    return model.weight.grad, model.bias.grad, wire.take()
+
+
+@pytest.mark.task9_4
+def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
+    dp_size, tp_size = 2, 2
+    for rank, (grad, bias_grad, calls) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
+        column = rank % tp_size
+        peers = list(range(column, dp_size * tp_size, tp_size))
+        expected = sum(r + 1 for r in peers) / dp_size
+        value = grad[0, 0].item()
+        if value == sum(range(1, 5)) / 4 or value == sum(range(1, 5)) / 2:
+            pytest.fail(f"{T94}: rank {rank}'s gradient became {value}, an average over all 4 ranks: average over the "
+                        f"dp group only (its ranks hold the same slice of each split weight; the tp peers, "
+                        "different slices); pass group=dp_group and divide by its size")
+        if value == sum(r + 1 for r in peers):
+            pytest.fail(f"{T94}: rank {rank}'s gradient is the sum over the dp group: divide by the dp group's size")
+        assert torch.equal(grad, torch.full((2, 3), expected)), (
+            f"{T94}: rank {rank} (dp peers {peers}) holds {grad[0, 0].item()} after averaging, expected the mean over "
+            f"the dp group, {expected}: all_reduce SUM with group=dp_group, then / dist.get_world_size(dp_group)")
+        assert bias_grad is None, f"{T94}: a parameter without .grad must be skipped, and keep None"
+        assert [kind for kind, _, _ in calls] == ["all_reduce"], (
+            f"{T94}: one all_reduce per gradient over the dp group, got {calls}")
+
+
+@pytest.mark.task9_4
+@pytest.mark.slow
+def test_dp2_tp2_training_equals_single_process_training(impl):
+    expected, expected_losses = _reference(2)
+    for rank, (full, _) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
+        _compare(T94, rank, full, expected, "single-process training on the global batch",
+                 ": each tp group reads its dp rank's slice, and gradients are averaged over the dp group")
+
+
+@pytest.mark.task9_4
+@pytest.mark.slow
+def test_dp2_tp2_training_equals_pytorch_tensor_parallel_with_fully_shard(impl):
+    ours = run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
+    expected = run_ranks(_train_torch, 4, 2, 2, timeout=90)[0]
+    for rank, (full, _) in enumerate(ours):
+        _compare(T94, rank, full, expected, "PyTorch's parallelize_module on the tp dimension with fully_shard on dp")
