@@ -490,6 +490,32 @@ MISTAKES = [
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= dist.get_world_size()\n",
             "dp group only"),
+    # Task 10: pipeline parallelism
+    Mistake("10.1", "stages-disagree", "template_pipeline.py",
+            "start + base + (1 if stage < extra else 0))", "start + base + (1 if stage <= extra else 0))",
+            "every layer in exactly one stage"),
+    Mistake("10.2", "blocking-send", "template_pipeline.py",  # both neighbours send first: a deadlock on gloo
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        dist.send(tensor.detach().contiguous(), peer)\n", "blocking dist.send waits"),
+    Mistake("10.3", "no-requires-grad", "template_pipeline.py",
+            "        return tensor.requires_grad_(requires_grad)\n", "        return tensor\n",
+            "earlier stages get no gradient"),
+    Mistake("10.4", "no-loss-scaling", "template_pipeline.py",
+            "        output = loss_fn(output, target) / num_microbatches\n", "        output = loss_fn(output, target)\n",
+            "1/num_microbatches"),
+    Mistake("10.4", "detach-before-send", "template_pipeline.py",
+            "        stage.send_forward(output)\n", "        output = output.detach()\n        stage.send_forward(output)\n",
+            "earlier stages get no gradient"),
+    Mistake("10.6", "loss-on-every-stage", "template_pipeline.py",
+            "        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n",
+            "        loss = output.detach() if loss is None else loss + output.detach()\n",
+            "only the last stage computes the loss"),
+    Mistake("10.7", "backward-newest-first", "template_pipeline.py",
+            "backward_step(stage, *saved.pop(0))", "backward_step(stage, *saved.pop())",
+            "paired with the wrong micro-batch"),
+    Mistake("10.7", "warmup-off-by-one", "template_pipeline.py",
+            "min(stage.num_stages - stage.stage_index - 1, num_microbatches)",
+            "min(stage.num_stages - stage.stage_index, num_microbatches)", "warm-up"),
 ]
 
 

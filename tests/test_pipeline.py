@@ -1,0 +1,504 @@
+"""Task 10: pipeline parallelism (template_pipeline.py).
+
+    pytest --impl template -m task10_1     # one task; python check.py 10 for all seven
+
+The course's CNN, cut into 2 or 4 stages on as many gloo ranks, trains one batch in M
+micro-batches; its loss and every gradient are compared with two independent references:
+single-process training on the whole batch, and PyTorch's own torch.distributed.pipelining
+(PipelineStage with ScheduleGPipe or Schedule1F1B) on the same split. Every point-to-point
+message is recorded (direction, peer, shape, dtype), and the traces must be the schedules'
+orders. The tests of one task take solutions/' answers to the other tasks (judging), so a
+mistake costs one task's points.
+
+Tolerance: the pipeline adds M losses each scaled by 1/M, and PyTorch's schedules divide the
+summed gradients by M, where single-process training takes one mean: the same fp32 numbers
+added in another order, which moves the results by a few units in the 7th digit. atol 1e-5
+with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles everything at M=2).
+"""
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import load_with_reference
+from harness import RankFailed, RankTimeout, run_ranks
+
+T101 = "Task 10.1 (template_pipeline.py, partition)"
+T102 = "Task 10.2 (template_pipeline.py, Stage._send)"
+T103 = "Task 10.3 (template_pipeline.py, Stage._recv)"
+T104 = "Task 10.4 (template_pipeline.py, forward_step)"
+T105 = "Task 10.5 (template_pipeline.py, backward_step)"
+T106 = "Task 10.6 (template_pipeline.py, gpipe_step)"
+T107 = "Task 10.7 (template_pipeline.py, one_f_one_b_step)"
+WHERE = {"10.1": T101, "10.2": T102, "10.3": T103, "10.4": T104, "10.5": T105, "10.6": T106, "10.7": T107}
+
+ANSWERS = {"10.1": "partition", "10.2": "Stage._send", "10.3": "Stage._recv", "10.4": "forward_step",
+           "10.5": "backward_step", "10.6": "gpipe_step", "10.7": "one_f_one_b_step"}
+
+BATCH = 8
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def judging(impl, task):
+    """template_pipeline of `impl` for the tests of `task`: your answer to that task, solutions/' to
+    the others, so that a wrong _recv (10.3) costs Task 10.3's points, not also those of 10.4-10.7."""
+    return load_with_reference(impl, "template_pipeline", *(a for t, a in ANSWERS.items() if t != task))
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+def expected_ranges(num_layers, num_stages):
+    """The balanced split, computed here on its own: sizes differ by one, the first stages larger."""
+    sizes = [num_layers // num_stages + (1 if s < num_layers % num_stages else 0) for s in range(num_stages)]
+    starts = [sum(sizes[:s]) for s in range(num_stages)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def expected_trace(schedule, num_stages, stage, num_microbatches):
+    """The order of forwards and backwards each schedule runs on a stage."""
+    m = num_microbatches
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(num_stages - stage - 1, m)
+    trace = [("F", i) for i in range(warmup)]
+    for i in range(warmup, m):
+        trace += [("F", i), ("B", i - warmup)]
+    return trace + [("B", i) for i in range(m - warmup, m)]
+
+
+def peak_stored(trace):
+    """The most micro-batches whose forward ran and whose backward had not yet, at any moment."""
+    stored = peak = 0
+    for kind, _ in trace:
+        stored += 1 if kind == "F" else -1
+        peak = max(peak, stored)
+    return peak
+
+
+def batch(seed=1, size=BATCH):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def reference_gradients(inputs, targets, seed=0):
+    """Single-process training on the whole batch: the loss and {layer index: [gradients]}."""
+    from solutions.template_pipeline import flat_cnn  # given code (not a task): how the CNN is laid flat
+    torch.manual_seed(seed)
+    model = flat_cnn()
+    loss = F.cross_entropy(model(inputs), targets)
+    loss.backward()
+    return loss.item(), {i: [p.grad.clone() for p in layer.parameters()] for i, layer in enumerate(model)}
+
+
+# ----------------------------------------------------------------------- recording what goes on the wire
+class Wire:
+    """Wraps torch.distributed's point-to-point calls in a rank, and records each one:
+    (call, peer, shape, dtype); the Works of isend are kept to check they completed."""
+
+    CALLS = ("send", "isend", "recv", "irecv")
+
+    def __init__(self):
+        self.records, self.works, self.saved = [], [], {}
+
+    def __enter__(self):
+        for name in self.CALLS:
+            original = self.saved[name] = getattr(dist, name)
+
+            def wrapper(tensor, *args, _name=name, _original=original, **kwargs):
+                peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+                self.records.append((_name, peer, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
+                                     tensor.requires_grad))
+                work = _original(tensor, *args, **kwargs)
+                if _name == "isend":
+                    self.works.append(work)
+                return work
+
+            setattr(dist, name, wrapper)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self.saved.items():
+            setattr(dist, name, original)
+
+
+def as_task_failure(error, task, what):
+    """A rank's error or a hang, told as the task's likely mistake (the harness's report kept)."""
+    where = WHERE[task]
+    if isinstance(error, RankTimeout):
+        return AssertionError(
+            f"{where}: the ranks hung ({what}). On gloo a blocking dist.send waits until its receiver posts the "
+            "matching recv, so two neighbours that both send first wait for each other: _send must start a "
+            "dist.isend and keep its Work in stage.pending_sends (a Work nobody keeps is cancelled, and the "
+            f"neighbour waits for a message that never comes).\n{error}")
+    text = str(error)
+    if "does not require grad and does not have a grad_fn" in text:
+        return AssertionError(
+            f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
+            "for backward, and sends, must stay attached to the graph (do not detach it), or the earlier "
+            f"stages get no gradient.\n{error}")
+    return AssertionError(f"{where}: a rank failed ({what}).\n{error}")
+
+
+def run(fn, world_size, task, what, *args, timeout=25):
+    try:
+        return run_ranks(fn, world_size, *args, timeout=timeout)
+    except (RankTimeout, RankFailed) as error:
+        raise as_task_failure(error, task, what) from None
+
+
+# --------------------------------------------------------------------------- Task 10.1
+@pytest.mark.task10_1
+def test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage(impl):
+    lib = judging(impl, "10.1")
+    for num_layers in range(1, 14):
+        for num_stages in range(1, num_layers + 1):
+            got = [lib.partition(num_layers, num_stages, s) for s in range(num_stages)]
+            layers = [i for r in got for i in r]
+            assert sorted(layers) == list(range(num_layers)) and len(layers) == num_layers, (
+                f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: every layer in "
+                "exactly one stage (no layer twice, none left out). Each stage computes the partition on its own "
+                "rank: if stage s's range does not end where stage s+1's starts, the stages disagree on who holds "
+                "a layer")
+            assert layers == list(range(num_layers)), (
+                f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: stages hold "
+                "consecutive layers in order (stage 0 the first ones)")
+            sizes = [len(r) for r in got]
+            assert max(sizes) - min(sizes) <= 1, (
+                f"{T101}: {num_layers} layers on {num_stages} stages gave sizes {sizes}: balanced means the sizes "
+                "differ by at most one (ceil for every stage leaves the last ones short)")
+            assert got == expected_ranges(num_layers, num_stages), (
+                f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: the first "
+                f"{num_layers % num_stages} stages take one layer more ({expected_ranges(num_layers, num_stages)})")
+
+
+@pytest.mark.task10_1
+def test_partition_refuses_more_stages_than_layers(impl):
+    lib = judging(impl, "10.1")
+    with pytest.raises(ValueError):
+        lib.partition(3, 4, 0)
+        pytest.fail(f"{T101}: 3 layers on 4 stages must raise a ValueError (a stage would hold no layer)")
+
+
+# --------------------------------------------------------------------------- Tasks 10.2 and 10.3
+def _round_trip(rank, world_size, impl, task):
+    """Each stage sends an activation forward and a gradient backward, both neighbours sending
+    first, then receives: what it got, and what went on the wire."""
+    lib = judging(impl, task)
+    model = nn.Sequential(*(nn.Linear(3, 3) for _ in range(world_size)))
+    stage = lib.Stage(model, rank, world_size)
+    assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
+    activation = stage.module(torch.full((2, 3), float(rank)))  # requires grad, as a real output
+    with Wire() as wire:
+        if not stage.is_last:
+            stage.send_forward(activation)
+        if not stage.is_first:
+            stage.send_backward(torch.full((2, 3), 100.0 + rank))
+        got = {}
+        if not stage.is_first:
+            received = stage.recv_forward((2, 3), torch.float32)
+            got["activation"] = (received.detach().clone(), received.requires_grad, received.dtype)
+        if not stage.is_last:
+            received = stage.recv_backward((2, 3), torch.float32)
+            got["gradient"] = (received.detach().clone(), received.requires_grad, received.dtype)
+        pending = list(stage.pending_sends)
+        stage.wait_sends()
+    done = all(w.is_completed() for w in wire.works)
+    expected_activation = model[rank - 1](torch.full((2, 3), float(rank - 1))).detach() if rank else None
+    return got, expected_activation, wire.records, len(pending), done, stage.pending_sends == []
+
+
+@pytest.mark.parametrize("task", [pytest.param("10.2", marks=pytest.mark.task10_2),
+                                  pytest.param("10.3", marks=pytest.mark.task10_3)])
+@pytest.mark.parametrize("world_size", [2, slow(4)])
+def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, world_size):
+    results = run(_round_trip, world_size, task, "both neighbours send first, then receive", impl, task,
+                  timeout=15)
+    where = WHERE[task]
+    for rank, (got, expected_activation, records, pending, done, emptied) in enumerate(results):
+        sends = [r for r in records if r[0] in ("send", "isend")]
+        if task == "10.2":
+            assert all(r[0] == "isend" for r in sends), (
+                f"{where}: rank {rank} sent with {[r[0] for r in sends]}: use dist.isend, a blocking dist.send "
+                "waits for its receiver on gloo")
+            assert not any(r[4] for r in sends), (
+                f"{where}: rank {rank} sent a tensor that requires grad: send the data only, tensor.detach()")
+            assert pending == len(sends) and done, (
+                f"{where}: rank {rank} started {len(sends)} isends and kept {pending} Works in "
+                "stage.pending_sends: keep every Work, so that wait_sends() can wait for it")
+        if rank > 0:
+            value, requires_grad, dtype = got["activation"]
+            assert torch.equal(value, expected_activation) and dtype == torch.float32, (
+                f"{where}: rank {rank} received {value.tolist()} from rank {rank - 1}, which sent "
+                f"{expected_activation.tolist()}")
+            assert requires_grad, (
+                f"{where}: the activation recv_forward returned on rank {rank} does not require grad: it is "
+                "the input of this stage's layers, and without requires_grad its .grad stays None, so the "
+                "earlier stages get no gradient (return tensor.requires_grad_(requires_grad))")
+        if rank < world_size - 1:
+            value, requires_grad, _ = got["gradient"]
+            assert torch.equal(value, torch.full((2, 3), 101.0 + rank)), (
+                f"{where}: rank {rank} received the gradient {value.tolist()} from rank {rank + 1}, which sent "
+                f"{101.0 + rank}")
+            assert not requires_grad, f"{where}: a received gradient is a plain tensor (requires_grad=False)"
+
+
+# --------------------------------------------------------------------------- PyTorch's pipelining, the baseline
+def torch_pipeline_schedule(stage_module, stage_index, num_stages, num_microbatches, loss_fn, schedule,
+                            group=None):
+    """PyTorch's own pipeline for one stage of the flat CNN: PipelineStage (shapes inferred at its
+    first step) and ScheduleGPipe or Schedule1F1B, which scale each micro-batch's gradients by 1/M."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    pipe_stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"), group=group)
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    return cls(pipe_stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
+
+
+def torch_pipeline_step(schedule, stage_index, num_stages, inputs, targets):
+    """One step of torch_pipeline_schedule's schedule: the batch's mean loss on the last stage, else None."""
+    losses = []
+    if stage_index == 0:
+        schedule.step(inputs, target=targets if num_stages == 1 else None, losses=losses)
+    elif stage_index == num_stages - 1:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    return torch.stack(losses).mean().item() if losses else None
+
+
+# --------------------------------------------------------------------------- the schedules
+def _test_loop(lib, stage, inputs, targets, loss_fn, m):
+    """GPipe's order written here, from forward_step and backward_step (the tests of 10.4 and 10.5)."""
+    stage.learn_shapes(inputs, m)
+    xs = inputs.split(BATCH // m) if stage.is_first else [None] * m
+    ys = targets.split(BATCH // m) if stage.is_last else [None] * m
+    saved = [lib.forward_step(stage, xs[i], ys[i], loss_fn, m) for i in range(m)]
+    loss = sum(out.detach() for _, out in saved) if stage.is_last else None
+    for i in range(m):
+        lib.backward_step(stage, *saved[i])
+    stage.wait_sends()
+    return loss, [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts):
+    lib = judging(impl, task)
+    inputs, targets = batch()
+    out = []
+    for m in microbatch_counts:
+        torch.manual_seed(0)
+        model = lib.flat_cnn()
+        stage = lib.Stage(model, rank, world_size)
+        with Wire() as wire:
+            if task in ("10.4", "10.5"):
+                loss, trace = _test_loop(lib, stage, inputs if rank == 0 else None,
+                                         targets if rank == world_size - 1 else None, F.cross_entropy, m)
+            else:
+                step = lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step
+                # inputs to the first stage only, targets to the last only, as the spec allows
+                loss, trace = step(stage, inputs if rank == 0 else None,
+                                   targets if rank == world_size - 1 else None, F.cross_entropy, m)
+        done = all(w.is_completed() for w in wire.works)
+        grads = {i: [None if p.grad is None else p.grad.clone() for p in model[i].parameters()] for i in stage.layers}
+        # PyTorch's pipelining on the same split, from the same weights (Schedule1F1B refuses M < stages)
+        torch_loss = torch_grads = None
+        if schedule == "gpipe" or m >= world_size:
+            torch.manual_seed(0)
+            twin = lib.flat_cnn()
+            piece = nn.Sequential(*(twin[i] for i in stage.layers))
+            torch_loss = torch_pipeline_step(torch_pipeline_schedule(piece, rank, world_size, m, F.cross_entropy,
+                                                                     schedule), rank, world_size, inputs, targets)
+            torch_grads = {i: [p.grad.clone() for p in twin[i].parameters()] for i in stage.layers}
+        loss = None if loss is None else torch.as_tensor(loss).detach().clone()
+        out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=wire.records, done=done,
+                        torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers)))
+        dist.barrier()
+    return out
+
+
+def activation_shapes(num_stages, microbatch):
+    """The shape of what stage s receives, for s = 1 .. num_stages - 1, from the CNN run here."""
+    from solutions.template_pipeline import flat_cnn
+    x = torch.zeros(microbatch, 3, 32, 32)
+    shapes, ranges = {}, expected_ranges(10, num_stages)
+    with torch.no_grad():
+        for i, layer in enumerate(flat_cnn()):
+            x = layer(x)
+            for s in range(1, num_stages):
+                if i == ranges[s].start - 1:
+                    shapes[s] = tuple(x.shape)
+    return shapes
+
+
+def check_schedule(results, task, schedule, world_size):
+    where = WHERE[task]
+    for case in range(len(results[0])):
+        m = results[0][case]["m"]
+        ref_loss, ref_grads = reference_gradients(*batch())
+        shapes = activation_shapes(world_size, BATCH // m)
+        for rank, runs in enumerate(results):
+            r = runs[case]
+            what = f"{world_size} stages, M = {m}, stage {rank}"
+            if schedule == "1f1b" or task in ("10.6", "10.7"):
+                want = expected_trace(schedule, world_size, rank, m)
+                assert r["trace"] == want, (
+                    f"{where}: {what}: the trace is {r['trace']}, the {schedule} order is {want}"
+                    + (f" (warm-up: min(num_stages - stage_index - 1, M) = {min(world_size - rank - 1, m)} "
+                       "forwards; backwards oldest first)" if schedule == "1f1b" else
+                       " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)"))
+            peak = peak_stored(r["trace"])
+            if schedule == "1f1b":
+                assert peak <= world_size - rank, (
+                    f"{where}: {what}: {peak} micro-batches' activations stored at once, more than "
+                    f"num_stages - stage_index = {world_size - rank}: is the warm-up one forward too long?")
+            else:
+                assert peak == m, f"{where}: {what}: GPipe stores all M = {m} micro-batches, the trace shows {peak}"
+            if rank == world_size - 1:
+                assert r["loss"] is not None and r["loss"].numel() == 1, (
+                    f"{where}: {what}: the last stage returned the loss {r['loss']}: the batch's mean loss, one number")
+                r["loss"] = r["loss"].item()
+                assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
+                    f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
+                    f"{ref_loss}" + (f" ({r['loss'] / ref_loss:.2f}x: scale each micro-batch's loss by "
+                                     "1/num_microbatches)" if r["loss"] and abs(r["loss"] / ref_loss - m) < 0.1 * m
+                                     and m > 1 else ""))
+            else:
+                assert r["loss"] is None, (
+                    f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage computes the loss, "
+                    "the other stages return None")
+            for i in r["layers"]:
+                for got, want, theirs in zip(r["grads"][i], ref_grads[i], (r["torch_grads"] or {}).get(i, ref_grads[i])):
+                    assert got is not None, (
+                        f"{where}: {what}: layer {i} got no gradient: the earlier stages get no gradient when "
+                        "an activation is detached, or received without requires_grad")
+                    if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+                        ratio = (got.norm() / want.norm()).item()
+                        hint = (f" The gradients are {ratio:.2f}x too large: scale each micro-batch's loss by "
+                                "1/num_microbatches." if m > 1 and abs(ratio - m) < 0.05 * m else
+                                " Are backwards paired with the wrong micro-batch's activations (oldest first)?")
+                        raise AssertionError(
+                            f"{where}: {what}: layer {i}'s gradient differs from single-process training on the "
+                            f"whole batch by {(got - want).abs().max():.3g}.{hint}")
+                    assert torch.allclose(got, theirs, rtol=RTOL, atol=ATOL), (
+                        f"{where}: {what}: layer {i}'s gradient differs from PyTorch's {schedule} schedule by "
+                        f"{(got - theirs).abs().max():.3g}")
+            if r["torch_loss"] is not None and rank == world_size - 1:
+                assert math.isclose(r["loss"], r["torch_loss"], rel_tol=RTOL, abs_tol=ATOL), (
+                    f"{where}: {what}: loss {r['loss']}, PyTorch's schedule {r['torch_loss']}")
+            check_wire(r, where, what, rank, world_size, m, shapes)
+
+
+def check_wire(r, where, what, rank, world_size, m, shapes):
+    """What went on the wire: to each neighbour, in order, one int64 shape message (forward
+    only), then M activations forward and M gradients back, in the shapes of the CNN's split."""
+    records = r["records"]
+    by = {}
+    for call, peer, shape, dtype, _ in records:
+        kind = "send" if call in ("send", "isend") else "recv"
+        by.setdefault((kind, peer), []).append((shape, dtype))
+    header = [((10,), "int64")]
+    want = {}
+    if rank > 0:
+        want[("recv", rank - 1)] = header + [(shapes[rank], "float32")] * m
+        want[("send", rank - 1)] = [(shapes[rank], "float32")] * m
+    if rank < world_size - 1:
+        want[("send", rank + 1)] = header + [(shapes[rank + 1], "float32")] * m
+        want[("recv", rank + 1)] = [(shapes[rank + 1], "float32")] * m
+    assert by == want, (f"{where}: {what}: what went on the wire, {by}, is not one shape message then M "
+                        f"activations forward and M gradients back: {want}")
+    assert r["done"], f"{where}: {what}: the step returned before its sends completed: end it with stage.wait_sends()"
+
+
+@pytest.mark.parametrize("task,schedule,world_size,counts", [
+    pytest.param("10.4", "gpipe", 2, [1, 2, 4], marks=pytest.mark.task10_4),
+    pytest.param("10.5", "gpipe", 2, [1, 2, 4], marks=pytest.mark.task10_5),
+    pytest.param("10.6", "gpipe", 2, [1, 2, 4], marks=pytest.mark.task10_6),
+    pytest.param("10.7", "1f1b", 4, [2, 4], marks=pytest.mark.task10_7),  # M=2 < p: the warm-up cut to M
+    pytest.param("10.4", "gpipe", 4, [2, 4, 8], marks=[pytest.mark.task10_4, pytest.mark.slow]),
+    pytest.param("10.5", "gpipe", 4, [2, 4, 8], marks=[pytest.mark.task10_5, pytest.mark.slow]),
+    pytest.param("10.6", "gpipe", 4, [1, 2, 4, 8], marks=[pytest.mark.task10_6, pytest.mark.slow]),
+    pytest.param("10.7", "1f1b", 2, [1, 2, 4, 8], marks=[pytest.mark.task10_7, pytest.mark.slow]),
+    pytest.param("10.7", "1f1b", 4, [1, 8], marks=[pytest.mark.task10_7, pytest.mark.slow]),
+])
+def test_schedule_equals_single_process_and_torch_pipelining(impl, task, schedule, world_size, counts):
+    results = run(_schedule_run, world_size, task, f"{schedule} on {world_size} stages", impl, task, schedule, counts,
+                  timeout=40)
+    check_schedule(results, task, schedule, world_size)
+
+
+def _uneven(rank, world_size, impl, task):
+    lib = judging(impl, task)
+    stage = lib.Stage(lib.flat_cnn(), 0, 1)
+    step = lib.gpipe_step if task == "10.6" else lib.one_f_one_b_step
+    try:
+        step(stage, *batch(), F.cross_entropy, 3)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [pytest.param("10.6", marks=pytest.mark.task10_6),
+                                  pytest.param("10.7", marks=pytest.mark.task10_7)])
+def test_a_batch_that_does_not_split_into_m_micro_batches_is_refused(impl, task):
+    message = run(_uneven, 1, task, "one stage", impl, task)[0]
+    assert message and "does not split" in message, (
+        f"{WHERE[task]}: a batch of {BATCH} in 3 micro-batches must raise split()'s ValueError, got {message!r}")
+
+
+# --------------------------------------------------------------------------- pp x dp
+def _pp_dp(rank, world_size, impl, steps):
+    """pp=2 x dp=2 on 4 ranks: ranks 0,1 and 2,3 are two pipelines, each fed half of every batch;
+    each stage's gradients are averaged with its dp peer's, then SGD."""
+    lib = judging(impl, "10.7")
+    pp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    replica, stage_index = divmod(rank, 2)
+    torch.manual_seed(0)
+    model = lib.flat_cnn()
+    stage = lib.Stage(model, stage_index, 2, group=pp_groups[replica])
+    optimizer = torch.optim.SGD(stage.module.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        inputs, targets = batch(seed=10 + step, size=2 * BATCH)
+        half = slice(replica * BATCH, (replica + 1) * BATCH)
+        optimizer.zero_grad()
+        loss, _ = lib.one_f_one_b_step(stage, inputs[half], targets[half], F.cross_entropy, 4)
+        for p in stage.module.parameters():
+            dist.all_reduce(p.grad, group=dp_groups[stage_index])
+            p.grad /= 2
+        losses.append(loss)
+        optimizer.step()
+    full = stage.gather_full_module()
+    return losses, {k: v.clone() for k, v in full.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.task10_7
+def test_pp2_by_dp2_on_4_ranks_trains_like_one_process(impl):
+    steps = 3
+    results = run(_pp_dp, 4, "10.7", "pp=2 x dp=2", impl, steps, timeout=40)
+    from solutions.template_pipeline import flat_cnn
+    torch.manual_seed(0)
+    model = flat_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    want_losses = []
+    for step in range(steps):
+        inputs, targets = batch(seed=10 + step, size=2 * BATCH)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        want_losses.append(loss.item())
+        optimizer.step()
+    # the loss of a global batch: the mean of the two pipelines' (each on half of it), on their last stages
+    mean = [(a + b) / 2 for a, b in zip(results[1][0], results[3][0])]
+    assert all(math.isclose(g, w, rel_tol=RTOL, abs_tol=ATOL) for g, w in zip(mean, want_losses)), (
+        f"{T107}: pp=2 x dp=2: the two pipelines' mean losses {mean} differ from one process's {want_losses}")
+    for rank, (_, state) in enumerate(results):
+        for name, value in model.state_dict().items():
+            assert torch.allclose(state[name], value, rtol=RTOL, atol=ATOL), (
+                f"{T107}: pp=2 x dp=2, rank {rank}: after {steps} steps {name} differs from single-process training "
+                f"by {(state[name] - value).abs().max():.3g}")
