@@ -53,6 +53,13 @@ NOT_RUN = {
     "torchrun --standalone --nproc_per_node=2 solutions/template_collectives.py": "as the 2-rank warm-up",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring":
         "tests/test_allreduce.py trains through train_ddp.py's --allreduce naive|ring path on 2 ranks",
+    "torchrun --standalone --nproc_per_node=4 train_ddp.py --data synthetic *":
+        "4 processes on the 2-core test machine; tests/test_train_model_parallel.py trains --tp 2 (ours and "
+        "parallelize_module) and --pp 2 on 2 pipelines against one process",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --pp 2 *":
+        "tests/test_train_model_parallel.py trains --pp 2 --microbatches 4 --schedule 1f1b against one process",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --pp 2 *":
+        "tests/test_train_model_parallel.py trains it against one process",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
         "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
 }
