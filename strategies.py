@@ -1,10 +1,13 @@
 """How train_ddp.py parallelises: one class per strategy, and the table that picks one from the flags.
 
     strategy = choose(args)(args)                  # ValueError: flags this strategy cannot combine with
-    train_loader, test_loader = strategy.loaders(...)
-    model = strategy.wrap(model)                   # broadcast, buckets, shards, ...
+    train_loader, test_loader = strategy.loaders(...)   # the slice of each global batch this rank reads
+    model = strategy.wrap(model)                   # broadcast, buckets, shards, splits, stages, ...
     optimizer = strategy.optimizer(model, optimizer_cls, optimizer_kwargs)
-    trainer.train_one_epoch(model, ..., strategy.sync_gradients)   # between backward and step
+    trainer.train_one_epoch(model, ..., strategy.sync_gradients,   # between backward and step
+                            forward_backward=strategy.forward_backward)
+    samples, loss_sum = strategy.totals(stats, device)   # over all ranks, each image counted once
+    result = strategy.evaluate(model, test_loader, device)
     print(strategy.sync_line(stats))               # what the epoch line says about synchronising
     strategy.ranks_agree(model)                    # the end-of-run consistency check
 
@@ -122,18 +125,20 @@ class Strategy:
     def sync_line(self, stats):
         return f"sync {stats['sync_seconds'] / stats['seconds']:.0%} of step time"
 
+    def copies(self):
+        """How many ranks read each image: 1, or the ranks of a tensor-parallel group or of a pipeline,
+        which all read the same slice (data_ranks) and so all count it in Task 2.3's sums."""
+        return dist.get_world_size() // self.data_ranks(0, dist.get_world_size())[1]
+
     def totals(self, stats, device):
-        """(images, loss sum) of an epoch's training over all ranks, each image counted once: the ranks
-        that read the same slice (data_ranks) all count it."""
-        copies = dist.get_world_size() // self.data_ranks(0, dist.get_world_size())[1]
+        """(images, loss sum) of an epoch's training over all ranks, each image counted once."""
         _, samples, loss_sum = self.trainer.reduce_metrics(0, stats["samples"], stats["loss_sum"], device)
-        return samples // copies, loss_sum / copies
+        return samples // self.copies(), loss_sum / self.copies()
 
     def evaluate(self, model, loader, device):
-        """Task 2.3's evaluation over all ranks, each test image counted once (as totals)."""
-        copies = dist.get_world_size() // self.data_ranks(0, dist.get_world_size())[1]
+        """Task 2.3's evaluation over all ranks, each test image counted once."""
         result = self.trainer.evaluate(model, loader, device)
-        return {**result, "correct": result["correct"] // copies, "total": result["total"] // copies}
+        return {**result, "correct": result["correct"] // self.copies(), "total": result["total"] // self.copies()}
 
     def sync_share(self, stats):
         """The CSV's sync_share: the share of step time spent between backward and step."""
