@@ -171,6 +171,19 @@ def _shard_bytes(rank, world_size, impl):
     listed = [p for group in optimizer.param_groups for p in group["params"]]
     out = {"listed": [id(p) for p in listed] == [id(p) for p in model.body_parameters()]}
     names = {id(p): name for name, p in model.named_parameters()}
+    # before any step: step() broadcasts each piece of self.pieces from its owner, so a list that
+    # differs between ranks would hang there, in the given step(), far from the mistake
+    body = model.body_parameters()
+    first = [(names[id(body[index])], start, end, owner)
+             for index, start, end, owner in solution.partition_parameters(body, world_size)]
+    got = [(names.get(id(piece[1]), "?"), *piece[2:5]) if isinstance(piece, tuple) and len(piece) == 5 else piece
+           for piece in optimizer.pieces]
+    if got != first:
+        raise AssertionError(
+            f"{T62}, rank {rank}: self.pieces must list every piece of the group, this rank's and the others', as "
+            "(view, param, start, end, rank) in partition_parameters' order: step() broadcasts each piece from its "
+            "owner, so every rank needs the same list (with a different one the ranks hang in step()). "
+            f"Expected {first[:4]}..., got {got[:4]}...")
     groups = [model.body_parameters()]
     for step in range(3):
         if step == 2:  # the head joins later, with its own learning rate
