@@ -3,6 +3,8 @@
     pytest                      # solutions/ (instructors, CI)
     pytest --impl template      # your template_*.py files (students)
     pytest --impl template -m task1_2   # one task
+    pytest --impl=solutions             # with "=": with a space pytest takes solutions/ for the folder
+                                        # to test, before it has read this file (docs/checking.md)
 """
 import importlib
 import importlib.util
