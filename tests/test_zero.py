@@ -256,10 +256,46 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
 
 
 # --------------------------------------------------------------------------- Task 6.3
+class _Counted:
+    """A collective's handle that counts its wait() calls."""
+
+    def __init__(self, work):
+        self.work, self.waits = work, 0
+
+    def wait(self, *args, **kwargs):
+        self.waits += 1
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+class _Waits:
+    """In a rank (its own process): every handle that a collective returns (async_op=True) is
+    recorded, with how often it was waited on."""
+
+    def __init__(self):
+        self.handles = []
+        for name in ("broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce",
+                     "scatter", "reduce_scatter_tensor"):
+            if hasattr(dist, name):
+                setattr(dist, name, self._counting(getattr(dist, name)))
+
+    def _counting(self, real):
+        def collective(*args, **kwargs):
+            work = real(*args, **kwargs)
+            if work is None:
+                return None
+            self.handles.append(_Counted(work))
+            return self.handles[-1]
+        return collective
+
+
 def _train_three_ways(rank, world_size, impl):
     """Four steps of each optimizer: ShardedOptimizer, the unsharded one, ZeroRedundancyOptimizer."""
     zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
-    out = {}
+    waits = _Waits()
+    out = {"unwaited": []}
     for name, (optimizer_cls, kwargs) in OPTIMIZERS.items():
         junk = _shuffle_memory(rank)
         torch.manual_seed(0)  # the same model on every rank: this tests the optimizer, not a broadcast
@@ -276,13 +312,24 @@ def _train_three_ways(rank, world_size, impl):
                     opt.add_param_group({"params": list(m.head.parameters()), "lr": kwargs["lr"] * 2})
                 opt.zero_grad()
                 _loss(m, step).backward()
+                started = len(waits.handles)
                 opt.step()
+                if opt is optimizers[0]:  # every collective step() started asynchronously, waited on?
+                    mine = waits.handles[started:]
+                    out["unwaited"].append((sum(h.waits == 0 for h in mine), len(mine)))
         out[name] = [{k: v.detach().clone() for k, v in m.named_parameters()} for m in models]
         del junk
     return out
 
 
 def _compare(results, world_size, what, advice=""):
+    for rank, out in enumerate(results):
+        for unwaited, started in out.pop("unwaited", []):
+            assert unwaited == 0, (
+                f"{T63}, rank {rank}: step() started {started} collectives with async_op=True and never waited on "
+                f"{unwaited} of them: call wait() on every handle before step() returns (waiting on the last one "
+                "does not wait for the others: under gloo several run at once), or the parameters may still be "
+                "changing when the next forward reads them")
     for name in results[0]:
         for rank in range(1, world_size):
             for key, value in results[0][name][0].items():
