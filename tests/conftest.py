@@ -3,12 +3,18 @@
     pytest                      # solutions/ (instructors, CI)
     pytest --impl template      # your template_*.py files (students)
     pytest --impl template -m task1_2   # one task
+    pytest --impl=solutions             # with "=": with a space pytest takes solutions/ for the folder
+                                        # to test, before it has read this file (docs/checking.md)
 """
 import importlib
 import importlib.util
+import io
+import queue
 import sys
+import time
+import traceback
 
-import harness  # noqa: F401  (first: it starts the server that forks the ranks, see harness.py)
+import harness  # first: it starts the server that forks the ranks, see harness.py
 import pytest
 import torch
 
@@ -62,6 +68,85 @@ def load_with_reference(impl, name, *names):
         # vars(), not getattr: a staticmethod or classmethod stays one
         setattr(getattr(module, classes[0]), attribute, vars(getattr(solution, classes[0]))[attribute])
     return module
+
+
+class DidNotFinish(AssertionError):
+    """A function under test ran past its time or memory limit (call_alone)."""
+
+
+def _alone_main(fn, calls, results, memory_bytes):
+    import resource
+
+    torch.set_num_threads(1)
+    with open("/proc/self/status") as status:  # what this process already maps (torch's libraries)
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + memory_bytes
+    if hard == resource.RLIM_INFINITY or cap < hard:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    for index, args in enumerate(calls):
+        status, payload = "ok", None
+        try:
+            out = fn(*args)
+            buffer = io.BytesIO()
+            torch.save(out, buffer)
+            payload = buffer.getvalue()
+        except MemoryError:
+            status = "memory"  # reported below, once the exception (and what it holds) is gone
+        except BaseException as error:
+            status, payload = type(error).__name__, (str(error), traceback.format_exc())
+        results.put((index, status, payload))
+        if status != "ok":
+            return
+
+
+def call_alone(fn, calls, task, describe, timeout=10.0, memory_gb=2.0):
+    """[fn(*args) for args in calls], each call in one separate process with a time and a memory
+    limit, for the tests of a pure function: an endless loop then fails in seconds, saying which
+    call did not finish, instead of growing inside pytest's own process until the machine swaps.
+
+    fn must be a module-level function (the process imports it by name, as run_ranks does);
+    describe(args) says what was called, for the message; task names the task ("Task 6.1 (...)").
+    Failures: DidNotFinish (time or memory), NotImplementedError as raised (an unfilled TODO),
+    AssertionError naming the task for any other exception.
+    """
+    results = harness._context.Queue()
+    proc = harness._context.Process(target=_alone_main, args=(fn, list(calls), results, int(memory_gb * 2**30)),
+                                    daemon=True)
+    proc.start()
+    outputs = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outputs) < len(calls):
+            try:
+                index, status, payload = results.get(timeout=0.05)
+            except queue.Empty:
+                index = None
+            if index is None:
+                late = time.monotonic() > deadline
+                if late or (not proc.is_alive() and results.empty()):
+                    call = describe(calls[len(outputs)])
+                    raise DidNotFinish(
+                        f"{task}: {call} did not finish in {timeout:.0f} s (an endless loop? a while loop whose "
+                        "condition never changes)" if late else
+                        f"{task}: {call} ended its process (exit code {proc.exitcode}) without returning")
+                continue
+            if status == "ok":
+                outputs.append(torch.load(io.BytesIO(payload), weights_only=False))
+                continue
+            call = describe(calls[index])
+            if status == "memory":
+                raise DidNotFinish(f"{task}: {call} did not finish: it used more than {memory_gb:g} GiB of memory "
+                                   "(a loop that never ends, growing a list?)")
+            message, trace = payload
+            if status == "NotImplementedError":
+                raise NotImplementedError(message)
+            raise AssertionError(f"{task}: {call} raised {status}: {message}\n\n{trace}")
+        return outputs
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=5)
 
 
 @pytest.fixture(scope="session")

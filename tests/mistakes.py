@@ -516,6 +516,67 @@ MISTAKES = [
     Mistake("10.7", "warmup-off-by-one", "template_pipeline.py",
             "min(stage.num_stages - stage.stage_index - 1, num_microbatches)",
             "min(stage.num_stages - stage.stage_index, num_microbatches)", "warm-up"),
+    # Issue 22: what the tests did not look at (each class's test also catches the same mistake written
+    # other ways: these are representatives). Memory that stays alive (storage bytes)
+    Mistake("7.1", "shard-is-a-view", "template_fsdp.py",  # keeps the whole padded tensor alive
+            "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()",
+            "    return padded[rank * shard_numel:(rank + 1) * shard_numel]", "a view of a larger tensor"),
+    # bytes on the wire (a recording wrapper around the collectives)
+    Mistake("7.2", "gathers-in-fp32", "template_fsdp.py",
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)",
+            "        gathered = torch.empty(self.full.numel(), dtype=self.shard.dtype, device=self.full.device)\n"
+            "        dist.all_gather_into_tensor(gathered, self.shard.detach())\n"
+            "        self.full.copy_(gathered)\n        return None", "travel in compute_dtype"),
+    Mistake("7.4", "all-reduce-then-slice", "template_fsdp.py",
+            "        piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)\n"
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        total = full_grad / self.world_size\n"
+            "        dist.all_reduce(total, op=dist.ReduceOp.SUM)\n"
+            "        n = self.shard.numel()\n"
+            "        return None, total[self.rank * n:(self.rank + 1) * n]\n", "reduce_scatter_tensor"),
+    # durability: what reached the disk, where, and in which order
+    Mistake("8.1", "fsync-after-rename", "template_checkpoint.py",
+            "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n"
+            "        if os.path.exists(last):\n"
+            "            os.replace(last, os.path.join(directory, PREVIOUS))\n"
+            "        os.replace(tmp, last)\n",
+            "        if os.path.exists(last):\n"
+            "            os.replace(last, os.path.join(directory, PREVIOUS))\n"
+            "        os.replace(tmp, last)\n"
+            "        with open(last, \"rb\") as f:\n"
+            "            os.fsync(f.fileno())\n", "before the rename"),
+    Mistake("8.2", "previous-alone-ignored", "template_checkpoint.py",
+            "    unreadable = []\n",
+            "    unreadable = []\n    if not os.path.exists(os.path.join(directory, LAST)):\n        return None, None\n",
+            "only previous.pt"),
+    Mistake("8.2", "no-map-location", "template_checkpoint.py",
+            "map_location=device, weights_only=True)", "weights_only=True)", "map_location"),
+    # state and nesting
+    Mistake("5.5", "restores-true", "template_ddp.py",
+            "            self.require_backward_grad_sync = previous\n",
+            "            self.require_backward_grad_sync = True\n", "nested"),
+    Mistake("5.3", "launches-one-bucket-a-hook", "template_ddp.py",  # a complete bucket behind waits for finish
+            "                while (self.next_bucket < len(self.buckets)", "                if (self.next_bucket < len(self.buckets)",
+            "behind"),
+    # concurrency: every launched handle waited on
+    Mistake("5.4", "waits-on-the-last-handle", "template_ddp.py",
+            "        for bucket in self.buckets:\n            bucket.handle.wait()\n",
+            "        self.buckets[-1].handle.wait()\n        for bucket in self.buckets:\n", "waited"),
+    # a pure function that never ends: a time and memory limit, not a hang hint
+    Mistake("6.1", "endless-loop", "template_zero.py",
+            "            end = min(param.numel(), (rank + 1) * shard_size - offset)",
+            "            end = min(param.numel(), rank * shard_size - offset)", "did not finish"),
+    # messages that name the true cause
+    Mistake("8.1", "rotates-before-writing", "template_checkpoint.py",
+            "    fd, tmp = tempfile.mkstemp(dir=directory, prefix=LAST + \".\", suffix=\".tmp\")\n",
+            "    if os.path.exists(last):\n        os.replace(last, os.path.join(directory, PREVIOUS))\n"
+            "    fd, tmp = tempfile.mkstemp(dir=directory, prefix=LAST + \".\", suffix=\".tmp\")\n",
+            "before the new one"),
+    Mistake("5.4", "forgets-next-bucket", "template_ddp.py",
+            "        self.next_bucket = 0\n        # --- Task 5.4 end ---", "        # --- Task 5.4 end ---",
+            "not 0: reset it"),
 ]
 
 

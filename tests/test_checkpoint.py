@@ -13,9 +13,11 @@ import os
 import pathlib
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -130,6 +132,10 @@ def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, mo
     with pytest.raises(Crash):
         ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})
     monkeypatch.undo()
+    if not (tmp_path / "last.pt").exists() and (tmp_path / "previous.pt").exists():
+        pytest.fail(f"{T81}: a crash in the middle of the save left no last.pt: the old last.pt was renamed to "
+                    "previous.pt before the new one was complete. Write and fsync the temporary file first, then "
+                    "rename last.pt to previous.pt, then the temporary file to last.pt")
     try:
         epoch = read(tmp_path / "last.pt")["epoch"]
     except Exception as error:
@@ -140,16 +146,59 @@ def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, mo
                         "expected the last good one (epoch 1)")
 
 
+def _spy_on_the_disk(monkeypatch, events):
+    """Record, in order, every os.fsync (which file, its size on disk then) and every rename."""
+    fsync, replace, rename = os.fsync, os.replace, os.rename
+
+    def spy_fsync(fd):
+        info = os.fstat(fd)
+        events.append(("fsync", info.st_ino, info.st_size, stat.S_ISREG(info.st_mode)))
+        return fsync(fd)
+
+    def spy(real, kind):
+        def moved(src, dst, *args, **kwargs):
+            events.append((kind, os.path.abspath(src), os.path.abspath(dst), os.stat(src).st_ino))
+            return real(src, dst, *args, **kwargs)
+        return moved
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy(replace, "rename"))
+    monkeypatch.setattr(os, "rename", spy(rename, "rename"))
+
+
 @pytest.mark.task8_1
 def test_save_fsyncs_the_file_before_renaming_it(impl, tmp_path, monkeypatch):
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained()
-    synced = []
-    fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or fsync(fd))
+    events = []
+    _spy_on_the_disk(monkeypatch, events)
     ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})  # the second save also rotates
+    monkeypatch.undo()
+    last = os.path.abspath(tmp_path / "last.pt")
+    size = os.stat(last).st_size
+    onto_last = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == last]
+    assert onto_last, (
+        f"{T81}: last.pt was never the target of os.replace: it was written in place. Write a temporary file in "
+        "the same folder, flush and os.fsync it, then os.replace it onto last.pt")
+    at = onto_last[-1]
+    _, src, _, inode = events[at]
+    assert os.path.dirname(src) == str(tmp_path), (
+        f"{T81}: the temporary file {src} is not in the checkpoint's own folder {tmp_path}: on a cluster the "
+        "checkpoint folder is usually on another file system than /tmp, where os.replace fails ('Invalid "
+        "cross-device link') and a copy is not atomic. Create it in the same folder: "
+        "tempfile.mkstemp(dir=directory)")
+    synced = [e for e in events if e[0] == "fsync"]
     assert synced, (f"{T81}: os.fsync was never called: without it the rename can reach the disk before the "
                     "data, and a power cut leaves an empty last.pt. flush() and os.fsync(f.fileno()) first")
+    before = [e for e in events[:at] if e[0] == "fsync" and e[1] == inode]
+    assert before, (
+        f"{T81}: the new checkpoint file was not fsynced before the rename that made it last.pt (fsync calls: "
+        f"{len(synced)}, {'after the rename' if any(e[1] == inode for e in synced) else 'of other files'}): "
+        "os.fsync the temporary file itself, before the rename, so the data is on the disk before the name is")
+    assert before[-1][3] and before[-1][2] == size, (
+        f"{T81}: when the temporary file was fsynced, {before[-1][2]} of its {size} bytes had reached the file: "
+        "f.flush() first (Python keeps written bytes in its own buffer until then), then os.fsync(f.fileno())")
 
 
 def _save_on_each_rank(rank, world_size, impl, root):
@@ -195,23 +244,44 @@ def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path)
 
 
 @pytest.mark.task8_2
-def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(impl, tmp_path, capsys):
+def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path):
+    ckpt = load(impl, "template_checkpoint")
+    good = write(tmp_path / "previous.pt", 1)  # what a corrupt last.pt, moved away, leaves behind
+    try:
+        result = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except (ValueError, OSError) as error:
+        pytest.fail(f"{T82}: the folder holds only previous.pt, a good checkpoint, and load_checkpoint raised "
+                    f"{type(error).__name__}: {error}: try last.pt, then previous.pt, each only if it exists")
+    state, path = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+    assert path is not None and os.path.samefile(path, tmp_path / "previous.pt"), (
+        f"{T82}: the folder holds only previous.pt (what a corrupt last.pt, moved away, leaves behind), and "
+        f"load_checkpoint returned {result if path is None else path!r}: try last.pt, then previous.pt, each if it "
+        "exists; (None, None) would start the run from scratch and throw the checkpoint away")
+    assert state["epoch"] == 1 and same_tensors(state["model"], good["model"]), f"{T82}: not previous.pt's state"
+
+
+@pytest.mark.task8_2
+def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(impl, tmp_path, capsys, caplog):
     ckpt = load(impl, "template_checkpoint")
     good = write(tmp_path / "previous.pt", 1)
     write(tmp_path / "last.pt", 2)
     data = (tmp_path / "last.pt").read_bytes()
     (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])  # as a write cut short by a crash
     try:
-        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
     except ValueError as error:
         pytest.fail(f"{T82}: last.pt is truncated, so previous.pt must be used; load_checkpoint raised: {error}")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
         f"{T82}: last.pt is truncated, so previous.pt must be used; returned {path!r}")
     assert same_tensors(state["model"], good["model"])
     out = capsys.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if "last.pt" in line]
-    assert len(lines) == 1, (f"{T82}: say in one line (print it) that last.pt cannot be read, naming it; "
-                             f"printed: {out.out + out.err!r}")
+    # print, logging.warning or warnings.warn: each reaches the user
+    shown = out.out + out.err + caplog.text + "".join(f"{w.message}\n" for w in warned)
+    lines = [line for line in shown.splitlines() if "last.pt" in line]
+    assert len(lines) == 1, (f"{T82}: say in one line (print, logging.warning or warnings.warn) that last.pt "
+                             f"cannot be read, naming it; shown: {shown!r}")
 
 
 @pytest.mark.task8_2
@@ -264,6 +334,19 @@ def test_every_rank_loads_the_checkpoint(impl, tmp_path):
         assert result is not None, (f"{T82}: rank {rank} got no checkpoint: every rank must load it itself, since "
                                     "each needs the state in its own model and optimizer")
         assert result[0] == 3 and same_tensors(result[1], expected["model"]), f"{T82}: rank {rank} got another state"
+
+
+@pytest.mark.task8_2
+def test_load_puts_the_tensors_on_the_device_it_is_given(impl, tmp_path):
+    """map_location without a GPU: the `meta` device stands for the rank's GPU (tensors without data)."""
+    ckpt = load(impl, "template_checkpoint")
+    write(tmp_path / "last.pt", 1)
+    state, _ = ckpt.load_checkpoint(str(tmp_path), torch.device("meta"))
+    devices = {t.device.type for t in state["model"].values()}
+    assert devices == {"meta"}, (
+        f"{T82}: load_checkpoint(folder, device) returned the model's tensors on {sorted(devices)}, not on the "
+        "device it was given: pass map_location=device to torch.load, or a checkpoint saved on cuda:0 lands on "
+        "cuda:0 on every rank (or fails on a machine without that GPU)")
 
 
 @pytest.mark.task8_2

@@ -78,6 +78,7 @@ class Recorder:
 
     def __init__(self):
         self.events = []
+        self.handles = []  # every handle returned, in launch order; handle.waits counts its wait() calls
         self.real = dist.all_reduce
         dist.all_reduce = self.all_reduce
 
@@ -85,7 +86,10 @@ class Recorder:
         async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
         self.events.append(("launch", tensor.numel(), bool(async_op)))
         work = self.real(tensor, *args, **kwargs)
-        return None if work is None else Handle(work, self.events, tensor.numel())
+        if work is None:
+            return None
+        self.handles.append(Handle(work, self.events, tensor.numel()))
+        return self.handles[-1]
 
     def mark(self, what):
         self.events.append((what,))
@@ -96,9 +100,10 @@ class Recorder:
 
 class Handle:
     def __init__(self, work, events, numel):
-        self.work, self.events, self.numel = work, events, numel
+        self.work, self.events, self.numel, self.waits = work, events, numel, 0
 
     def wait(self, *args, **kwargs):
+        self.waits += 1
         self.events.append(("wait", self.numel))
         return self.work.wait(*args, **kwargs)
 
@@ -214,6 +219,12 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
+    # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
+    params = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
+    got = _as_indices(lib.build_buckets(params, 25.0), params)
+    assert got == [[2], [1], [0]], (
+        f"{T51}: one flat buffer lives on one device: parameters on cpu, meta, cpu should give the buckets "
+        f"[[2], [1], [0]], got {got}: start a new bucket where the device changes")
 
 
 # --------------------------------------------------------------------------- Task 5.2
@@ -441,10 +452,63 @@ def test_buckets_launch_in_order_when_a_parameter_is_used_on_one_rank_only(impl)
     assert len(launched[0]) == 5 and len(launched[1]) == 2, launched
 
 
+class FineTuned(nn.Module):
+    """Fine-tuning: a frozen layer (requires_grad=False, no gradient, no bucket, no hook), and
+    layers registered in another order than forward uses them, so that backward completes the
+    buckets in another order than bucket order: `late` (registered first, so in the last buckets)
+    gets its gradients first."""
+
+    def __init__(self):
+        super().__init__()
+        self.late = nn.Linear(4, 4)  # registered first, used last
+        self.early = nn.Linear(4, 4)  # registered second, used first
+        self.frozen = nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.late(torch.tanh(self.frozen(torch.tanh(self.early(x)))))
+
+
+def _fine_tuned(rank, world_size, impl):
+    lib = judging(impl, "5.3")
+    torch.manual_seed(0)
+    try:
+        model = lib.DDP(FineTuned(), bucket_size_mb=None)
+    except RuntimeError as error:
+        return {"error": str(error).splitlines()[0]}
+    recorder = Recorder()
+    model(torch.randn(3, 4)).sum().backward()
+    launched = len(recorder.launches())
+    for bucket in model.buckets[model.next_bucket:]:  # what finish_gradient_synchronization() would do
+        lib.launch_all_reduce(bucket)
+    for bucket in model.buckets:
+        bucket.handle.wait()
+    return {"launched": launched, "buckets": len(model.buckets), "hooks": len(model._hook_handles)}
+
+
+@pytest.mark.task5_3
+def test_a_frozen_layer_and_buckets_completed_out_of_order(impl):
+    for rank, out in enumerate(run_ranks(_fine_tuned, 2, impl)):
+        assert "error" not in out, (
+            f"{T53}: DDP over a model with a frozen layer (fine-tuning) failed in _register_hooks: {out.get('error')}. "
+            "A frozen parameter (requires_grad=False) gets no gradient and is in no bucket: register hooks on the "
+            "parameters of the buckets only")
+        assert out["hooks"] == 4, (
+            f"{T53}: the buckets hold 4 trainable parameters (the frozen layer's 2 are in none), so 4 hooks, got "
+            f"{out['hooks']}")
+        assert out["launched"] == out["buckets"], (
+            f"{T53}: rank {rank}: backward launched {out['launched']} of {out['buckets']} buckets before it "
+            "returned. Here the layer registered first runs last in forward, so backward completes the last buckets "
+            "first; they wait behind the incomplete first ones, and when those complete, every complete bucket "
+            "behind them must be launched too (a while loop over self.next_bucket, not one bucket a hook)")
+
+
 # --------------------------------------------------------------------------- Task 5.4
-def _finish(model):
+def _finish(model, recorder=None):
     """model.finish_gradient_synchronization(), with a hint instead of a bare AttributeError when it
-    uses a bucket that backward never launched (its handle and buffer are still None)."""
+    uses a bucket that backward never launched (its handle and buffer are still None). Then what it
+    leaves behind: every bucket reset (no buffer kept alive until the next step), and, with a
+    recorder, every all-reduce launched in this step waited on."""
     unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
     try:
         model.finish_gradient_synchronization()
@@ -456,6 +520,28 @@ def _finish(model):
             f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
             "handle and buffer are still None. Launch every bucket from self.next_bucket on (launch_all_reduce "
             "sends zeros for a missing gradient) before waiting for the handles") from None
+    if recorder is not None:
+        new, recorder.checked = recorder.handles[getattr(recorder, "checked", 0):], len(recorder.handles)
+        unwaited = [index for index, handle in enumerate(new) if handle.waits == 0]
+        assert not unwaited, (
+            f"{T54}: of the {len(new)} all-reduces launched in this step, {len(unwaited)} (numbers {unwaited}) were "
+            "never waited on: call wait() on every bucket's handle before reading its buffer. Under gloo several "
+            "all-reduces run at once, so a buffer whose handle was not waited on may still be changing (waiting "
+            "on the last one does not wait for the others)")
+    kept = [(index, bucket.buffer.untyped_storage().nbytes()) for index, bucket in enumerate(model.buckets)
+            if bucket.buffer is not None]
+    assert not kept, (
+        f"{T54}: after finish_gradient_synchronization() bucket {kept[0][0]}.buffer still holds {kept[0][1]} bytes "
+        f"({len(kept)} buckets keep theirs): a second copy of every gradient stays alive until the next step. "
+        "Reset every bucket: buffer and handle to None, num_ready to 0")
+    stale = [(index, bucket.num_ready, bucket.handle) for index, bucket in enumerate(model.buckets)
+             if bucket.num_ready != 0 or bucket.handle is not None]
+    assert not stale, (
+        f"{T54}: after finish_gradient_synchronization() bucket {stale[0][0]} still has num_ready={stale[0][1]}, "
+        f"handle={stale[0][2]!r}: reset every bucket for the next step (num_ready 0, handle and buffer None)")
+    assert model.next_bucket == 0, (
+        f"{T54}: after finish_gradient_synchronization() self.next_bucket is {model.next_bucket}, not 0: reset it, "
+        "or the next backward's hooks start from that bucket and launch nothing")
 
 
 def _train(model, optimizer, data, rank, world_size, finish):
@@ -471,11 +557,12 @@ def _training(rank, world_size, impl):
     lib = judging(impl, "5.4")
     data = batches(3, 4 * world_size)
     out = {}
+    recorder = Recorder()
     for label, size in [("None", None), ("tiny", TINY), ("25 MB", 25.0)]:
         torch.manual_seed(rank)  # each rank starts different: the DDP's broadcast makes them equal
         model = lib.DDP(Awkward(), bucket_size_mb=size)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        _train(model, optimizer, data, rank, world_size, _finish)
+        _train(model, optimizer, data, rank, world_size, functools.partial(_finish, recorder=recorder))
         out[label] = (_state(model.module), len(model.buckets))
     torch.manual_seed(rank)
     reference = DistributedDataParallel(Awkward(), find_unused_parameters=True)
@@ -657,6 +744,14 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
     assert inside is False and model.require_backward_grad_sync is True, (
         f"{T55}: require_backward_grad_sync should be False inside no_sync() and True again after it, "
         f"got {inside} and {model.require_backward_grad_sync}")
+    with model.no_sync():
+        with model.no_sync():  # a helper that accumulates, called inside an accumulating loop
+            pass
+        after_inner = model.require_backward_grad_sync
+    assert after_inner is False and model.require_backward_grad_sync is True, (
+        f"{T55}: in nested no_sync() blocks, require_backward_grad_sync was {after_inner} after the inner block ended "
+        f"(the outer one still open) and {model.require_backward_grad_sync} after both: restore the value it had "
+        "before the block (previous), not True")
     with pytest.raises(KeyError):
         with model.no_sync():
             raise KeyError("raised inside no_sync")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load_with_reference
+from conftest import call_alone, load_with_reference
 from harness import run_ranks
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
@@ -95,13 +95,28 @@ def _tensors(seed=0):
 
 
 # --------------------------------------------------------------------------- Task 7.1
+def _shard_flat(impl, numel, rank, world_size):
+    """shard_flat's answer, and whether it shares flat's memory (a view: pickling would hide that)."""
+    flat = torch.arange(1.0, numel + 1)
+    shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    shares = torch.is_tensor(shard) and shard.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    return shard, shares
+
+
 @pytest.mark.task7_1
 @pytest.mark.parametrize("numel", [12, 1, 5, 7, 33])
 def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
-    fsdp_lib = judging(impl, "7.1")
+    # in a process of its own, with a time and a memory limit: a loop that never ends fails in seconds
+    calls = [(impl, numel, rank, world_size) for world_size in (1, 2, 3, 4) for rank in range(world_size)]
+    results = iter(call_alone(_shard_flat, calls, T71, lambda args: f"shard_flat(a tensor of {args[1]} elements, "
+                                                                     f"rank={args[2]}, world_size={args[3]})"))
     flat = torch.arange(1.0, numel + 1)
     for world_size in (1, 2, 3, 4):
-        shards = [fsdp_lib.shard_flat(flat, rank, world_size) for rank in range(world_size)]
+        shards, views = [], []
+        for rank in range(world_size):
+            shard, shares_flat = next(results)
+            shards.append(shard)
+            views.append(shares_flat)
         sizes = [s.numel() for s in shards]
         expected = math.ceil(numel / world_size)
         assert sizes == [expected] * world_size, (
@@ -113,10 +128,15 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
             f"{T71}: the shards of ranks 0..{world_size - 1}, concatenated, must give back flat and then the padding "
             f"zeros (that is what all_gather_into_tensor puts together): rank r holds the r-th contiguous piece. "
             f"Got {torch.cat(shards).tolist()} for {padded.tolist()}")
-        for shard in shards:
+        for shard, shares_flat in zip(shards, views):
             if shard.numel():
-                assert shard.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr(), (
+                assert not shares_flat, (
                     f"{T71}: the shard is a view of flat; return a copy (.clone()): flat is freed once sharded")
+                kept, needed = shard.untyped_storage().nbytes(), shard.numel() * shard.element_size()
+                assert kept == needed, (
+                    f"{T71}: with {numel} elements on {world_size} ranks the shard is a view of a larger tensor: its "
+                    f"memory holds {kept} bytes where the shard needs {needed}, so every rank keeps the whole padded "
+                    "tensor alive (the whole model). Return a copy of this rank's piece (.clone())")
 
 
 # --------------------------------------------------------------------------- Task 7.2
@@ -133,19 +153,47 @@ class _Started:
         return self.collective(*args, async_op=async_op, **kwargs)
 
 
+# every collective a task could send its tensors with (the old names and torch 2.14's new ones)
+COLLECTIVES = ["all_gather_into_tensor", "all_gather_single", "all_gather", "_all_gather_base", "all_reduce",
+               "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "_reduce_scatter_base", "broadcast",
+               "reduce", "gather", "scatter", "all_to_all_single", "all_to_all", "send", "isend"]
+
+
+class _Wire:
+    """Records what goes on the wire in a rank (its own process): each collective's name and the
+    dtype and element count of every tensor it sends or receives, as (name, [(dtype, numel), ...])."""
+
+    def __init__(self):
+        self.calls = []
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                setattr(dist, name, self._recording(name, getattr(dist, name)))
+
+    def _recording(self, name, real):
+        def collective(*args, **kwargs):
+            tensors = [t for value in list(args) + list(kwargs.values())
+                       for t in (value if isinstance(value, (list, tuple)) else [value]) if torch.is_tensor(t)]
+            self.calls.append((name, [(str(t.dtype).replace("torch.", ""), t.numel()) for t in tensors]))
+            return real(*args, **kwargs)
+        return collective
+
+
 def _unshard(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.2")
     started = _Started(fsdp_lib, "all_gather_into_tensor")
+    wire = _Wire()
     results = []
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
         started.asynchronous = False
+        wire.calls.clear()
         handle = unit.unshard(async_op=async_op)
         dropped = handle is None and started.asynchronous
         if handle is not None:
             handle.wait()
-        results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype)))
+        results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
+                        list(wire.calls)))
     return results
 
 
@@ -153,7 +201,17 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        for async_op, dropped, same_tensor, full, expected in results:
+        for async_op, dropped, same_tensor, full, expected, calls in results:
+            dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
+            sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
+            assert not sent, (
+                f"{T72}: with compute_dtype={dtype} the shards must travel in compute_dtype (a {dtype} shard is "
+                f"{'half ' if dtype == 'bfloat16' else ''}the bytes of a float32 one): unshard() sent {sent}. Gather "
+                "self.shard.detach().to(self.compute_dtype) straight into self.full")
+            gathered = sum(n for _, tensors in calls for _, n in tensors)
+            assert gathered <= 2 * numel, (
+                f"{T72}: unshard() moved {gathered} elements through {[name for name, _ in calls]} to gather a "
+                f"{numel}-element unit: one all_gather_into_tensor(self.full, shard) is all it takes")
             assert not dropped, (
                 f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
                 "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
@@ -256,6 +314,7 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.4")
     started = _Started(fsdp_lib, "reduce_scatter_tensor")
+    wire = _Wire()
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(unit.full.numel(), generator=g) for _ in range(world_size)]  # every rank's gradient
@@ -263,14 +322,15 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     before = full_grad.clone()
     returned = unit.reduce_scatter_gradient(full_grad)
     if not (isinstance(returned, tuple) and len(returned) == 2):
-        return f"{type(returned).__name__}", None, None, None
+        return f"{type(returned).__name__}", None, None, None, ([], 0)
     handle, piece = returned
     dropped = handle is None and started.asynchronous
     if handle is not None:
         handle.wait()
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
-    return dropped, torch.equal(full_grad, before), piece, mean
+    kept = piece.untyped_storage().nbytes() if torch.is_tensor(piece) else 0
+    return dropped, torch.equal(full_grad, before), piece, mean, (wire.calls, kept)
 
 
 @pytest.mark.task7_4
@@ -279,11 +339,25 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     # fp32: the sum in another order, rounding of ~1e-7 relative; bf16: 8-bit mantissas, inputs
     # and sum rounded, ~1% relative on values of about 1.
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
-    for rank, (dropped, untouched, piece, mean) in enumerate(
+    dtype = str(compute_dtype).replace("torch.", "")
+    for rank, (dropped, untouched, piece, mean, (calls, kept)) in enumerate(
             run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
             "the asynchronous reduce-scatter (or None if you waited) and the tensor it reduces into")
+        names = [name for name, _ in calls]
+        assert any(name.startswith(("reduce_scatter", "_reduce_scatter")) for name in names), (
+            f"{T74}: the gradient went through {names or 'no collective'}, not a reduce-scatter: with "
+            "dist.reduce_scatter_tensor each rank receives only its own piece of the sum, where an all_reduce of the "
+            "whole gradient (then a slice) hands every rank all of it, for twice the traffic")
+        sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
+        assert not sent, (
+            f"{T74}: with compute_dtype={dtype} the gradient must travel in compute_dtype, as full_grad comes: the "
+            f"reduce-scatter moved {sent}")
+        assert kept == piece.numel() * piece.element_size(), (
+            f"{T74}: the piece returned is a view of a larger tensor: its memory holds {kept} bytes where the piece "
+            f"needs {piece.numel() * piece.element_size()}, so every rank keeps a whole gradient alive; reduce-scatter "
+            "into a new tensor of the shard's size")
         assert not dropped, (
             f"{T74}: the reduce-scatter was started asynchronously but the handle returned is None: return it, "
             "so that finish_gradient_synchronization() can wait for it")
@@ -394,33 +468,35 @@ def test_bf16_compute_keeps_fp32_shards_and_trains_like_fp32(impl):
 
 
 # --------------------------------------------------------------------------- Task 7.5
-def _gather_bare(rank, world_size, impl):
+def _gather_real(rank, world_size, impl):
     fsdp_lib = judging(impl, "7.5")
-    fsdp = object.__new__(fsdp_lib.FSDP)
-    nn.Module.__init__(fsdp)
-    unit_a, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(0), torch.bfloat16, gathered=False)
-    unit_b, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(1)[:2], torch.bfloat16, gathered=False)
-    fsdp.units, fsdp.rank, fsdp.world_size, fsdp.compute_dtype = [unit_a, unit_b], rank, world_size, torch.bfloat16
-    fsdp._names = [("a.0", unit_a, 0), ("a.1", unit_a, 1), ("a.2", unit_a, 2), ("b.0", unit_b, 0),
-                   ("b.1", unit_b, 1), ("tied", unit_a, 0)]
-    return fsdp.gather_full_params()
+    torch.manual_seed(0)
+    expected = {name: p.detach().clone() for name, p in Awkward().named_parameters()}  # rank 0's model
+    torch.manual_seed(rank)  # FSDP's broadcast gives every rank rank 0's parameters
+    # a real FSDP: tied weights, a frozen unit, an unused parameter, bf16 compute
+    fsdp = fsdp_lib.FSDP(Awkward(), compute_dtype=torch.bfloat16)
+    return fsdp.gather_full_params(), expected
 
 
 @pytest.mark.task7_5
 @pytest.mark.parametrize("world_size", [2, slow(3)])
 def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size):
-    a, b = _tensors(0), _tensors(1)
-    expected = {"a.0": a[0], "a.1": a[1], "a.2": a[2], "b.0": b[0], "b.1": b[1], "tied": a[0]}
-    for rank, full in enumerate(run_ranks(_gather_bare, world_size, impl)):
-        assert sorted(full) == sorted(expected), (
-            f"{T75}: the names must be those of self._names, one entry each; "
-            f"got {sorted(full)}")
+    for rank, (full, expected) in enumerate(run_ranks(_gather_real, world_size, impl)):
+        assert isinstance(full, dict) and sorted(full) == sorted(expected), (
+            f"{T75}: the names must be those of the model's named_parameters() before wrapping (a tied parameter "
+            f"once, under its first name; frozen ones too), one entry each, as self._names lists them: expected "
+            f"{sorted(expected)}, got {sorted(full) if isinstance(full, dict) else type(full).__name__}")
         for name, value in expected.items():
-            assert full[name].dtype == torch.float32, (
-                f"{T75}: '{name}' is {full[name].dtype}: gather the fp32 shards, not compute_dtype copies")
-            assert torch.equal(full[name], value), (
-                f"{T75}: rank {rank}'s '{name}' is not the whole parameter (shape {tuple(full[name].shape)}, "
-                f"expected {tuple(value.shape)}): all_gather_into_tensor each unit's shards, then unit.views()")
+            got = full[name]
+            assert got.dtype == torch.float32, (
+                f"{T75}: '{name}' is {got.dtype}: gather the fp32 shards, not compute_dtype copies")
+            assert got.shape == value.shape, (
+                f"{T75}: rank {rank}'s '{name}' has shape {tuple(got.shape)}, expected {tuple(value.shape)}: cut each "
+                "unit's gathered flat tensor into its parameters with unit.views()")
+            assert torch.equal(got, value), (
+                f"{T75}: rank {rank}'s '{name}' has the right shape but other values ({got.flatten()[:3].tolist()}... "
+                f"expected {value.flatten()[:3].tolist()}...): all_gather_into_tensor every rank's shard of the unit "
+                "that holds it, in rank order, then unit.views()")
 
 
 def _fully_shard(rank, world_size, make_model, optimizer_name):

@@ -8,6 +8,7 @@ in the same process, and PyTorch's own torch.distributed.optim.ZeroRedundancyOpt
 """
 import copy
 import gc
+import itertools
 import weakref
 
 import pytest
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from conftest import load, load_with_reference
+from conftest import call_alone, load, load_with_reference
 from harness import run_ranks
 
 T61 = "Task 6.1 (template_zero.py, partition_parameters)"
@@ -89,32 +90,55 @@ SIZES = [[100], [7, 7, 7, 7, 7, 7], [256, 16, 256, 16, 128, 16, 5, 64, 4], [1, 2
          [3], [1, 1]]
 
 
+def _partition(impl, sizes, world_size):
+    zero = load(impl, "template_zero")
+    return zero.partition_parameters([torch.zeros(n) for n in sizes], world_size)
+
+
+def _partition_problem(pieces, sizes, world_size):
+    """What is wrong with a partition (a message), or None."""
+    shape = f"for sizes {sizes} and world_size {world_size} got {pieces!r}"
+    if not (isinstance(pieces, list) and all(isinstance(p, tuple) and len(p) == 4 for p in pieces)):
+        return f"return a list of (index, start, end, rank) tuples, one per piece; {shape}"
+    if not all(isinstance(v, int) for p in pieces for v in p):
+        return f"every value in the tuples must be an int; {shape}"
+    if not all(0 <= rank < world_size for _, _, _, rank in pieces):
+        return (f"every piece's rank must be one of 0..{world_size - 1}: {shape}. Rank r owns elements "
+                "[r * S, (r + 1) * S) of the line with S = ceil(T / world_size); with floor(T / world_size) the last "
+                "T % world_size elements fall past the last rank")
+    for index, n in enumerate(sizes):
+        ranges = sorted((start, end) for i, start, end, _ in pieces if i == index)
+        covered = [element for start, end in ranges for element in range(start, end)]
+        if not (covered == list(range(n)) and all(start < end for start, end in ranges)):
+            return (f"every element of every parameter must be in exactly one piece, and no piece may be empty: "
+                    f"params[{index}] has {n} elements, the pieces cover {ranges}; {shape}")
+    owned = [sum(end - start for _, start, end, rank in pieces if rank == r) for r in range(world_size)]
+    most = _ceil_div(sum(sizes), world_size)
+    if max(owned) > most:
+        return (f"unequal shards: {owned} elements per rank for sizes {sizes}; no rank may own more than "
+                f"S = ceil(T / world_size) = {most}. Cut the parameters by element, a large parameter too: a split by "
+                "whole parameters cannot divide a model whose largest parameter is most of it")
+    return None
+
+
 @pytest.mark.task6_1
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_partition_cuts_every_element_once_into_equal_shards(impl, world_size):
-    zero = load(impl, "template_zero")
-    for sizes in SIZES:
-        params = [torch.zeros(n) for n in sizes]
-        pieces = zero.partition_parameters(params, world_size)
-        shape = f"for sizes {sizes} and world_size {world_size} got {pieces!r}"
-        assert isinstance(pieces, list) and all(isinstance(p, tuple) and len(p) == 4 for p in pieces), (
-            f"{T61}: return a list of (index, start, end, rank) tuples, one per piece; {shape}")
-        assert all(0 <= rank < world_size for _, _, _, rank in pieces), (
-            f"{T61}: every piece's rank must be one of 0..{world_size - 1}: {shape}. Rank r owns elements "
-            "[r * S, (r + 1) * S) of the line with S = ceil(T / world_size); with floor(T / world_size) the last "
-            "T % world_size elements fall past the last rank")
-        for index, n in enumerate(sizes):
-            ranges = sorted((start, end) for i, start, end, _ in pieces if i == index)
-            covered = [element for start, end in ranges for element in range(start, end)]
-            assert covered == list(range(n)) and all(start < end for start, end in ranges), (
-                f"{T61}: every element of every parameter must be in exactly one piece, and no piece may be empty: "
-                f"params[{index}] has {n} elements, the pieces cover {ranges}; {shape}")
-        owned = [sum(end - start for _, start, end, rank in pieces if rank == r) for r in range(world_size)]
-        most = _ceil_div(sum(sizes), world_size)
-        assert max(owned) <= most, (
-            f"{T61}: unequal shards: {owned} elements per rank for sizes {sizes}; no rank may own more than "
-            f"S = ceil(T / world_size) = {most}. Cut the parameters by element, a large parameter too: a split by "
-            "whole parameters cannot divide a model whose largest parameter is most of it")
+    # in a process of its own, with a time and a memory limit: a loop that never ends fails in seconds
+    results = call_alone(_partition, [(impl, sizes, world_size) for sizes in SIZES], T61,
+                         lambda args: f"partition_parameters(parameters of sizes {args[1]}, world_size={args[2]})")
+    for sizes, pieces in zip(SIZES, results):
+        problem = _partition_problem(pieces, sizes, world_size)
+        if problem is None:
+            continue
+        if isinstance(pieces, list) and all(isinstance(p, tuple) and len(p) == 4 for p in pieces):
+            for order in itertools.permutations(range(4)):
+                if order != (0, 1, 2, 3) and _partition_problem([tuple(p[i] for i in order) for p in pieces],
+                                                                sizes, world_size) is None:
+                    pytest.fail(f"{T61}: the tuples hold the right numbers in another order: return "
+                                f"(index, start, end, rank), got {pieces[:3]!r}... for sizes {sizes} and world_size "
+                                f"{world_size}")
+        pytest.fail(f"{T61}: {problem}")
 
 
 def _partition_on_rank(rank, world_size, impl):
@@ -147,6 +171,19 @@ def _shard_bytes(rank, world_size, impl):
     listed = [p for group in optimizer.param_groups for p in group["params"]]
     out = {"listed": [id(p) for p in listed] == [id(p) for p in model.body_parameters()]}
     names = {id(p): name for name, p in model.named_parameters()}
+    # before any step: step() broadcasts each piece of self.pieces from its owner, so a list that
+    # differs between ranks would hang there, in the given step(), far from the mistake
+    body = model.body_parameters()
+    first = [(names[id(body[index])], start, end, owner)
+             for index, start, end, owner in solution.partition_parameters(body, world_size)]
+    got = [(names.get(id(piece[1]), "?"), *piece[2:5]) if isinstance(piece, tuple) and len(piece) == 5 else piece
+           for piece in optimizer.pieces]
+    if got != first:
+        raise AssertionError(
+            f"{T62}, rank {rank}: self.pieces must list every piece of the group, this rank's and the others', as "
+            "(view, param, start, end, rank) in partition_parameters' order: step() broadcasts each piece from its "
+            "owner, so every rank needs the same list (with a different one the ranks hang in step()). "
+            f"Expected {first[:4]}..., got {got[:4]}...")
     groups = [model.body_parameters()]
     for step in range(3):
         if step == 2:  # the head joins later, with its own learning rate
@@ -219,10 +256,46 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
 
 
 # --------------------------------------------------------------------------- Task 6.3
+class _Counted:
+    """A collective's handle that counts its wait() calls."""
+
+    def __init__(self, work):
+        self.work, self.waits = work, 0
+
+    def wait(self, *args, **kwargs):
+        self.waits += 1
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+class _Waits:
+    """In a rank (its own process): every handle that a collective returns (async_op=True) is
+    recorded, with how often it was waited on."""
+
+    def __init__(self):
+        self.handles = []
+        for name in ("broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce",
+                     "scatter", "reduce_scatter_tensor"):
+            if hasattr(dist, name):
+                setattr(dist, name, self._counting(getattr(dist, name)))
+
+    def _counting(self, real):
+        def collective(*args, **kwargs):
+            work = real(*args, **kwargs)
+            if work is None:
+                return None
+            self.handles.append(_Counted(work))
+            return self.handles[-1]
+        return collective
+
+
 def _train_three_ways(rank, world_size, impl):
     """Four steps of each optimizer: ShardedOptimizer, the unsharded one, ZeroRedundancyOptimizer."""
     zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
-    out = {}
+    waits = _Waits()
+    out = {"unwaited": []}
     for name, (optimizer_cls, kwargs) in OPTIMIZERS.items():
         junk = _shuffle_memory(rank)
         torch.manual_seed(0)  # the same model on every rank: this tests the optimizer, not a broadcast
@@ -239,13 +312,24 @@ def _train_three_ways(rank, world_size, impl):
                     opt.add_param_group({"params": list(m.head.parameters()), "lr": kwargs["lr"] * 2})
                 opt.zero_grad()
                 _loss(m, step).backward()
+                started = len(waits.handles)
                 opt.step()
+                if opt is optimizers[0]:  # every collective step() started asynchronously, waited on?
+                    mine = waits.handles[started:]
+                    out["unwaited"].append((sum(h.waits == 0 for h in mine), len(mine)))
         out[name] = [{k: v.detach().clone() for k, v in m.named_parameters()} for m in models]
         del junk
     return out
 
 
 def _compare(results, world_size, what, advice=""):
+    for rank, out in enumerate(results):
+        for unwaited, started in out.pop("unwaited", []):
+            assert unwaited == 0, (
+                f"{T63}, rank {rank}: step() started {started} collectives with async_op=True and never waited on "
+                f"{unwaited} of them: call wait() on every handle before step() returns (waiting on the last one "
+                "does not wait for the others: under gloo several run at once), or the parameters may still be "
+                "changing when the next forward reads them")
     for name in results[0]:
         for rank in range(1, world_size):
             for key, value in results[0][name][0].items():
