@@ -258,3 +258,34 @@ def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
     assert "1 of 3 tasks done" in done.stdout
     assert "Next: fix Task 1.1" in done.stdout and "python check.py 1.1" in done.stdout
     print(f"checked 3 tasks in {seconds:.0f} s")
+
+
+def test_check_runs_a_hang_again_before_blaming_the_task(monkeypatch, tmp_path, capsys):
+    """A right Task 2.1 once hung at start-up under load (both ranks creating the process group):
+    check.py runs an uncertain task once more, as the grader does, and says what happened."""
+    import check
+
+    hang = ("ranks [0, 1] were still running after 20 s (ranks [] had finished). This is a hang: ...\n"
+            "  rank 0 was at:\n      File \"distributed_c10d.py\", line 1 in init_process_group")
+    runs = [_run(*_test("t::a", "2.1", "failed", "RankTimeout", hang), *_test("t::b", "1.1")),
+            _run(*_test("t::a", "2.1"), returncode=0)]
+    asked = []
+
+    def fake_run_tests(repo, task_ids, workdir, impl, timeout):
+        asked.append(task_ids)
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(check, "run_tests", fake_run_tests)
+    assert check.main(["1.1", "2.1"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [["1.1", "2.1"], ["2.1"]], asked  # only the uncertain task runs again
+    assert "Task 2.1: hang on the first run; running it again" in out, out
+    assert "2 of 2 tasks done" in out and "passed when run again; the first run: hang" in out, out
+
+    # a start-up stall both times: not the student's to fix, and said so
+    stall = "the ranks did not start, twice, within 15 s each time: every rank (0-1) was still waiting ..."
+    runs[:] = [_run(*_test("t::a", "2.1", "failed", "RankStartupTimeout", stall))] * 2
+    asked.clear()
+    assert check.main(["2.1"]) == 1
+    out = capsys.readouterr().out
+    assert len(asked) == 2 and "nothing to fix in Task 2.1" in out and "could not even start" in out, out
