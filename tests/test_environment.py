@@ -94,3 +94,53 @@ def test_a_benchmark_stops_at_once_on_a_broken_torchvision(name, monkeypatch, ca
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "ResNet-18 needs torchvision" in err and "Reinstall the torchvision" in err and "--models cnn" in err, err
+
+
+def test_check_env_says_what_is_installed_and_what_to_fix(tmp_path, monkeypatch, capsys):
+    import torch
+    import torchvision
+
+    import check
+    import data
+
+    assert check.main(["--env", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"torch        {torch.__version__}" in out and "GPUs " in out, out
+    assert f"torchvision  {torchvision.__version__}, matches torch" in out, out
+    assert f"CIFAR-10     not in {tmp_path}" in out and "can run the course" in out, out
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    check.main(["--env", "--data-dir", str(tmp_path)])
+    assert f"CIFAR-10     on disk in {tmp_path}" in capsys.readouterr().out
+
+    # a torchvision for another torch: named, with the one to install
+    monkeypatch.setattr(torchvision, "__version__", "0.3.0")
+    assert check.main(["--env"]) == 1
+    out = capsys.readouterr().out
+    assert f"goes with torchvision {data.matching_torchvision()}" in out and "To fix:" in out, out
+    assert "--force-reinstall" in out, out
+    # one that does not import at all
+    monkeypatch.setattr(data, "torchvision_problem", lambda: "torchvision cannot be imported (RuntimeError: x). "
+                        "Reinstall the torchvision that matches torch")
+    assert check.main(["--env"]) == 1
+    out = capsys.readouterr().out
+    assert "torchvision  cannot be imported (RuntimeError: x)" in out and "Reinstall" in out, out
+
+
+def test_the_readmes_start_works_when_copied_on_stock_debian_without_a_gpu():
+    """Debian's and Ubuntu's Python refuse pip outside a virtual environment, and the generic
+    install downloads the CUDA build: the laptop block makes the environment first, then
+    installs the CPU wheels, then the requirements; the GPU-node block makes one too."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        start = f.read().split("## Start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0].strip().splitlines() for block in start.split("```bash\n")[1:]]
+    first = blocks[0]
+    assert any("torchrun" in line and "train_ddp.py --impl solutions" in line for line in first) and \
+        any(line.endswith("&& pytest") for line in first), "the two commands come first in the Start section"
+    laptop = next(b for b in blocks if any("download.pytorch.org/whl/cpu" in line for line in b))
+    step = {what: next(i for i, line in enumerate(laptop) if what in line)
+            for what in ("python3 -m venv .venv && . .venv/bin/activate", "--index-url https://download.pytorch.org/whl/cpu",
+                         "pip install -r requirements.txt")}
+    assert list(step.values()) == sorted(step.values()) and min(step.values()) == 0, laptop
+    gpu = [b for b in blocks if b is not laptop and b[0].startswith("python3 -m venv")]
+    assert gpu and not any("whl/cpu" in line for line in gpu[0]), "a GPU-node variant, with the CUDA build"
+    assert any("python check.py --env" in line for line in laptop), "the laptop block checks the set-up"
