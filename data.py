@@ -46,6 +46,33 @@ def synthetic_cifar(num_train=10000, num_test=2000, seed=0, noise=3.0):
     return train, test
 
 
+def matching_torchvision():
+    """The torchvision release that goes with this torch ("0.29.*" for torch 2.14): 0.(minor + 15)."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return f"0.{minor + 15}.*" if major == 2 else "the one for your torch (pytorch.org)"
+
+
+def torchvision_problem():
+    """None if torchvision's datasets import, else one line: what broke and what to reinstall.
+
+    A torchvision built for another torch fails at import ("operator torchvision::nms does not
+    exist", an undefined symbol): that is an installation to repair, not a data set to download."""
+    try:
+        from torchvision import datasets, transforms  # noqa: F401
+    except Exception as error:  # ImportError, or the RuntimeError of a torchvision built for another torch
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        return (f"torchvision cannot be imported ({type(error).__name__}: {first}). Reinstall the torchvision "
+                f"that matches torch {torch.__version__}: pip install --force-reinstall "
+                f"\"torchvision=={matching_torchvision()}\" (on a machine without a GPU add --index-url "
+                "https://download.pytorch.org/whl/cpu), or train without it: --data synthetic")
+    return None
+
+
+def cifar10_on_disk(root):
+    """Whether root holds CIFAR-10, extracted or as the archive a download leaves."""
+    return any(os.path.exists(os.path.join(root, name)) for name in ("cifar-10-batches-py", "cifar-10-python.tar.gz"))
+
+
 def cifar10(root, download=False):
     """CIFAR-10's train and test sets (50,000 and 10,000 images) from `root`, normalised."""
     from torchvision import datasets, transforms  # imported here: the synthetic path needs no torchvision
@@ -91,13 +118,20 @@ def get_datasets(choice, root, seed=0):
         return (*synthetic_cifar(seed=seed), "synthetic")
     rank = dist.get_rank()
     sets, problem = None, None
-    if rank == 0:
+    broken = torchvision_problem()  # checked apart: a broken install is not a failed download
+    if broken is None and rank == 0:
         sets, problem = _load_cifar10(root, download=False)
         if sets is None:
             sets, problem = _load_cifar10(root, download=True)
     verdict = [problem]
     dist.broadcast_object_list(verdict, src=0)  # also the barrier the other ranks wait at
     problem = verdict[0]
+    if broken is not None:
+        if choice == "cifar10" or cifar10_on_disk(root):  # the data is there: falling back would change the run
+            raise ValueError(f"--data {choice}: CIFAR-10 needs torchvision, and {broken}")
+        if rank == 0:
+            _banner(f"torchvision is broken, so CIFAR-10 cannot be read:\n!!   {broken}")
+        return (*synthetic_cifar(seed=seed), "synthetic")
     if problem is None:
         if sets is None:
             sets, problem = _load_cifar10(root, download=False)
@@ -110,11 +144,14 @@ def get_datasets(choice, root, seed=0):
                          "Put cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html there, "
                          "or train offline with --data synthetic")
     if rank == 0:
-        banner = "!" * 78
-        print(f"{banner}\n!! CIFAR-10 is not in {os.path.abspath(root)} and could not be downloaded:\n"
-              f"!!   {problem[:300]}\n!! Training on the built-in SYNTHETIC data set instead "
-              f"(--data synthetic).\n!! Use --data cifar10 to make this an error.\n{banner}", flush=True)
+        _banner(f"CIFAR-10 is not in {os.path.abspath(root)} and could not be downloaded:\n!!   {problem[:300]}")
     return (*synthetic_cifar(seed=seed), "synthetic")
+
+
+def _banner(why):
+    line = "!" * 78
+    print(f"{line}\n!! {why}\n!! Training on the built-in SYNTHETIC data set instead (--data synthetic).\n"
+          f"!! Use --data cifar10 to make this an error.\n{line}", flush=True)
 
 
 def first_n(dataset, n):

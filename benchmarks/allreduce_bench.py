@@ -11,7 +11,8 @@ ring that passes the whole tensor around instead of chunks of it. Each timing is
 slowest rank's, after a barrier; the figure is the median of --repeats timings after
 --warmup, and the algorithms take turns inside every repetition so a burst of load from
 elsewhere hits them all alike. Rank 0 prints the table, the target ratios, and writes
-allreduce_<backend>_<N>ranks.csv and .png under --out.
+allreduce_<backend>_<N>ranks.csv and .png under --out: runs/benchmarks/ by default,
+benchmarks/results/ (the figures the pages show) with --update-results.
 
 Bandwidths as nccl-tests define them, for S bytes on N ranks in t seconds:
     algbw = S / t                     what the caller sees
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
 from solutions.template_allreduce import exchange, naive_all_reduce, ring_all_reduce  # noqa: E402
 
 UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}
@@ -80,7 +82,7 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min-size", default="1KB", help="smallest tensor, e.g. 1KB (default: 1KB)")
     parser.add_argument("--max-size", default="64MB", help="largest tensor, e.g. 64MB (default: 64MB)")
@@ -92,9 +94,10 @@ def parse_args():
                         help=f"comma-separated subset of {','.join(ALGORITHMS)} (default: all)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                         help="gloo on CPUs (default), nccl with one GPU per rank")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="folder for the CSV and the PNG (default: benchmarks/results)")
-    return parser.parse_args()
+    add_output_arguments(parser, "the CSV and the PNG")
+    args = parser.parse_args(argv)
+    args.out = output_folder(args)
+    return args
 
 
 def timed(all_reduce, tensor, device):

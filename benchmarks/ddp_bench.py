@@ -17,7 +17,8 @@ steps, ends with a barrier (so it is the slowest rank's), and the figure is the 
 --repeats. "exposed" is the share of step time spent after backward waiting for gradients
 (finish_gradient_synchronization or average_gradients): the communication that overlap did
 not hide. PyTorch's DDP waits inside backward, so it has no such figure. Rank 0 prints the
-table and writes ddp_bench.csv and ddp_bench.png under --out.
+table and writes ddp_bench.csv and ddp_bench.png under --out: runs/benchmarks/ by default,
+benchmarks/results/ (the figures the pages show) with --update-results.
 """
 import argparse
 import csv
@@ -33,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from models import benchmark_model  # noqa: E402
+from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
 from solutions.template_ddp import DDP  # noqa: E402
 from solutions.template_trainer import average_gradients  # noqa: E402
 
@@ -51,9 +53,9 @@ def parse_args(argv=None):
                         help="torch threads per rank (default: the CPU cores shared out among the ranks, at least 1)")
     parser.add_argument("--quick", action="store_true",
                         help="the course CNN only, --repeats 10 --steps 3 --warmup 1: under a minute")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="where rank 0 writes ddp_bench.csv and ddp_bench.png (default: benchmarks/results)")
+    add_output_arguments(parser, "rank 0's ddp_bench.csv and ddp_bench.png")
     args = parser.parse_args(argv)
+    args.out = output_folder(args)
     if args.quick:
         args.models, args.repeats, args.steps, args.warmup = ["cnn"], 10, 3, 1
     return args
@@ -147,6 +149,7 @@ def plot(rows, path):
 
 def main():
     args = parse_args()
+    torchvision_or_exit(args.models)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))

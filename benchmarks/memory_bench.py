@@ -22,7 +22,8 @@ not. Activations, communication buffers and DDP's other buffers are not counted.
 time (forward, backward, synchronisation, step) is the median over --steps steps of the
 slowest rank, after a warm-up step, the strategies taking turns step by step so that load
 from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy.
-Writes memory_<model>.csv for each model and memory_per_rank.png under --out; with another
+Writes memory_<model>.csv for each model and memory_per_rank.png under --out (runs/benchmarks/
+by default, benchmarks/results/, the figures the pages show, with --update-results); with another
 --batch-size than the default 16, memory_<model>_batch<B>.csv and memory_per_rank_batch<B>.png
 (the bytes do not depend on the batch, the step time does: the course trains with a global
 batch of 512, 256 images a rank at N = 2).
@@ -45,6 +46,7 @@ from torch import nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from models import benchmark_model  # noqa: E402
+from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
 
 STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
 DEFAULT_BATCH = 16
@@ -59,9 +61,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy (default: 5)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
                         help=f"images per rank and step (default: {DEFAULT_BATCH})")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                        help="folder for the CSV and PNG files (default: benchmarks/results)")
+    add_output_arguments(parser, "the CSV and PNG files")
     args = parser.parse_args(argv)
+    args.out = output_folder(args)
     if args.quick:
         args.models, args.ranks, args.steps = "cnn", "1,2", 3
     return args
@@ -270,6 +272,7 @@ def plot(rows, path):
 def main():
     args = parse_args()
     model_names = args.models.split(",")
+    torchvision_or_exit(model_names)
     rows = []
     for world_size in (int(n) for n in args.ranks.split(",")):
         print(f"{world_size} ranks:", flush=True)

@@ -10,6 +10,12 @@ Each rank is its own process. `fn(rank, world_size, *args)` runs after
 - Collectives time out after `timeout` seconds, and any rank still running then is
   killed. The failure says which ranks were stuck and where (a faulthandler dump), which
   is how a missing collective on one rank shows up.
+- The `timeout` starts once every rank has joined the process group. Starting a rank
+  (importing the test's module) and creating the group are the machine's work, not the
+  code under test's: on a busy machine they took a whole 20 s limit, and a right answer
+  was reported as a hang "in init_process_group". They get their own limit,
+  `startup_timeout`; a start that misses it is tried once more, then RankStartupTimeout
+  says so, and where each rank was.
 - A rank that raises fails the test with that rank's own error; NotImplementedError from
   an unfilled TODO comes through as NotImplementedError, the other ranks are killed at once.
 """
@@ -51,20 +57,35 @@ class RankFailed(AssertionError):
     """A rank raised; the message holds its traceback."""
 
 
-def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path, all_done):
+class RankStartupTimeout(AssertionError):
+    """The ranks did not all start and join the process group in time: the machine, not the
+    code under test (which has not run yet). Deliberately not a RankTimeout: tests that turn a
+    hang into a hint about the student's code must not catch it."""
+
+
+# Starting a rank is a fork and the import of the test's module, then init_process_group:
+# 0.3-0.9 s, measured here with eight busy processes on two cores. A start that takes 15 s
+# is stuck (gloo's connection set-up can be, rarely, under load): it is tried once more.
+STARTUP_TIMEOUT = 15.0
+
+
+def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path, all_done,
+               startup_timeout=STARTUP_TIMEOUT):
     torch.set_num_threads(1)  # several ranks share a few cores
     with open(dump_path, "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
+        results.put((rank, "started", None))  # the test's module is imported: creating the group next
         try:
             dist.init_process_group(
                 backend,
                 store=dist.FileStore(store_path, world_size),
                 rank=rank,
                 world_size=world_size,
-                # a little longer than the parent's deadline, so that the parent sees a
-                # hang and reports where each rank was, rather than a bare gloo timeout
-                timeout=datetime.timedelta(seconds=timeout + 10),
+                # longer than the parent's deadlines (start-up, then `timeout`), so that the
+                # parent sees a hang and reports where each rank was, not a bare gloo timeout
+                timeout=datetime.timedelta(seconds=startup_timeout + timeout + 10),
             )
+            results.put((rank, "joined", None))
             out = fn(rank, world_size, *args)
             buffer = io.BytesIO()
             torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
@@ -89,8 +110,29 @@ def _where(dump_text):
     return "\n      ".join(frames[:1] + [f for f in ours if f != frames[0]])
 
 
-def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0):
-    """Run fn(rank, world_size, *args) on `world_size` ranks; return the results by rank."""
+def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0, startup_timeout=STARTUP_TIMEOUT):
+    """Run fn(rank, world_size, *args) on `world_size` ranks; return the results by rank.
+
+    `timeout` counts from the moment every rank has joined the process group. Starting the
+    ranks and creating the group may take `startup_timeout`; a start that takes longer is
+    abandoned and tried once more (no code under test has run yet), then reported."""
+    for attempt in (1, 2):
+        try:
+            return _run_once(fn, world_size, args, backend, timeout, startup_timeout)
+        except _StartupStalled as stalled:
+            if attempt == 2:
+                raise RankStartupTimeout(
+                    f"the ranks did not start, twice, within {startup_timeout:.0f} s each time: {stalled}. "
+                    "No code under test had run yet: this is the machine (too busy, or short of memory), "
+                    "not a mistake in your code. Run it again, on a quieter machine if it happens again."
+                ) from None
+
+
+class _StartupStalled(Exception):
+    """A start that took longer than its limit: the message says where the ranks were."""
+
+
+def _run_once(fn, world_size, args, backend, timeout, startup_timeout):
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         results = _context.Queue()
         all_done = _context.Event()
@@ -99,13 +141,13 @@ def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0):
             proc = _context.Process(
                 target=_rank_main,
                 args=(fn, rank, world_size, os.path.join(tmp, "store"), backend, timeout,
-                      args, results, os.path.join(tmp, f"stack{rank}.txt"), all_done),
+                      args, results, os.path.join(tmp, f"stack{rank}.txt"), all_done, startup_timeout),
                 daemon=True,
             )
             proc.start()
             procs.append(proc)
         try:
-            outputs = _collect(procs, results, world_size, timeout, tmp)
+            outputs = _collect(procs, results, world_size, timeout, tmp, startup_timeout)
             all_done.set()
             return outputs
         finally:
@@ -115,9 +157,10 @@ def run_ranks(fn, world_size, *args, backend="gloo", timeout=20.0):
                 proc.join(timeout=5)
 
 
-def _collect(procs, results, world_size, timeout, tmp):
+def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
     outputs = {}
-    deadline = time.monotonic() + timeout
+    started, joined = set(), set()
+    deadline = time.monotonic() + startup_timeout  # until every rank has joined; then `timeout`
     while len(outputs) < world_size:
         try:
             rank, status, payload = results.get(timeout=0.05)
@@ -131,7 +174,17 @@ def _collect(procs, results, world_size, timeout, tmp):
                     raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} "
                                      "without reporting (a crash in C code, or os._exit)")
             if time.monotonic() > deadline:
+                if len(joined) < world_size:
+                    _raise_startup_timeout(procs, started, joined, startup_timeout, tmp)
                 _raise_timeout(procs, outputs, timeout, tmp)
+            continue
+        if status == "started":
+            started.add(rank)
+            continue
+        if status == "joined":
+            joined.add(rank)
+            if len(joined) == world_size:
+                deadline = time.monotonic() + timeout
             continue
         if status == "ok":
             outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -143,6 +196,24 @@ def _collect(procs, results, world_size, timeout, tmp):
     return [outputs[rank] for rank in range(world_size)]
 
 
+def _raise_startup_timeout(procs, started, joined, startup_timeout, tmp):
+    """Where the ranks were when the start-up limit came, said plainly."""
+    world_size = len(procs)
+    starting = [rank for rank in range(world_size) if rank not in started]
+    creating = [rank for rank in sorted(started) if rank not in joined]
+    if not starting and not joined:
+        raise _StartupStalled(f"every rank (0-{world_size - 1}) was still waiting in init_process_group, "
+                              "creating the process group")
+    parts = []
+    if starting:
+        parts.append(f"ranks {starting} had not started yet (forking, importing the test's modules)")
+    if creating:
+        parts.append(f"ranks {creating} were waiting in init_process_group for the others")
+    if joined:
+        parts.append(f"ranks {sorted(joined)} had joined the process group")
+    raise _StartupStalled("; ".join(parts))
+
+
 def _raise_timeout(procs, outputs, timeout, tmp):
     stuck = [rank for rank, proc in enumerate(procs) if rank not in outputs and proc.is_alive()]
     for rank in stuck:
@@ -150,8 +221,12 @@ def _raise_timeout(procs, outputs, timeout, tmp):
     time.sleep(0.5)  # let faulthandler write
     where = []
     for rank in stuck:
-        with open(os.path.join(tmp, f"stack{rank}.txt")) as dump:
-            where.append(f"  rank {rank} was at:\n      {_where(dump.read())}")
+        try:
+            with open(os.path.join(tmp, f"stack{rank}.txt")) as dump:
+                text = dump.read()
+        except OSError:
+            text = ""
+        where.append(f"  rank {rank} was at:\n      {_where(text)}")
     finished = sorted(outputs)
     if not finished:
         where.append("  (No rank finished at all: a deadlock, or a machine too busy to finish in time; "

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from grading.checker import Run, discover_tasks, explain, select_tasks, summarize
+from grading.course import _git, copy_course
 from mistakes import MISTAKES, REPO, Mistake, make_submission
 
 # about the course's tools, not a student's tasks: skipped with --impl template (conftest.py)
@@ -169,12 +170,18 @@ def _grades(out):
 
 
 def _untouched_templates(dest):
-    make_submission(dest)
-    for name in os.listdir(REPO):
-        if name.startswith("template_") and name.endswith(".py"):
-            with open(os.path.join(REPO, name)) as src, open(os.path.join(dest, name), "w") as dst:
-                dst.write(src.read())
-    return dest
+    """The course as committed: its template_*.py files untouched, even in a clone whose own
+    templates are filled in (grading/course.py copies the committed ones)."""
+    return copy_course(dest)
+
+
+def _untouched(name):
+    """The committed text of the template `name`, not the working tree's (which may be filled in)."""
+    committed = _git(REPO, "show", f"HEAD:{name}")
+    if committed is None:  # not a git checkout: the files as they are
+        with open(os.path.join(REPO, name), "rb") as f:
+            committed = f.read()
+    return committed.decode()
 
 
 @pytest.mark.slow
@@ -245,9 +252,8 @@ def test_grade_stops_a_submission_at_its_limit_and_grades_the_others(tmp_path):
 @pytest.mark.slow
 def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
     student = make_submission(str(tmp_path / "student"), [BY_NAME["epoch-not-in-seed"]])
-    with open(os.path.join(REPO, "template_trainer.py")) as src, \
-            open(os.path.join(student, "template_trainer.py"), "w") as dst:
-        dst.write(src.read())  # Task 2 not started
+    with open(os.path.join(student, "template_trainer.py"), "w") as dst:
+        dst.write(_untouched("template_trainer.py"))  # Task 2 not started
     done, seconds = _python("check.py", "1.1", "1.2", "2.3", cwd=student, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -258,3 +264,34 @@ def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
     assert "1 of 3 tasks done" in done.stdout
     assert "Next: fix Task 1.1" in done.stdout and "python check.py 1.1" in done.stdout
     print(f"checked 3 tasks in {seconds:.0f} s")
+
+
+def test_check_runs_a_hang_again_before_blaming_the_task(monkeypatch, tmp_path, capsys):
+    """A right Task 2.1 once hung at start-up under load (both ranks creating the process group):
+    check.py runs an uncertain task once more, as the grader does, and says what happened."""
+    import check
+
+    hang = ("ranks [0, 1] were still running after 20 s (ranks [] had finished). This is a hang: ...\n"
+            "  rank 0 was at:\n      File \"distributed_c10d.py\", line 1 in init_process_group")
+    runs = [_run(*_test("t::a", "2.1", "failed", "RankTimeout", hang), *_test("t::b", "1.1")),
+            _run(*_test("t::a", "2.1"), returncode=0)]
+    asked = []
+
+    def fake_run_tests(repo, task_ids, workdir, impl, timeout):
+        asked.append(task_ids)
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(check, "run_tests", fake_run_tests)
+    assert check.main(["1.1", "2.1"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [["1.1", "2.1"], ["2.1"]], asked  # only the uncertain task runs again
+    assert "Task 2.1: hang on the first run; running it again" in out, out
+    assert "2 of 2 tasks done" in out and "passed when run again; the first run: hang" in out, out
+
+    # a start-up stall both times: not the student's to fix, and said so
+    stall = "the ranks did not start, twice, within 15 s each time: every rank (0-1) was still waiting ..."
+    runs[:] = [_run(*_test("t::a", "2.1", "failed", "RankStartupTimeout", stall))] * 2
+    asked.clear()
+    assert check.main(["2.1"]) == 1
+    out = capsys.readouterr().out
+    assert len(asked) == 2 and "nothing to fix in Task 2.1" in out and "could not even start" in out, out

@@ -166,6 +166,13 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
     params = [allocated[i] for i in (1, 3, 4, 0, 2)]  # 10, 20, 30, 40, 50 floats: 40 ... 200 bytes
     # 200 bytes: 50 floats fill a bucket; 40 floats (160 B) start a new one; 30 + 20 floats are
     # exactly 200 B (at most the cap: together); 10 more would exceed it.
+    # 1 MB is 2**20 bytes (PyTorch's bucket_cap_mb): 1,008,000 bytes fit one 1 MB bucket. Only a cap
+    # taken as 10**6 bytes splits them; a cap that excludes equality does not, so it is told apart.
+    big = _params(2000, 250_000)
+    assert _as_indices(lib.build_buckets(big, 1.0), big) == [[1, 0]], (
+        f"{T51}: parameters of 8,000 and 1,000,000 bytes gave buckets {_as_indices(lib.build_buckets(big, 1.0), big)} "
+        "with bucket_size_mb=1, expected one bucket [[1, 0]]: 1 MB is 2**20 = 1,048,576 bytes here, as in "
+        "PyTorch's bucket_cap_mb, not 10**6")
     got = _as_indices(lib.build_buckets(params, 200 / 2**20), params)
     expected = [[4], [3], [2, 1], [0]]
     if got == [sorted(b) for b in reversed(expected)] or got and got[0] and got[0][0] == 0:

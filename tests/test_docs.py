@@ -27,6 +27,8 @@ import pytest
 # what comes before the star.
 NOT_RUN = {
     "pip install *": "installs packages: the environment is already set up (CI installs requirements.txt)",
+    "python3 -m venv .venv": "creates a virtual environment: CI installs into its own (.ci/run)",
+    ". .venv/bin/activate": "activates that environment in the reader's shell",
     "pytest *": "the test suite itself: CI runs `pytest` and `pytest -m slow` (.ci/run)",
     "python check.py *": "runs the task's tests, which the default `pytest` run runs on the solutions; "
                          "`pytest -m grading` runs check.py itself on prepared submissions",

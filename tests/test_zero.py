@@ -346,9 +346,11 @@ def _compare(results, world_size, what, advice=""):
             for key, expected in unsharded.items():
                 assert torch.allclose(sharded[key], expected, rtol=1e-5, atol=1e-6), (
                     f"{T63}, {name}{what}, rank {rank}: {key} differs from the unsharded {name} optimizer's by "
-                    f"{(sharded[key] - expected).abs().max():.2e}: give each of this rank's views the slice "
-                    "param.grad.view(-1)[start:end] of its parameter's gradient, step the local optimizer, and only "
-                    f"then send every piece (after the local optimizer's step){advice}")
+                    f"{(sharded[key] - expected).abs().max():.2e}, while every rank holds the same value. Give each of "
+                    "this rank's views the slice param.grad.view(-1)[start:end] of its parameter's gradient, step the "
+                    "local optimizer, and only then send every piece from its owner: dist.broadcast(view, src=rank) "
+                    "with the rank that self.pieces names for that piece, not src=0 for all (rank 0 would send its "
+                    f"stale copy of the pieces other ranks stepped), after the local optimizer's step{advice}")
                 for other in others:
                     assert torch.allclose(other[key], expected, rtol=1e-5, atol=1e-6), (
                         f"the reference itself: ZeroRedundancyOptimizer disagrees with {name} on {key}")

@@ -1,0 +1,75 @@
+"""The harness itself (tests/harness.py): a slow start is the machine's, never the code's.
+
+    pytest tests/test_harness.py
+
+Under load (six test runs on two cores) starting a rank, a fork and the import of the test's
+module, once took the whole 20 s of a test's limit: check.py then reported a right Task 2.1
+as a hang "in init_process_group". These start ranks that are slow to start on purpose.
+"""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import RankStartupTimeout, _raise_startup_timeout, _StartupStalled, run_ranks
+
+pytestmark = pytest.mark.repo
+
+
+def _slow_start(seconds, once_dir):
+    """Runs in each rank as its arguments are unpickled, before the rank's code: a slow import.
+    With `once_dir`, only the first rank to get here is slow."""
+    if once_dir is not None:
+        try:
+            os.close(os.open(os.path.join(once_dir, "first"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return None
+    time.sleep(seconds)
+    return None
+
+
+class SlowToStart:
+    def __init__(self, seconds, once_dir=None):
+        self.seconds, self.once_dir = seconds, once_dir
+
+    def __reduce__(self):
+        return _slow_start, (self.seconds, self.once_dir)
+
+
+def _sum_of_ranks(rank, world_size, _):
+    total = torch.tensor(float(rank))
+    dist.all_reduce(total)
+    return total.item()
+
+
+def test_a_slow_start_does_not_count_against_the_time_limit():
+    # the ranks take 2.5 s to start, the code under test has 2 s: fine, as the start is not its time
+    assert run_ranks(_sum_of_ranks, 2, SlowToStart(2.5), timeout=2) == [1.0, 1.0]
+
+
+def test_a_start_that_stalls_is_tried_again(tmp_path):
+    # the first rank to start stalls (as gloo's connection set-up can under load); no code under
+    # test has run, so the harness starts the ranks again rather than report a hang
+    assert run_ranks(_sum_of_ranks, 2, SlowToStart(60.0, str(tmp_path)), timeout=2, startup_timeout=2) == [1.0, 1.0]
+
+
+def test_a_start_that_never_ends_is_reported_as_the_machines():
+    start = time.monotonic()
+    with pytest.raises(RankStartupTimeout) as error:
+        run_ranks(_sum_of_ranks, 2, SlowToStart(60.0), timeout=2, startup_timeout=1)
+    message = str(error.value)
+    assert time.monotonic() - start < 10, "the start-up limit was not kept"
+    assert "did not start, twice, within 1 s" in message and "not a mistake in your code" in message, message
+    assert "ranks [0, 1] had not started yet" in message, message
+
+
+def test_where_the_ranks_were_is_said_plainly():
+    class Alive:
+        pid = 0
+    with pytest.raises(_StartupStalled, match=r"^every rank \(0-2\) was still waiting in init_process_group"):
+        _raise_startup_timeout([Alive()] * 3, {0, 1, 2}, set(), 30, "")
+    with pytest.raises(_StartupStalled, match=r"^ranks \[1\] had not started yet .*; ranks \[0\] were waiting "
+                                              r"in init_process_group for the others$"):
+        _raise_startup_timeout([Alive()] * 2, {0}, set(), 30, "")
