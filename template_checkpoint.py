@@ -536,7 +536,7 @@ def save_sharded(directory, model, optimizer, epoch, step, args):
         groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         _write_atomic(os.path.join(tmp, INDEX), {
             "world_size": world_size, "files": [shard_file(r, world_size) for r in range(world_size)],
-            "flats": indexes, "epoch": epoch, "step": step, "args": dict(args), "param_groups": groups,
+            "flats": indexes, "step": step, "epoch": epoch, "args": dict(args), "param_groups": groups,
             "buffers": {name: _cpu(b) for name, b in unwrap(model).named_buffers()}})
         _fsync_dir(tmp)
         if os.path.exists(last):
@@ -575,7 +575,7 @@ def open_sharded(directory, model, optimizer):
     every rank report it and try previous.shards; if checkpoints exist but none can be read,
     CheckpointError. A collective: the ranks agree on which checkpoint they use.
     """
-    unreadable = []
+    failed = []
     for name in (LAST_SHARDS, PREVIOUS_SHARDS):
         path = os.path.join(directory, name)
         everywhere, nowhere = _agree(os.path.isdir(path)), _agree(not os.path.isdir(path))
@@ -593,9 +593,9 @@ def open_sharded(directory, model, optimizer):
             print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({problem}){then}", flush=True)
         if _agree(problem is None):
             return opened, path
-        unreadable.append(path)
-    if unreadable:
-        raise CheckpointError(f"no readable checkpoint in {directory} ({', '.join(unreadable)} cannot be read): "
+        failed.append(path)
+    if failed:
+        raise CheckpointError(f"no readable checkpoint in {directory} ({', '.join(failed)} cannot be read): "
                               "move them away to start from scratch, or restore a good copy")
     return None, None
 
