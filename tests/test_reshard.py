@@ -372,10 +372,11 @@ def _check(saved_run, resumed, old, new):
 ELASTIC_RUN = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "256", "--test-samples", "64",
                "--batch-size", "32", "--epochs", "3", "--metrics", "", "--optimizer", "adamw", "--checkpoint-every", "2"]
 ELASTIC_STEPS = 3 * 8
-# Loopback only: short heartbeats (a lost node leaves the rendezvous after 2 s, not 15), a short last
-# call (the rendezvous closes 2 s after the minimum of nodes is there, not 30), and is_host: the
-# first agent serves the rendezvous store, as the first node of an allocation does.
-RDZV_CONF = "join_timeout=90,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
+# Loopback only: shorter heartbeats (a lost node leaves the rendezvous after 5 s, not 15; 2 s was too
+# short on a busy machine: a live agent whose heartbeat came late was dropped), a short last call (the
+# rendezvous closes 2 s after the minimum of nodes is there, not 30), and is_host: the first agent
+# serves the rendezvous store, as the first node of an allocation does.
+RDZV_CONF = "join_timeout=90,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
 # Elastic runs end within this of the uninterrupted 2-rank run: 24 AdamW steps, some of them summed
 # over 1 rank instead of 2 (another order of the same float sums), measured below 1e-6 here; a step
 # trained twice or skipped moves the parameters by about lr = 1e-3.
@@ -533,8 +534,9 @@ def test_elastic_run_grows_from_one_node_to_two(uninterrupted_elastic, tmp_path)
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
         agents.append(_agent(port, folder, logs[1], False, "none"))
-        _wait(lambda: "attempts to join the next round" in logs[1].read_text(), deadline,
-              "the second agent joining", logs)
+        # the first agent's monitor sees the new node waiting in the rendezvous, and stops its worker
+        _wait(lambda: "new nodes from group_rank" in logs[0].read_text(), deadline,
+              "the first agent noticing the second", logs)
         for pid in paused:
             os.kill(pid, signal.SIGCONT)
         codes, out = _finish(agents, deadline, logs)
