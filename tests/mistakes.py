@@ -577,6 +577,20 @@ MISTAKES = [
     Mistake("5.4", "forgets-next-bucket", "template_ddp.py",
             "        self.next_bucket = 0\n        # --- Task 5.4 end ---", "        # --- Task 5.4 end ---",
             "not 0: reset it"),
+    # Task 8.3 (resharding, issue 24)
+    Mistake("8.3", "offsets-local-to-the-shard", "template_checkpoint.py",
+            "            entries.append((name, low - offset, high - low, low - start))",
+            "            entries.append((name, low - start, high - low, low - start))", "must be global"),
+    Mistake("8.3", "padding-read-as-data", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = max(start, offset), min(end, offset + numel) if name != names[-1] else end\n",
+            "padding, read as data"),
+    # Task 8.4
+    Mistake("8.4", "glued-in-file-order", "template_checkpoint.py",
+            "            parts.sort(key=lambda part: part[0])  # by position in the parameter\n", "", "wrong order"),
+    Mistake("8.4", "step-count-lost", "template_checkpoint.py",
+            "            state[key] = value.clone() if torch.is_tensor(value) else value\n            continue\n",
+            "            continue\n", "step count lost"),
 ]
 
 

@@ -3,10 +3,12 @@
     pytest tests/test_checkpoint_shard.py            # Task 6's ShardedOptimizer and Task 7's FSDP (solutions/)
     pytest -m slow tests/test_checkpoint_shard.py    # PyTorch's ZeroRedundancyOptimizer and fully_shard (--impl ddp)
 
-The saving and the gathering (template_checkpoint.full_state, load_full_state) are given code,
-so these tests check the repository with the solutions, not a student's tasks. The reference
-is independent of the code under test: the same training run without interruption, and a plain
-CNN() that the saved model must load into with strict=True.
+The saving and the gathering (template_checkpoint.full_state, load_full_state, save_sharded) are
+given code, so these tests check the repository with the solutions, not a student's tasks. The
+reference is independent of the code under test: the same training run without interruption, and
+a plain CNN() that the saved model must load into with strict=True (Tasks 6 and 7 save one file a
+rank, last.shards/, glued together here from its index; tests/test_reshard.py resumes them on
+other numbers of ranks).
 """
 import functools
 import os
@@ -20,9 +22,30 @@ import torch
 import train_ddp
 from harness import run_ranks
 from models import CNN
-from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, kill_rank_1_after, read, torchrun
+from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, read, torchrun, worker_pid
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
+
+
+def read_checkpoint(folder):
+    """folder's newest checkpoint as a dict: last.pt as saved; a sharded one (last.shards/, one file
+    a rank) as its index, {"epoch", "step", "shards": every rank's file, in rank order}, and "model":
+    the full model glued from the pieces' "param" by their index, independently of the code under test."""
+    folder = str(folder)
+    if os.path.exists(f"{folder}/last.pt"):
+        return read(f"{folder}/last.pt")
+    index = read(f"{folder}/last.shards/index.pt")
+    shards = [read(f"{folder}/last.shards/{name}") for name in index["files"]]
+    sizes = {name: p.numel() for name, p in CNN().named_parameters()}
+    flat = {name: torch.full((numel,), float("nan")) for name, numel in sizes.items()}
+    for shard in shards:
+        for record in shard["flats"]:
+            for name, offset, length, at in record["entries"]:
+                flat[name][offset:offset + length] = record["tensors"]["param"][at:at + length]
+    shapes = {name: p.shape for name, p in CNN().named_parameters()}
+    model = {**{name: value.view(shapes[name]) for name, value in flat.items()}, **index["buffers"]}
+    return {"epoch": index["epoch"], "step": index["step"], "shards": shards, "model": model,
+            "optimizer": [shard["flats"] for shard in shards]}
 
 
 def _train(impl, extra):
@@ -64,11 +87,11 @@ def _stop_and_resume(rank, world_size, impl, shards, root, epochs, stop_after):
         finally:
             train_ddp.Counted = counted
         torch.distributed.barrier()
-        stopped = read(f"{root}/{shard}-parts/last.pt")
+        stopped = read_checkpoint(f"{root}/{shard}-parts")
         resumed_code = _train(impl, [*extra, "--checkpoint-dir", f"{root}/{shard}-parts"])
         torch.distributed.barrier()
-        results[shard] = ((stopped["epoch"], stopped["step"]), read(f"{root}/{shard}-whole/last.pt"),
-                          read(f"{root}/{shard}-parts/last.pt"), (whole_code, resumed_code))
+        results[shard] = ((stopped["epoch"], stopped["step"]), read_checkpoint(f"{root}/{shard}-whole"),
+                          read_checkpoint(f"{root}/{shard}-parts"), (whole_code, resumed_code))
     return results if rank == 0 else None
 
 
@@ -108,12 +131,18 @@ def _check(label, result, epochs, stop_after):
 # one epoch (stopped after step 2), the slow one two (after step 3), so the resume also starts an epoch.
 def test_sharded_runs_stopped_mid_epoch_and_resumed_end_bit_identical(tmp_path):
     results = run_ranks(_stop_and_resume, 2, "solutions", ["optimizer", "full"], str(tmp_path), 1, 2, timeout=120)[0]
-    whole = _check("--shard optimizer", results["optimizer"], 1, 2)
-    # the whole state, as the unsharded AdamW's state_dict() holds it (Task 6's state_dict() gathers it)
-    assert sorted(whole["optimizer"]["state"]) == list(range(len(list(CNN().parameters())))), \
-        f"--shard optimizer: the checkpoint holds the state of parameters {sorted(whole['optimizer']['state'])} only"
-    whole = _check("--shard full", results["full"], 1, 2)
-    assert len(whole["optimizer"]["per_rank"]) == 2, "--shard full: one optimizer state per rank"
+    for shard in ("optimizer", "full"):
+        whole = _check(f"--shard {shard}", results[shard], 1, 2)
+        assert len(whole["shards"]) == 2, f"--shard {shard}: one file a rank"
+        # together the ranks' files hold AdamW's state for every element of every parameter
+        covered = {name: 0 for name, _ in CNN().named_parameters()}
+        for flats in whole["optimizer"]:
+            for record in flats:
+                assert {"exp_avg", "exp_avg_sq", "step"} <= set(record["tensors"]), sorted(record["tensors"])
+                for name, _, length, _ in record["entries"]:
+                    covered[name] += length
+        sizes = {name: p.numel() for name, p in CNN().named_parameters()}
+        assert covered == sizes, f"--shard {shard}: the files hold the state of {covered} elements, not {sizes}"
 
 
 @pytest.mark.slow
@@ -136,6 +165,29 @@ def test_sharded_runs_stopped_and_resumed_over_two_epochs_end_bit_identical(tmp_
         _check(f"--shard {shard}", results[shard], 2, 3)
 
 
+def _kill_rank_1_after_sharded(proc, folder, deadline, wanted):
+    """test_checkpoint.kill_rank_1_after for a sharded checkpoint: SIGKILL torchrun's rank 1 as soon as
+    folder/last.shards/index.pt (written last, once every rank's file is complete) holds a wanted
+    (epoch, step); returns it, or None if the run ended or the deadline came first."""
+    seen, found = None, None
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            path = folder / "last.shards" / "index.pt"
+            stat = path.stat()
+            if (stat.st_ino, stat.st_mtime_ns) != seen:
+                seen = (stat.st_ino, stat.st_mtime_ns)
+                index = read(path)
+                found = (index["epoch"], index["step"]) if wanted(index["epoch"], index["step"]) else found
+        except (OSError, RuntimeError, EOFError):
+            pass
+        pid = worker_pid(proc.pid, 1) if found else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            return found
+        time.sleep(0.02)
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(tmp_path):
@@ -147,13 +199,13 @@ def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(t
     assert code == 0, out
     proc = torchrun(tmp_path / "ckpt", *extra)
     deadline = time.monotonic() + 150
-    killed = kill_rank_1_after(proc, tmp_path / "ckpt", deadline, lambda epoch, step: step > STEPS_PER_EPOCH)
+    killed = _kill_rank_1_after_sharded(proc, tmp_path / "ckpt", deadline, lambda epoch, step: step > STEPS_PER_EPOCH)
     code, out = finish(proc, deadline)
     assert killed, f"rank 1 was never killed: no checkpoint inside epoch 2 appeared in time:\n{out}"
     assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
     resumed = re.findall(r"resuming from \S+: (\d+) epochs and (\d+) steps done", out)
     assert resumed and int(resumed[-1][1]) > STEPS_PER_EPOCH, f"no resume inside epoch 2:\n{out}"
-    whole, final = read(tmp_path / "whole" / "last.pt"), read(tmp_path / "ckpt" / "last.pt")
+    whole, final = read_checkpoint(tmp_path / "whole"), read_checkpoint(tmp_path / "ckpt")
     CNN().load_state_dict(final["model"], strict=True)
     assert (final["epoch"], final["step"]) == (2, 2 * STEPS_PER_EPOCH), out
     differ = _equal(whole["model"], final["model"], "model") + _equal(whole["optimizer"], final["optimizer"], "optimizer")
