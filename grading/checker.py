@@ -144,8 +144,10 @@ class Run:
     stack: str = ""  # where the pytest process was when it was killed
 
 
-def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None):
-    """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s."""
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None):
+    """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s.
+    `wrap(command, env, workdir)` -> (command, env): how to run it (grading/sandbox.py); pytest
+    writes only into `workdir`, and the log goes there from outside."""
     results = os.path.join(workdir, "results.jsonl")
     stack = os.path.join(workdir, "stack.txt")
     log_path = os.path.join(workdir, "pytest.log")
@@ -162,6 +164,8 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
         command.append(f"--timeout={test_timeout}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    if wrap:
+        command, env = wrap(command, env, workdir)
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
@@ -173,7 +177,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
             timed_out = True
             if hasattr(signal, "SIGUSR2"):
                 try:
-                    os.kill(proc.pid, signal.SIGUSR2)  # the plugin writes where it is
+                    os.kill(_pytest_pid(proc.pid), signal.SIGUSR2)  # the plugin writes where it is
                     time.sleep(0.5)
                 except ProcessLookupError:
                     pass
@@ -197,6 +201,35 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
         with open(stack, encoding="utf-8", errors="replace") as f:
             stack_text = f.read()
     return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text)
+
+
+def _pytest_pid(pid):
+    """The pytest process: `pid` itself, or under a sandbox (which would die of SIGUSR2) the
+    first of its descendants that runs pytest."""
+    def is_pytest(p):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read().split(b"\0")[1:3] == [b"-m", b"pytest"]
+        except OSError:
+            return False
+    if not os.path.isdir("/proc") or is_pytest(pid):
+        return pid
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo = [pid]
+    while todo:  # breadth first: the outermost pytest, not one of its ranks
+        here = todo.pop(0)
+        if here != pid and is_pytest(here):
+            return here
+        todo += sorted(children.get(here, []))
+    return pid
 
 
 def _kill_group(proc):
