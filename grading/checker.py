@@ -142,6 +142,7 @@ class Run:
     timeout: float
     log_path: str
     stack: str = ""  # where the pytest process was when it was killed
+    repo: str = ""  # the course that was tested
 
 
 def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None):
@@ -200,7 +201,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     if timed_out and os.path.exists(stack):
         with open(stack, encoding="utf-8", errors="replace") as f:
             stack_text = f.read()
-    return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text)
+    return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text, repo)
 
 
 def _pytest_pid(pid):
@@ -314,8 +315,28 @@ def summarize(tasks, run):
     """A TaskResult for each task, in course order."""
     outcomes = outcomes_of(run)
     collect_errors = [e for e in run.events if e.get("event") == "collect_error"]
-    return [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
-            for task in tasks]
+    results = [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
+               for task in tasks]
+    if run.repo and not os.path.isdir(os.path.join(run.repo, "solutions")):
+        _blame_own_answers(results, discover_tasks(run.repo))
+    return results
+
+
+def _blame_own_answers(results, course):
+    """Without solutions/ (a student release) a task's tests run the student's own answers to
+    the other tasks of its file: say which of those fail too, as the likely cause."""
+    for result in results:
+        if result.status not in ("failing", "hang"):
+            continue
+        file = result.task.file
+        broken = [r.task.id for r in results if r.task.file == file and r.task.key < result.task.key and not r.done]
+        unchecked = [t.id for t in course if t.file == file and t.id not in {r.task.id for r in results}]
+        own = "This course has no solutions/, so these tests use your own answers to the other tasks"
+        if broken:
+            result.explanation += f" ({own}: Task {', '.join(broken)}, not done yet, may be the cause: fix it first.)"
+        elif unchecked:
+            result.explanation += (f" ({own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the "
+                                   f"cause: `python check.py {result.task.id.split('.')[0]}` checks them all.)")
 
 
 def _summarize_task(task, tests, run, collect_errors):
