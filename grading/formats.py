@@ -144,20 +144,23 @@ jobs:
       uses: actions/setup-python@v5
       with:
         python-version: '3.11'
-    - name: Install the course's requirements
-      run: pip install -r requirements.txt
+    - name: Install the course's requirements (PyTorch for CPUs)
+      run: |
+        pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu
+        pip install -r requirements.txt
 """
 
 
 def _step_id(task_id):
-    return "task" + task_id.replace(".", "-")
+    # the reporter reads each step's result from <ID upper-cased>_RESULTS
+    return "task" + task_id.replace(".", "_")
 
 
 def classroom_workflow(tasks, policy):
     """The workflow's text: a command-grader step per task (pytest on that task's marker, with
     the student's files), its points from points.toml, then the reporter that sums them."""
     lines = [CLASSROOM_HEADER.rstrip("\n")]
-    timeout = max(1, int(round(policy.get("submission_seconds", 900) / 60)))
+    timeout = int(policy.get("classroom", {}).get("timeout_minutes", 10))
     for task in tasks:
         points = policy["points"].get(task.id, policy["default"])
         title = re.sub(r"^Task \d+\.\d+,?\s*", "", task.title) or task.where()
@@ -175,7 +178,7 @@ def classroom_workflow(tasks, policy):
     results = ",".join(_step_id(task.id) for task in tasks)
     lines += ["    - name: Autograding Reporter", "      uses: classroom-resources/autograding-grading-reporter@v1",
               "      env:"]
-    lines += [f"        {_step_id(task.id).upper().replace('-', '_')}_RESULTS: "
+    lines += [f"        {_step_id(task.id).upper()}_RESULTS: "
               f"\"${{{{steps.{_step_id(task.id)}.outputs.result}}}}\"" for task in tasks]
     lines += ["      with:", f"        runners: {results}"]
     return "\n".join(lines) + "\n"
