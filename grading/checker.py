@@ -333,10 +333,16 @@ def _blame_own_answers(results, course):
         unchecked = [t.id for t in course if t.file == file and t.id not in {r.task.id for r in results}]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
         if broken:
-            result.explanation += f" ({own}: Task {', '.join(broken)}, not done yet, may be the cause: fix it first.)"
+            one = len(broken) == 1
+            why = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may be the cause: "
+                   f"fix {'it' if one else 'them'} first.")
         elif unchecked:
-            result.explanation += (f" ({own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the "
-                                   f"cause: `python check.py {result.task.id.split('.')[0]}` checks them all.)")
+            why = (f"{own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the cause "
+                   f"(`python check.py {result.task.id.split('.')[0]}` checks them all).")
+        else:
+            continue
+        result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
+            (".", "!", "?", ")")) else ".") + " " + why
 
 
 def _summarize_task(task, tests, run, collect_errors):

@@ -25,6 +25,7 @@ import functools
 import glob
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,7 @@ SYSTEM = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys"
 # What a contained submission leaves in its log, and the note it becomes.
 SIGNS = [
     ("Read-only file system", "it tried to write outside its folder (refused: read-only)"),
+    ("Permission denied", "it was refused a file it may not change (Permission denied)"),
     ("Network is unreachable", "it tried to reach the network (refused: no network in the sandbox)"),
     ("Connection refused", "a connection was refused (the sandbox has no network but its own loopback)"),
     ("Resource temporarily unavailable", "it reached the process limit (fork: Resource temporarily unavailable)"),
@@ -184,6 +186,13 @@ def prepare(copy, writable, user=ROOT_RUNS_AS):
         os.chown(path, user, user)
 
 
-def notes_from_log(text):
-    """The notes for what the sandbox refused, from a submission's pytest log."""
-    return [f"sandbox: {note}" for sign, note in SIGNS if sign in text]
+def notes_from_log(text, copy):
+    """The notes for what the sandbox refused, from a submission's pytest log. `copy`: the
+    grading copy, whose own missing files are no sign of anything."""
+    notes = [f"sandbox: {note}" for sign, note in SIGNS if sign in text]
+    hidden = sorted({path for path in re.findall(r"No such file or directory: '(/[^']+)'", text)
+                     if not path.startswith((copy + "/", "/tmp/", "/dev/shm/", "/proc/"))})
+    if hidden:
+        shown = ", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+        notes.append(f"sandbox: it tried to open {shown}, outside its folder (hidden by the sandbox)")
+    return notes
