@@ -11,9 +11,9 @@ What the code under test sees (bwrap builds a new root for it):
   variables (HOME is /tmp).
 - no network: its own network namespace, which has only a loopback of its own (the ranks of
   the tests meet there), so no other machine and no service of this one can be reached.
-- limits (setrlimit, applied before bwrap starts): processes and threads of its user, memory
-  per process (address space), the size of one file, no core files. Run as root, the code
-  runs as an unprivileged user of its own (root is exempt from the process limit).
+- limits (setrlimit): processes and threads (set inside, where only the sandbox's count),
+  memory per process (address space), the size of one file, no core files. Run as root, the
+  code runs as an unprivileged user of its own (root is exempt from the process limit).
 - its own process and IPC namespaces: killing the grader's process group kills every process
   it started, a fork bomb included.
 
@@ -158,16 +158,22 @@ def wrap(argv, env, copy, writable, limits, cwd=None, user=ROOT_RUNS_AS):
                "--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "localhost",
                "--proc", "/proc", "--dev", "/dev", *binds, "--clearenv", *setenv,
                "--chdir", cwd or copy or "/tmp", "--"]
-    if os.geteuid() == 0:  # drop to a user of its own, inside, once the mounts are made
-        command += [sys.executable, "-c", _DROP, str(user)]
-    limit = ["prlimit", f"--nproc={limits.processes}", f"--fsize={int(limits.file_gb * 2 ** 30)}", "--core=0"]
+    # inside, once the mounts are made: root drops to a user of its own; then the process limit
+    command += [sys.executable, "-c", _LAUNCH, str(limits.processes), str(user if os.geteuid() == 0 else -1)]
+    limit = ["prlimit", f"--fsize={int(limits.file_gb * 2 ** 30)}", "--core=0"]
     if limits.memory_gb:
         limit.append(f"--as={int(limits.memory_gb * 2 ** 30)}")
     return limit + ["--"] + command + list(argv), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
-_DROP = ("import os, sys; uid = int(sys.argv[1]); os.setgroups([]); os.setgid(uid); os.setuid(uid); "
-         "os.execvp(sys.argv[2], sys.argv[2:])")
+# The process limit is set inside the sandbox's user namespace, where it counts the sandbox's
+# processes only: set outside, the kernel would count every process of the instructor's user.
+_LAUNCH = ("import os, resource, sys\n"
+           "processes, uid = int(sys.argv[1]), int(sys.argv[2])\n"
+           "if uid >= 0:\n"
+           "    os.setgroups([]); os.setgid(uid); os.setuid(uid)\n"
+           "resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))\n"
+           "os.execvp(sys.argv[3], sys.argv[3:])\n")
 
 
 def prepare(copy, writable, user=ROOT_RUNS_AS):
