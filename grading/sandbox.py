@@ -132,12 +132,15 @@ def wrap(argv, env, copy, writable, limits, cwd=None, user=ROOT_RUNS_AS):
     for path in SYSTEM:
         if os.path.exists(path):
             binds.extend(["--ro-bind", path, path])  # symlinks (/lib -> usr/lib) are bound as what they point at
+    binds.extend(["--perms", "0755", "--dir", "/etc"])  # else made 0700: no user but root could look inside
     for name in ETC:
         binds.extend(["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"])
     binds.extend(["--ro-bind-try", "/etc/hosts", "/etc/hosts"])  # the hostname is localhost inside
+    done = list(SYSTEM)
     for path in _python_paths():
-        if not any(path == s or path.startswith(s + "/") for s in SYSTEM):
+        if not any(path == s or path.startswith(s + "/") for s in done):
             bind("--ro-bind", path)
+            done.append(path)
     for private in ("/tmp", "/dev/shm"):  # multiprocessing's locks live in /dev/shm
         binds.extend(["--perms", "1777", "--size", str(int(limits.tmp_gb * 2 ** 30)), "--tmpfs", private])
     if copy:
