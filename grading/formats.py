@@ -49,7 +49,8 @@ def gradebook(grades, task_ids, path, roster=None):
         grade = by_folder.get(person["folder"])
         ids = [person.get(key, "") for key in extra]
         if grade is None:
-            rows.append([person["folder"]] + ids + [0] * len(task_ids) + [0, "", "no submission"])
+            most = max((g["max_points"] for g in grades), default="")
+            rows.append([person["folder"]] + ids + [0] * len(task_ids) + [0, _number(most), "no submission"])
             continue
         points = {row["task"]: row["points"] for row in grade["tasks"]}
         rows.append([grade["student"]] + ids + [_number(points.get(t, "")) for t in task_ids] +

@@ -63,7 +63,7 @@ def test_gradebook_has_a_row_per_student_a_column_per_task_and_the_roster_ids(tm
     assert list(rows[0]) == ["folder", "student_id", "email", "Task 1.1", "Task 2.3", "total", "max_points", "notes"]
     assert [(r["folder"], r["student_id"], r["Task 1.1"], r["Task 2.3"], r["total"]) for r in rows] == [
         ("bob", "s2", "10", "0", "10"), ("alice", "s1", "10", "10", "20"), ("carol", "s3", "0", "0", "0")]
-    assert rows[2]["notes"] == "no submission" and warnings == []
+    assert (rows[2]["max_points"], rows[2]["notes"]) == ("20", "no submission") and warnings == []
     # a submission that the roster does not list still gets its row, and a warning
     warnings = formats.gradebook(GRADES, ["1.1", "2.3"], str(path), [{"folder": "alice", "student_id": "s1"}])
     assert warnings == ["bob is not in the roster: its row has no student id"]
