@@ -210,7 +210,8 @@ def main(argv=None):
         for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=course", "-c", "user.email=course@localhost",
                                                        "commit", "-q", "-m", "Student release"]):
             subprocess.run(["git", *command], cwd=dest, check=True)
-    count = sum(len(files) for _, _, files in os.walk(dest) if ".git" not in _)
+    count = sum(len(files) for here, _, files in os.walk(dest)
+                if ".git" not in os.path.relpath(here, dest).split(os.sep))
     print(f"Wrote the student release to {args.dest} ({count} files; left out: "
           f"{', '.join(path for path, _ in LEFT_OUT)}).")
     print(f"Check it: cd {args.dest} && python check.py 1.1")
