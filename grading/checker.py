@@ -324,13 +324,15 @@ def summarize(tasks, run):
 
 def _blame_own_answers(results, course):
     """Without solutions/ (a student release) a task's tests run the student's own answers to
-    the other tasks of its file: say which of those fail too, as the likely cause."""
+    the other tasks of its file: say which earlier ones fail too (or were not checked), as the
+    likely cause."""
     for result in results:
         if result.status not in ("failing", "hang"):
             continue
         file = result.task.file
         broken = [r.task.id for r in results if r.task.file == file and r.task.key < result.task.key and not r.done]
-        unchecked = [t.id for t in course if t.file == file and t.id not in {r.task.id for r in results}]
+        unchecked = [t.id for t in course if t.file == file and t.key < result.task.key
+                     and t.id not in {r.task.id for r in results}]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
         if broken:
             one = len(broken) == 1
