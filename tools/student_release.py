@@ -10,7 +10,8 @@ Left out, and why (the release's README.md says so too):
   edits of the answers (its `old=` strings are pieces of them). The file stays, with an empty
   catalogue, for the tests that import its helpers; tests/test_mistakes.py and
   tests/test_check_grade.py, which check and grade that catalogue, are left out.
-- benchmarks/*.py: they measure the reference answers (their results and plots stay).
+- benchmarks/*.py that import solutions/: they measure the reference answers (their results
+  and plots stay).
 
 In the release, `pytest`, `python check.py` and `torchrun ... train_ddp.py` run the student's
 template_*.py files. A task's tests use the student's own answers to the other tasks where the
@@ -42,10 +43,8 @@ LEFT_OUT = [
     ("solutions/", "the answers"),
     ("tests/test_mistakes.py", "checks that catalogue against the answers"),
     ("tests/test_check_grade.py", "grades submissions made from that catalogue"),
-    ("benchmarks/allreduce_bench.py", "measures the reference answers"),
-    ("benchmarks/ddp_bench.py", "measures the reference answers"),
-    ("benchmarks/memory_bench.py", "measures the reference answers"),
 ]
+IMPORTS_SOLUTIONS = re.compile(r"^(?:from|import)\s+solutions\b", re.M)  # at the top level of a file
 FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---[ \t]*\n(.*?)^[ \t]*# --- Task \1 end ---", re.M | re.S)
 UNTOUCHED = re.compile(r"\A[ \t]*# TODO Task [\d.]+:[^\n]*\n[ \t]*raise NotImplementedError\([^\n]*\)\n?\Z")
 LINK = re.compile(r"(!?)\[((?:[^\]]|\][^(])*?)\]\(([^)\s]+)\)")
@@ -59,8 +58,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def left_out(path):
+def left_out(path, repo=REPO):
     """Why `path` (relative, '/'-separated) is not in a release, or None."""
+    if path.startswith("benchmarks/") and path.endswith(".py") and os.path.isfile(os.path.join(repo, path)):
+        with open(os.path.join(repo, path), encoding="utf-8") as f:
+            if IMPORTS_SOLUTIONS.search(f.read()):
+                return "measures the reference answers"
     for prefix, why in LEFT_OUT:
         if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
             return why
@@ -83,8 +86,16 @@ def _normal(text):
 
 
 def problems(release, solutions):
-    """What would make `release` leak an answer or break: a filled-in template, an answer found."""
+    """What would make `release` leak an answer or break: a filled-in template, an answer found,
+    a test file that imports solutions/ when it is collected."""
     found = []
+    tests = os.path.join(release, "tests")
+    for name in sorted(os.listdir(tests)) if os.path.isdir(tests) else []:
+        if name.endswith(".py"):
+            with open(os.path.join(tests, name), encoding="utf-8") as f:
+                if IMPORTS_SOLUTIONS.search(f.read()):
+                    found.append(f"tests/{name} imports solutions/ at its top: the release could not collect it "
+                                 f"(take the reference answers through conftest.load(\"solutions\", ...) in the tests)")
     for name in sorted(os.listdir(release)):
         if name.startswith("template_") and name.endswith(".py"):
             with open(os.path.join(release, name), encoding="utf-8") as f:
@@ -143,16 +154,20 @@ NOTE = """\
 
 
 def build(dest, repo=REPO):
-    """Write the release to the new folder `dest`; returns the list of problems (empty: written)."""
+    """Write the release to the new folder `dest`; returns (the problems: empty if written, what
+    was left out)."""
     work = tempfile.mkdtemp(prefix="release-")
     try:
         staged = os.path.join(work, "course")
         copy_course(staged, repo)
+        benchmarks = []
         for here, dirs, files in os.walk(staged, topdown=False):
             for name in files + dirs:
                 path = os.path.join(here, name)
                 relative = os.path.relpath(path, staged).replace(os.sep, "/")
-                if left_out(relative) or left_out(relative + "/"):
+                if left_out(relative, repo) or left_out(relative + "/"):
+                    if relative.startswith("benchmarks/"):
+                        benchmarks.append(relative)
                     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
         mistakes = os.path.join(staged, "tests", "mistakes.py")
         if os.path.exists(mistakes):
@@ -168,7 +183,8 @@ def build(dest, repo=REPO):
             text = f.read()
         with open(ini, "w", encoding="utf-8") as f:
             f.write(re.sub(r"^(addopts\s*=.*)$", r"\1 --impl template", text, count=1, flags=re.M))
-        left = ", ".join(f"`{path}` ({why})" for path, why in LEFT_OUT) + (
+        gone = LEFT_OUT + [(path, "measures the reference answers") for path in sorted(benchmarks)]
+        left = ", ".join(f"`{path}` ({why})" for path, why in gone) + (
             ", and the catalogue of typical wrong answers in `tests/mistakes.py` (edits of the answers)")
         readme = os.path.join(staged, "README.md")
         with open(readme, encoding="utf-8") as f:
@@ -183,7 +199,7 @@ def build(dest, repo=REPO):
         found = problems(staged, os.path.join(repo, "solutions"))
         if not found:
             shutil.move(staged, dest)
-        return found
+        return found, [path for path, _ in LEFT_OUT] + sorted(benchmarks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -200,7 +216,7 @@ def main(argv=None):
     if dest == REPO or dest.startswith(REPO + os.sep):
         print("student_release.py: write the release outside the course (it would copy itself)", file=sys.stderr)
         return 2
-    found = build(dest)
+    found, gone = build(dest)
     if found:
         print("student_release.py: not written, the release would give answers away:", file=sys.stderr)
         for line in found:
@@ -212,8 +228,8 @@ def main(argv=None):
             subprocess.run(["git", *command], cwd=dest, check=True)
     count = sum(len(files) for here, _, files in os.walk(dest)
                 if ".git" not in os.path.relpath(here, dest).split(os.sep))
-    print(f"Wrote the student release to {args.dest} ({count} files; left out: "
-          f"{', '.join(path for path, _ in LEFT_OUT)}).")
+    print(f"Wrote the student release to {args.dest} ({count} files; left out: {', '.join(gone)}; "
+          f"the catalogue in tests/mistakes.py emptied).")
     print(f"Check it: cd {args.dest} && python check.py 1.1")
     return 0
 
