@@ -157,7 +157,9 @@ def wrap(argv, env, copy, writable, limits, cwd=None, user=ROOT_RUNS_AS):
         if key in env:
             inside_env[key] = env[key]
     setenv = [word for key, value in sorted(inside_env.items()) for word in ("--setenv", key, value)]
-    command = [_bwrap() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+    # not root: a user namespace of its own, in which the process limit counts its processes only
+    user_ns = ["--unshare-user"] if os.geteuid() != 0 else []
+    command = [_bwrap() or "bwrap", *user_ns, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
                "--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "localhost",
                "--proc", "/proc", "--dev", "/dev", *binds, "--clearenv", *setenv,
                "--chdir", cwd or copy or "/tmp", "--"]
