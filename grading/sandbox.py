@@ -61,7 +61,7 @@ SIGNS = [
 @dataclasses.dataclass
 class Limits:
     processes: int = DEFAULTS["processes"]
-    memory_gb: float = DEFAULTS["memory_gb"]  # per process; 0: none (CUDA reserves far more address space)
+    memory_gb: float = DEFAULTS["memory_gb"]  # per process; 0: none (not applied where there are GPUs)
     file_gb: float = DEFAULTS["file_gb"]
     tmp_gb: float = DEFAULTS["tmp_gb"]
 
@@ -147,7 +147,8 @@ def wrap(argv, env, copy, writable, limits, cwd=None, user=ROOT_RUNS_AS):
         bind("--ro-bind", copy)
     for path in writable:
         bind("--bind", path)
-    for device in glob.glob("/dev/nvidia*") + glob.glob("/dev/dri"):  # the GPU tests, where there are GPUs
+    gpus = glob.glob("/dev/nvidia*") + glob.glob("/dev/dri")
+    for device in gpus:  # the GPU tests, where there are GPUs
         binds.extend(["--dev-bind", device, device])
     inside_env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
                   "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "GLOO_SOCKET_IFNAME": "lo",
@@ -166,7 +167,7 @@ def wrap(argv, env, copy, writable, limits, cwd=None, user=ROOT_RUNS_AS):
     # inside, once the mounts are made: root drops to a user of its own; then the process limit
     command += [sys.executable, "-c", _LAUNCH, str(limits.processes), str(user if os.geteuid() == 0 else -1)]
     limit = ["prlimit", f"--fsize={int(limits.file_gb * 2 ** 30)}", "--core=0"]
-    if limits.memory_gb:
+    if limits.memory_gb and not gpus:  # CUDA reserves far more address space than it uses
         limit.append(f"--as={int(limits.memory_gb * 2 ** 30)}")
     return limit + ["--"] + command + list(argv), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
