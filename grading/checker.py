@@ -143,10 +143,13 @@ class Run:
     timeout: float
     log_path: str
     stack: str = ""  # where the pytest process was when it was killed
+    repo: str = ""  # the course that was tested
 
 
-def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None):
-    """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s."""
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None):
+    """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s.
+    `wrap(command, env, workdir)` -> (command, env): how to run it (grading/sandbox.py); pytest
+    writes only into `workdir`, and the log goes there from outside."""
     results = os.path.join(workdir, "results.jsonl")
     stack = os.path.join(workdir, "stack.txt")
     log_path = os.path.join(workdir, "pytest.log")
@@ -163,6 +166,8 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
         command.append(f"--timeout={test_timeout}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    if wrap:
+        command, env = wrap(command, env, workdir)
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
@@ -174,7 +179,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
             timed_out = True
             if hasattr(signal, "SIGUSR2"):
                 try:
-                    os.kill(proc.pid, signal.SIGUSR2)  # the plugin writes where it is
+                    os.kill(_pytest_pid(proc.pid), signal.SIGUSR2)  # the plugin writes where it is
                     time.sleep(0.5)
                 except ProcessLookupError:
                     pass
@@ -197,7 +202,36 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     if timed_out and os.path.exists(stack):
         with open(stack, encoding="utf-8", errors="replace") as f:
             stack_text = f.read()
-    return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text)
+    return Run(events, time.monotonic() - start, returncode, timed_out, timeout, log_path, stack_text, repo)
+
+
+def _pytest_pid(pid):
+    """The pytest process: `pid` itself, or under a sandbox (which would die of SIGUSR2) the
+    first of its descendants that runs pytest."""
+    def is_pytest(p):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read().split(b"\0")[1:3] == [b"-m", b"pytest"]
+        except OSError:
+            return False
+    if not os.path.isdir("/proc") or is_pytest(pid):
+        return pid
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo = [pid]
+    while todo:  # breadth first: the outermost pytest, not one of its ranks
+        here = todo.pop(0)
+        if here != pid and is_pytest(here):
+            return here
+        todo += sorted(children.get(here, []))
+    return pid
 
 
 def _kill_group(proc):
@@ -282,8 +316,36 @@ def summarize(tasks, run):
     """A TaskResult for each task, in course order."""
     outcomes = outcomes_of(run)
     collect_errors = [e for e in run.events if e.get("event") == "collect_error"]
-    return [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
-            for task in tasks]
+    results = [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
+               for task in tasks]
+    if run.repo and not os.path.isdir(os.path.join(run.repo, "solutions")):
+        _blame_own_answers(results, discover_tasks(run.repo))
+    return results
+
+
+def _blame_own_answers(results, course):
+    """Without solutions/ (a student release) a task's tests run the student's own answers to
+    the other tasks of its file: say which earlier ones fail too (or were not checked), as the
+    likely cause."""
+    for result in results:
+        if result.status not in ("failing", "hang"):
+            continue
+        file = result.task.file
+        broken = [r.task.id for r in results if r.task.file == file and r.task.key < result.task.key and not r.done]
+        unchecked = [t.id for t in course if t.file == file and t.key < result.task.key
+                     and t.id not in {r.task.id for r in results}]
+        own = "This course has no solutions/, so these tests use your own answers to the other tasks"
+        if broken:
+            one = len(broken) == 1
+            why = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may be the cause: "
+                   f"fix {'it' if one else 'them'} first.")
+        elif unchecked:
+            why = (f"{own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the cause "
+                   f"(`python check.py {result.task.id.split('.')[0]}` checks them all).")
+        else:
+            continue
+        result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
+            (".", "!", "?", ")")) else ".") + " " + why
 
 
 def _summarize_task(task, tests, run, collect_errors):

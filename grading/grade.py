@@ -4,6 +4,13 @@
     python grading/grade.py alice bob --out grades         # grades/grades.json, .csv and logs/
     python grading/grade.py submissions/* --tasks 2        # only Task 2 (also: 2.3, task2_3)
     python grading/grade.py submissions/* --jobs 2         # two submissions at a time
+    python grading/grade.py submissions/* --roster roster.csv   # gradebook.csv with student ids
+    python grading/grade.py /autograder/submission --format gradescope --out /autograder/results
+
+Besides the table: grades.json (everything), grades.csv (a row per student and task),
+gradebook.csv (a row per student, a column per task: for Canvas or Moodle; --roster adds
+the students' ids), feedback/<student>.md (each task's points and the hint, to hand back)
+and logs/<student>.log (pytest's output). --format gradescope also writes results.json.
 
 A submission is a folder that holds a student's template_*.py files, anywhere inside it (a
 copy of the whole repository will do). Each is graded in a fresh temporary copy of this
@@ -12,8 +19,10 @@ pytest.ini and other files are never used, and a tests/ folder that differs from
 reported. Each submission runs in its own process group with time limits, so one that
 hangs or crashes costs at most its limit and the others are still graded.
 
-Points per task and the time limits: grading/points.toml. This runs the students' code
-with your permissions: for untrusted submissions, run it in a container or a VM.
+Points per task and the limits: grading/points.toml. On Linux each submission runs in a
+sandbox (grading/sandbox.py, bubblewrap): no network, none of your files, a private /tmp,
+limits on processes, memory and file size. Where it cannot start, grade.py says why and
+stops; --no-sandbox then runs the students' code with your permissions.
 """
 import argparse
 import concurrent.futures
@@ -30,6 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+from grading import formats, sandbox  # noqa: E402
 from grading.checker import REPO, discover_tasks, run_tests, select_tasks, summarize  # noqa: E402
 from grading.course import copy_course  # noqa: E402
 
@@ -53,6 +63,19 @@ def parse_args(argv=None):
     parser.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default: 1; "
                         "more can make timing-sensitive tests slower)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary grading copies, and print where")
+    parser.add_argument("--format", choices=["default", "gradescope"], default="default",
+                        help="gradescope: also write OUT/results.json for Gradescope (one submission; "
+                        "grading/gradescope/run_autograder calls this)")
+    parser.add_argument("--roster", default=None,
+                        help="CSV file with a 'folder' column (the submission folder's name) and the columns to "
+                        "copy into gradebook.csv (student id, e-mail)")
+    parser.add_argument("--tracebacks", action="store_true",
+                        help="feedback files also say where each failing task stopped (default: the hint only)")
+    parser.add_argument("--sandbox", choices=["on", "off", "auto"], default="on" if sys.platform.startswith("linux")
+                        else "off", help="on (default on Linux): each submission runs in a sandbox, and grading stops "
+                        "if none can start; auto: the sandbox where it can start; off: with your permissions")
+    parser.add_argument("--no-sandbox", dest="sandbox", action="store_const", const="off",
+                        help="run the students' code with your permissions (same as --sandbox off)")
     return parser.parse_args(argv)
 
 
@@ -67,7 +90,9 @@ def load_policy(path):
     return {"default": float(policy.get("default", 10)), "partial": bool(policy.get("partial", False)),
             "points": {str(k): float(v) for k, v in policy.get("points", {}).items()},
             "test_seconds": float(limits.get("test_seconds", 60)), "retries": int(limits.get("retries", 1)),
-            "submission_seconds": float(limits.get("submission_seconds", 900))}
+            "submission_seconds": float(limits.get("submission_seconds", 900)),
+            "sandbox": dict(policy.get("sandbox", {})), "gradescope": dict(policy.get("gradescope", {})),
+            "classroom": dict(policy.get("classroom", {}))}
 
 
 def points_for(result, policy):
@@ -84,20 +109,61 @@ def points_for(result, policy):
 
 # ----------------------------------------------------------------------------- submissions
 
+class Refused(Exception):
+    """A submission that cannot be graded as it is: the message says why and what to do."""
+
+
+def _unfinished(path):
+    """How many tasks of a template file still raise their NotImplementedError."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return len(re.findall(r"raise NotImplementedError\(\s*[\"']Task \d+\.\d+", f.read()))
+
+
 def find_student_files(folder, names):
-    """{name: path} of each of `names` in `folder`, the shallowest copy, and notes on doubts."""
-    found, notes = {}, []
+    """{name: path} of each of `names` in `folder`, and notes on doubts.
+
+    One copy of a file: that one. Several (a backup, an older clone inside the submission):
+    identical ones are one; otherwise the copy with the most tasks filled in, then the newest
+    (by more than a second), each with a note. Different copies that neither rule separates
+    raise Refused: grading one of them would be a guess."""
+    copies, notes = {}, []
     for here, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-        depth = os.path.relpath(here, folder).count(os.sep)
-        for name in set(files) & set(names):
-            path = os.path.join(here, name)
-            if name not in found:
-                found[name] = (depth, path)
-            elif found[name][0] == depth:
-                notes.append(f"two copies of {name} ({os.path.relpath(found[name][1], folder)} and "
-                             f"{os.path.relpath(path, folder)}): graded the first")
-    return {name: path for name, (depth, path) in found.items()}, notes
+        for name in sorted(set(files) & set(names)):
+            copies.setdefault(name, []).append(os.path.join(here, name))
+    found = {}
+    for name, paths in sorted(copies.items()):
+        paths.sort(key=lambda p: (p.count(os.sep), p))  # the shallowest first
+        texts = {}
+        for path in paths:
+            with open(path, "rb") as f:
+                texts[path] = f.read()
+        if len(set(texts.values())) == 1:
+            found[name] = paths[0]
+            continue
+        shown = ", ".join(os.path.relpath(p, folder) for p in paths)
+        left = {p: _unfinished(p) for p in paths}
+        fewest = min(left.values())
+        candidates = [p for p in paths if left[p] == fewest]
+        if len(candidates) == 1:
+            found[name] = candidates[0]
+            counts = ", ".join(f"{os.path.relpath(p, folder)}: {left[p]}" for p in paths)
+            notes.append(f"{len(paths)} different copies of {name} ({shown}): graded "
+                         f"{os.path.relpath(candidates[0], folder)}, the one with the fewest tasks left "
+                         f"(tasks still raising NotImplementedError: {counts})")
+            continue
+        if len({texts[p] for p in candidates}) == 1:
+            found[name] = candidates[0]
+            continue
+        times = sorted(((os.path.getmtime(p), p) for p in candidates), reverse=True)
+        if times[0][0] - times[1][0] > 1.0:
+            found[name] = times[0][1]
+            notes.append(f"{len(paths)} different copies of {name} ({shown}) with the same tasks filled in: "
+                         f"graded the newest, {os.path.relpath(times[0][1], folder)}")
+            continue
+        raise Refused(f"not graded: {len(paths)} different copies of {name} ({shown}), with the same tasks "
+                      f"filled in and none newer: leave one copy of {name} in the submission and grade it again")
+    return found, notes
 
 
 def inspect_submission(root, files):
@@ -139,13 +205,15 @@ def grade_one(name, folder, tasks, policy, args, exclude):
     try:
         return _grade_one(name, folder, tasks, policy, args, exclude)
     except Exception as error:  # noqa: BLE001 - one broken submission must not stop the others
+        refused = isinstance(error, Refused)
+        why = str(error) if refused else f"the grader failed: {type(error).__name__}: {error}"
         rows = [{"task": t.id, "where": t.where(), "points": 0.0,
-                 "max_points": policy["points"].get(t.id, policy["default"]), "status": "error",
-                 "explanation": f"the grader failed: {type(error).__name__}: {error}", "details": [],
-                 "passed": 0, "tests": 0} for t in tasks]
+                 "max_points": policy["points"].get(t.id, policy["default"]), "status": "refused" if refused
+                 else "error", "explanation": why, "details": [], "passed": 0, "tests": 0} for t in tasks]
         return {"student": name, "path": os.path.abspath(folder), "points": 0.0,
                 "max_points": sum(r["max_points"] for r in rows), "seconds": 0.0, "timed_out": False,
-                "notes": [f"not graded: {type(error).__name__}: {error}"], "log": None, "tasks": rows}
+                "notes": [why if refused else f"not graded: {type(error).__name__}: {error}"], "log": None,
+                "tasks": rows}
 
 
 def _grade_one(name, folder, tasks, policy, args, exclude):
@@ -164,9 +232,11 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
     try:
         copy = os.path.join(workdir, "repo")
         make_grading_copy(files, copy, exclude)
-        run = run_tests(copy, [t.id for t in tasks], workdir, impl="template",
+        wrap = _sandboxed(copy, policy) if args.sandbox == "on" else None
+        # each run writes into a folder of its own, beside the copy (which the sandbox makes read-only)
+        run = run_tests(copy, [t.id for t in tasks], tempfile.mkdtemp(prefix="run-", dir=workdir), impl="template",
                         timeout=args.timeout or policy["submission_seconds"],
-                        test_timeout=args.test_timeout or policy["test_seconds"])
+                        test_timeout=args.test_timeout or policy["test_seconds"], wrap=wrap)
         if run.timed_out:
             notes.append(f"stopped at the time limit ({run.timeout:.0f} s)")
         results = summarize(tasks, run)
@@ -186,7 +256,7 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
                 retry_dir = tempfile.mkdtemp(prefix="retry-", dir=workdir)
                 rerun = run_tests(copy, [r.task.id for r in again], retry_dir, impl="template",
                                   timeout=args.timeout or policy["submission_seconds"],
-                                  test_timeout=args.test_timeout or policy["test_seconds"])
+                                  test_timeout=args.test_timeout or policy["test_seconds"], wrap=wrap)
                 seconds += rerun.seconds
                 with open(log, "a") as out, open(rerun.log_path) as f:
                     out.write(f"\n\n===== run {attempt + 2}: Task {', '.join(r.task.id for r in again)} =====\n")
@@ -198,6 +268,9 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
                                      f"{old.explanation[:200]})")
                     if new.done or old.status == "not run":  # a task not run the first time: this is its grade
                         results[results.index(old)] = new
+        if wrap:
+            with open(log, encoding="utf-8", errors="replace") as f:
+                notes += sandbox.notes_from_log(f.read(), copy)
     finally:
         if args.keep:
             print(f"kept the grading copy of {name}: {workdir}", file=sys.stderr)
@@ -213,6 +286,17 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
             "points": round(sum(r["points"] for r in rows), 2), "max_points": sum(r["max_points"] for r in rows),
             "seconds": round(seconds, 1), "timed_out": run.timed_out, "notes": notes,
             "log": os.path.relpath(log, args.out), "tasks": rows}
+
+
+def _sandboxed(copy, policy):
+    """How run_tests runs pytest in the sandbox (grading/sandbox.py), with points.toml's limits."""
+    limits = sandbox.Limits.from_policy(policy["sandbox"])
+    user = sandbox.new_user()
+
+    def wrap(command, env, workdir):
+        sandbox.prepare(copy, [workdir], user)
+        return sandbox.wrap(command, env, copy=copy, writable=[workdir], limits=limits, user=user)
+    return wrap
 
 
 def student_names(paths):
@@ -292,11 +376,34 @@ def main(argv=None):
     if unknown:
         print(f"grade.py: warning: {args.points} gives points to tasks that do not exist: {', '.join(unknown)}",
               file=sys.stderr)
+    if args.format == "gradescope" and len(args.submissions) != 1:
+        print("grade.py: --format gradescope grades one submission (Gradescope runs one at a time)", file=sys.stderr)
+        return 2
+    roster = None
+    if args.roster:
+        try:
+            roster = formats.read_roster(args.roster)
+        except (OSError, ValueError) as error:
+            print(f"grade.py: {error}", file=sys.stderr)
+            return 2
+    if args.sandbox != "off":
+        ok, why = sandbox.available()
+        if not ok and args.sandbox == "on":
+            print(f"grade.py: the sandbox cannot start: {why}. Install it, or grade with your own permissions: "
+                  f"--no-sandbox", file=sys.stderr)
+            return 2
+        if not ok:
+            print(f"grade.py: not sandboxed: {why}", file=sys.stderr)
+        args.sandbox = "on" if ok else "off"
+    elif not sys.platform.startswith("linux"):
+        print(f"grade.py: not sandboxed (the sandbox needs Linux): the students' code runs with your permissions",
+              file=sys.stderr)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     # submissions or the output kept inside this repository must not be copied into every grading copy
     exclude = {os.path.realpath(p) for p in args.submissions + [args.out]}
     names = student_names(args.submissions)
-    print(f"Grading {len(names)} submission(s) on Task {', '.join(t.id for t in tasks)} ...", file=sys.stderr)
+    print(f"Grading {len(names)} submission(s) on Task {', '.join(t.id for t in tasks)}"
+          f"{', sandboxed' if args.sandbox == 'on' else ', NOT sandboxed'} ...", file=sys.stderr)
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(grade_one, name, folder, tasks, policy, args, exclude)
@@ -308,7 +415,17 @@ def main(argv=None):
         grades = [future.result() for future in futures]
     print_table(grades)
     write_reports(grades, args.out, policy, tasks)
-    print(f"Wrote {os.path.join(args.out, 'grades.json')} and grades.csv ({time.monotonic() - start:.0f} s).")
+    for warning in formats.gradebook(grades, [t.id for t in tasks], os.path.join(args.out, "gradebook.csv"), roster):
+        print(f"grade.py: warning: {warning}", file=sys.stderr)
+    os.makedirs(os.path.join(args.out, "feedback"), exist_ok=True)
+    for grade in grades:
+        formats.feedback(grade, os.path.join(args.out, "feedback"), tracebacks=args.tracebacks)
+    written = "grades.json, grades.csv, gradebook.csv, feedback/"
+    if args.format == "gradescope":
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(formats.gradescope_results(grades[0], policy, sandboxed=args.sandbox == "on"), f, indent=2)
+        written += ", results.json"
+    print(f"Wrote {written} and logs/ in {args.out} ({time.monotonic() - start:.0f} s).")
     return 0
 
 

@@ -33,6 +33,9 @@ NOT_RUN = {
     "python check.py *": "runs the task's tests, which the default `pytest` run runs on the solutions; "
                          "`pytest -m grading` runs check.py itself on prepared submissions",
     "python grading/grade.py *": "needs a folder of student submissions; `pytest -m grading` grades prepared ones",
+    "python tools/student_release.py *": "writes a release outside the course, from the committed templates (here "
+                                         "they hold the answers); tests/test_student_release.py builds one and runs "
+                                         "check.py in it",
     "torchrun --standalone --nproc_per_node=gpu *": "needs GPUs (NCCL)",
     "python -m solutions.template_replicas --devices cuda:0,cuda:1": "needs two GPUs",
     "sbatch *": "needs a SLURM cluster; tests/test_launch.py submits submit.sh to the test cluster (pytest -m slurm)",

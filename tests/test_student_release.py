@@ -1,0 +1,131 @@
+"""tools/student_release.py: the course without its answers, which still works for a student.
+
+    pytest tests/test_student_release.py              # what the release holds (a second)
+    pytest -m slow tests/test_student_release.py      # check.py run in a release
+
+The check for answers here is this test's own: every fenced answer of solutions/ is looked
+for in every file of the release, whatever the tool itself checked.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mistakes import MISTAKES, REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import student_release  # noqa: E402
+
+pytestmark = [pytest.mark.grading, pytest.mark.repo]
+
+FENCE = re.compile(r"# --- Task (\d+\.\d+) begin ---\n(.*?)\n[ \t]*# --- Task \1 end ---", re.S)
+
+
+def _squeeze(text):
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _committed(path):
+    return subprocess.run(["git", "show", f"HEAD:{path}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    if subprocess.run(["git", "rev-parse"], cwd=REPO, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: the release takes the committed templates")
+    dest = str(tmp_path_factory.mktemp("release") / "course")
+    assert student_release.main([dest]) == 0
+    return dest
+
+
+def _released_texts(release):
+    for here, _, files in os.walk(release):
+        for name in files:
+            path = os.path.join(here, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    yield os.path.relpath(path, release), f.read()
+            except UnicodeDecodeError:
+                continue
+
+
+def test_the_release_holds_no_answer(release):
+    answers = {}
+    for name in os.listdir(os.path.join(REPO, "solutions")):
+        if name.startswith("template_"):
+            with open(os.path.join(REPO, "solutions", name)) as f:
+                for task, body in FENCE.findall(f.read()):
+                    # an answer that the template's docstring spells out (Task 7.3's one line) is handed out anyway
+                    if _squeeze(body) not in _squeeze(_committed(name)):
+                        answers[f"Task {task} ({name})"] = _squeeze(body)
+    assert len(answers) >= 20, f"found only {sorted(answers)}: the fences of solutions/ were not read"
+    found = [(path, task) for path, text in _released_texts(release) for task, body in answers.items()
+             if body in _squeeze(text)]
+    assert not found, f"answers in the release: {found}"
+    assert not os.path.exists(os.path.join(release, "solutions"))
+    # the catalogue of wrong answers is edits of the answers: emptied
+    with open(os.path.join(release, "tests", "mistakes.py")) as f:
+        catalogue = f.read()
+    assert not re.search(r"^\s+Mistake\(", catalogue, re.M), "tests/mistakes.py still lists mistakes"
+    assert not any(len(m.old) > 60 and m.old in catalogue for m in MISTAKES)
+    for path in ("tests/test_mistakes.py", "tests/test_check_grade.py"):
+        assert not os.path.exists(os.path.join(release, path))
+
+
+def test_the_release_has_the_committed_templates_and_tests_them_by_default(release):
+    for name in os.listdir(REPO):
+        if name.startswith("template_") and name.endswith(".py"):
+            with open(os.path.join(release, name)) as f:
+                assert f.read() == _committed(name), name
+    with open(os.path.join(release, "pytest.ini")) as f:
+        assert re.search(r"^addopts = .*--impl template$", f.read(), re.M)
+    with open(os.path.join(release, "README.md")) as f:
+        readme = f.read()
+    assert "**Student release.**" in readme and "tests/mistakes.py" in readme
+    assert "](solutions/" not in readme  # links to what is left out are plain text
+
+
+def test_a_release_that_would_hold_an_answer_is_not_written(release, tmp_path):
+    with open(os.path.join(REPO, "solutions", "template_trainer.py")) as f:
+        body = FENCE.findall(f.read())[0][1]
+    page = os.path.join(release, "docs", "task2-synchronisation.md")
+    with open(page) as f:
+        original = f.read()
+    try:
+        with open(page, "a") as f:
+            f.write("\n```python\n" + body + "\n```\n")
+        found = student_release.problems(release, os.path.join(REPO, "solutions"))
+    finally:
+        with open(page, "w") as f:
+            f.write(original)
+    assert any(line.startswith("docs/task2-synchronisation.md holds the answer to Task") for line in found), found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_check_runs_in_the_release_on_the_students_own_answers(release, tmp_path):
+    """Task 1.1 wrong (the epoch left out of the seed), Task 1.4 right: in the course, 1.4's tests
+    take the reference 1.1 and pass; in the release they take the student's, and check.py says
+    that Task 1.1 may be the cause."""
+    mistake = next(m for m in MISTAKES if m.name == "epoch-not-in-seed")
+    with open(os.path.join(REPO, "solutions", "template_data_loader.py")) as f:
+        answer = mistake.apply(f.read())
+    with open(os.path.join(release, "template_data_loader.py"), "w") as f:
+        f.write(answer)
+    try:
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "check.py", "1.1", "1.4", "2.1"], cwd=release, capture_output=True,
+                              text=True, timeout=200)
+    finally:
+        with open(os.path.join(release, "template_data_loader.py"), "w") as f:
+            f.write(_committed("template_data_loader.py"))
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"Task 1\.1 .* failing", out) and mistake.hint in out, out
+    assert re.search(r"Task 1\.4 .* failing", out), out
+    assert "your own answers to the other tasks: Task 1.1 is not done either and may be the cause" in out, out
+    assert re.search(r"Task 2\.1 .* not started", out), out
+    print(f"check.py in the release: {time.monotonic() - start:.0f} s")

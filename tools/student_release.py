@@ -1,0 +1,238 @@
+"""Write the course as students get it: everything but the answers.
+
+    python tools/student_release.py ../course-release           # a new folder
+    python tools/student_release.py ../course-release --git     # ... as a git repository, one commit
+    python tools/student_release.py ../course-release --force   # replace the folder
+
+Left out, and why (the release's README.md says so too):
+- solutions/: the answers.
+- the catalogue of typical wrong answers in tests/mistakes.py (MISTAKES): it is written as
+  edits of the answers (its `old=` strings are pieces of them). The file stays, with an empty
+  catalogue, for the tests that import its helpers; tests/test_mistakes.py and
+  tests/test_check_grade.py, which check and grade that catalogue, are left out.
+- benchmarks/*.py that import solutions/: they measure the reference answers (their results
+  and plots stay).
+
+In the release, `pytest`, `python check.py` and `torchrun ... train_ddp.py` run the student's
+template_*.py files. A task's tests use the student's own answers to the other tasks where the
+course uses the reference answers (tests/conftest.py), and check.py names an earlier task that
+fails as the likely cause. Links in the Markdown pages to what is left out become plain text.
+
+Before writing, the release is checked: the templates are the course's untouched ones (each
+fence holds its TODO and its raise) and no fenced answer of solutions/ appears in any file
+(except one that the template's own docstring gives, like Task 7.3's one line).
+Either failing stops with what was found, and nothing is left behind.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from grading.course import copy_course  # noqa: E402
+
+# (path or folder/, why): what a release leaves out
+MISTAKES = re.compile(r"^MISTAKES = \[\n.*?^\]\n", re.M | re.S)
+EMPTIED = ("MISTAKES = []  # the catalogue of typical wrong answers is not part of the student release: "
+           "its entries are edits of the answers\n")
+LEFT_OUT = [
+    ("solutions/", "the answers"),
+    ("tests/test_mistakes.py", "checks that catalogue against the answers"),
+    ("tests/test_check_grade.py", "grades submissions made from that catalogue"),
+]
+IMPORTS_SOLUTIONS = re.compile(r"^(?:from|import)\s+solutions\b", re.M)  # at the top level of a file
+FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---[ \t]*\n(.*?)^[ \t]*# --- Task \1 end ---", re.M | re.S)
+UNTOUCHED = re.compile(r"\A[ \t]*# TODO Task [\d.]+:[^\n]*\n[ \t]*raise NotImplementedError\([^\n]*\)\n?\Z")
+LINK = re.compile(r"(!?)\[((?:[^\]]|\][^(])*?)\]\(([^)\s]+)\)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dest", help="the new folder for the release")
+    parser.add_argument("--git", action="store_true", help="make the folder a git repository with one commit")
+    parser.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    return parser.parse_args(argv)
+
+
+def left_out(path, repo=REPO):
+    """Why `path` (relative, '/'-separated) is not in a release, or None."""
+    if path.startswith("benchmarks/") and path.endswith(".py") and os.path.isfile(os.path.join(repo, path)):
+        with open(os.path.join(repo, path), encoding="utf-8") as f:
+            if IMPORTS_SOLUTIONS.search(f.read()):
+                return "measures the reference answers"
+    for prefix, why in LEFT_OUT:
+        if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+            return why
+    return None
+
+
+def answers(solutions):
+    """{(file, task): the fenced answer, its lines stripped} of every solution file."""
+    found = {}
+    for name in sorted(os.listdir(solutions)):
+        if name.startswith("template_") and name.endswith(".py"):
+            with open(os.path.join(solutions, name), encoding="utf-8") as f:
+                for task, body in FENCE.findall(f.read()):
+                    found[(name, task)] = _normal(body)
+    return found
+
+
+def _normal(text):
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def problems(release, solutions):
+    """What would make `release` leak an answer or break: a filled-in template, an answer found,
+    a test file that imports solutions/ when it is collected."""
+    found = []
+    tests = os.path.join(release, "tests")
+    for name in sorted(os.listdir(tests)) if os.path.isdir(tests) else []:
+        if name.endswith(".py"):
+            with open(os.path.join(tests, name), encoding="utf-8") as f:
+                if IMPORTS_SOLUTIONS.search(f.read()):
+                    found.append(f"tests/{name} imports solutions/ at its top: the release could not collect it "
+                                 f"(take the reference answers through conftest.load(\"solutions\", ...) in the tests)")
+    for name in sorted(os.listdir(release)):
+        if name.startswith("template_") and name.endswith(".py"):
+            with open(os.path.join(release, name), encoding="utf-8") as f:
+                for task, body in FENCE.findall(f.read()):
+                    if not UNTOUCHED.match(body.lstrip("\n")):
+                        found.append(f"{name}: Task {task}'s fence is filled in (the release takes the committed "
+                                     f"templates: commit them untouched)")
+    bodies = answers(solutions)
+    for (file, task), body in list(bodies.items()):  # an answer that its docstring spells out is handed out anyway
+        with open(os.path.join(release, file), encoding="utf-8") as f:
+            if body in _normal(f.read()):
+                del bodies[(file, task)]
+    for here, _, files in os.walk(release):
+        if ".git" in os.path.relpath(here, release).split(os.sep):
+            continue
+        for name in files:
+            path = os.path.join(here, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = _normal(f.read())
+            except (UnicodeDecodeError, OSError):
+                continue  # images, data
+            for (file, task), body in bodies.items():
+                if body and body in text:
+                    found.append(f"{os.path.relpath(path, release)} holds the answer to Task {task} ({file})")
+    return found
+
+
+def _unlink_left_out(release, page):
+    """[text](link) to a file that is left out becomes the text: the release has no such file."""
+    path = os.path.join(release, page)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+
+    def plain(match):
+        image, label, target = match.groups()
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            return match.group(0)
+        resolved = os.path.normpath(os.path.join(os.path.dirname(page), target.partition("#")[0])).replace(os.sep, "/")
+        if left_out(resolved) or left_out(resolved + "/"):
+            return label
+        return match.group(0)
+    new = LINK.sub(plain, text)
+    if new != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+
+
+NOTE = """\
+> **Student release.** This copy of the course has no answers. Left out: {left}.
+> `pytest` and `python check.py` test your `template_*.py` files; a task's tests use your own
+> answers to the tasks it builds on, so when an earlier task fails, fix that one first
+> (`python check.py` names it).
+
+"""
+
+
+def build(dest, repo=REPO):
+    """Write the release to the new folder `dest`; returns (the problems: empty if written, what
+    was left out)."""
+    work = tempfile.mkdtemp(prefix="release-")
+    try:
+        staged = os.path.join(work, "course")
+        copy_course(staged, repo)
+        benchmarks = []
+        for here, dirs, files in os.walk(staged, topdown=False):
+            for name in files + dirs:
+                path = os.path.join(here, name)
+                relative = os.path.relpath(path, staged).replace(os.sep, "/")
+                if left_out(relative, repo) or left_out(relative + "/"):
+                    if relative.startswith("benchmarks/"):
+                        benchmarks.append(relative)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        mistakes = os.path.join(staged, "tests", "mistakes.py")
+        if os.path.exists(mistakes):
+            with open(mistakes, encoding="utf-8") as f:
+                text, count = MISTAKES.subn(EMPTIED, f.read())
+            if count != 1:
+                return ["tests/mistakes.py: no `MISTAKES = [` ... `]` list found to empty"]
+            with open(mistakes, "w", encoding="utf-8") as f:
+                f.write(text)
+        # plain `pytest` tests the student's files too
+        ini = os.path.join(staged, "pytest.ini")
+        with open(ini, encoding="utf-8") as f:
+            text = f.read()
+        with open(ini, "w", encoding="utf-8") as f:
+            f.write(re.sub(r"^(addopts\s*=.*)$", r"\1 --impl template", text, count=1, flags=re.M))
+        gone = LEFT_OUT + [(path, "measures the reference answers") for path in sorted(benchmarks)]
+        left = ", ".join(f"`{path}` ({why})" for path, why in gone) + (
+            ", and the catalogue of typical wrong answers in `tests/mistakes.py` (edits of the answers)")
+        readme = os.path.join(staged, "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        title, _, rest = text.partition("\n\n")
+        with open(readme, "w", encoding="utf-8") as f:
+            f.write(f"{title}\n\n{NOTE.format(left=left)}{rest}")
+        for here, _, files in os.walk(staged):
+            for name in files:
+                if name.endswith(".md"):
+                    _unlink_left_out(staged, os.path.relpath(os.path.join(here, name), staged))
+        found = problems(staged, os.path.join(repo, "solutions"))
+        if not found:
+            shutil.move(staged, dest)
+        return found, [path for path, _ in LEFT_OUT] + sorted(benchmarks)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dest = os.path.abspath(args.dest)
+    if os.path.exists(dest):
+        if not args.force:
+            print(f"student_release.py: {args.dest} exists: choose a new folder, or --force to replace it",
+                  file=sys.stderr)
+            return 2
+        shutil.rmtree(dest)
+    if dest == REPO or dest.startswith(REPO + os.sep):
+        print("student_release.py: write the release outside the course (it would copy itself)", file=sys.stderr)
+        return 2
+    found, gone = build(dest)
+    if found:
+        print("student_release.py: not written, the release would give answers away:", file=sys.stderr)
+        for line in found:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    if args.git:
+        for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=course", "-c", "user.email=course@localhost",
+                                                       "commit", "-q", "-m", "Student release"]):
+            subprocess.run(["git", *command], cwd=dest, check=True)
+    count = sum(len(files) for here, _, files in os.walk(dest)
+                if ".git" not in os.path.relpath(here, dest).split(os.sep))
+    print(f"Wrote the student release to {args.dest} ({count} files; left out: {', '.join(gone)}; "
+          f"the catalogue in tests/mistakes.py emptied).")
+    print(f"Check it: cd {args.dest} && python check.py 1.1")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
