@@ -30,14 +30,24 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 def course_module(impl, name):
     """template_<name>.py of --impl: yours (template) or solutions/' (solutions, and ddp for the
-    given code the baseline shares, such as the evaluation loaders)."""
-    return importlib.import_module(("solutions." if impl != "template" else "") + name)
+    code the baseline shares with ours, such as the evaluation loaders: yours in a student
+    release, which has no solutions/)."""
+    return importlib.import_module(("" if uses_your_files(impl) else "solutions.") + name)
+
+
+def uses_your_files(impl):
+    return impl == "template" or (impl == "ddp" and not has_solutions())
+
+
+def has_solutions():
+    """False in a student release (tools/student_release.py), which leaves solutions/ out."""
+    return os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "solutions"))
 
 
 def unfilled_task(impl, files, root=None):
     """The first 'Task X.Y' whose TODO still raises NotImplementedError, or None. `files`:
     file names, or (file name, function) where training uses only that function of the file."""
-    if impl != "template":
+    if not uses_your_files(impl):
         return None
     root = root or os.path.dirname(os.path.abspath(__file__))
     for name in files:
@@ -556,6 +566,9 @@ def add_arguments(parser):
 
 def choose(args):
     """The strategy class the flags ask for; ValueError with one line if they cannot work together."""
+    if args.impl == "solutions" and not has_solutions():
+        raise ValueError("--impl solutions trains with the reference answers, which this copy of the course does "
+                         "not have: train with --impl template (your files) or --impl ddp (PyTorch's)")
     if args.bucket_mb < 0:
         raise ValueError(f"--bucket-mb {args.bucket_mb}: a bucket size is 0 (one bucket per parameter) or more")
     strategy = next(cls for cls in STRATEGIES if cls.chosen_by(args))

@@ -117,9 +117,9 @@ def main(args):
                          + (["template_checkpoint.py"] if args.checkpoint_dir else []))
     if task:
         trainer = strategies.course_module("template", "template_trainer")
-        trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl template cannot start.\n"
-                       f"Fill it in and check it with:  python check.py {task[0][5:]}\n"
-                       "or train with the reference answers:  --impl solutions")
+        trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl {args.impl} cannot start.\n"
+                       f"Fill it in and check it with:  python check.py {task[0][5:]}"
+                       + ("\nor train with the reference answers:  --impl solutions" if strategies.has_solutions() else ""))
         if int(os.environ.get("RANK", 0)) != 0:
             time.sleep(1)  # torchrun stops every rank when one exits: let rank 0 print first
         return 1

@@ -152,3 +152,21 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
         rows = list(csv.DictReader(f))
     assert [row["epoch"] for row in rows] == ["1", "2"], rows
     assert float(rows[0]["train_loss"]) > 0, rows
+
+
+def test_a_student_release_trains_with_the_students_files_only(tmp_path):
+    """tools/student_release.py leaves solutions/ out: --impl solutions says so in one line, and
+    --impl ddp, which shares the evaluation loaders and counts with our code, takes the student's."""
+    release = tmp_path / "release"
+    subprocess.run([sys.executable, "tools/student_release.py", str(release)], cwd=REPO, check=True,
+                   capture_output=True, timeout=60)
+    quick = ["--data", "synthetic", "--train-samples", "256", "--epochs", "1", "--no-plot"]
+    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "solutions", *quick], cwd=release,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
+        "course does not have" in proc.stderr, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "ddp", *quick], cwd=release,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Task 1.1 in template_data_loader.py is not done yet, so training with --impl ddp cannot start" in \
+        proc.stdout and "--impl solutions" not in proc.stdout, proc.stdout + proc.stderr
