@@ -1,6 +1,6 @@
 """The pipeline's bubble, measured: GPipe and 1F1B against the theory (p - 1) / (m + p - 1).
 
-    python benchmarks/pipeline_bench.py            # p = 2, 4 stages; m = 1, 2, 4, 8, 16; then the CNN (minutes)
+    python benchmarks/pipeline_bench.py            # p = 2, 4 stages; m = 1, 2, 4, 8, 16; then the CNN (8 minutes)
     python benchmarks/pipeline_bench.py --quick    # p = 2; m = 1, 4; short stages; no CNN (seconds)
 
 Part 1, the bubble. Each stage is one layer whose forward sleeps --forward-ms and whose
@@ -49,8 +49,8 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="p = 2, m = 1 and 4, 5 ms stages, no CNN: seconds")
     parser.add_argument("--stages", default="2,4", help="comma-separated numbers of stages p (default: 2,4)")
     parser.add_argument("--microbatches", default="1,2,4,8,16", help="comma-separated m (default: 1,2,4,8,16)")
-    parser.add_argument("--forward-ms", type=float, default=50.0,
-                        help="a stage's forward of one micro-batch sleeps this long, its backward twice (default: 50)")
+    parser.add_argument("--forward-ms", type=float, default=150.0,
+                        help="a stage's forward of one micro-batch sleeps this long, its backward twice (default: 150)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case, after a warm-up (default: 3)")
     parser.add_argument("--cnn-batch", type=int, default=64, help="images a step for the CNN comparison (default: 64)")
     parser.add_argument("--no-cnn", action="store_true", help="skip part 2, the CNN against data parallelism")
