@@ -1,6 +1,6 @@
 """The pipeline's bubble, measured: GPipe and 1F1B against the theory (p - 1) / (m + p - 1).
 
-    python benchmarks/pipeline_bench.py            # p = 2, 4 stages; m = 1, 2, 4, 8, 16; then the CNN (minutes)
+    python benchmarks/pipeline_bench.py            # p = 2, 4 stages; m = 1, 2, 4, 8, 16; then the CNN (8 minutes)
     python benchmarks/pipeline_bench.py --quick    # p = 2; m = 1, 4; short stages; no CNN (seconds)
 
 Part 1, the bubble. Each stage is one layer whose forward sleeps --forward-ms and whose
@@ -12,8 +12,8 @@ return; each stage's busy time is the time its layer actually slept; the idle sh
 1 - busy / T, averaged over the stages, and the median over the steps is reported against the
 theory (p - 1) / (m + p - 1). extra_ms_per_slot is what the theory leaves out, per slot of one
 forward and one backward: (T - (m + p - 1) x (forward + backward)) / (m + p - 1), the messages'
-latency and the time a waiting process takes to run again. Also the peak number of micro-batches whose activations a stage
-held at once, counted from the trace (GPipe: m; 1F1B: at most p - stage).
+latency and the time a waiting process takes to run again. Also the peak number of micro-batches
+whose activations a stage held at once, counted from the trace (GPipe: m; 1F1B: at most p - stage).
 
 Part 2, the real CNN: the step time of the course's CNN (forward, backward; no optimizer) with
 --cnn-batch images a step, split into 2 pipeline stages (1F1B and GPipe, m = 4), against plain
@@ -49,8 +49,8 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="p = 2, m = 1 and 4, 5 ms stages, no CNN: seconds")
     parser.add_argument("--stages", default="2,4", help="comma-separated numbers of stages p (default: 2,4)")
     parser.add_argument("--microbatches", default="1,2,4,8,16", help="comma-separated m (default: 1,2,4,8,16)")
-    parser.add_argument("--forward-ms", type=float, default=50.0,
-                        help="a stage's forward of one micro-batch sleeps this long, its backward twice (default: 50)")
+    parser.add_argument("--forward-ms", type=float, default=150.0,
+                        help="a stage's forward of one micro-batch sleeps this long, its backward twice (default: 150)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case, after a warm-up (default: 3)")
     parser.add_argument("--cnn-batch", type=int, default=64, help="images a step for the CNN comparison (default: 64)")
     parser.add_argument("--no-cnn", action="store_true", help="skip part 2, the CNN against data parallelism")
@@ -268,7 +268,8 @@ def main():
     for r in sorted(rows, key=lambda r: (r["stages"], r["schedule"], r["microbatches"])):
         r["relative_difference"] = r["measured_bubble"] / r["theory_bubble"] - 1
         print(f"{r['schedule']:>8} {r['stages']:>2} {r['microbatches']:>3} {r['measured_bubble']:9.3f} "
-              f"{r['theory_bubble']:7.3f} {r['relative_difference']:+9.1%} {r['extra_ms_per_slot']:8.1f}  {r['peak_stored']}")
+              f"{r['theory_bubble']:7.3f} {r['relative_difference']:+9.1%} {r['extra_ms_per_slot']:8.1f}  "
+              f"{r['peak_stored']}")
     suffix = "_quick" if args.quick else ""
     write_csv(os.path.join(args.out, f"pipeline_bubble{suffix}.csv"), rows)
     plot_bubble(rows, os.path.join(args.out, f"pipeline_bubble{suffix}.png"))
