@@ -17,7 +17,8 @@ The bytes are counted after a step: the classifier's parameters (this rank's sli
 step time (forward, backward, synchronisation, AdamW step) is the median over --steps steps of the
 slowest rank, after a warm-up step, the two strategies taking turns step by step so that load
 from elsewhere hits them alike. Also counted: the bytes each rank all-reduces per step (tp: recorded;
-ddp: its gradients, which its buckets carry).
+ddp: its gradients, which its buckets carry), and for tp the time a rank waits inside them (the
+median over the steps, of rank 0).
 Writes benchmarks/results/parallel_cnn.csv (or under --out).
 """
 import argparse
@@ -55,16 +56,21 @@ def nbytes(tensors):
 
 
 class WireCount:
-    """Counts the bytes this process all-reduces (the rank's own tensors, as the alpha-beta model's S)."""
+    """Counts the bytes this process all-reduces (the rank's own tensors, as the alpha-beta model's S),
+    and the time spent waiting in those all-reduces."""
 
     def __init__(self):
-        self.bytes, self.calls = 0, 0
+        self.bytes, self.calls, self.seconds = 0, 0, 0.0
         original = dist.all_reduce
 
         def counted(tensor, *args, **kwargs):
             self.bytes += tensor.numel() * tensor.element_size()
             self.calls += 1
-            return original(tensor, *args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(tensor, *args, **kwargs)  # blocking here (tp's f and g do not pass async_op)
+            finally:
+                self.seconds += time.perf_counter() - start
         dist.all_reduce = counted
 
 
@@ -91,21 +97,25 @@ def rank_main(rank, world_size, store_path, steps, batch_size, results):
     images, labels = torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
     built = {strategy: build(strategy, world_size) for strategy in ("tp", "ddp")}
     times = {strategy: [] for strategy in built}
+    waits = {strategy: [] for strategy in built}  # seconds inside dist.all_reduce (tp's f and g; DDP's are in C++)
     wire_bytes = {}
     for step in range(steps + 1):  # step 0 warms up
         for strategy, (model, wrapped, optimizer) in built.items():
             x, y = (images, labels) if strategy == "tp" else (images.chunk(world_size)[rank], labels.chunk(world_size)[rank])
             dist.barrier()
             wire.bytes = wire.calls = 0
+            wire.seconds = 0.0
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
             F.cross_entropy(wrapped(x), y).backward()
             optimizer.step()
             elapsed = torch.tensor([time.perf_counter() - start])
+            waited = wire.seconds  # before the timing's own all-reduce below
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
             wire_bytes[strategy] = (wire.bytes, wire.calls - 1)  # less the timing's own all-reduce
             if step:
                 times[strategy].append(elapsed.item())
+                waits[strategy].append(waited)
     rows = []
     for strategy, (model, _, optimizer) in built.items():
         classifier = [p for name, p in model.named_parameters() if name.startswith("classifier")]
@@ -124,7 +134,8 @@ def rank_main(rank, world_size, store_path, steps, batch_size, results):
                          model_total_bytes=model_params + model_grads + model_state,
                          all_reduce_bytes_per_step=wire_bytes[strategy][0],
                          all_reduces_per_step=wire_bytes[strategy][1],
-                         step_seconds=statistics.median(times[strategy])))
+                         step_seconds=statistics.median(times[strategy]),
+                         all_reduce_seconds=statistics.median(waits[strategy]) if strategy == "tp" else ""))
     if rank == 0:
         results.put(rows)
     dist.barrier()
@@ -164,11 +175,12 @@ def main():
         row["step_vs_ddp"] = row["step_seconds"] / ddp_time[row["ranks"]]
     print(f"\nglobal batch {args.batch_size}; classifier = its parameters + gradients + AdamW state, per rank")
     print(f"{'N':>2} {'strategy':>8} {'classifier MiB':>15} {'vs 1/N':>7} {'model MiB':>10} "
-          f"{'all-reduced/step':>17} {'calls':>6} {'step ms':>8} {'vs ddp':>7}")
+          f"{'all-reduced/step':>17} {'calls':>6} {'in them ms':>10} {'step ms':>8} {'vs ddp':>7}")
     for r in rows:
         print(f"{r['ranks']:>2} {r['strategy']:>8} {r['classifier_total_bytes'] / 2**20:15.3f} "
               f"{r['classifier_vs_one_nth']:7.2f} {r['model_total_bytes'] / 2**20:10.3f} "
               f"{r['all_reduce_bytes_per_step'] / 2**20:14.2f} MiB {r['all_reduces_per_step']:>6} "
+              f"{(r['all_reduce_seconds'] * 1e3 if r['all_reduce_seconds'] != '' else float('nan')):10.1f} "
               f"{r['step_seconds'] * 1e3:8.1f} {r['step_vs_ddp']:7.2f}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "parallel_cnn.csv")

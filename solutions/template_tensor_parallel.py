@@ -160,6 +160,8 @@ class ColumnParallelLinear(nn.Module):
         layer.in_features, layer.out_features   # the whole layer's, as nn.Linear's
     """
 
+    split_dim = 0  # of the weight, (out, in): gather_full_params puts the slices together along it
+
     def __init__(self, weight, bias, in_features, out_features, group=None, gather_output=False):
         super().__init__()
         self.weight = nn.Parameter(weight)
@@ -218,6 +220,8 @@ class RowParallelLinear(nn.Module):
         layer.weight                       # this rank's columns, a Parameter
         layer.bias                         # the whole bias, on every rank, a Parameter (or None)
     """
+
+    split_dim = 1  # of the weight, (out, in)
 
     def __init__(self, weight, bias, in_features, out_features, group=None, input_is_parallel=True):
         super().__init__()
@@ -356,10 +360,10 @@ def gather_full_params(model):
     For checking that ranks agree (every rank then holds the same whole model) and for saving."""
     split_dim = {}
     for prefix, module in model.named_modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-            dim = 0 if isinstance(module, ColumnParallelLinear) else 1
+        dim = getattr(module, "split_dim", None)  # not isinstance: a layer may come from another copy of this file
+        if dim is not None:
             split_dim[f"{prefix}.weight"] = (dim, module.group)
-            if module.bias is not None and isinstance(module, ColumnParallelLinear):
+            if module.bias is not None and dim == 0:  # a column-parallel bias is split too
                 split_dim[f"{prefix}.bias"] = (0, module.group)
     full = {}
     for name, param in model.named_parameters():
