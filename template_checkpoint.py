@@ -421,11 +421,12 @@ def reshardable(model, optimizer):
 class Flat:
     """One 1-D tensor this rank holds, its index, and where its loaded state goes (given)."""
 
-    def __init__(self, entries, padding, numel, tensors, put, keys=None):
+    def __init__(self, entries, padding, numel, tensors, put, keys=None, param_elsewhere=False):
         self.entries, self.padding, self.numel = entries, padding, numel
         self.tensors = tensors  # () -> {"param": ..., state...}: what saving writes
         self.put = put          # {"param": ..., state...} -> None: what loading does with it
         self.keys = keys        # the keys loading wants (None: all)
+        self.param_elsewhere = param_elsewhere  # its "param" is loaded by another flat (Task 6's whole parameters)
 
 
 def _cpu(value):
@@ -465,12 +466,12 @@ def flats(model, optimizer):
             return {"param": _cpu(view), **{k: _cpu(v) for k, v in optimizer.optim.state.get(view, {}).items()}}
 
         def put(state, view=view):
-            with torch.no_grad():
-                view.copy_(state.pop("param"))
+            state.pop("param")  # the whole parameters below set it
             if state:
                 optimizer.optim.state[view] = {k: v.to(view.device) if torch.is_tensor(v) else v
                                                for k, v in state.items()}
-        result.append(Flat([(names[id(param)], start, end - start, 0)], 0, end - start, tensors, put))
+        result.append(Flat([(names[id(param)], start, end - start, 0)], 0, end - start, tensors, put,
+                           param_elsewhere=True))
     for name, param in unwrap(model).named_parameters():
         def put(state, param=param):
             with torch.no_grad():
@@ -628,7 +629,8 @@ class Resharded:
                 tensors = {k: v for k, v in record["tensors"].items() if flat.keys is None or k in flat.keys}
                 saved.append((record["entries"], tensors))
                 self.bytes_read += sum(_overlap_numel(flat.entries, record["entries"]) * v.element_size()
-                                       for v in tensors.values() if _per_element(v, record["tensors"]["param"]))
+                                       for k, v in tensors.items() if _per_element(v, record["tensors"]["param"])
+                                       and not (k == "param" and flat.param_elsewhere))  # read once, counted once
             flat.put(read_overlaps(flat.entries, flat.numel, saved))
         with torch.no_grad():
             for name, buffer in unwrap(self.model).named_buffers():
