@@ -1,7 +1,7 @@
 """What a resume on another number of ranks costs: save on N ranks, load on M (Task 8.3/8.4, and DCP).
 
-    torchrun --standalone --nproc_per_node=4 benchmarks/reshard_bench.py save --dir /tmp/reshard
-    torchrun --standalone --nproc_per_node=2 benchmarks/reshard_bench.py load --dir /tmp/reshard
+    torchrun --standalone --nproc_per_node=4 benchmarks/reshard_bench.py save --dir runs/reshard
+    torchrun --standalone --nproc_per_node=2 benchmarks/reshard_bench.py load --dir runs/reshard
 
 The CNN of models.py (0.28M parameters) with AdamW after one step, so the state is three times the
 parameters. `save` writes it three ways: --shard full (Task 7's FSDP, solutions/, one file a rank
