@@ -366,6 +366,47 @@ def _check(saved_run, resumed, old, new):
                     f"{where}: opened the files of old ranks {files}, expected {_expected_files(mode, old, new, rank)}")
 
 
+
+def _save_twice(rank, world_size, root):
+    """--shard full on 2 ranks: checkpoints after step 1 and step 2 (the second becomes last.shards)."""
+    ckpt = load("solutions", "template_checkpoint")
+    model, optimizer = _build("full", seed=0)
+    checkpointer = ckpt.Checkpointer(root, None, model, optimizer, _run_args("full", world_size),
+                                     torch.device("cpu"), 100)
+    for step in range(2):
+        _train_step(model, optimizer, "full", step)
+        checkpointer.step = step + 1
+        checkpointer.save()
+
+
+def _resume_after_damage(rank, world_size, root):
+    ckpt = load("solutions", "template_checkpoint")
+    model, optimizer = _build("full", seed=1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        checkpointer = ckpt.Checkpointer(root, None, model, optimizer, _run_args("full", world_size),
+                                         torch.device("cpu"), 100)
+    return checkpointer.step, out.getvalue()
+
+
+@pytest.mark.repo
+@pytest.mark.timeout(120)
+def test_a_corrupt_shard_is_reported_and_every_rank_resumes_from_the_previous_checkpoint(tmp_path):
+    """save_sharded keeps the checkpoint before as previous.shards; a truncated file of last.shards,
+    needed by one of the new ranks only, makes every rank report it and resume from previous.shards
+    (never some ranks from one checkpoint and some from the other), and last.shards is moved aside."""
+    run_ranks(_save_twice, 2, str(tmp_path), timeout=60)
+    assert sorted(os.listdir(tmp_path)) == ["last.shards", "previous.shards"], sorted(os.listdir(tmp_path))
+    damaged = tmp_path / "last.shards" / "rank-00001-of-00002.pt"
+    damaged.write_bytes(damaged.read_bytes()[:200])  # a copy cut short
+    results = run_ranks(_resume_after_damage, 2, str(tmp_path), timeout=60)
+    assert [step for step, _ in results] == [1, 1], f"resumed at steps {[s for s, _ in results]}, expected 1 (previous)"
+    printed = "".join(out for _, out in results)
+    assert re.search(r"checkpoint \S+last.shards cannot be read .*; trying previous.shards", printed), printed
+    assert "resuming from " in printed and "previous.shards" in printed, printed
+    assert (tmp_path / "last.shards.corrupt").is_dir(), sorted(os.listdir(tmp_path))
+
+
 # ------------------------------------- elastic torchrun: a node lost, the run goes on; a node back (slow)
 # Two torchrun agents on this machine stand for two nodes (loopback, a c10d rendezvous), one process
 # each. 256 images, global batch 32: 8 steps an epoch, 3 epochs, a checkpoint every 2 steps.
