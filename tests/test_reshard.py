@@ -14,7 +14,6 @@ import contextlib
 import io
 import math
 import os
-import random
 import re
 import signal
 import subprocess
