@@ -6,6 +6,7 @@
 #   sbatch --partition=gpu --account=myproject submit.sh
 #   NPROC_PER_NODE=8 sbatch --gpus-per-node=0 --cpus-per-task=8 --partition=cpu submit.sh   # CPUs (gloo)
 #   sbatch --time=01:00:00 submit.sh --checkpoint-dir ckpt --epochs 100   # a long run as a chain of 1-hour jobs
+#   MIN_NODES=1 sbatch --nodes=2 --no-kill submit.sh --checkpoint-dir ckpt   # elastic: goes on if a node dies
 #
 # Run sbatch from the repository folder: the job starts there and runs ./train_ddp.py.
 # The log is slurm-<jobid>.out in that folder. docs/clusters.md explains
@@ -80,6 +81,23 @@ command -v torchrun >/dev/null || {
     exit 2
 }
 
+# MIN_NODES: elastic training (docs/task8-checkpoints.md). torchrun --nnodes=MIN_NODES:SLURM_NNODES
+# waits for at least MIN_NODES nodes; when a node dies the others' processes fail, their torchruns
+# meet again without it (--max-restarts) and resume the newest checkpoint on fewer ranks. srun must
+# then not end the job step when one node's task fails (--kill-on-bad-exit=0), nor SLURM the job
+# when a node fails (sbatch --no-kill). The rendezvous lives on the first node: it must survive.
+# torch 2.14 shares that store with the training processes by default, which breaks a scale-up;
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 turns the sharing off (harmless on a fixed-size job).
+nnodes=$SLURM_NNODES
+kill_on_bad_exit=1
+restarts=()
+if [[ -n ${MIN_NODES:-} ]]; then
+    nnodes="$MIN_NODES:$SLURM_NNODES"
+    kill_on_bad_exit=0
+    restarts=(--max_restarts="${MAX_RESTARTS:-3}")
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+
 echo "submit.sh: job $SLURM_JOB_ID on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
 echo "submit.sh: rendezvous at $head_node:$port, $nproc_per_node process(es) per node," \
     "$((SLURM_NNODES * nproc_per_node)) in all; train_ddp.py $*"
@@ -114,9 +132,10 @@ trap forward_usr1 USR1
 
 # srun runs in the background because bash runs a trap only between commands: `wait` is
 # interrupted by the signal, the trap runs, and the loop waits again until srun has ended.
-srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit=1 --label \
+srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit="$kill_on_bad_exit" --label \
     torchrun \
-    --nnodes="$SLURM_NNODES" \
+    --nnodes="$nnodes" \
+    ${restarts[@]+"${restarts[@]}"} \
     --nproc_per_node="$nproc_per_node" \
     --rdzv_backend=c10d \
     --rdzv_endpoint="$head_node:$port" \

@@ -3,6 +3,7 @@
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt
     torchrun ... train_ddp.py --checkpoint-dir runs/ckpt --checkpoint-every 50   # also every 50 steps
     pytest --impl template -m "task8_1 or task8_2"                               # check your work
+    torchrun --nnodes=1:2 ... train_ddp.py --checkpoint-dir ckpt     # a node lost, a node back (docs)
 
 After every epoch (and every --checkpoint-every steps) rank 0 writes DIR/last.pt and keeps
 the one before as DIR/previous.pt. When a run starts and DIR holds a checkpoint, every rank
@@ -12,11 +13,19 @@ explains each decision.
 
     Task 8.1  save_checkpoint  rank 0 writes the checkpoint atomically, keeping the previous one
     Task 8.2  load_checkpoint  every rank reads the newest checkpoint that is readable
+    Task 8.3  shard_index      what a rank's shard holds: parameter, global offset, length; padding
+    Task 8.4  read_overlaps    a rank's state on M ranks, glued from the pieces N ranks saved
+
+A checkpoint resumes on any number of ranks: a step trains on the same global batch whatever
+the world size, and the position is saved in global steps. Under Task 6's ShardedOptimizer and
+Task 7's FSDP each rank saves its own shard with an index (DIR/last.shards/), and a resumed
+rank reads only the pieces that overlap its new shard (Tasks 8.3 and 8.4).
 
 The rest is given: the folder's checks, resume() (which calls load_checkpoint and refuses a
 checkpoint from a run with other arguments), the batch skipping of a mid-epoch resume, the
-stop on SIGUSR1 that SLURM sends before a job's time limit, and under --shard the gathering
-of the full state on every rank before rank 0 saves it (full_state, load_full_state).
+stop on SIGUSR1 that SLURM sends before a job's time limit, under --impl ddp --shard the
+gathering of the full state on every rank before rank 0 saves it (full_state,
+load_full_state), and the sharded files' writing and reading (save_sharded, open_sharded).
 """
 import os
 import shutil
@@ -314,11 +323,10 @@ def full_state(model, optimizer, shard):
                          ShardedOptimizer.state_dict() all-gathers it (every rank must call it);
                          ZeroRedundancyOptimizer needs consolidate_state_dict(to=0) on every rank
                          first, then rank 0 alone calls state_dict();
-      --shard full       Task 7's FSDP: {"per_rank": [rank 0's optimizer.state_dict(), rank 1's, ...]},
-                         each over that rank's flat shards (the layout is FSDP's, so a resume needs
-                         the same world size, which resume() checks anyway); PyTorch's fully_shard:
-                         its optimizer state gathered to full tensors, keyed by parameter name
-                         (torch.distributed.checkpoint.state_dict with full_state_dict=True).
+      --shard full       PyTorch's fully_shard: its optimizer state gathered to full tensors, keyed
+                         by parameter name (torch.distributed.checkpoint.state_dict, full_state_dict=True).
+    Task 6's ShardedOptimizer and Task 7's FSDP are saved as shards instead (save_sharded); here
+    Task 7's FSDP gives its full model only (and None for the optimizer), for a plain CNN().
     """
     if shard == "optimizer":
         if hasattr(optimizer, "consolidate_state_dict"):  # ZeroRedundancyOptimizer
@@ -327,17 +335,11 @@ def full_state(model, optimizer, shard):
         else:  # Task 6's ShardedOptimizer: state_dict() is the collective
             optim_state = optimizer.state_dict()
         return unwrap(model).state_dict(), optim_state
-    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP
+    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP: the model only
         model_state = model.gather_full_params()
         buffers = unwrap(model).named_buffers()  # not sharded: every rank holds them whole
         model_state.update((name, buffer.detach().clone()) for name, buffer in buffers)
-        mine = optimizer.state_dict()  # this rank's shards' state, on the CPU to travel as an object
-        mine = {"state": {index: {key: value.detach().cpu() if torch.is_tensor(value) else value
-                                  for key, value in state.items()} for index, state in mine["state"].items()},
-                "param_groups": mine["param_groups"]}
-        per_rank = [None] * dist.get_world_size() if get_rank() == 0 else None
-        dist.gather_object(mine, per_rank, dst=0)
-        return model_state, ({"per_rank": per_rank} if get_rank() == 0 else None)
+        return model_state, None
     if shard == "full":  # PyTorch's fully_shard: its parameters and state are DTensors
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
@@ -349,7 +351,7 @@ def full_state(model, optimizer, shard):
 def load_full_state(model, optimizer, checkpoint, shard):
     """Put a checkpoint's full model (and its optimizer state) back into a model that may be
     sharded: the inverse of full_state, on every rank, bit for bit."""
-    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP: cut the full tensors again
+    if shard == "full" and hasattr(model, "gather_full_params"):  # Task 7's FSDP: cut the full model again
         full = checkpoint["model"]
         expected = {name for name, _, _ in model._names} | {name for name, _ in unwrap(model).named_buffers()}
         if set(full) != expected:
@@ -364,8 +366,6 @@ def load_full_state(model, optimizer, checkpoint, shard):
                 unit.shard.copy_(piece)
             for name, buffer in unwrap(model).named_buffers():
                 buffer.copy_(full[name])
-        per_rank = checkpoint["optimizer"]["per_rank"]
-        optimizer.load_state_dict(per_rank[get_rank()])
     elif shard == "full":  # PyTorch's fully_shard: every rank read the whole file and keeps its shards
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
@@ -479,11 +479,12 @@ def reshardable(model, optimizer):
 class Flat:
     """One 1-D tensor this rank holds, its index, and where its loaded state goes (given)."""
 
-    def __init__(self, entries, padding, numel, tensors, put, keys=None):
+    def __init__(self, entries, padding, numel, tensors, put, keys=None, param_elsewhere=False):
         self.entries, self.padding, self.numel = entries, padding, numel
         self.tensors = tensors  # () -> {"param": ..., state...}: what saving writes
         self.put = put          # {"param": ..., state...} -> None: what loading does with it
         self.keys = keys        # the keys loading wants (None: all)
+        self.param_elsewhere = param_elsewhere  # its "param" is loaded by another flat (Task 6's whole parameters)
 
 
 def _cpu(value):
@@ -523,12 +524,12 @@ def flats(model, optimizer):
             return {"param": _cpu(view), **{k: _cpu(v) for k, v in optimizer.optim.state.get(view, {}).items()}}
 
         def put(state, view=view):
-            with torch.no_grad():
-                view.copy_(state.pop("param"))
+            state.pop("param")  # the whole parameters below set it
             if state:
                 optimizer.optim.state[view] = {k: v.to(view.device) if torch.is_tensor(v) else v
                                                for k, v in state.items()}
-        result.append(Flat([(names[id(param)], start, end - start, 0)], 0, end - start, tensors, put))
+        result.append(Flat([(names[id(param)], start, end - start, 0)], 0, end - start, tensors, put,
+                           param_elsewhere=True))
     for name, param in unwrap(model).named_parameters():
         def put(state, param=param):
             with torch.no_grad():
@@ -686,7 +687,8 @@ class Resharded:
                 tensors = {k: v for k, v in record["tensors"].items() if flat.keys is None or k in flat.keys}
                 saved.append((record["entries"], tensors))
                 self.bytes_read += sum(_overlap_numel(flat.entries, record["entries"]) * v.element_size()
-                                       for v in tensors.values() if _per_element(v, record["tensors"]["param"]))
+                                       for k, v in tensors.items() if _per_element(v, record["tensors"]["param"])
+                                       and not (k == "param" and flat.param_elsewhere))  # read once, counted once
             flat.put(read_overlaps(flat.entries, flat.numel, saved))
         with torch.no_grad():
             for name, buffer in unwrap(self.model).named_buffers():

@@ -48,6 +48,11 @@ NOT_RUN = {
     "tools/slurm_test_cluster.sh *": "starts SLURM daemons as root (.ci/run does it in CI)",
     "torchrun --standalone --nproc_per_node=4 benchmarks/allreduce_bench.py":
         "4 ranks on 2 cores for minutes: the 2-rank form runs here",
+    "MIN_NODES=1 sbatch *": "needs a SLURM cluster",
+    "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": "sets a variable for the elastic agents below",
+    "torchrun --nnodes=1:2 *": "two agents that run until one is killed: tests/test_reshard.py runs them (pytest -m multinode)",
+    "python tools/elastic_demo.py *": "minutes of two elastic agents and a reference run; tests/test_reshard.py runs "
+                                      "smaller ones (pytest -m multinode)",
     "torchrun --standalone --nproc_per_node=4 train_ddp.py":
         "4 processes on the 2-core test machine: the 2-process form runs here",
     # run by other tests already; running them again here would cost the slow run a minute
