@@ -55,6 +55,7 @@ def test_a_start_that_stalls_is_tried_again(tmp_path):
     assert run_ranks(_sum_of_ranks, 2, SlowToStart(60.0, str(tmp_path)), timeout=2, startup_timeout=3) == [1.0, 1.0]
 
 
+@pytest.mark.slow  # 2 s of two stalled starts; the message itself is checked below, at once
 def test_a_start_that_never_ends_is_reported_as_the_machines():
     start = time.monotonic()
     with pytest.raises(RankStartupTimeout) as error:
