@@ -17,7 +17,8 @@ steps, ends with a barrier (so it is the slowest rank's), and the figure is the 
 --repeats. "exposed" is the share of step time spent after backward waiting for gradients
 (finish_gradient_synchronization or average_gradients): the communication that overlap did
 not hide. PyTorch's DDP waits inside backward, so it has no such figure. Rank 0 prints the
-table and writes ddp_bench.csv and ddp_bench.png under --out: runs/benchmarks/ by default,
+table and writes ddp_bench.csv and ddp_bench.png (bars: the medians; whiskers: the slowest and
+the fastest repetition) under --out: runs/benchmarks/ by default,
 benchmarks/results/ (the figures the pages show) with --update-results.
 """
 import argparse
@@ -135,12 +136,17 @@ def plot(rows, path):
         mine = [r for r in rows if r["model"] == model]
         colors = ["tab:gray" if r["variant"] == "torch DDP" else "tab:red" if r["variant"] == "after-backward"
                   else "tab:blue" for r in mine]
-        ax.bar(range(len(mine)), [r["steps_per_s"] for r in mine], color=colors)
+        # the spread: the slowest and the fastest repetition (min_s, max_s: seconds a step), so that a
+        # difference smaller than the load's noise shows as one
+        medians = [float(r["steps_per_s"]) for r in mine]
+        low = [m - 1 / float(r["max_s"]) for m, r in zip(medians, mine)]
+        high = [1 / float(r["min_s"]) - m for m, r in zip(medians, mine)]
+        ax.bar(range(len(mine)), medians, color=colors, yerr=[low, high], capsize=3, ecolor="black")
         for i, r in enumerate(mine):
-            ax.text(i, r["steps_per_s"], f"{r['vs_torch_ddp']:.2f}x", ha="center", va="bottom", fontsize=8)
+            ax.text(i, medians[i] + high[i], f"{float(r['vs_torch_ddp']):.2f}x", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(mine)))
         ax.set_xticklabels([r["variant"] for r in mine], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("steps/s (median)")
+        ax.set_ylabel("steps/s (median; whiskers: slowest, fastest)")
         ax.set_title(f"{model} ({mine[0]['parameters'] / 1e6:.2f}M parameters): ratio to torch DDP on top")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

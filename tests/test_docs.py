@@ -40,6 +40,8 @@ NOT_RUN = {
     "python -m solutions.template_replicas --devices cuda:0,cuda:1": "needs two GPUs",
     "sbatch *": "needs a SLURM cluster; tests/test_launch.py submits submit.sh to the test cluster (pytest -m slurm)",
     "NPROC_PER_NODE=8 sbatch *": "needs a SLURM cluster with a CPU partition",
+    "NPROC_PER_NODE=2 sbatch *": "needs the SLURM test cluster; tests/test_launch.py submits this job (pytest -m slurm)",
+    "NPROC_PER_NODE=1 sbatch *": "needs the SLURM test cluster; tests/test_launch.py submits this job (pytest -m slurm)",
     "squeue *": "needs a SLURM cluster",
     "tail -f *": "follows a SLURM job's log",
     "scancel *": "needs a SLURM cluster",

@@ -144,3 +144,19 @@ def test_the_readmes_start_works_when_copied_on_stock_debian_without_a_gpu():
     gpu = [b for b in blocks if b is not laptop and b[0].startswith("python3 -m venv")]
     assert gpu and not any("whl/cpu" in line for line in gpu[0]), "a GPU-node variant, with the CUDA build"
     assert any("python check.py --env" in line for line in laptop), "the laptop block checks the set-up"
+
+
+def test_the_ddp_benchmark_figure_shows_the_spread(monkeypatch, tmp_path):
+    """The pages say the ratios move 10-30% under load: the bars carry the slowest and the fastest
+    repetition as whiskers, read from the CSV's min_s and max_s."""
+    bench = _benchmark("ddp_bench", monkeypatch)
+    import matplotlib.axes
+
+    drawn = []
+    bar = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda self, *a, **k: drawn.append(k) or bar(self, *a, **k))
+    rows = [{"model": "cnn", "parameters": 277610, "variant": "torch DDP", "steps_per_s": 50.0, "vs_torch_ddp": 1.0,
+             "min_s": 0.01, "max_s": 0.04}]
+    bench.plot(rows, str(tmp_path / "ddp_bench.png"))
+    low, high = drawn[0]["yerr"]
+    assert (low, high) == ([50.0 - 25.0], [100.0 - 50.0]) and (tmp_path / "ddp_bench.png").exists(), drawn

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A two-node SLURM cluster on this one machine, so that tests can submit submit.sh for real,
-# on one node and on two.
+# A two-node SLURM cluster on this one machine (two slurmd, one controller), so that tests can
+# submit submit.sh for real, on one node and on two.
 #
-#   sudo tools/slurm_test_cluster.sh start    # start munged, slurmctld and two slurmd (does nothing if up)
+#   sudo tools/slurm_test_cluster.sh start    # start munged, slurmctld and two slurmd (does nothing if up);
+#                                             # up within 30 s, or it stops and says which daemon failed
 #   sudo tools/slurm_test_cluster.sh status   # sinfo against the test cluster
 #   sudo tools/slurm_test_cluster.sh stop     # stop slurmctld and slurmd (munged is left running)
 #   SLURM_CONF=/tmp/slurm-test-cluster/slurm.conf sinfo    # talk to it yourself
@@ -10,12 +11,15 @@
 # Needs root and Debian's packages:  apt-get install -y slurm-wlm munge
 # No systemd: the daemons are started directly. The configuration, state and logs live in
 # $SLURM_TEST_DIR (default /tmp/slurm-test-cluster), never in the repository and never in
-# /etc/slurm, so a real SLURM set-up on this machine is left alone. tests/test_launch.py finds
-# the cluster through the same variable.
+# /etc/slurm, and the daemons listen on their own ports ($SLURM_TEST_PORT, default 16817 for
+# slurmctld and the two after it for the slurmd, not SLURM's 6817-6818), so a real SLURM set-up
+# on this machine is left alone. tests/test_launch.py finds the cluster through the same variable.
 set -euo pipefail
 
 dir=${SLURM_TEST_DIR:-/tmp/slurm-test-cluster}
 conf=$dir/slurm.conf
+port_base=${SLURM_TEST_PORT:-16817}  # slurmctld; the slurmd take the next two
+start_seconds=30  # the stated limit: the cluster answers by then, or start fails
 export SLURM_CONF=$conf  # read by slurmctld, slurmd and every client command below
 
 die() { echo "slurm_test_cluster: $*" >&2; exit 1; }
@@ -26,7 +30,7 @@ nodes() { echo "$(hostname -s) localhost"; }
 
 responding() {  # the controller answers and both nodes are usable
     local states name
-    states=$(timeout 10 sinfo --noheader --Node --format="%N %t" 2>/dev/null) || return 1
+    states=$(timeout 5 sinfo --noheader --Node --format="%N %t" 2>/dev/null) || return 1
     for name in $(nodes); do
         grep -qE "^$name (idle|mix|alloc)" <<<"$states" || return 1
     done
@@ -55,7 +59,7 @@ start_munge() {
 }
 
 write_conf() {
-    local host cpus memory name port=6818
+    local host cpus memory name port=$((port_base + 1))
     host=$(hostname -s)
     [[ $host != localhost ]] || die "this machine is called localhost, the name the second node needs"
     getent hosts "$host" >/dev/null || die "$host does not resolve: add it to /etc/hosts"
@@ -74,6 +78,7 @@ write_conf() {
 # Written by tools/slurm_test_cluster.sh: a two-node test cluster on one machine. Not for production.
 ClusterName=testcluster
 SlurmctldHost=$host
+SlurmctldPort=$port_base
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -119,18 +124,43 @@ start() {
     write_conf
     # -c: start from a clean state. Nothing in a test cluster is worth keeping, and a node
     # left drained or down by an earlier run would otherwise stay so.
+    started=$SECONDS
     slurmctld -c || die "slurmctld did not start: see $dir/slurmctld.log"
     for name in $(nodes); do
         slurmd -N "$name" || die "slurmd for node $name did not start: see $dir/slurmd-$name.log"
     done
-    for _ in $(seq 60); do
+    local deadline=$((SECONDS + start_seconds))
+    while ((SECONDS < deadline)); do
+        check_alive
         if responding; then
             echo "slurm_test_cluster: running, nodes $(nodes) (SLURM_CONF=$conf)"
             return
         fi
         sleep 0.5
     done
-    die "the daemons started but the nodes are not idle after 30 s: see $dir/slurmctld.log and $dir/slurmd-*.log"
+    die "the daemons run but the nodes are not idle after $start_seconds s: see $dir/slurmctld.log and $dir/slurmd-*.log"
+}
+
+# Stop at once when a daemon has died (a port in use, a bad configuration), rather than ask a
+# controller that is not there until the time is up. A daemon's pid file appears once it has
+# detached: a missing one is a death only after a few seconds.
+check_alive() {
+    local name what pidfile pid log
+    for name in slurmctld $(nodes); do
+        what="slurmctld" pidfile=$dir/slurmctld.pid log=$dir/slurmctld.log
+        if [[ $name != slurmctld ]]; then
+            what="the slurmd of node $name" pidfile=$dir/slurmd-$name.pid log=$dir/slurmd-$name.log
+        fi
+        pid=$(cat "$pidfile" 2>/dev/null || true)
+        if [[ $pid =~ ^[0-9]+$ ]] && [[ -d /proc/$pid ]]; then
+            continue
+        fi
+        if [[ -n $pid ]] || ((SECONDS > started + 5)); then
+            echo "slurm_test_cluster: $what is not running; the end of $log:" >&2
+            tail -n 5 "$log" >&2 2>/dev/null || echo "  (no log)" >&2
+            die "start failed: a daemon died (ports $port_base-$((port_base + 2)) in use? set SLURM_TEST_PORT)"
+        fi
+    done
 }
 
 stop_daemons() {
