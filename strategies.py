@@ -62,6 +62,16 @@ def unfilled_task(impl, files, root=None):
     return None
 
 
+def not_done(impl, files):
+    """What to say when a task these files train with is not done yet (its TODO still raises), or None."""
+    task = unfilled_task(impl, files)
+    if task is None:
+        return None
+    return (f"{task[0]} in {task[1]} is not done yet, so training with --impl {impl} cannot start.\n"
+            f"Fill it in and check it with:  python check.py {task[0][5:]}"
+            + ("\nor train with the reference answers:  --impl solutions" if has_solutions() else ""))
+
+
 # The flags a strategy may refuse, each with the line that says why and what to use instead.
 ALLREDUCE_WITH_DDP = ("--allreduce naive/ring replaces dist.all_reduce in our own averaging, and --impl ddp "
                       "averages inside DistributedDataParallel: use --impl template or solutions")

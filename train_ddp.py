@@ -36,7 +36,6 @@ import torch.distributed as dist
 import strategies
 from data import first_n, get_datasets
 from models import CNN
-from strategies import unfilled_task
 from tools.interrupt import PROGRESS, Counted, stop_on_interrupt
 from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
 from tools.timeline import start_profiler
@@ -113,17 +112,13 @@ def check_flags(args):
 
 def main(args):
     strategy = check_flags(args)
-    task = unfilled_task(args.impl, strategy.needs(args)
-                         + (["template_checkpoint.py"] if args.checkpoint_dir else []))
-    if task:
-        trainer = strategies.course_module("template", "template_trainer")
-        trainer.print0(f"{task[0]} in {task[1]} is not done yet, so training with --impl {args.impl} cannot start.\n"
-                       f"Fill it in and check it with:  python check.py {task[0][5:]}"
-                       + ("\nor train with the reference answers:  --impl solutions" if strategies.has_solutions() else ""))
+    trainer = strategies.course_module(args.impl, "template_trainer")
+    not_done = strategies.not_done(args.impl, strategy.needs(args) + checkpoint_tasks(args))
+    if not_done:
+        trainer.print0(not_done)
         if int(os.environ.get("RANK", 0)) != 0:
             time.sleep(1)  # torchrun stops every rank when one exits: let rank 0 print first
         return 1
-    trainer = strategies.course_module(args.impl, "template_trainer")
     timeout = datetime.timedelta(seconds=args.timeout)
     rank, local_rank, world_size, device = trainer.setup_distributed(args.backend, timeout)
     try:
@@ -213,6 +208,12 @@ def optimizer_class(args):
     if args.optimizer == "adamw":
         return torch.optim.AdamW, {"lr": 0.001 if args.lr is None else args.lr}
     return torch.optim.SGD, {"lr": 0.05 if args.lr is None else args.lr, "momentum": args.momentum}
+
+
+def checkpoint_tasks(args):
+    """--checkpoint-dir trains with Tasks 8.1 and 8.2, and under --shard with 8.3 and 8.4 (sharded files)."""
+    names = ["save_checkpoint", "load_checkpoint"] + (["shard_index", "read_overlaps"] if args.shard != "none" else [])
+    return [("template_checkpoint.py", name) for name in names] if args.checkpoint_dir else []
 
 
 def make_checkpointer(args, model, optimizer, world_size, data_name, device, steps_per_epoch):

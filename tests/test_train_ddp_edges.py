@@ -14,6 +14,7 @@ import time
 import pytest
 
 import data
+import strategies
 import train_ddp
 
 pytestmark = pytest.mark.repo  # the course's own script, not a student's task
@@ -24,8 +25,8 @@ QUICK = ["--impl", "solutions", "--data", "synthetic", "--test-samples", "100"]
 
 def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
     """--allreduce ring with Task 3.2 done and 3.1 not yet must train (ring needs only 3.2)."""
-    ring = train_ddp.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
-    naive = train_ddp.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
+    ring = strategies.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
+    naive = strategies.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
     assert (ring[0], naive[0]) == ("Task 3.2", "Task 3.1"), (ring, naive)
     with open(os.path.join(REPO, "template_allreduce.py")) as f:
         template = f.read()
@@ -33,8 +34,8 @@ def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
         solution = f.read()
     ring_done = template[:template.index("\ndef ring_all_reduce(")] + solution[solution.index("\ndef ring_all_reduce("):]
     (tmp_path / "template_allreduce.py").write_text(ring_done)
-    assert train_ddp.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path)) is None
-    assert train_ddp.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")],
+    assert strategies.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path)) is None
+    assert strategies.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")],
                                    root=str(tmp_path))[0] == "Task 3.1"
 
 
@@ -207,3 +208,18 @@ def test_a_setting_refused_under_torchrun_is_said_once_and_not_retried():
     errors = [line for line in out.splitlines() if "--epochs 0: train for at least one epoch" in line
               and "rank 1" not in line]
     assert len(errors) == 1, f"the error came {len(errors)} times from rank 0 (once per restart?):\n{out}"
+
+
+def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):
+    """--checkpoint-dir with Tasks 8.1 and 8.2 done and 8.3 not yet must train unsharded (8.3 and 8.4
+    write and read the sharded files of --shard optimizer and full)."""
+    fence = re.compile(r"^[ \t]*# --- Task (8\.[34]) begin ---\n.*?^[ \t]*# --- Task \1 end ---\n", re.M | re.S)
+    with open(os.path.join(REPO, "template_checkpoint.py")) as f:
+        template = {m.group(1): m.group(0) for m in fence.finditer(f.read())}
+    with open(os.path.join(REPO, "solutions", "template_checkpoint.py")) as f:
+        solution = f.read()
+    (tmp_path / "template_checkpoint.py").write_text(fence.sub(lambda m: template[m.group(1)], solution))
+    plain, sharded = (train_ddp.parse_args(["--checkpoint-dir", "ckpt", *shard]) for shard in ([], ["--shard", "full"]))
+    assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(plain), root=str(tmp_path)) is None
+    assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(sharded), root=str(tmp_path)) == (
+        "Task 8.3", "template_checkpoint.py")
