@@ -166,6 +166,10 @@ def main(argv=None):
     if args.env:
         print("The set-up:")
         return check_environment(args.data_dir)
+    if args.impl == "solutions" and not os.path.isdir(os.path.join(REPO, "solutions")):
+        print("check.py: --impl solutions checks the reference answers, which this copy of the course does not "
+              "have: check your own files (the default)", file=sys.stderr)
+        return 2
     tasks = discover_tasks(REPO)
     try:
         chosen = select_tasks(tasks, args.tasks)

@@ -156,8 +156,9 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
 
 
 def test_a_student_release_trains_with_the_students_files_only(tmp_path):
-    """tools/student_release.py leaves solutions/ out: --impl solutions says so in one line, and
-    --impl ddp, which shares the evaluation loaders and counts with our code, takes the student's."""
+    """tools/student_release.py leaves solutions/ out: --impl solutions (train_ddp.py and check.py)
+    says so in one line, and --impl ddp, which shares the evaluation loaders and counts with our code,
+    takes the student's."""
     release = tmp_path / "release"
     subprocess.run([sys.executable, "tools/student_release.py", str(release)], cwd=REPO, check=True,
                    capture_output=True, timeout=60)
@@ -171,6 +172,10 @@ def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Task 1.1 in template_data_loader.py is not done yet, so training with --impl ddp cannot start" in \
         proc.stdout and "--impl solutions" not in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "check.py", "--impl", "solutions"], cwd=release, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
+        "does not have" in proc.stderr, proc.stdout + proc.stderr
 # ------------------------------------------------- issue 23, items 9 and 11, end to end
 SMALL = [*QUICK, "--train-samples", "256", "--batch-size", "32", "--test-samples", "64", "--no-plot"]
 
