@@ -157,6 +157,11 @@ def test_errors_that_no_test_explains_get_a_hint(exc_type, message, expected):
 
 # --------------------------------------------------------------------------- slow: real runs
 
+# The grading itself is judged here; the sandbox around it (bubblewrap, which .ci/run installs) in
+# tests/test_grading_formats.py, which skips with the reason where it cannot start.
+SANDBOX_WHERE_IT_STARTS = ["--sandbox", "auto"]
+
+
 def _python(*args, cwd=REPO, timeout=240):
     start = time.monotonic()
     done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -201,7 +206,7 @@ def test_grade_gives_full_partial_and_zero_marks(tmp_path):
 
     # the hang first: it takes longest, and the others are graded beside it meanwhile
     done, seconds = _python("grading/grade.py", skips, solutions, templates, counts, "--tasks", "1.1", "2.3",
-                            "--out", out, "--jobs", "2", "--retries", "0")
+                            "--out", out, "--jobs", "2", "--retries", "0", *SANDBOX_WHERE_IT_STARTS)
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
     assert (grades["solutions"]["points"], grades["solutions"]["max_points"]) == (20, 20)
@@ -234,7 +239,8 @@ def test_grade_stops_a_submission_at_its_limit_and_grades_the_others(tmp_path):
     # The per-test limit is longer than the submission's, so that the endless wait runs into
     # the latter: the worst case, a submission killed from outside.
     done, seconds = _python("grading/grade.py", wait, epoch, "--tasks", "1.1", "2.3", "--out", out,
-                            "--timeout", str(limit), "--test-timeout", "100", "--retries", "0", "--jobs", "2")
+                            "--timeout", str(limit), "--test-timeout", "100", "--retries", "0", "--jobs", "2",
+                            *SANDBOX_WHERE_IT_STARTS)
     assert done.returncode == 0, done.stdout + done.stderr
     grades = _grades(out)
     assert grades["wait"]["timed_out"] and grades["wait"]["seconds"] < limit + 10
