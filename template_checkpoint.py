@@ -159,7 +159,7 @@ def check_arguments(saved, current, path):
                 f"resuming would mix two experiments; use the same {flag}, or another --checkpoint-dir")
     before, now = saved.get("world_size"), current.get("world_size")
     if before is not None and now is not None and before != now:
-        return f"resuming {before}-rank checkpoint on {now} ranks"
+        return f"resuming {before}-rank checkpoint on {now} rank{'s' if now != 1 else ''}"
     return None
 
 

@@ -197,7 +197,8 @@ def train(args, rank, world_size, device):
         print0(write_plot(args.metrics, rows, f"--impl {args.impl} --allreduce {args.allreduce}, {data_name}, "
                                               f"{world_size} rank(s), global batch {args.batch_size}"))
     same = strategy.ranks_agree(model)
-    print0(f"ranks consistent: all {world_size} ranks hold bit-identical parameters" if same else
+    print0(("ranks consistent: one rank, nothing to compare" if world_size == 1 else
+            f"ranks consistent: all {world_size} ranks hold bit-identical parameters") if same else
            f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
            "(Task 2.1) and averaging (Task 2.2) the same way?")
     return 0 if same else 1

@@ -299,7 +299,7 @@ def test_every_step_trains_on_the_same_global_batch_on_any_number_of_ranks(data_
             "left out (drop_last=True in the training sampler: padding adds a step on some numbers of ranks)")
         got = [[i for train, _ in ranks for i in train[k]] for k in range(len(expected))]
         assert got == expected, (
-            f"{T14}: on {world_size} ranks, step k must train on positions [k*{global_batch}, (k+1)*{global_batch}) "
+            f"{T14}: on {world_size} rank{'s' if world_size > 1 else ''}, step k must train on positions [k*{global_batch}, (k+1)*{global_batch}) "
             f"of the epoch's order, as on one rank: {expected[:2]}..., got {got[:2]}... Give the training sampler "
             "global_batch_size=global_batch_size, so each rank takes its slice of every global batch rather than "
             "a block of the whole epoch")

@@ -357,7 +357,7 @@ def _check(saved_run, resumed, old, new):
             assert not differ, (f"{where}: {MORE} more steps differ from the {old}-rank run's by more than "
                                 f"{TOLERANCE} at {differ[:4]}")
             if rank == 0 and old != new:
-                assert f"resuming {old}-rank checkpoint on {new} ranks" in printed, printed
+                assert f"resuming {old}-rank checkpoint on {new} rank{'s' if new > 1 else ''}" in printed, printed
             if read is not None:
                 files, bytes_read, saved_world = read
                 assert saved_world == old
@@ -550,7 +550,7 @@ def test_elastic_run_loses_a_node_and_finishes_on_the_other(uninterrupted_elasti
             if agent.poll() is None:
                 _lose_node(agent)
     assert codes == [0], f"the surviving agent ended with {codes}:\n{out[-4000:]}"
-    assert "resuming 2-rank checkpoint on 1 ranks" in out, out[-4000:]
+    assert "resuming 2-rank checkpoint on 1 rank" in out, out[-4000:]
     _assert_close_to(uninterrupted_elastic[shard], folder, out, f"--shard {shard}, 2 ranks then 1")
 
 
