@@ -474,7 +474,9 @@ def _fine_tuned(rank, world_size, impl):
     torch.manual_seed(0)
     try:
         model = lib.DDP(FineTuned(), bucket_size_mb=None)
-    except RuntimeError as error:
+    except NotImplementedError:
+        raise  # an unfilled TODO says so itself
+    except RuntimeError as error:  # "cannot register a hook on a tensor that doesn't require gradient"
         return {"error": str(error).splitlines()[0]}
     recorder = Recorder()
     model(torch.randn(3, 4)).sum().backward()
