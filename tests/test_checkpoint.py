@@ -254,9 +254,9 @@ def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path):
                     f"{type(error).__name__}: {error}: try last.pt, then previous.pt, each only if it exists")
     state, path = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt"), (
-        f"{T82}: the folder holds only previous.pt (what a corrupt last.pt, moved away, leaves behind), and "
-        f"load_checkpoint returned {result if path is None else path!r}: try last.pt, then previous.pt, each if it "
-        "exists; (None, None) would start the run from scratch and throw the checkpoint away")
+        f"{T82}: the folder holds only previous.pt (what a corrupt last.pt, moved away, leaves behind), so "
+        f"previous.pt must be used; load_checkpoint returned {result if path is None else path!r}: try last.pt, then "
+        "previous.pt, each if it exists; (None, None) would start the run from scratch and throw the checkpoint away")
     assert state["epoch"] == 1 and same_tensors(state["model"], good["model"]), f"{T82}: not previous.pt's state"
 
 

@@ -68,11 +68,14 @@ def _step_both(pairs, step):
 
 
 def _state_bytes(optimizer):
-    """Bytes of the tensors with one number per element in an optimizer's state (exp_avg,
-    exp_avg_sq, momentum_buffer); Adam's step count, one scalar per parameter, is left out."""
-    return sum(value.numel() * value.element_size()
-               for state in optimizer.state.values() for key, value in state.items()
-               if torch.is_tensor(value) and key != "step")
+    """Bytes that the tensors with one number per element in an optimizer's state (exp_avg,
+    exp_avg_sq, momentum_buffer) keep alive: their memory (storage), not only their elements, so
+    that a state tensor that is a view of a larger one counts whole; each memory once. Adam's step
+    count, one scalar per parameter, is left out."""
+    storages = {value.untyped_storage().data_ptr(): value.untyped_storage().nbytes()
+                for state in optimizer.state.values() for key, value in state.items()
+                if torch.is_tensor(value) and key != "step"}
+    return sum(storages.values())
 
 
 def _shuffle_memory(rank):
