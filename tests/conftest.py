@@ -3,7 +3,8 @@
     pytest                      # solutions/ (instructors, CI)
     pytest --impl template      # your template_*.py files (students)
     pytest --impl template -m task1_2   # one task
-    pytest --impl solutions     # solutions/, named (--impl itself is defined in ../conftest.py)
+    pytest --impl=solutions             # with "=": with a space pytest takes solutions/ for the folder
+                                        # to test, before it has read this file (docs/checking.md)
 """
 import importlib
 import importlib.util
@@ -16,6 +17,16 @@ import traceback
 import harness  # first: it starts the server that forks the ranks, see harness.py
 import pytest
 import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl",
+        choices=["solutions", "template"],
+        default="solutions",
+        help="check solutions/ (the default: instructors and CI) or the template_*.py files "
+        "at the top of the repository (students)",
+    )
 
 
 def load(impl, name):

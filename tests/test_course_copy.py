@@ -8,15 +8,12 @@ submission until the disk was full.
 """
 import os
 import subprocess
-import sys
 
 import pytest
 
 from grading.course import copy_course
 from grading.grade import make_grading_copy
 from mistakes import make_submission
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.repo
 
@@ -86,13 +83,3 @@ def test_outside_git_no_virtual_environment_is_copied(tmp_path):
     _write(root, "myenv/lib/big.bin", "x")
     _write(root, ".venv/lib/big.bin", "x")
     assert _files(copy_course(str(tmp_path / "copy"), root)) == ["template_a.py"]
-
-
-@pytest.mark.repo
-@pytest.mark.parametrize("spelling", [["--impl", "solutions"], ["--impl=solutions"]])
-def test_pytest_takes_impl_with_a_space_or_an_equals_sign(spelling):
-    """Issue 22: with --impl defined in tests/conftest.py, `pytest --impl solutions` took solutions/ for a
-    folder to test and stopped with 'unrecognized arguments'."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", *spelling, "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "tests/test_templates.py"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "unrecognized arguments" not in proc.stderr, proc.stdout + proc.stderr
