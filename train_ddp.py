@@ -155,6 +155,9 @@ def train(args, rank, world_size, device):
                f"({type(optimizer).__name__})")
     checkpointer = make_checkpointer(args, model, optimizer, world_size, data_name, device, len(train_loader))
     first_epoch = checkpointer.epochs_done + 1 if checkpointer else 1
+    if first_epoch > args.epochs:  # it used to end here without a word
+        print0(f"{args.checkpoint_dir} holds {first_epoch - 1} epochs already, --epochs {args.epochs}: "
+               "nothing to train; a larger --epochs trains on from there")
     stop_requested = checkpointer.StopRequested if checkpointer else ()  # () catches nothing
 
     print0(f"impl={args.impl} allreduce={args.allreduce} sync={strategy.name} "

@@ -139,8 +139,9 @@ def plot(rows, path):
         # the spread: the slowest and the fastest repetition (min_s, max_s: seconds a step), so that a
         # difference smaller than the load's noise shows as one
         medians = [float(r["steps_per_s"]) for r in mine]
-        low = [m - 1 / float(r["max_s"]) for m, r in zip(medians, mine)]
-        high = [1 / float(r["min_s"]) - m for m, r in zip(medians, mine)]
+        # (at least 0: the CSV's rounding can put one repetition's figure a hair beyond the median)
+        low = [max(m - 1 / float(r["max_s"]), 0) for m, r in zip(medians, mine)]
+        high = [max(1 / float(r["min_s"]) - m, 0) for m, r in zip(medians, mine)]
         ax.bar(range(len(mine)), medians, color=colors, yerr=[low, high], capsize=3, ecolor="black")
         for i, r in enumerate(mine):
             ax.text(i, medians[i] + high[i], f"{float(r['vs_torch_ddp']):.2f}x", ha="center", va="bottom", fontsize=8)

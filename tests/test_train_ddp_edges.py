@@ -228,3 +228,14 @@ def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):
     assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(plain), root=str(tmp_path)) is None
     assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(sharded), root=str(tmp_path)) == (
         "Task 8.3", "template_checkpoint.py")
+
+
+@pytest.mark.slow  # two real runs of the script
+def test_a_checkpoint_past_the_last_epoch_says_there_is_nothing_to_train(tmp_path):
+    """Issue 23: with a checkpoint of 2 epochs and --epochs 1 the run ended without a word."""
+    run = [sys.executable, "train_ddp.py", *QUICK, "--train-samples", "256", "--batch-size", "64", "--no-plot",
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", ""]
+    for epochs in ("2", "1"):
+        proc = subprocess.run(run + ["--epochs", epochs], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{tmp_path / 'ckpt'} holds 2 epochs already, --epochs 1: nothing to train" in proc.stdout, proc.stdout
