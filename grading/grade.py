@@ -270,7 +270,7 @@ def _grade_one(name, folder, tasks, policy, args, exclude):
                         results[results.index(old)] = new
         if wrap:
             with open(log, encoding="utf-8", errors="replace") as f:
-                notes += sandbox.notes_from_log(f.read(), copy)
+                notes += sandbox.notes_from_log(f.read(), copy, course=REPO)
     finally:
         if args.keep:
             print(f"kept the grading copy of {name}: {workdir}", file=sys.stderr)

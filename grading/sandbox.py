@@ -198,12 +198,21 @@ def prepare(copy, writable, user=ROOT_RUNS_AS):
         os.chown(path, user, user)
 
 
-def notes_from_log(text, copy):
+def notes_from_log(text, copy, course=None):
     """The notes for what the sandbox refused, from a submission's pytest log. `copy`: the
-    grading copy, whose own missing files are no sign of anything."""
+    grading copy, whose own missing files are no sign of anything; the private /tmp's neither,
+    except the instructor's `course` folder, which may be under /tmp too (a CI clone, say)."""
     notes = [f"sandbox: {note}" for sign, note in SIGNS if sign in text]
+
+    def hidden_by_the_sandbox(path):
+        if path.startswith(copy + "/"):
+            return False
+        if course and path.startswith(course.rstrip("/") + "/"):
+            return True
+        return not path.startswith(("/tmp/", "/dev/shm/", "/proc/"))
+
     hidden = sorted({path for path in re.findall(r"No such file or directory: '(/[^']+)'", text)
-                     if not path.startswith((copy + "/", "/tmp/", "/dev/shm/", "/proc/"))})
+                     if hidden_by_the_sandbox(path)})
     if hidden:
         shown = ", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else "")
         notes.append(f"sandbox: it tried to open {shown}, outside its folder (hidden by the sandbox)")

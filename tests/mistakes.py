@@ -258,7 +258,7 @@ MISTAKES = [
         self.require_backward_grad_sync = previous
 """, "finally"),
     Mistake("5.5", "first-micro-batch-syncs", "template_trainer.py",
-            "            last = micro_step == accumulate - 1", "            last = micro_step == 0", "last one outside"),
+            "        last = micro_step == accumulate - 1", "        last = micro_step == 0", "last one outside"),
     # Task 6.1
     Mistake("6.1", "floor-not-ceil", "template_zero.py",
             "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
@@ -591,6 +591,14 @@ MISTAKES = [
     Mistake("8.4", "step-count-lost", "template_checkpoint.py",
             "            state[key] = value.clone() if torch.is_tensor(value) else value\n            continue\n",
             "            continue\n", "step count lost"),
+    # Issue 23: wrong answers whose hint named another cause
+    Mistake("2.1", "fixed-source-rank", "template_trainer.py",
+            "            dist.broadcast(tensor, src=src)", "            dist.broadcast(tensor, src=0)",
+            "pass the argument src"),
+    Mistake("5.1", "megabyte-as-10-to-the-6", "template_ddp.py",
+            "bucket_size_mb * 2**20", "bucket_size_mb * 10**6", "2**20"),
+    Mistake("6.3", "every-piece-from-rank-0", "template_zero.py",
+            "            dist.broadcast(view, src=rank)", "            dist.broadcast(view, src=0)", "from its owner"),
 ]
 
 

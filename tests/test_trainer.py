@@ -82,9 +82,13 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
                 kind = "buffer" if name in buffers else "parameter"
                 hint = ("broadcast the buffers too (model.buffers()): BatchNorm's running statistics are buffers"
                         if kind == "buffer" else f"every rank must call dist.broadcast(tensor, src={src}) for every parameter")
-                if rank == src:  # the source lost its own values: they came from another rank
-                    hint = (f"rank {src} is the source and must keep its values: pass the argument src to "
-                            "dist.broadcast, not a fixed rank")
+                # every rank holds one other rank's values: that rank was the source, not src
+                fixed = [r for r in range(world_size) if r != src and all(
+                    torch.equal(results[k][1][name], results[r][0][name]) for k in range(world_size))]
+                if rank == src or fixed:  # the source lost its own values: they came from another rank
+                    hint = (f"every rank holds rank {fixed[0]}'s values" if fixed else f"rank {src} lost its own values")
+                    hint += (f": rank {src} is the source and must keep its values: pass the argument src to "
+                             "dist.broadcast, not a fixed rank")
                 pytest.fail(f"{T21}: after broadcast_parameters(model, src={src}) on {world_size} ranks, rank {rank}'s "
                             f"{kind} '{name}' is not bit-identical to rank {src}'s before the broadcast: {hint}")
 
