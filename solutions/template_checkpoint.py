@@ -186,8 +186,9 @@ def check_arguments(saved, current, path):
     for key in sorted(set(saved) & set(current) - MAY_DIFFER - {"world_size"}):
         if saved[key] != current[key]:
             flag = "--" + key.replace("_", "-")
+            before, now = ("its default" if value is None else value for value in (saved[key], current[key]))
             raise CheckpointError(
-                f"{path} was written by a run with {flag} {saved[key]}, this run has {current[key]}: "
+                f"{path} was written by a run with {flag} {before}, this run has {now}: "
                 f"resuming would mix two experiments; use the same {flag}, or another --checkpoint-dir")
     before, now = saved.get("world_size"), current.get("world_size")
     if before is not None and now is not None and before != now:

@@ -609,3 +609,11 @@ def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(uninterrupted, t
     assert (final["epoch"], final["step"]) == (2, 2 * STEPS_PER_EPOCH), out
     differ = [k for k in final["model"] if not torch.equal(final["model"][k], uninterrupted["model"][k])]
     assert not differ, f"after the restart {differ} differ from the uninterrupted run:\n{out}"
+
+
+@pytest.mark.repo
+def test_a_default_argument_is_named_as_such_when_it_differs():
+    """Issue 23: a run without --lr against a checkpoint with --lr 0.1 was told '--lr None'."""
+    ckpt = load("solutions", "template_checkpoint")
+    with pytest.raises(ckpt.CheckpointError, match="written by a run with --lr its default, this run has 0.1: "):
+        ckpt.check_arguments({"lr": None}, {"lr": 0.1}, "ckpt/last.pt")
