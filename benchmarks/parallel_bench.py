@@ -38,6 +38,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from models import CNN  # noqa: E402
+from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
 
 
 def parse_args(argv=None):
@@ -46,9 +47,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="timed steps per strategy (default: 10)")
     parser.add_argument("--batch-size", type=int, default=256,
                         help="the GLOBAL batch (default: 256; DDP gives each rank 1/N of it, tp every rank all of it)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                        help="folder for the CSV (default: benchmarks/results)")
-    return parser.parse_args(argv)
+    add_output_arguments(parser, "the CSV")
+    args = parser.parse_args(argv)
+    args.out = output_folder(args)
+    return args
 
 
 def nbytes(tensors):

@@ -40,6 +40,7 @@ from torch import nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from solutions.template_pipeline import Stage, flat_cnn, gpipe_step, one_f_one_b_step  # noqa: E402
+from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
 
 SCHEDULES = {"gpipe": gpipe_step, "1f1b": one_f_one_b_step}
 
@@ -54,9 +55,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case, after a warm-up (default: 3)")
     parser.add_argument("--cnn-batch", type=int, default=64, help="images a step for the CNN comparison (default: 64)")
     parser.add_argument("--no-cnn", action="store_true", help="skip part 2, the CNN against data parallelism")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                        help="where the CSV and PNG files go (default: benchmarks/results)")
+    add_output_arguments(parser, "the CSV and PNG files")
     args = parser.parse_args(argv)
+    args.out = output_folder(args)
     if args.quick:
         args.stages, args.microbatches, args.forward_ms, args.steps, args.no_cnn = "2", "1,4", 5.0, 2, True
     return args
