@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
 from solutions.template_allreduce import exchange, naive_all_reduce, ring_all_reduce  # noqa: E402
 
 UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}

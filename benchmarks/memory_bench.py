@@ -30,23 +30,19 @@ batch of 512, 256 images a rank at N = 2).
 """
 import argparse
 import csv
-import datetime
-import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from models import benchmark_model  # noqa: E402
-from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, output_folder, run_ranks, torchvision_or_exit  # noqa: E402  (beside this file)
 
 STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
 DEFAULT_BATCH = 16
@@ -164,43 +160,16 @@ def measure(strategies, model_name, steps, batch_size):
     return rows
 
 
-def rank_main(rank, world_size, store_path, model_names, steps, batch_size, results):
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=300))
-    try:
-        rows = []
-        strategies = [s for s in STRATEGIES if s != "task6" or HAS_TASK6]
-        for model_name in model_names:
-            for row in measure(strategies, model_name, steps, batch_size):
-                rows.append(row)
-                if rank == 0:
-                    print(f"  {model_name} {world_size} ranks {row['strategy']:>11}: {row['total_bytes'] / 2**20:8.2f} "
-                          f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
-        if rank == 0:
-            results.put(rows)
-    finally:
-        dist.destroy_process_group()
-
-
-def run(world_size, model_names, steps, batch_size):
-    # fork: this process has run no torch operation yet, so no thread pool is copied half-made
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=rank_main, args=(rank, world_size, os.path.join(tmp, "store"), model_names,
-                                                         steps, batch_size, results)) for rank in range(world_size)]
-        for proc in procs:
-            proc.start()
-        try:
-            rows = results.get(timeout=600)
-        finally:
-            for proc in procs:
-                proc.join(timeout=30)
-                if proc.is_alive():
-                    proc.kill()
-        if any(proc.exitcode for proc in procs):
-            raise SystemExit(f"a rank failed on {world_size} ranks (exit codes {[p.exitcode for p in procs]})")
+def rank_main(rank, world_size, model_names, steps, batch_size):
+    """This rank's rows (bench_common.run_ranks returns rank 0's)."""
+    rows = []
+    strategies = [s for s in STRATEGIES if s != "task6" or HAS_TASK6]
+    for model_name in model_names:
+        for row in measure(strategies, model_name, steps, batch_size):
+            rows.append(row)
+            if rank == 0:
+                print(f"  {model_name} {world_size} ranks {row['strategy']:>11}: {row['total_bytes'] / 2**20:8.2f} "
+                      f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
     return rows
 
 
@@ -276,7 +245,7 @@ def main():
     rows = []
     for world_size in (int(n) for n in args.ranks.split(",")):
         print(f"{world_size} ranks:", flush=True)
-        rows += run(world_size, model_names, args.steps, args.batch_size)
+        rows += run_ranks(world_size, rank_main, model_names, args.steps, args.batch_size, timeout=600)
     if not HAS_TASK6:
         print("(no solutions/template_zero.py: the task6 rows are left out)")
     add_ratios(rows)

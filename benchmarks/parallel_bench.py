@@ -23,12 +23,9 @@ Writes benchmarks/results/parallel_cnn.csv (or under --out).
 """
 import argparse
 import csv
-import datetime
-import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -38,7 +35,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from models import CNN  # noqa: E402
-from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, output_folder, run_ranks  # noqa: E402  (beside this file)
 
 
 def parse_args(argv=None):
@@ -90,10 +87,8 @@ def build(strategy, world_size):
     return model, wrapped, optimizer
 
 
-def rank_main(rank, world_size, store_path, steps, batch_size, results):
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=300))
+def rank_main(rank, world_size, steps, batch_size):
+    """This rank's rows (bench_common.run_ranks returns rank 0's)."""
     wire = WireCount()
     g = torch.Generator().manual_seed(0)
     images, labels = torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
@@ -138,27 +133,6 @@ def rank_main(rank, world_size, store_path, steps, batch_size, results):
                          all_reduces_per_step=wire_bytes[strategy][1],
                          step_seconds=statistics.median(times[strategy]),
                          all_reduce_seconds=statistics.median(waits[strategy]) if strategy == "tp" else ""))
-    if rank == 0:
-        results.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def run(world_size, steps, batch_size):
-    context = multiprocessing.get_context("fork")  # no torch operation has run here yet
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=rank_main, args=(rank, world_size, os.path.join(tmp, "store"), steps,
-                                                         batch_size, results)) for rank in range(world_size)]
-        for proc in procs:
-            proc.start()
-        try:
-            rows = results.get(timeout=900)
-        finally:
-            for proc in procs:
-                proc.join(timeout=30)
-                if proc.is_alive():
-                    proc.kill()
     return rows
 
 
@@ -167,7 +141,7 @@ def main():
     rows = []
     for world_size in (int(n) for n in args.ranks.split(",")):
         print(f"{world_size} ranks ...", flush=True)
-        rows += run(world_size, args.steps, args.batch_size)
+        rows += run_ranks(world_size, rank_main, args.steps, args.batch_size)
     single = next(r for r in rows if r["strategy"] == "ddp" and r["ranks"] == 1) if any(
         r["ranks"] == 1 for r in rows) else None
     ddp_time = {r["ranks"]: r["step_seconds"] for r in rows if r["strategy"] == "ddp"}

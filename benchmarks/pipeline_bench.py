@@ -25,11 +25,9 @@ Writes pipeline_bubble.csv, pipeline_bubble.png (measured vs theory), pipeline_t
 """
 import argparse
 import csv
-import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -40,7 +38,7 @@ from torch import nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from solutions.template_pipeline import Stage, flat_cnn, gpipe_step, one_f_one_b_step  # noqa: E402
-from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, output_folder, run_ranks  # noqa: E402  (beside this file)
 
 SCHEDULES = {"gpipe": gpipe_step, "1f1b": one_f_one_b_step}
 
@@ -171,38 +169,7 @@ def cnn_rank(rank, world_size, batch, steps):
             for name, t in times.items()]
 
 
-# ----------------------------------------------------------------------- processes
-def rank_main(rank, world_size, store, fn, args, results):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
-    try:
-        out = fn(rank, world_size, *args)
-        if rank == 0:
-            results.put(out)
-    finally:
-        dist.destroy_process_group()
-
-
-def run(world_size, fn, *args):
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=rank_main, args=(rank, world_size, os.path.join(tmp, "store"), fn, args,
-                                                         results)) for rank in range(world_size)]
-        for proc in procs:
-            proc.start()
-        try:
-            out = results.get(timeout=900)
-        finally:
-            for proc in procs:
-                proc.join(timeout=30)
-                if proc.is_alive():
-                    proc.kill()
-        if any(proc.exitcode for proc in procs):
-            raise SystemExit(f"a rank failed on {world_size} ranks (exit codes {[p.exitcode for p in procs]})")
-    return out
-
-
+# ----------------------------------------------------------------------- results
 def write_csv(path, rows):
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -261,7 +228,7 @@ def main():
     rows, timelines = [], None
     counts = [int(m) for m in args.microbatches.split(",")]
     for p in [int(p) for p in args.stages.split(",")]:
-        found, lines = run(p, bubble_rank, counts, args.forward_ms / 1e3, args.steps)
+        found, lines = run_ranks(p, bubble_rank, counts, args.forward_ms / 1e3, args.steps)
         rows += found
         timelines = lines if lines[0] is not None else timelines
     print(f"\n{'schedule':>8} {'p':>2} {'m':>3} {'measured':>9} {'theory':>7} {'rel. diff':>9} {'extra ms':>8}  "
@@ -277,7 +244,7 @@ def main():
     if timelines:
         plot_timeline(timelines, os.path.join(args.out, "pipeline_timeline.png"))
     if not args.no_cnn:
-        cnn = run(2, cnn_rank, args.cnn_batch, args.steps)
+        cnn = run_ranks(2, cnn_rank, args.cnn_batch, args.steps)
         base = next(r["step_seconds"] for r in cnn if r["variant"] == "data parallel")
         for r in cnn:
             r["vs_data_parallel"] = r["step_seconds"] / base
