@@ -542,9 +542,11 @@ def worker_pid(agent_pid, rank):
     return None
 
 
-def newest_checkpoint(folder, seen):
-    """(epoch, step) of folder/last.pt when it has changed since `seen`, else None."""
-    path = folder / "last.pt"
+def newest_checkpoint(folder, seen, name="last.pt"):
+    """(epoch, step) of folder/name when it has changed since `seen`, else None. name: last.pt, or
+    the index of a sharded checkpoint, last.shards/index.pt (written last, once every rank's file is
+    complete)."""
+    path = folder / name
     try:
         stat = path.stat()
         if (stat.st_ino, stat.st_mtime_ns) == seen.get("id"):
@@ -556,12 +558,13 @@ def newest_checkpoint(folder, seen):
         return None
 
 
-def kill_rank_1_after(proc, folder, deadline, wanted):
-    """SIGKILL torchrun's rank 1 as soon as folder/last.pt holds a checkpoint whose (epoch, step)
-    is `wanted`; returns that (epoch, step), or None if the run ended or the deadline came first."""
+def kill_rank_1_after(proc, folder, deadline, wanted, name="last.pt"):
+    """SIGKILL torchrun's rank 1 as soon as folder/name (newest_checkpoint) holds a checkpoint whose
+    (epoch, step) is `wanted`; returns that (epoch, step), or None if the run ended or the deadline
+    came first."""
     seen, found = {}, None
     while proc.poll() is None and time.monotonic() < deadline:
-        newest = newest_checkpoint(folder, seen)
+        newest = newest_checkpoint(folder, seen, name)
         found = newest if newest and wanted(*newest) else found
         pid = worker_pid(proc.pid, 1) if found else None
         if pid:

@@ -22,7 +22,7 @@ import torch
 import train_ddp
 from harness import run_ranks
 from models import CNN
-from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, read, torchrun, worker_pid
+from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, kill_rank_1_after, read, torchrun
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
 
@@ -165,29 +165,6 @@ def test_sharded_runs_stopped_and_resumed_over_two_epochs_end_bit_identical(tmp_
         _check(f"--shard {shard}", results[shard], 2, 3)
 
 
-def _kill_rank_1_after_sharded(proc, folder, deadline, wanted):
-    """test_checkpoint.kill_rank_1_after for a sharded checkpoint: SIGKILL torchrun's rank 1 as soon as
-    folder/last.shards/index.pt (written last, once every rank's file is complete) holds a wanted
-    (epoch, step); returns it, or None if the run ended or the deadline came first."""
-    seen, found = None, None
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            path = folder / "last.shards" / "index.pt"
-            stat = path.stat()
-            if (stat.st_ino, stat.st_mtime_ns) != seen:
-                seen = (stat.st_ino, stat.st_mtime_ns)
-                index = read(path)
-                found = (index["epoch"], index["step"]) if wanted(index["epoch"], index["step"]) else found
-        except (OSError, RuntimeError, EOFError):
-            pass
-        pid = worker_pid(proc.pid, 1) if found else None
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-            return found
-        time.sleep(0.02)
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(tmp_path):
@@ -199,7 +176,8 @@ def test_torchrun_restarts_a_killed_rank_of_an_fsdp_run_and_ends_bit_identical(t
     assert code == 0, out
     proc = torchrun(tmp_path / "ckpt", *extra)
     deadline = time.monotonic() + 150
-    killed = _kill_rank_1_after_sharded(proc, tmp_path / "ckpt", deadline, lambda epoch, step: step > STEPS_PER_EPOCH)
+    killed = kill_rank_1_after(proc, tmp_path / "ckpt", deadline, lambda epoch, step: step > STEPS_PER_EPOCH,
+                               "last.shards/index.pt")
     code, out = finish(proc, deadline)
     assert killed, f"rank 1 was never killed: no checkpoint inside epoch 2 appeared in time:\n{out}"
     assert code == 0, f"torchrun failed after rank 1 was killed at {killed}:\n{out}"
