@@ -36,9 +36,13 @@ import torch.distributed as dist
 import strategies
 from data import first_n, get_datasets
 from models import CNN
-from tools.interrupt import PROGRESS, Counted, stop_on_interrupt
+from tools.interrupt import PROGRESS, Counted, stop_on_interrupt, stop_torchrun_restarts
 from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
 from tools.timeline import start_profiler
+
+
+class NotDone(Exception):
+    """A task the chosen flags need is still a TODO: said already, ends the run like a wrong setting."""
 
 
 def parse_args(argv=None):
@@ -116,9 +120,7 @@ def main(args):
     not_done = strategies.not_done(args.impl, strategy.needs(args) + checkpoint_tasks(args))
     if not_done:
         trainer.print0(not_done)
-        if int(os.environ.get("RANK", 0)) != 0:
-            time.sleep(1)  # torchrun stops every rank when one exits: let rank 0 print first
-        return 1
+        raise NotDone  # as final as a wrong setting
     timeout = datetime.timedelta(seconds=args.timeout)
     rank, local_rank, world_size, device = trainer.setup_distributed(args.backend, timeout)
     try:
@@ -235,10 +237,18 @@ if __name__ == "__main__":
         signal.signal(signum, stop_on_interrupt)
     try:
         code = main(args)
-    except ValueError as error:  # a setting that cannot work: one line, not a traceback
-        tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-        print(f"{tag}error: {error}", file=sys.stderr, flush=True)
-        code = 2
+    except (ValueError, NotDone) as error:  # a setting that cannot work: one line, not a traceback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun may stop this rank any moment: say it whole
+        if isinstance(error, ValueError):
+            tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+            print(f"{tag}error: {error}", file=sys.stderr, flush=True)
+        code = 2 if isinstance(error, ValueError) else 1
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            time.sleep(1)  # meanwhile local rank 0 stops torchrun, before it sees this exit and restarts
+        else:
+            stopping = stop_torchrun_restarts()  # the next attempt would fail the same way
+            if stopping and os.environ.get("RANK") == "0":
+                print(stopping, file=sys.stderr, flush=True)
     # The process group is destroyed and every file closed: leave without the interpreter's
     # teardown, which gloo's background threads can still abort now and then ("terminate called
     # without an active exception", SIGABRT), turning a finished run into a failed one.

@@ -198,21 +198,55 @@ def test_an_unwritable_metrics_or_profile_path_is_one_line_before_training(flag,
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 23 item 11, open: torchrun restarts every failed worker, and a "
-                   "worker cannot tell its agent that a configuration error is final (the ranks no longer say "
-                   "'interrupted at start-up'; the error still comes once per restart)")
-def test_a_setting_refused_under_torchrun_is_said_once_and_not_retried():
-    """Every rank refuses --epochs 0. Under torchrun no rank may read as interrupted (exit 130, like a
-    Ctrl-C) because another rank exited first, and with --max-restarts a configuration error must stop
-    the job, not run again at every restart."""
+@pytest.mark.parametrize("setting,error", [
+    (["--epochs", "0"], "--epochs 0: train for at least one epoch"),  # refused before the process group
+    (["--accumulate", "3"], "the global batch 32 does not split into 2 ranks x 3"),  # refused inside train()
+])
+def test_a_setting_refused_under_torchrun_is_said_once_and_not_retried(setting, error):
+    """Under torchrun no rank may read as interrupted (exit 130, like a Ctrl-C) because another rank
+    exited first, and with --max-restarts a setting that cannot work must stop the job, not run again
+    at every restart (issue 23 item 11: it came 3 times with --max-restarts=2)."""
     code, out = _script([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                         "--max-restarts=2", "train_ddp.py", *SMALL, "--epochs", "0"])
+                         "--max-restarts=2", "train_ddp.py", *SMALL, *setting])
     assert code != 0, out
-    assert "interrupted at start-up" not in out, out
-    # one attempt: rank 0 says it once (today once per restart: 3 times)
-    errors = [line for line in out.splitlines() if "--epochs 0: train for at least one epoch" in line
-              and "rank 1" not in line]
+    assert "interrupted at" not in out, out
+    errors = [line for line in out.splitlines() if error in line and "rank 1" not in line]
     assert len(errors) == 1, f"the error came {len(errors)} times from rank 0 (once per restart?):\n{out}"
+    assert out.count("stopping torchrun instead of restarting (2 of --max-restarts left)") == 1, out
+
+
+@pytest.mark.slow
+def test_a_task_not_done_under_torchrun_is_said_once_and_not_retried(tmp_path):
+    """A TODO is as final as a wrong flag: with --max-restarts it must not be met at every restart."""
+    from mistakes import Mistake, make_submission
+    stub = Mistake("2.3", "unfilled", "template_trainer.py", "    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n",
+                   '    raise NotImplementedError("Task 2.3: reduce_metrics() is not done yet")\n', "")
+    repo = make_submission(str(tmp_path / "repo"), [stub])
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=2", "train_ddp.py", *SMALL[2:]], cwd=repo, capture_output=True,
+                          text=True, timeout=180, start_new_session=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "interrupted at" not in out, out
+    assert out.count("Task 2.3 in template_trainer.py is not done yet") == 1, out
+    assert out.count("stopping torchrun instead of restarting (2 of --max-restarts left)") == 1, out
+
+
+def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
+    """stop_torchrun_restarts() SIGTERMs the parent process (torchrun's agent) only under torchrun
+    and while a restart is left; otherwise the parent (here a shell) lives on."""
+    call = (f"import sys; sys.path.insert(0, {REPO!r}); from tools.interrupt import stop_torchrun_restarts; "
+            "print(stop_torchrun_restarts())")
+    def parent_after(**env):  # the shell waits 2 s after its child unless the child stops it
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+        return subprocess.run(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 2"], env={**clean, **env},
+                              capture_output=True, text=True, timeout=60)
+    restarts = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    plain, last, stopped = (parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
+                            parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1"))
+    assert plain.returncode == 0 and plain.stdout == "None\n", plain
+    assert last.returncode == 0 and last.stdout == "None\n", last
+    assert stopped.returncode == -signal.SIGTERM, stopped
+    assert "2 of --max-restarts left" in stopped.stdout, stopped
 
 
 def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):

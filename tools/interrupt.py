@@ -2,6 +2,7 @@
 
     signal.signal(signal.SIGINT, stop_on_interrupt)   # train_ddp.py, at start
     for images, labels in Counted(loader): ...        # keeps PROGRESS up to date
+    stop_torchrun_restarts()                          # after a setting refused under --max-restarts
 """
 import os
 import signal
@@ -28,6 +29,22 @@ def stop_on_interrupt(signum, frame):
     clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over rank 0's progress bar, if it draws one
     os.write(2, f"{clear}{tag}{said}\n".encode())  # one write: the ranks' lines do not interleave
     os._exit(130)
+
+
+def stop_torchrun_restarts():
+    """A setting that cannot work fails the same way at every attempt, but torchrun's --max-restarts
+    retries any failure, so the error would come once per restart. A worker cannot tell torchrun
+    that a failure is final; it can stop torchrun's agent, its parent process, with the SIGTERM a
+    Ctrl-C or `scancel` would send. Every rank does it, so every node's agent stops. Returns the
+    line to print, or None: not under torchrun, or no restart left (then torchrun stops anyway)."""
+    restarts_left = (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0))
+                     - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    if "TORCHELASTIC_RUN_ID" not in os.environ or restarts_left < 1:
+        return None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the agent sends SIGTERM back: this rank is ending anyway
+    os.kill(os.getppid(), signal.SIGTERM)
+    return (f"stopping torchrun instead of restarting ({restarts_left} of --max-restarts left): every "
+            "attempt would fail the same way; the SignalException traceback below is torchrun's own")
 
 
 class Counted:
