@@ -396,7 +396,7 @@ def main(argv=None):
             print(f"grade.py: not sandboxed: {why}", file=sys.stderr)
         args.sandbox = "on" if ok else "off"
     elif not sys.platform.startswith("linux"):
-        print(f"grade.py: not sandboxed (the sandbox needs Linux): the students' code runs with your permissions",
+        print("grade.py: not sandboxed (the sandbox needs Linux): the students' code runs with your permissions",
               file=sys.stderr)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     # submissions or the output kept inside this repository must not be copied into every grading copy

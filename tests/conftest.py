@@ -19,16 +19,6 @@ import pytest
 import torch
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--impl",
-        choices=["solutions", "template"],
-        default="solutions",
-        help="check solutions/ (the default: instructors and CI) or the template_*.py files "
-        "at the top of the repository (students)",
-    )
-
-
 def load(impl, name):
     """The module `name` (for example "template_trainer") of the chosen implementation."""
     if impl == "solutions" and not HAS_SOLUTIONS:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from conftest import load, load_with_reference
+from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 
 T51 = "Task 5.1 (template_ddp.py, build_buckets)"
@@ -147,21 +147,26 @@ def _as_indices(buckets, params):
     return [[next(i for i, p in enumerate(params) if p is q) for q in bucket] for bucket in buckets]
 
 
+def _bucket_indices(impl, params, bucket_size_mb, named):
+    lib = judging(impl, "5.1")
+    return _as_indices(lib.build_buckets(params, bucket_size_mb), named)
+
+
+def _buckets(impl, *calls):
+    """build_buckets(params, bucket_size_mb) for each (params, bucket_size_mb[, named]) in calls, as
+    indices into named (params by default), in a process of its own with a time and a memory limit
+    (call_alone): a while loop that never ends fails in seconds, naming the call."""
+    calls = [(impl, call[0], call[1], call[2] if len(call) > 2 else call[0]) for call in calls]
+    return call_alone(_bucket_indices, calls, T51, lambda args: f"build_buckets(parameters of "
+                      f"{[p.numel() for p in args[1]]} elements, bucket_size_mb={args[2]})")
+
+
 @pytest.mark.task5_1
 def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
-    lib = judging(impl, "5.1")
     # 64 parameters listed in another order than they were allocated: an order taken from a set
     # or from ids would differ from the list's (5 parameters alone can match it by chance)
     allocated = _params(*[1] * 64)
     many = [allocated[i] for i in torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()]
-    got = _as_indices(lib.build_buckets(many, None), many)
-    if got == [[i] for i in range(64)]:
-        pytest.fail(f"{T51}: the buckets start from the first parameter: walk the parameters in REVERSE "
-                    "order, the order in which backward produces their gradients")
-    assert got == [[i] for i in reversed(range(64))], (
-        f"{T51}: with bucket_size_mb=None, 64 parameters should give one bucket each, in the reverse order of "
-        f"the list; got another order (indices {sum(got, [])[:12]} ...): take the order from the list, the "
-        "same on every rank (never from a set or by id)")
     allocated = _params(40, 10, 50, 20, 30)  # allocated in another order than listed: ids give no order
     params = [allocated[i] for i in (1, 3, 4, 0, 2)]  # 10, 20, 30, 40, 50 floats: 40 ... 200 bytes
     # 200 bytes: 50 floats fill a bucket; 40 floats (160 B) start a new one; 30 + 20 floats are
@@ -169,11 +174,19 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
     # 1 MB is 2**20 bytes (PyTorch's bucket_cap_mb): 1,008,000 bytes fit one 1 MB bucket. Only a cap
     # taken as 10**6 bytes splits them; a cap that excludes equality does not, so it is told apart.
     big = _params(2000, 250_000)
-    assert _as_indices(lib.build_buckets(big, 1.0), big) == [[1, 0]], (
-        f"{T51}: parameters of 8,000 and 1,000,000 bytes gave buckets {_as_indices(lib.build_buckets(big, 1.0), big)} "
+    got, in_big, in_params = _buckets(impl, (many, None), (big, 1.0), (params, 200 / 2**20))
+    if got == [[i] for i in range(64)]:
+        pytest.fail(f"{T51}: the buckets start from the first parameter: walk the parameters in REVERSE "
+                    "order, the order in which backward produces their gradients")
+    assert got == [[i] for i in reversed(range(64))], (
+        f"{T51}: with bucket_size_mb=None, 64 parameters should give one bucket each, in the reverse order of "
+        f"the list; got another order (indices {sum(got, [])[:12]} ...): take the order from the list, the "
+        "same on every rank (never from a set or by id)")
+    assert in_big == [[1, 0]], (
+        f"{T51}: parameters of 8,000 and 1,000,000 bytes gave buckets {in_big} "
         "with bucket_size_mb=1, expected one bucket [[1, 0]]: 1 MB is 2**20 = 1,048,576 bytes here, as in "
         "PyTorch's bucket_cap_mb, not 10**6")
-    got = _as_indices(lib.build_buckets(params, 200 / 2**20), params)
+    got = in_params
     expected = [[4], [3], [2, 1], [0]]
     if got == [sorted(b) for b in reversed(expected)] or got and got[0] and got[0][0] == 0:
         pytest.fail(f"{T51}: buckets {got} (indices into parameters) start from the first parameter: walk the "
@@ -187,13 +200,12 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
 
 @pytest.mark.task5_1
 def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
-    lib = judging(impl, "5.1")
     params = _params(3, 1000, 2)  # a 4000-byte parameter, larger than the 100-byte cap below
-    assert _as_indices(lib.build_buckets(params, None), params) == [[2], [1], [0]], (
+    each, all_in_one, got = _buckets(impl, (params, None), (params, 25.0), (params, 100 / 2**20))
+    assert each == [[2], [1], [0]], (
         f"{T51}: bucket_size_mb=None means one bucket per parameter, in reverse order")
-    assert _as_indices(lib.build_buckets(params, 25.0), params) == [[2, 1, 0]], (
+    assert all_in_one == [[2, 1, 0]], (
         f"{T51}: 4020 bytes fit in one 25 MB bucket")
-    got = _as_indices(lib.build_buckets(params, 100 / 2**20), params)
     assert got == [[2], [1], [0]], (
         f"{T51}: a parameter larger than a bucket gets a bucket of its own, and the next one starts a new "
         f"bucket: expected [[2], [1], [0]], got {got}")
@@ -201,11 +213,10 @@ def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
 
 @pytest.mark.task5_1
 def test_tied_weights_once_frozen_ones_never(impl):
-    lib = judging(impl, "5.1")
     a, b, c, d = _params(4, 5, 6, 7)
     c.requires_grad_(False)
     listed = [a, b, a, c, d]  # a is tied: listed twice, as named_parameters(remove_duplicate=False) does
-    got = _as_indices(lib.build_buckets(listed, None), [a, b, c, d])
+    got, one = _buckets(impl, (listed, None, [a, b, c, d]), (listed, 25.0, [a, b, c, d]))
     flat = sum(got, [])
     if len(flat) != len(set(flat)):
         pytest.fail(f"{T51}: the tied parameter is in the buckets twice ({got}): its gradient would be "
@@ -214,24 +225,21 @@ def test_tied_weights_once_frozen_ones_never(impl):
         f"{T51}: parameters [a, b, a (tied), c (frozen), d] should give the buckets [[d], [b], [a]], got "
         f"{got} (as indices a=0, b=1, c=2, d=3): tied weights once, at their first occurrence; "
         "requires_grad=False parameters in no bucket")
-    one = _as_indices(lib.build_buckets(listed, 25.0), [a, b, c, d])
     assert one == [[3, 1, 0]], f"{T51}: tied weights once with a 25 MB cap too: expected [[3, 1, 0]], got {one}"
 
 
 @pytest.mark.task5_1
 def test_a_new_bucket_where_the_dtype_changes(impl):
-    lib = judging(impl, "5.1")
-    params = _params(4, 4) + _params(4, dtype=torch.float64)
-    got = _as_indices(lib.build_buckets(params, 25.0), params)
+    dtypes = _params(4, 4) + _params(4, dtype=torch.float64)
+    # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
+    devices = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
+    got, on_devices = _buckets(impl, (dtypes, 25.0), (devices, 25.0))
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
-    # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
-    params = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
-    got = _as_indices(lib.build_buckets(params, 25.0), params)
-    assert got == [[2], [1], [0]], (
+    assert on_devices == [[2], [1], [0]], (
         f"{T51}: one flat buffer lives on one device: parameters on cpu, meta, cpu should give the buckets "
-        f"[[2], [1], [0]], got {got}: start a new bucket where the device changes")
+        f"[[2], [1], [0]], got {on_devices}: start a new bucket where the device changes")
 
 
 # --------------------------------------------------------------------------- Task 5.2

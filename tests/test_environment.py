@@ -160,3 +160,14 @@ def test_the_ddp_benchmark_figure_shows_the_spread(monkeypatch, tmp_path):
     bench.plot(rows, str(tmp_path / "ddp_bench.png"))
     low, high = drawn[0]["yerr"]
     assert (low, high) == ([50.0 - 25.0], [100.0 - 50.0]) and (tmp_path / "ddp_bench.png").exists(), drawn
+
+
+@pytest.mark.slow  # a pytest of its own, collecting every test
+@pytest.mark.parametrize("impl", [["--impl", "solutions"], ["--impl", "template"], ["--impl=solutions"]])
+def test_pytest_takes_impl_with_a_space_or_an_equals_sign(impl):
+    """`pytest --impl solutions` stopped with "unrecognized arguments" (pytest took `solutions` for
+    the folder to test before tests/conftest.py defined --impl); pytest.ini loads the option first."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", *impl, "--collect-only", "-q", "-m", "task0_1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tests/test_collectives.py::" in proc.stdout, proc.stdout
