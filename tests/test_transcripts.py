@@ -17,15 +17,19 @@ pytestmark = pytest.mark.repo
 
 PAGES = ["README.md"] + sorted(os.path.join("docs", p) for p in os.listdir(os.path.join(REPO, "docs"))
                                if p.endswith(".md"))
-BLOCKS = [(page, kill_at, command, shown) for page in PAGES for kill_at, command, shown, _ in transcripts.blocks(page)]
-# What a training run prints: a block showing it is a transcript, and needs a marker.
-TRAINING_OUTPUT = re.compile(r"^(\d+: )?(epoch \d+/\d+  train loss|ranks consistent|impl=\w+ allreduce=)", re.M)
+BLOCKS = [(page, options, command, shown) for page in PAGES for options, command, shown, _ in transcripts.blocks(page)]
+# What a training run or check.py prints: a block showing it is a transcript, and needs a marker.
+TRAINING_OUTPUT = re.compile(r"^(\d+: )?(epoch \d+/\d+  train loss|ranks consistent|impl=\w+ allreduce=|"
+                             r"Checking your template_)", re.M)
 # Transcripts that no test produces, with the reason (the page says it too).
 UNMARKED = {
     ("docs/task8-checkpoints.md", "submit.sh: job 33 on 1 node(s)"):
         "a SLURM job stopped by USR1 and requeued: the requeued job waits minutes in SLURM's queue, and the "
         "step at which USR1 stops it depends on when the signal arrives; tests/test_launch.py stops and "
         "resubmits a job and checks its log's lines",
+    ("docs/instructors.md", "Checking your template_*.py files: Task 1.1, 1.4"):
+        "check.py in a student release (tools/student_release.py), whose tests use the student's own answers; "
+        "tests/test_student_release.py builds one and runs check.py in it",
 }
 
 
@@ -50,8 +54,8 @@ def test_every_training_transcript_has_a_marker_or_a_reason():
     assert not stale, f"UNMARKED entries that match no block: {stale}"
 
 
-@pytest.mark.parametrize("page, kill_at, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
-def test_the_block_shows_its_command_and_the_command_parses(page, kill_at, command, shown):
+@pytest.mark.parametrize("page, options, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
+def test_the_block_shows_its_command_and_the_command_parses(page, options, command, shown):
     assert shown.startswith(transcripts.shown_command(command)), (
         f"{page}: the transcript must start with its marker's command as tools/transcripts.py writes it:\n"
         f"{transcripts.shown_command(command)}")
@@ -60,7 +64,7 @@ def test_the_block_shows_its_command_and_the_command_parses(page, kill_at, comma
     if script == "train_ddp.py":
         import train_ddp
         args = train_ddp.parse_args(words[words.index(script) + 1:])
-        assert kill_at is None or (args.checkpoint_dir and "--max-restarts=1" in words), (
+        assert "kill-rank-1-at-step" not in options or (args.checkpoint_dir and "--max-restarts=1" in words), (
             f"{page}: a kill needs --checkpoint-dir and torchrun's --max-restarts=1")
 
 
@@ -81,9 +85,9 @@ def test_masks_hide_the_machine_and_keep_the_results():
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * transcripts.TIMEOUT + 60)
-@pytest.mark.parametrize("page, kill_at, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
-def test_transcript_is_what_the_command_prints_now(page, kill_at, command, shown):
-    fresh = transcripts.produce(command, kill_at)
+@pytest.mark.parametrize("page, options, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
+def test_transcript_is_what_the_command_prints_now(page, options, command, shown):
+    fresh = transcripts.produce(command, options)
     problem = transcripts.difference(shown, fresh)
     assert not problem, (f"{page}: the transcript of `{command}` is stale; if the change is intended, run "
                          f"python tools/transcripts.py --update {page}\n{problem}")

@@ -8,10 +8,15 @@ A transcript is a ```text block whose first line is `$ ` and its command, right 
 
     <!-- transcript: torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic -->
 
-or, for a run whose rank 1 is killed with SIGKILL once the checkpoint in --checkpoint-dir holds
-N optimizer steps (torchrun's --max-restarts then restarts both ranks):
+with options between `transcript` and the colon, each a name and one word:
 
-    <!-- transcript kill-rank-1-at-step 50: torchrun ... --checkpoint-dir runs/ckpt --checkpoint-every 10 -->
+    kill-rank-1-at-step 50     SIGKILL rank 1 once --checkpoint-dir's last.pt holds step 50 (torchrun's
+                               --max-restarts then restarts both ranks); what happens between the kill and
+                               the restart, whose order depends on timing, is abridged
+    mistakes a,b               the template_*.py files are the reference answers with these mistakes of
+                               tests/mistakes.py (a student's submission, for check.py)
+    not-started 2.3            ... and this task's fence as the template has it (the TODO)
+    exit 1                     the exit status the command must end with (default 0)
 
 Each command runs in a temporary copy of the files git knows (its runs/ and checkpoints start
 empty), its output (stdout and stderr together) becomes the block. --check compares with what
@@ -34,7 +39,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARKER = re.compile(r"^<!-- transcript(?: kill-rank-1-at-step (\d+))?: ([^\n]+?) -->\n```text\n(.*?)^```$", re.M | re.S)
+MARKER = re.compile(r"^<!-- transcript((?: [\w.,-]+)*): ([^\n]+?) -->\n```text\n(.*?)^```$", re.M | re.S)
+OPTIONS = {"kill-rank-1-at-step", "mistakes", "not-started", "exit"}  # each takes one word
 TIMEOUT = 300  # seconds a command may run before it counts as a hang
 
 # (pattern, what it becomes) for --check: what a run on another machine, or at another time, prints differently
@@ -42,6 +48,7 @@ MASKS = [
     (r"[\d,]+ images/s", "N images/s"),
     (r"sync \d+% of step time", "sync N% of step time"),
     (r"\(\d+\.\d s\)", "(N s)"),
+    (r" in \d+ s\b", " in N s"),  # check.py's "1 of 4 tasks done in 51 s"
     (r"^([\w\[\]:]*)[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", r"\1W0000 00:00:00 PID "),  # torch's log lines
     (r"(pid:?|process) \d+", r"\1 PID"),
     (r"binary: \S+", "binary: PYTHON"),
@@ -58,11 +65,17 @@ def mask(text):
 
 
 def blocks(page):
-    """(kill step or None, command, shown text, match) for every transcript of a page."""
+    """(options, command, shown text, match) for every transcript of a page; options: a dict of
+    the marker's `option value` pairs."""
     with open(os.path.join(REPO, page)) as f:
         text = f.read()
     for match in MARKER.finditer(text):
-        yield (int(match.group(1)) if match.group(1) else None), match.group(2), match.group(3), match
+        words = match.group(1).split()
+        options = dict(zip(words[::2], words[1::2]))
+        if len(words) % 2 or not set(options) <= OPTIONS:
+            raise ValueError(f"{page}: transcript marker options {match.group(1).strip()!r}: "
+                             f"expected pairs of {sorted(OPTIONS)} and a value")
+        yield options, match.group(2), match.group(3), match
 
 
 def shown_command(command):
@@ -77,15 +90,38 @@ def shown_command(command):
     return "\n".join(lines + [line]) + "\n"
 
 
-def course_copy():
-    """The files git knows, in a fresh temporary folder."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, timeout=60, check=True)
+def course_copy(options):
+    """The files git knows, in a fresh temporary folder. With `mistakes a,b` (names from
+    tests/mistakes.py) its template_*.py files are a student's: the reference answers with those
+    mistakes, and with `not-started X.Y` that task's fence as the template has it (the TODO)."""
     dest = tempfile.mkdtemp(prefix="transcript-")
-    for name in filter(None, listed.stdout.split("\0")):
-        if os.path.isfile(os.path.join(REPO, name)):
-            os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
-            shutil.copy2(os.path.join(REPO, name), os.path.join(dest, name))
+    if "mistakes" not in options and "not-started" not in options:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                                capture_output=True, text=True, timeout=60, check=True)
+        for name in filter(None, listed.stdout.split("\0")):
+            if os.path.isfile(os.path.join(REPO, name)):
+                os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
+                shutil.copy2(os.path.join(REPO, name), os.path.join(dest, name))
+        return dest
+    sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+    from mistakes import MISTAKES, make_submission
+    names = set(options.get("mistakes", "").split(",")) - {""}
+    chosen = [m for m in MISTAKES if m.name in names]
+    assert {m.name for m in chosen} == names, f"no mistake named {names - {m.name for m in chosen}} in tests/mistakes.py"
+    os.rmdir(dest)  # make_submission creates it
+    make_submission(dest, chosen)
+    for task in filter(None, options.get("not-started", "").split(",")):
+        fence = re.compile(rf"^[ \t]*# --- Task {re.escape(task)} begin ---\n.*?# --- Task {re.escape(task)} end ---\n",
+                           re.M | re.S)
+        for name in os.listdir(REPO):
+            if name.startswith("template_") and name.endswith(".py"):
+                with open(os.path.join(REPO, name)) as f:
+                    todo = fence.search(f.read())
+                if todo:
+                    with open(os.path.join(dest, name)) as f:
+                        text = f.read()
+                    with open(os.path.join(dest, name), "w") as f:
+                        f.write(fence.sub(lambda _: todo.group(0), text, count=1))
     return dest
 
 
@@ -118,7 +154,7 @@ def checkpoint_step(path, seen):
         return None
 
 
-def run(command, kill_at, cwd):
+def run(command, kill_at, cwd, expected_exit=0):
     """The command's output, run in cwd; with kill_at, rank 1 is killed once the checkpoint holds
     that step. Never waits more than TIMEOUT seconds."""
     words = shlex.split(command)
@@ -147,8 +183,8 @@ def run(command, kill_at, cwd):
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise RuntimeError(f"{command} did not finish within {TIMEOUT} s:\n{out[-3000:]}")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{command} exited with {proc.returncode}:\n{out[-3000:]}")
+    if proc.returncode != expected_exit:
+        raise RuntimeError(f"{command} exited with {proc.returncode}, not {expected_exit}:\n{out[-3000:]}")
     if kill_at is not None and killed is None:
         raise RuntimeError(f"{command}: the checkpoint never held step {kill_at}, rank 1 was not killed:\n{out[-3000:]}")
     out = "".join(line.rstrip() + "\n" for line in out.splitlines())  # torchrun's log lines end in a space
@@ -167,10 +203,11 @@ def abridge(out):
     return "".join(lines[:first] + [ABRIDGED + "\n"] + failed + lines[resumed:])
 
 
-def produce(command, kill_at):
-    cwd = course_copy()
+def produce(command, options):
+    cwd = course_copy(options)
+    kill_at = int(options["kill-rank-1-at-step"]) if "kill-rank-1-at-step" in options else None
     try:
-        return shown_command(command) + run(command, kill_at, cwd)
+        return shown_command(command) + run(command, kill_at, cwd, int(options.get("exit", 0)))
     finally:
         shutil.rmtree(cwd, ignore_errors=True)
 
@@ -196,9 +233,9 @@ def main(argv=None):
     for page in pages:
         found = list(blocks(page))
         fresh = []
-        for kill_at, command, shown, match in found:
+        for options, command, shown, match in found:
             print(f"{page}: {command}", flush=True)
-            fresh.append(produce(command, kill_at))
+            fresh.append(produce(command, options))
             problem = difference(shown, fresh[-1])
             if problem and args.check:
                 print(problem, flush=True)
