@@ -186,7 +186,7 @@ def run(command, kill_at, cwd, expected_exit=0):
     if proc.returncode != expected_exit:
         raise RuntimeError(f"{command} exited with {proc.returncode}, not {expected_exit}:\n{out[-3000:]}")
     if kill_at is not None and killed is None:
-        raise RuntimeError(f"{command}: the checkpoint never held step {kill_at}, rank 1 was not killed:\n{out[-3000:]}")
+        raise Missed(f"{command}: the checkpoint never held step {kill_at}, rank 1 was not killed:\n{out[-3000:]}")
     out = "".join(line.rstrip() + "\n" for line in out.splitlines())  # torchrun's log lines end in a space
     return abridge(out) if kill_at is not None else out
 
@@ -203,13 +203,23 @@ def abridge(out):
     return "".join(lines[:first] + [ABRIDGED + "\n"] + failed + lines[resumed:])
 
 
-def produce(command, options):
-    cwd = course_copy(options)
+class Missed(RuntimeError):
+    """The kill came too late: the checkpoint had moved past the step before it was seen."""
+
+
+def produce(command, options, tries=2):
+    """The transcript: `$ command` and what it prints. A kill that came too late (a very busy
+    machine: the watcher saw no checkpoint at the step) is tried once more."""
     kill_at = int(options["kill-rank-1-at-step"]) if "kill-rank-1-at-step" in options else None
-    try:
-        return shown_command(command) + run(command, kill_at, cwd, int(options.get("exit", 0)))
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
+    for attempt in range(tries):
+        cwd = course_copy(options)
+        try:
+            return shown_command(command) + run(command, kill_at, cwd, int(options.get("exit", 0)))
+        except Missed:
+            if attempt == tries - 1:
+                raise
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
 
 
 def difference(shown, fresh):
