@@ -54,6 +54,17 @@ def test_every_training_transcript_has_a_marker_or_a_reason():
     assert not stale, f"UNMARKED entries that match no block: {stale}"
 
 
+def test_every_marker_is_read():
+    """A marker the tool cannot read (a typo, no ```text block right below) would leave its block unchecked."""
+    for page in PAGES:
+        with open(os.path.join(REPO, page)) as f:
+            text = re.sub(r"^```[^\n]*\n.*?^```[ \t]*$", "", f.read(), flags=re.M | re.S)  # examples in blocks
+        lines = [line for line in text.splitlines() if line.startswith("<!-- transcript")]
+        assert len(lines) == len(list(transcripts.blocks(page))), (
+            f"{page}: {len(lines)} lines start a transcript marker, {len(list(transcripts.blocks(page)))} are read: write "
+            "<!-- transcript OPTIONS: COMMAND --> right above a ```text block (tools/transcripts.py)")
+
+
 @pytest.mark.parametrize("page, options, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
 def test_the_block_shows_its_command_and_the_command_parses(page, options, command, shown):
     assert shown.startswith(transcripts.shown_command(command)), (

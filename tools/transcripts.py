@@ -49,7 +49,7 @@ MASKS = [
     (r"sync \d+% of step time", "sync N% of step time"),
     (r"\(\d+\.\d s\)", "(N s)"),
     (r" in \d+ s\b", " in N s"),  # check.py's "1 of 4 tasks done in 51 s"
-    (r"^([\w\[\]:]*)[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", r"\1W0000 00:00:00 PID "),  # torch's log lines
+    (r"^([\w\[\]:]*)([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", r"\1\2MMDD hh:mm:ss PID "),  # torch's log lines
     (r"(pid:?|process) \d+", r"\1 PID"),
     (r"binary: \S+", "binary: PYTHON"),
     (r"(127\.0\.0\.1|localhost)\]?:\d+", r"\1:PORT"),
