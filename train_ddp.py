@@ -36,7 +36,7 @@ import torch.distributed as dist
 import strategies
 from data import first_n, get_datasets
 from models import CNN
-from tools.interrupt import PROGRESS, Counted, stop_on_interrupt, stop_torchrun_restarts
+from tools.interrupt import PROGRESS, Counted, stop_on_interrupt, stop_torchrun_restarts, whole_lines
 from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
 from tools.timeline import start_profiler
 
@@ -146,6 +146,7 @@ def train(args, rank, world_size, device):
         raise ValueError(f"the global batch {args.batch_size} does not split into {readers} ranks x "
                          f"{args.accumulate} equal micro-batches: choose a multiple of {readers * args.accumulate}")
 
+    threads = set_threads()
     # Each rank seeds differently on purpose: only the broadcast (Task 2.1) or DDP's own
     # broadcast makes the replicas start equal, so forgetting it shows.
     torch.manual_seed(args.seed + rank)
@@ -164,7 +165,7 @@ def train(args, rank, world_size, device):
 
     print0(f"impl={args.impl} allreduce={args.allreduce} sync={strategy.name} "
            f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
-           f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
+           f"world_size={world_size} backend={dist.get_backend()} device={device.type} threads={threads} "
            f"global batch={args.batch_size} ({args.batch_size // readers} per rank) "
            f"steps/epoch={len(train_loader)}")
     rows = earlier_rows(args.metrics, first_epoch) if rank == 0 and args.metrics else []  # a resumed run's history
@@ -209,6 +210,20 @@ def train(args, rank, world_size, device):
     return 0 if same else 1
 
 
+def set_threads():
+    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 when it starts
+    several processes), else the cores this process may use shared out between the processes of
+    its node (LOCAL_WORLD_SIZE), at least one. More threads than free cores is slower, not faster:
+    each operation waits at its end for its slowest thread, and a thread that another process
+    pushed off its core holds up the whole operation (docs/training.md)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if not threads.isdigit() or int(threads) < 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    torch.set_num_threads(int(threads))
+    return int(threads)
+
+
 def optimizer_class(args):
     """The optimizer class and its keyword arguments, from --optimizer, --lr and --momentum."""
     if args.optimizer == "adamw":
@@ -232,6 +247,7 @@ def make_checkpointer(args, model, optimizer, world_size, data_name, device, ste
 
 
 if __name__ == "__main__":
+    whole_lines()  # two ranks' lines never share one (PYTHONUNBUFFERED=1 writes a line in two pieces)
     args = parse_args()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop_on_interrupt)

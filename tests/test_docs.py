@@ -72,6 +72,8 @@ NOT_RUN = {
         "tests/test_train_model_parallel.py trains --pp 2 --microbatches 4 --schedule 1f1b against one process",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --pp 2 *":
         "tests/test_train_model_parallel.py trains it against one process",
+    "python tools/transcripts.py *": "reruns the pages' transcripts (minutes): tests/test_transcripts.py does "
+                                     "(pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
         "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
 }

@@ -1,6 +1,8 @@
-"""Ctrl-C, and SIGTERM passed on by torchrun or SLURM: one line per rank saying where training was.
+"""Ctrl-C, and SIGTERM passed on by torchrun or SLURM: one line per rank saying where training was;
+and every rank's lines written whole, so that two ranks' lines never share one.
 
-    signal.signal(signal.SIGINT, stop_on_interrupt)   # train_ddp.py, at start
+    whole_lines()                                     # train_ddp.py, at start: one write per line
+    signal.signal(signal.SIGINT, stop_on_interrupt)
     for images, labels in Counted(loader): ...        # keeps PROGRESS up to date
     stop_torchrun_restarts()                          # after a setting refused under --max-restarts
 """
@@ -10,6 +12,19 @@ import sys
 
 PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
 MAIN_PID = os.getpid()  # DataLoader workers are forked from this process, signal handlers and all
+
+
+def whole_lines():
+    """Each line printed to stdout or stderr leaves this process in one write, so that the lines of
+    several ranks sharing a terminal or a log do not interleave.
+
+    With PYTHONUNBUFFERED=1 (test runners, SLURM scripts and IDEs set it) print() writes the text
+    and its newline separately, and two ranks warning at once give `[rank 0] ...[rank 1] ...`
+    on one line and an empty line after it. Line buffering without write-through sends a line,
+    newline included, when it is complete."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # not a replaced stream (pytest's capture, a notebook)
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def stop_on_interrupt(signum, frame):

@@ -1,0 +1,105 @@
+"""What train_ddp.py sets up for its own process: whole lines on its streams, and its threads.
+
+    pytest tests/test_train_ddp_output.py
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.repo
+
+# A rank that warns many times, starting at a time given on its command line, with or without
+# tools.interrupt.whole_lines(): under PYTHONUNBUFFERED=1 print() writes a line in two pieces.
+WARN = """
+import sys, time
+sys.path.insert(0, sys.argv[4])
+if sys.argv[3] == "whole":
+    from tools.interrupt import whole_lines
+    whole_lines()
+while time.time() < float(sys.argv[2]):
+    pass
+for k in range(20000):
+    print(f"[rank {sys.argv[1]}] checkpoint ckpt/last.pt cannot be read (bad zip); trying previous.pt", file=sys.stderr)
+"""
+
+
+def shared_pipe_output(how):
+    """Two processes warning at once into one pipe; their output."""
+    read, write = os.pipe()
+    start = str(time.time() + 2)  # both past their imports: they warn at the same moment
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", WARN, str(rank), start, how, REPO], stdout=write,
+                              stderr=write, env=env) for rank in (0, 1)]
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    return out
+
+
+def test_two_ranks_warnings_never_share_a_line():
+    """Issue 23: 'two warnings on one line'. Two ranks printing at once under PYTHONUNBUFFERED=1
+    (set by test runners, SLURM scripts, IDEs) gave `[rank 0] ...[rank 1] ...` and an empty line:
+    without whole_lines() ("plain" here), 4672 of 100000 lines measured on the 2-core machine."""
+    out = shared_pipe_output("whole")
+    lines = out.splitlines()
+    glued = [line for line in lines if line.count("[rank ") != 1]
+    assert len(lines) == 40000 and not glued, (
+        f"{len(glued)} of {len(lines)} lines hold two ranks' warnings or none, e.g. {glued[:2]}")
+
+
+def run_train_ddp(env, *extra):
+    """A tiny run of train_ddp.py on one process; its output. Prints, at exit, whether its stdout and
+    stderr still write each piece at once (write_through), which splits a print() in two."""
+    probe = ("import os, runpy, sys; real = os._exit\n"
+             "def leave(code):\n"
+             "    sys.stdout.write(f'write_through {sys.stdout.write_through} {sys.stderr.write_through}\\n')\n"
+             "    sys.stdout.flush(); real(code)\n"
+             "os._exit = leave\n"
+             "sys.argv = ['train_ddp.py'] + sys.argv[1:]\n"
+             "runpy.run_path('train_ddp.py', run_name='__main__')\n")
+    argv = [sys.executable, "-c", probe, "--impl", "solutions", "--data", "synthetic", "--epochs", "1",
+            "--train-samples", "64", "--test-samples", "64", "--batch-size", "64", "--metrics", "", *extra]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **env}.items() if v is not None})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_train_ddp_writes_whole_lines_and_says_its_threads():
+    """One run: its streams write whole lines (the fix above is in place), and OMP_NUM_THREADS=3,
+    set by the user, is the thread count its header line shows."""
+    out = run_train_ddp({"OMP_NUM_THREADS": "3"})
+    assert "write_through False False" in out, f"train_ddp.py does not call whole_lines() before it prints:\n{out}"
+    assert " threads=3 " in out.splitlines()[0], f"the header line does not show OMP_NUM_THREADS=3:\n{out}"
+
+
+@pytest.mark.parametrize("omp, local_world, cores, expected", [
+    (None, None, 4, 4),    # python train_ddp.py: every core
+    (None, "2", 4, 2),     # two processes on the node share them
+    (None, "8", 4, 1),     # at least one
+    ("3", "2", 4, 3),      # the user's (or torchrun's) OMP_NUM_THREADS wins
+    ("", "2", 4, 2),       # empty: not set
+])
+def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, omp, local_world, cores, expected):
+    sys.path.insert(0, REPO)
+    import train_ddp
+    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", local_world)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    before = torch.get_num_threads()
+    try:
+        assert train_ddp.set_threads() == expected
+        assert torch.get_num_threads() == expected
+    finally:
+        torch.set_num_threads(before)
