@@ -172,7 +172,7 @@ def train(args, rank, world_size, device):
     for epoch in range(first_epoch, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         PROGRESS.update(epoch=epoch, step=0)
-        profiler = start_profiler(args.profile, device) if args.profile and rank == 0 and epoch == 1 else None
+        profiler = start_profiler(args.profile, device, model) if args.profile and rank == 0 and epoch == 1 else None
         batches = checkpointer.batches(train_loader) if checkpointer else train_loader
         try:
             stats = trainer.train_one_epoch(model, Counted(batches, profiler), optimizer, device,

@@ -157,7 +157,9 @@ def main():
             algbw = nbytes / seconds / 1e9
             rows.append({"backend": args.backend, "world_size": world_size, "algorithm": name, "bytes": nbytes,
                          "median_seconds": seconds, "algbw_GBps": algbw,
-                         "busbw_GBps": algbw * 2 * (world_size - 1) / world_size})
+                         "busbw_GBps": algbw * 2 * (world_size - 1) / world_size,
+                         # the spread, drawn as whiskers: under load one call can take several times the median
+                         "min_seconds": min(times[name]), "max_seconds": max(times[name])})
         if rank == 0:
             print(f"  {human(nbytes)} done", file=sys.stderr, flush=True)
 
@@ -206,16 +208,26 @@ def plot(by, names, sizes, world_size, args, path):
     import matplotlib.pyplot as plt
 
     fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in names:
-        ax_time.plot(sizes, [by[name, s]["median_seconds"] * 1e3 for s in sizes], marker="o", label=name)
-        ax_bw.plot(sizes, [by[name, s]["busbw_GBps"] for s in sizes], marker="o", label=name)
+    for k, name in enumerate(names):
+        rows = [by[name, s] for s in sizes]
+        # each algorithm a little to the side, so that the whiskers (fastest, slowest call) do not hide each other
+        x = [s * 2 ** (0.12 * (k - (len(names) - 1) / 2)) for s in sizes]
+        ms = [float(r["median_seconds"]) * 1e3 for r in rows]
+        ax_time.errorbar(x, ms, yerr=[[m - float(r["min_seconds"]) * 1e3 for m, r in zip(ms, rows)],
+                                      [float(r["max_seconds"]) * 1e3 - m for m, r in zip(ms, rows)]],
+                         marker="o", markersize=4, capsize=2, label=name)
+        bw = [float(r["busbw_GBps"]) for r in rows]  # the fastest call has the highest bandwidth
+        slowest = [b * float(r["median_seconds"]) / float(r["max_seconds"]) for b, r in zip(bw, rows)]
+        fastest = [b * float(r["median_seconds"]) / float(r["min_seconds"]) for b, r in zip(bw, rows)]
+        ax_bw.errorbar(x, bw, yerr=[[b - lo for b, lo in zip(bw, slowest)], [hi - b for b, hi in zip(bw, fastest)]],
+                       marker="o", markersize=4, capsize=2, label=name)
     for ax in (ax_time, ax_bw):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [human(s).replace(" ", "") for s in sizes], rotation=45)
         ax.set_xlabel("tensor size")
         ax.grid(True, which="major", alpha=0.3)
     ax_time.set_yscale("log")
-    ax_time.set_ylabel("time (ms, median)")
+    ax_time.set_ylabel("time (ms, median; whiskers: fastest, slowest)")
     ax_bw.set_ylabel("bus bandwidth (GB/s) = algbw * 2(N-1)/N")
     ax_time.legend()
     fig.suptitle(f"all-reduce, {args.backend}, {world_size} ranks")

@@ -3,6 +3,7 @@
     python benchmarks/memory_bench.py            # CNN and ResNet-18 on 1, 2 and 4 ranks (minutes on CPUs)
     python benchmarks/memory_bench.py --quick    # the CNN on 1 and 2 ranks, under a minute
     python benchmarks/memory_bench.py --models resnet18 --ranks 2 --steps 10
+    python benchmarks/memory_bench.py --models resnet18 --batch-size 256   # the course's batch (minutes)
 
 For each model and number of ranks N it starts N gloo processes on this machine, and each
 trains a few steps of AdamW with every strategy in turn:
@@ -21,8 +22,11 @@ optimizer's, for the ZeRO ones). Gathered parameters of FSDP are freed by then, 
 not. Activations, communication buffers and DDP's other buffers are not counted. The step
 time (forward, backward, synchronisation, step) is the median over --steps steps of the
 slowest rank, after a warm-up step, the strategies taking turns step by step so that load
-from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy.
-Writes memory_<model>.csv for each model and memory_per_rank.png under --out (runs/benchmarks/
+from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy, so
+the fastest and the slowest step are kept too (step_min_seconds, step_max_seconds).
+Writes memory_<model>.csv for each model and memory_per_rank.png (bytes per rank against N above,
+what sharding saves; the step time against N below, what it costs, with whiskers from the
+fastest to the slowest step) under --out (runs/benchmarks/
 by default, benchmarks/results/, the figures the pages show, with --update-results); with another
 --batch-size than the default 16, memory_<model>_batch<B>.csv and memory_per_rank_batch<B>.png
 (the bytes do not depend on the batch, the step time does: the course trains with a global
@@ -156,6 +160,8 @@ def measure(strategies, model_name, steps, batch_size):
                "batch_per_rank": batch_size, **dict(zip(row, counts.long().tolist()))}
         row["total_bytes"] = row["param_bytes"] + row["grad_bytes"] + row["optimizer_bytes"]
         row["step_seconds"] = statistics.median(times[strategy])
+        # the spread over the steps, drawn as whiskers: the load from elsewhere moves a step by 10-30%
+        row["step_min_seconds"], row["step_max_seconds"] = min(times[strategy]), max(times[strategy])
         rows.append(row)
     return rows
 
@@ -209,32 +215,50 @@ def report(rows, args):
 
 
 def plot(rows, path):
+    """Top row: bytes per rank against N (what sharding saves). Bottom row: the step time against N
+    (what it costs): the median, whiskers from the fastest to the slowest step."""
     import matplotlib
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8.0), squeeze=False)
+    for column, model in enumerate(models):
+        ax, ax_time = axes[0][column], axes[1][column]
         mine = [r for r in rows if r["model"] == model]
         ranks = sorted({r["ranks"] for r in mine})
-        for strategy in STRATEGIES:
-            points = sorted((r["ranks"], r["total_bytes"] / 2**20) for r in mine if r["strategy"] == strategy)
-            if points:  # ours dashed over PyTorch's solid: where they coincide, both show
-                ours = strategy.startswith("task")
-                ax.plot(*zip(*points), marker="x" if ours else "o", markersize=9 if ours else 6,
-                        linestyle="--" if ours else "-", linewidth=2 if ours else 4, alpha=1 if ours else 0.5,
-                        label=strategy)
+        present = [s for s in STRATEGIES if any(r["strategy"] == s for r in mine)]
+        for k, strategy in enumerate(present):
+            points = sorted((r["ranks"], r) for r in mine if r["strategy"] == strategy)
+            n = [p[0] for p in points]
+            ours = strategy.startswith("task")  # ours dashed over PyTorch's solid: where they coincide, both show
+            style = dict(marker="x" if ours else "o", markersize=9 if ours else 6, linestyle="--" if ours else "-",
+                         alpha=1 if ours else 0.5, label=strategy)
+            ax.plot(n, [r["total_bytes"] / 2**20 for _, r in points], linewidth=2 if ours else 4, **style)
+            # the step time: each strategy a little to the side, so that the whiskers do not hide each other
+            median = [float(r["step_seconds"]) * 1e3 for _, r in points]
+            low = [m - float(r["step_min_seconds"]) * 1e3 for m, (_, r) in zip(median, points)]
+            high = [float(r["step_max_seconds"]) * 1e3 - m for m, (_, r) in zip(median, points)]
+            shift = 1 + 0.04 * (k - (len(present) - 1) / 2)
+            ax_time.errorbar([x * shift for x in n], median, yerr=[low, high], capsize=3, linewidth=2, **style)
         unsharded = next(r["total_bytes"] for r in mine if r["strategy"] == "ddp" and r["ranks"] == ranks[0]) / 2**20
         ax.plot(ranks, [unsharded * ranks[0] / n for n in ranks], "k:", label="1/N of unsharded")
+        batch = mine[0]["batch_per_rank"]
         ax.set(title=f"{model}, AdamW: parameters + gradients + optimizer state",
                xlabel="ranks (N)", ylabel="MiB per rank", xticks=ranks)
-        ax.title.set_fontsize(9)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax_time.set(title=f"{model}, the price: time of a step, {batch} images a rank",
+                    xlabel="ranks (N)", ylabel="ms a step (median; whiskers: fastest, slowest)")
+        for a in (ax, ax_time):
+            a.set_xscale("log", base=2)
+            a.set_xticks(ranks, [str(n) for n in ranks])
+            a.minorticks_off()
+            a.title.set_fontsize(9)
+            a.set_ylim(bottom=0)
+            a.grid(alpha=0.3)
+            a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"wrote {path}")
 
 

@@ -10,7 +10,8 @@ run Task 10's gpipe_step or one_f_one_b_step (solutions/template_pipeline.py): a
 then --steps timed steps. A step's time T is the slowest stage's, from a barrier to the step's
 return; each stage's busy time is the time its layer actually slept; the idle share is
 1 - busy / T, averaged over the stages, and the median over the steps is reported against the
-theory (p - 1) / (m + p - 1). extra_ms_per_slot is what the theory leaves out, per slot of one
+theory (p - 1) / (m + p - 1), with the least and the most over the steps (the figure's whiskers).
+extra_ms_per_slot is what the theory leaves out, per slot of one
 forward and one backward: (T - (m + p - 1) x (forward + backward)) / (m + p - 1), the messages'
 latency and the time a waiting process takes to run again. Also the peak number of micro-batches
 whose activations a stage held at once, counted from the trace (GPipe: m; 1F1B: at most p - stage).
@@ -18,7 +19,7 @@ whose activations a stage held at once, counted from the trace (GPipe: m; 1F1B: 
 Part 2, the real CNN: the step time of the course's CNN (forward, backward; no optimizer) with
 --cnn-batch images a step, split into 2 pipeline stages (1F1B and GPipe, m = 4), against plain
 data parallelism on the same 2 ranks (each rank half the batch, gradients all-reduced), the
-median of --steps steps after a warm-up.
+median of --steps steps after a warm-up, and the fastest and the slowest of them.
 
 Writes pipeline_bubble.csv, pipeline_bubble.png (measured vs theory), pipeline_timeline.png
 (who computes what when in one 1F1B step, p = 4, m = 8) and pipeline_cnn.csv under --out.
@@ -126,6 +127,8 @@ def bubble_rank(rank, world_size, microbatch_counts, seconds, steps):
             dist.all_gather_object(all_peaks, max(peaks))
             rows.append(dict(schedule=schedule, stages=world_size, microbatches=m,
                              measured_bubble=statistics.median(shares),
+                             # the spread over the steps, drawn as whiskers
+                             measured_bubble_min=min(shares), measured_bubble_max=max(shares),
                              theory_bubble=(world_size - 1) / (m + world_size - 1),
                              step_seconds=statistics.median(times),
                              # what the theory leaves out (communication, waking up), per slot of F + B
@@ -165,7 +168,8 @@ def cnn_rank(rank, world_size, batch, steps):
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if repeat:
                 times[name].append(elapsed.item())
-    return [dict(variant=name, ranks=world_size, batch=batch, step_seconds=statistics.median(t))
+    return [dict(variant=name, ranks=world_size, batch=batch, step_seconds=statistics.median(t),
+                 min_seconds=min(t), max_seconds=max(t))  # the spread: the loaded machine moves it by 10-30%
             for name, t in times.items()]
 
 
@@ -187,13 +191,20 @@ def plot_bubble(rows, path):
         ms = sorted({r["microbatches"] for r in rows if r["stages"] == p})
         theory = [(p - 1) / (m + p - 1) for m in ms]
         line, = ax.plot(ms, theory, "-", label=f"theory (p-1)/(m+p-1), p={p}")
-        for schedule, marker in (("gpipe", "o"), ("1f1b", "x")):
-            got = [r["measured_bubble"] for m in ms for r in rows
-                   if (r["stages"], r["microbatches"], r["schedule"]) == (p, m, schedule)]
-            ax.plot(ms, got, marker, color=line.get_color(), label=f"{schedule}, p={p}, measured")
+        for schedule, marker, side in (("gpipe", "o", 0.94), ("1f1b", "x", 1.06)):
+            got = [r for m in ms for r in rows if (r["stages"], r["microbatches"], r["schedule"]) == (p, m, schedule)]
+            median = [float(r["measured_bubble"]) for r in got]
+            # whiskers: the step with the least and the most idle time; a little to the side, one schedule each way
+            ax.errorbar([m * side for m in ms], median, fmt=marker, color=line.get_color(), capsize=2,
+                        yerr=[[b - float(r["measured_bubble_min"]) for b, r in zip(median, got)],
+                              [float(r["measured_bubble_max"]) - b for b, r in zip(median, got)]],
+                        label=f"{schedule}, p={p}, measured")
     ax.set_xscale("log", base=2)
+    counts = sorted({r["microbatches"] for r in rows})
+    ax.set_xticks(counts, [str(m) for m in counts])
+    ax.minorticks_off()
     ax.set_xlabel("micro-batches m")
-    ax.set_ylabel("idle share of a step (the bubble)")
+    ax.set_ylabel("idle share of a step (median; whiskers: min, max)")
     ax.set_title("The pipeline bubble: measured against theory")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -831,7 +831,7 @@ def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
 def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
     """torchrun train_ddp.py --sync overlap, with and without --accumulate 2: the optimizer sees the same
     global batches, so the losses agree up to float rounding, and the ranks stay bit-identical.
-    The run with --accumulate 2 also writes a --profile."""
+    The run with --accumulate 2 also writes a --profile, whose timeline has a forward bar per micro-batch."""
     import csv
     import subprocess
     import sys
@@ -853,6 +853,9 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
             row = next(csv.DictReader(f))
         losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
     assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
+    from tools.timeline import timeline_rows
+    rows, steps = timeline_rows(str(tmp_path / "profile" / "trace.json"))
+    assert len(rows["forward"]) == 2 * len(steps) == 6, f"a forward row, one bar per micro-batch: {rows['forward']}"
     # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch
     # lost, counted twice or not divided by K moves them by 1e-2 or more
     for one, two in zip(losses[1], losses[2]):

@@ -1,9 +1,12 @@
-"""Draw a torch.profiler Chrome trace as a timeline: backward on one row, the all-reduces on others.
+"""Draw a torch.profiler Chrome trace as a timeline: forward, backward, the all-reduces and the
+optimizer step, each on its own row.
 
     python tools/timeline.py runs/profile/trace.json runs/profile/timeline.png
 
 train_ddp.py --profile DIR calls plot_timeline() itself. The rows, from the trace's events:
 
+    forward            the model's forward: the "forward" ranges that start_profiler's hooks
+                       record around each call of the (wrapped) model, one per micro-batch
     backward           autograd's evaluate_function events on the main thread (CPU)
     GPU compute        CUDA kernels other than NCCL's (on a GPU only)
     all_reduce called  dist.all_reduce on the main thread (c10d::allreduce_): a tick where it starts
@@ -16,6 +19,8 @@ after-backward they all come after it.
 import json
 import os
 import sys
+
+FORWARD = "forward"  # the name of the range mark_forward records around each forward
 
 
 def _merge(intervals):
@@ -35,11 +40,13 @@ def timeline_rows(trace_path):
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     origin = min(e["ts"] for e in (steps or events))
     main_tids = {e["tid"] for e in events if e.get("name", "").startswith("autograd::engine::evaluate_function")}
-    rows = {"backward": [], "GPU compute": [], "all_reduce called": [], "all_reduce running": [], "optimizer step": []}
+    rows = {"forward": [], "backward": [], "GPU compute": [], "all_reduce called": [], "all_reduce running": [], "optimizer step": []}
     for e in events:
         name, span = e.get("name", ""), ((e["ts"] - origin) / 1e3, (e["ts"] + e["dur"] - origin) / 1e3)
         is_kernel = e.get("cat") in ("kernel", "gpu_memcpy")
-        if name.startswith("autograd::engine::evaluate_function") and e["tid"] in main_tids:
+        if name == FORWARD and e.get("cat") == "user_annotation":
+            rows["forward"].append(span)
+        elif name.startswith("autograd::engine::evaluate_function") and e["tid"] in main_tids:
             rows["backward"].append(span)
         elif is_kernel and "nccl" in name.lower():
             rows["all_reduce running"].append(span)
@@ -62,7 +69,7 @@ def plot_timeline(trace_path, png_path, title=None):
     import matplotlib.pyplot as plt
 
     rows, bounds = timeline_rows(trace_path)
-    colors = {"backward": "tab:blue", "GPU compute": "tab:cyan", "all_reduce called": "tab:gray",
+    colors = {"forward": "tab:purple", "backward": "tab:blue", "GPU compute": "tab:cyan", "all_reduce called": "tab:gray",
               "all_reduce running": "tab:orange", "optimizer step": "tab:green"}
     names = list(rows)
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * len(names)))
@@ -81,15 +88,36 @@ def plot_timeline(trace_path, png_path, title=None):
     plt.close(fig)
 
 
-def start_profiler(directory, device):
+def mark_forward(model):
+    """Hooks that record each call of `model` as a "forward" range in the profile (the forward row):
+    a CPU trace holds no event of its own for a module's forward. Returns a function that removes them."""
+    import torch
+
+    open_ranges = []
+
+    def enter(module, inputs):
+        open_ranges.append(torch.autograd.profiler.record_function(FORWARD))
+        open_ranges[-1].__enter__()
+
+    def leave(module, inputs, output):
+        if open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    handles = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave)]
+    return lambda: [handle.remove() for handle in handles]
+
+
+def start_profiler(directory, device, model=None):
     """train_ddp.py --profile: a torch.profiler that skips 2 steps, warms up 1, records 3 and writes
-    DIR/trace.json and DIR/timeline.png."""
+    DIR/trace.json and DIR/timeline.png; with `model`, its forward calls are marked (mark_forward)."""
     import torch  # here, not at the top: drawing a saved trace needs no torch
 
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "trace.json")
+    unmark = mark_forward(model) if model is not None else (lambda: None)
 
     def write(profiler):
+        unmark()  # the recorded steps are over
         profiler.export_chrome_trace(path)
         plot_timeline(path, os.path.join(directory, "timeline.png"))
 
