@@ -66,8 +66,9 @@ class Task:
     id: str  # "2.3", as in the docs and the fences
     title: str = ""  # from the pytest.ini marker: "Task 2.3, template_trainer.py, reduce_metrics"
     file: str = ""  # "template_trainer.py", from the fence
-    function: str = ""  # the function around the fence
+    function: str = ""  # the function around the (first) fence
     line: int = 0  # the fence's line
+    places: list = dataclasses.field(default_factory=list)  # every function fenced for it: "Class.method"
 
     @property
     def marker(self):
@@ -78,10 +79,20 @@ class Task:
         return tuple(int(part) for part in self.id.split("."))
 
     def where(self):
-        """'template_trainer.py, reduce_metrics()' or the marker's description."""
-        if self.file:
-            return f"{self.file}, {self.function}()" if self.function else self.file
-        return re.sub(r"^Task \d+\.\d+,?\s*", "", self.title)
+        """'template_trainer.py, reduce_metrics()' or the marker's description. A task fenced in
+        several functions names them all, so that "fix Task 9.4" points at both of its functions:
+        'template_tensor_parallel.py, sampler_rank_and_size() and average_gradients_over_dp()'."""
+        if not self.file:
+            return re.sub(r"^Task \d+\.\d+,?\s*", "", self.title)
+        if not self.function:
+            return self.file
+        methods = {}  # "Class" -> its fenced methods, in file order; a plain function has no class
+        for place in self.places or [self.function]:
+            owner, _, name = place.rpartition(".")
+            methods.setdefault(owner or name, []).append(name if owner else "")
+        names = [f"{owner}.{'/'.join(found)}()" if found[0] else f"{owner}()" for owner, found in methods.items()]
+        return f"{self.file}, " + (" and ".join(names) if len(names) < 3 else
+                                   ", ".join(names[:-1]) + " and " + names[-1])
 
 
 def discover_tasks(repo=REPO):
@@ -104,16 +115,28 @@ def discover_tasks(repo=REPO):
                 continue
             task_id = f"{match[1]}.{match[2]}" if match[1] else f"{match[3]}.{match[4]}"
             task = tasks.setdefault(task_id, Task(task_id))
-            if task.file:  # a task fenced in two places: the first one names it
+            if task.file and task.file != name:  # fenced in two files: the first one names it
                 continue
-            task.file, task.line = name, number
-            indent = len(line) - len(line.lstrip())
-            for above in reversed(lines[:number - 1]):
-                found = re.match(r"^(\s*)(?:async\s+)?def (\w+)", above)
-                if found and len(found[1]) < indent:
-                    task.function = found[2]
-                    break
+            place = _enclosing(lines, number)
+            if not task.file:
+                task.file, task.line, task.function = name, number, place.rpartition(".")[2]
+            if place and place not in task.places:
+                task.places.append(place)
     return sorted(tasks.values(), key=lambda task: task.key)
+
+
+def _enclosing(lines, number):
+    """The function around line `number` (1-based), as "function" or "Class.method"; "" if none."""
+    indent = len(lines[number - 1]) - len(lines[number - 1].lstrip())
+    names = []
+    for above in reversed(lines[:number - 1]):
+        found = re.match(r"^(\s*)(?:async\s+def|def|class) (\w+)", above)
+        if found and len(found[1]) < indent:
+            names.insert(0, found[2])
+            indent = len(found[1])
+            if not indent:
+                break
+    return ".".join(names[-2:])
 
 
 def select_tasks(tasks, wanted):

@@ -63,13 +63,30 @@ def test_tasks_are_found_in_the_markers_and_the_fences_in_course_order(tmp_path)
     tasks = discover_tasks(str(tmp_path))
     assert [t.id for t in tasks] == ["0.1", "2.1", "3.2", "10.1"]
     assert (tasks[0].file, tasks[0].function, tasks[0].line) == ("template_a.py", "first", 3)
-    assert tasks[2].where() == "template_a.py, method()"
+    assert tasks[2].where() == "template_a.py, A.method()"
     assert tasks[1].where() == "template_b.py, b()"
     assert tasks[3].where() == "later"  # in no template: the marker's description
     assert [t.id for t in select_tasks(tasks, ["task2_1", "0.1"])] == ["0.1", "2.1"]
     assert [t.id for t in select_tasks(tasks, ["3"])] == ["3.2"]
     with pytest.raises(ValueError, match="the tasks are 0.1, 2.1, 3.2, 10.1"):
         select_tasks(tasks, ["4.1"])
+
+
+def test_a_task_fenced_in_several_functions_names_them_all(tmp_path):
+    """The trial of Task 9: check.py named a task by its first function only, so a failure in
+    average_gradients_over_dp read 'fix Task 9.4 (..., sampler_rank_and_size())'."""
+    (tmp_path / "template_a.py").write_text(
+        "def first():\n    # --- Task 1.1 begin ---\n    pass\n    # --- Task 1.1 end ---\n\n\n"
+        "class F:\n    @staticmethod\n    def forward(ctx):\n        # --- Task 1.1 begin ---\n        pass\n"
+        "        # --- Task 1.1 end ---\n\n    @staticmethod\n    def backward(ctx):\n"
+        "        # --- Task 1.1 begin ---\n        pass\n        # --- Task 1.1 end ---\n\n\n"
+        "def second():\n    # --- Task 1.1 begin ---\n    pass\n    # --- Task 1.1 end ---\n\n\n"
+        "def third():\n    # --- Task 1.2 begin ---\n    pass\n    # --- Task 1.2 end ---\n"
+        "    # --- Task 1.2 begin ---\n    pass\n    # --- Task 1.2 end ---\n")
+    one, two = discover_tasks(str(tmp_path))
+    assert one.where() == "template_a.py, first(), F.forward/backward() and second()", one.where()
+    assert (one.function, one.line) == ("first", 2)
+    assert two.where() == "template_a.py, third()", two.where()
 
 
 def test_every_marker_of_this_repository_is_a_task():
