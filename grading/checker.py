@@ -37,6 +37,10 @@ HINTS = [
      "Gloo has no ReduceOp.AVG: all_reduce with SUM, then divide by the world size."),
     (r"a leaf Variable that requires grad is being used in an in-place operation",
      "Write into parameters under torch.no_grad(), so that autograd does not record the copy."),
+    (r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|No CUDA GPUs are available",
+     "The code calls CUDA on a machine without a GPU (torch.cuda.synchronize(), .cuda(), device='cuda'): "
+     "use the tensors' own device, and no torch.cuda calls: a collective on CPU tensors has returned "
+     "when its result is there."),
     (r"No backend type associated with device type cpu|Tensors must be CUDA",
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
     (r"Default process group has not been initialized",

@@ -33,3 +33,12 @@ def test_long_values_are_shortened_but_the_sentences_stay():
     text, _ = explain("AssertionError", f"Task 1.2 (x.py, f): expected {values}, got {values[::-1]}. "
                       "Pad with indices from the front.", "")
     assert len(text) < 300 and "..." in text and text.endswith("Pad with indices from the front."), text
+
+
+def test_cuda_called_without_a_gpu_is_named():
+    """PITFALLS, Phase 3: picotron's pipeline calls torch.cuda.synchronize(), which fails on CPUs."""
+    text, _ = explain("RuntimeError", "rank 1 raised RuntimeError: Found no NVIDIA driver on your system. Please "
+                      "check that you have an NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/"
+                      "index.aspx", "template_pipeline.py:190 in _send")
+    assert text.startswith("rank 1: RuntimeError: Found no NVIDIA driver") and "torch.cuda.synchronize()" in text, text
+    assert "(template_pipeline.py:190 in _send)" in text, text
