@@ -237,6 +237,20 @@ def _forward_backward(layer, x, upstream, wire):
         wire.on = False
 
 
+def _from_linear(cls, linear, group, rank, grank, gsize, **flags):
+    """cls.from_linear, in a rank; a slice out of range (the global rank used inside a sub-group: indexing gives an
+    empty slice, torch.chunk an IndexError, narrow a RuntimeError or IndexError) explained whatever the slicing."""
+    try:
+        return cls.from_linear(linear, group, **flags)
+    except (IndexError, RuntimeError) as error:
+        if rank == grank:
+            raise
+        raise AssertionError(
+            f"{T92}: {cls.__name__}.from_linear on rank {rank} (group rank {grank} of {gsize}) failed with "
+            f"{type(error).__name__}: {error}: inside a group, use the group rank, dist.get_rank(group) = {grank}, "
+            f"and the group's size, dist.get_world_size(group) = {gsize}, not the global rank {rank}") from None
+
+
 def _layers(rank, world_size, impl, sub, bias):
     tp = judging(impl, "9.2")
     group, grank, gsize = _group(rank, world_size, sub)
@@ -251,7 +265,7 @@ def _layers(rank, world_size, impl, sub, bias):
     grad_out = torch.randn(4, out_features)
     results = {}
     for gather_output in (False, True):
-        layer = tp.ColumnParallelLinear.from_linear(column_linear, group, gather_output=gather_output)
+        layer = _from_linear(tp.ColumnParallelLinear, column_linear, group, rank, grank, gsize, gather_output=gather_output)
         xi = x.clone().requires_grad_()
         wanted = grad_hidden if gather_output else grad_hidden.chunk(gsize, dim=-1)[grank]
         y, forward, backward, error = _forward_backward(layer, xi, wanted, wire)
@@ -263,7 +277,8 @@ def _layers(rank, world_size, impl, sub, bias):
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
             forward=forward, backward=backward)
     for input_is_parallel in (True, False):
-        layer = tp.RowParallelLinear.from_linear(row_linear, group, input_is_parallel=input_is_parallel)
+        layer = _from_linear(tp.RowParallelLinear, row_linear, group, rank, grank, gsize,
+                             input_is_parallel=input_is_parallel)
         hi = (h.chunk(gsize, dim=-1)[grank] if input_is_parallel else h).clone().requires_grad_()
         y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire)
         results[("row", input_is_parallel)] = dict(
@@ -273,8 +288,19 @@ def _layers(rank, world_size, impl, sub, bias):
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
             forward=forward, backward=backward)
+    for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # copies: no view of the nn.Linear stays alive
+        linear = nn.Linear(3 * gsize, 2 * gsize)
+        before = copy.deepcopy(linear)
+        layer = _from_linear(cls, linear, group, rank, grank, gsize)
+        stored = {name: (p.untyped_storage().nbytes(), p.numel() * p.element_size())
+                  for name, p in layer.named_parameters()}
+        with torch.no_grad():  # an optimizer step on the split layer
+            for p in layer.parameters():
+                p.add_(1.0)
+        changed = [name for name in ("weight", "bias") if not torch.equal(getattr(linear, name), getattr(before, name))]
+        results[("copies", cls.__name__)] = dict(stored=stored, changed=changed)
     for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # the nn.Linear's dtype, kept
-        layer = cls.from_linear(nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group)
+        layer = _from_linear(cls, nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group, rank, grank, gsize)
         results[("dtype", cls.__name__)] = (layer.weight.dtype, None if layer.bias is None else layer.bias.dtype)
     if not sub:  # a split size that does not divide: refused on every rank alike, never a hang
         for cls, linear in ((tp.ColumnParallelLinear, nn.Linear(4, 2 * world_size + 1)),
@@ -391,6 +417,19 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
         f"{T92}: {where}'s backward should send {expected_backward or 'nothing'}, it sent {got['backward']}")
 
 
+def _check_copies(rank, name, got):
+    """from_linear's tensors are the slice's own memory: a view (chunk, narrow, [rows] without .clone()) keeps
+    the whole nn.Linear alive, and the optimizer's steps on the slice change the nn.Linear too."""
+    for param, (storage, own) in got["stored"].items():
+        assert storage == own, (
+            f"{T92}: {name}.from_linear on rank {rank}: layer.{param} is {own} bytes but its storage holds {storage}: "
+            f"it is a view of the nn.Linear's whole {param} (slicing, torch.chunk and narrow make views), which keeps "
+            "the whole layer alive on every rank and shares its memory; .clone() the slice (a copy: `linear` may be freed)")
+    assert not got["changed"], (
+        f"{T92}: {name}.from_linear on rank {rank}: a step on the split layer's parameters changed the original "
+        f"nn.Linear's {' and '.join(got['changed'])}: they share memory; keep copies (.clone()), the nn.Linear stays unchanged")
+
+
 @pytest.mark.task9_2
 @pytest.mark.parametrize("world_size,sub,bias", [(2, False, True), (3, False, False), slow(4, True, True)],
                          ids=["2 ranks", "3 ranks, no bias", "groups [0,1] [2,3]"])
@@ -402,6 +441,8 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
             _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
         for input_is_parallel in (True, False):
             _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel)
+        for name in ("ColumnParallelLinear", "RowParallelLinear"):
+            _check_copies(rank, name, results[("copies", name)])
         for name in ("ColumnParallelLinear", "RowParallelLinear"):
             assert results[("dtype", name)] == (torch.float64, torch.float64), (
                 f"{T92}: {name}.from_linear of a float64 nn.Linear gave (weight, bias) dtypes {results[('dtype', name)]}: "
@@ -558,15 +599,25 @@ def _test_gather(model, tp_group):
 def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     tp = judging(impl, task)
     dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    groups = {name: None if group is None else dist.get_process_group_ranks(group)
+              for name, group in (("dp", dp_group), ("tp", tp_group))}
     torch.manual_seed(0)  # every rank builds the same whole model before splitting (or: broadcast it)
     model = tp.parallelize_classifier(CNN(), tp_group)
+    if model is None:
+        raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
+                             "returns it (return model), as the docstring says")
     optimizer = _sgd(model.parameters())
     dp_rank, dp_world = tp.sampler_rank_and_size(rank, world_size, tp_size)
-    losses = []
+    losses, wire, step_wire = [], Wire(), None
     for images, labels in _batches(dp_size):
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(images.chunk(dp_world)[dp_rank]), labels.chunk(dp_world)[dp_rank])
+        wire.on = step_wire is None  # the first step's forward and backward: the split layers' collectives
+        output = model(images.chunk(dp_world)[dp_rank])
+        forward = wire.take()
+        loss = F.cross_entropy(output, labels.chunk(dp_world)[dp_rank])
         loss.backward()
+        wire.on = False
+        step_wire = step_wire or dict(forward=forward, backward=wire.take(), batch=output.shape[0])
         tp.average_gradients_over_dp(model, dp_group)
         optimizer.step()
         losses.append(loss.item())
@@ -574,7 +625,7 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     given = tp.gather_full_params(model)  # the given helper train_ddp.py checks the ranks with
     if sorted(given) != sorted(full) or any(not torch.equal(given[n], full[n]) for n in full):
         raise AssertionError("gather_full_params (given code, not a task) differs from the test's own gather")
-    return full, losses
+    return full, losses, step_wire, groups
 
 
 def _train_torch(rank, world_size, dp_size, tp_size):
@@ -607,15 +658,55 @@ def _compare(task, rank, full, expected, against, hint=""):
                              f"{diff:.2e} (tolerance {TOL:.0e}){hint}")
 
 
+def _check_groups(task, rank, world_size, dp_size, tp_size, groups):
+    """make_2d_groups' groups (their ranks, None for None) against the grid's rows and columns."""
+    expected = dict(dp=list(range(rank % tp_size, world_size, tp_size)),
+                    tp=list(range(rank - rank % tp_size, rank - rank % tp_size + tp_size)))
+    for name, other in (("dp", "tp"), ("tp", "dp")):
+        if groups[name] is None and expected[name] != list(range(world_size)):
+            pytest.fail(f"{task}: make_2d_groups({dp_size}, {tp_size}) returned {name}_group None on rank {rank}: None "
+                        f"is the default group, all {world_size} ranks, not this rank's {name} group {expected[name]}"
+                        + (f", so average_gradients_over_dp averages the tp peers' gradients of DIFFERENT slices; even "
+                           "with dp_size 1 create the dp groups (each one rank) like any other: "
+                           "dist.new_group(range(t, world_size, tp_size))" if name == "dp" else ""))
+    got = {name: list(range(world_size)) if ranks is None else ranks for name, ranks in groups.items()}
+    assert got == expected, (
+        f"{task}: on dp {dp_size} x tp {tp_size}, make_2d_groups gave rank {rank} the dp group {got['dp']} and the tp "
+        f"group {got['tp']}, expected {expected['dp']} and {expected['tp']}: the tp groups are consecutive ranks "
+        "[d * tp_size, (d + 1) * tp_size), the dp groups one rank of each, [t, t + tp_size, ...]")
+
+
+def _check_step_wire(rank, step):
+    """One step of the tp 2 CNN on one rank: g's all-reduce of the output in forward, f's of the flattened
+    features' gradient in backward, nothing else (the pair's point: no gather, no second all-reduce)."""
+    batch = step["batch"]
+    forward, backward = [("all_reduce", "float32", batch * 10)], [("all_reduce", "float32", batch * 2048)]
+    if step["forward"] == forward and step["backward"] == backward:
+        return
+    causes = []
+    if any(kind.startswith("all_gather") for kind, _, _ in step["forward"]):
+        causes.append("the forward all-gathers: classifier[1] must keep gather_output=False (the ReLU works on each "
+                      "rank's slice of the hidden features alone)")
+    if len(step["backward"]) > 1:
+        causes.append("the backward all-reduces more than once: classifier[3] takes its input already split, "
+                      "input_is_parallel=True (False slices a whole input, whose gradient then needs its own all-reduce)")
+    pytest.fail(f"{T93}: one training step of the tp 2 CNN on rank {rank} (a batch of {batch}) sent {step['forward']} "
+                f"in forward and {step['backward']} in backward; the column- then row-parallel pair needs one "
+                f"all-reduce each way, {forward} (g, of the output) and {backward} (f, of the input's gradient)"
+                + ("".join(f"; {cause}" for cause in causes)))
+
+
 @pytest.mark.task9_3
 def test_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(1)
-    for rank, (full, losses) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+    for rank, (full, losses, step, groups) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+        _check_groups(T93, rank, 2, 1, 2, groups)  # first: wrong groups train a wrong model, and say why
         _compare(T93, rank, full, expected, "single-process training on the same batches",
                  ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
                  "classifier[3] by input columns (row-parallel), from the model as it is")
         assert max(abs(a - b) for a, b in zip(losses, expected_losses)) < 1e-5, (T93, losses, expected_losses)
+        _check_step_wire(rank, step)
 
 
 @pytest.mark.task9_3
@@ -624,7 +715,7 @@ def test_tp2_training_equals_pytorch_tensor_parallel(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     ours = run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 2, 1, 2, timeout=60)[0]
-    for rank, (full, _) in enumerate(ours):
+    for rank, (full, *_) in enumerate(ours):
         _compare(T93, rank, full, expected, "PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel)")
 
 
@@ -712,7 +803,7 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
 def test_dp2_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(2)
-    for rank, (full, _) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
+    for rank, (full, *_) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
         _compare(T94, rank, full, expected, "single-process training on the global batch",
                  ": each tp group reads its dp rank's slice, and gradients are averaged over the dp group")
 
@@ -723,5 +814,5 @@ def test_dp2_tp2_training_equals_pytorch_tensor_parallel_with_fully_shard(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     ours = run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 4, 2, 2, timeout=90)[0]
-    for rank, (full, _) in enumerate(ours):
+    for rank, (full, *_) in enumerate(ours):
         _compare(T94, rank, full, expected, "PyTorch's parallelize_module on the tp dimension with fully_shard on dp")
