@@ -121,6 +121,7 @@ def _operators(rank, world_size, impl, sub):
         grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
         x_before, grad_before = x.detach().clone(), grad_out.clone()
         wire.on = True
+        y = None
         try:
             y = getattr(tp, name)(x, group)
             forward_calls = wire.take()
@@ -129,7 +130,8 @@ def _operators(rank, world_size, impl, sub):
         except NotImplementedError:  # an unfilled TODO: the harness reports it as such
             raise
         except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
-            out[name] = dict(error=f"{type(error).__name__}: {error}")
+            out[name] = dict(error=f"{type(error).__name__}: {error}",  # the forward's shape explains a backward's error
+                             y_shape=None if y is None else tuple(y.shape))
             continue
         finally:
             wire.on = False
@@ -151,9 +153,15 @@ def _expected(name, grank, gsize):
     return torch.cat(xs, dim=-1), grad[:, 3 * grank:3 * (grank + 1)], "all_gather", []
 
 
-def _check_operator(name, rank, grank, gsize, got):
+def _check_operator(name, rank, world_size, grank, gsize, got):
     y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize)
     where = f"{name} on rank {rank} (group rank {grank} of {gsize})"
+    if got["error"] is not None and got.get("y_shape") not in (None, tuple(y_expected.shape)):
+        pytest.fail(f"{T91}: {where}'s forward returned shape {got['y_shape']}, expected {tuple(y_expected.shape)}"
+                    + (": the pieces were concatenated along dim 0; gather_from_tp concatenates along the LAST "
+                       "dimension (torch.cat(pieces, dim=-1)), where the column-parallel slices of the output lie"
+                       if name == "gather_from_tp" and got["y_shape"] == (2 * gsize, 3) else "")
+                    + f", so its backward failed: {got['error'][:200]}")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -166,6 +174,9 @@ def _check_operator(name, rank, grank, gsize, got):
         f"{T91}: {where}'s backward changed the incoming gradient in place: it is autograd's tensor, not yours; "
         "all-reduce a copy (grad.clone())")
     assert y.shape == y_expected.shape, f"{T91}: {where} returned shape {tuple(y.shape)}, expected {tuple(y_expected.shape)}"
+    if name == "reduce_from_tp" and world_size > gsize and torch.equal(y, y_expected * (world_size // gsize)):
+        pytest.fail(f"{T91}: {where}'s forward summed the inputs of all {world_size} ranks: you reduced over the "
+                    "world (the default group); pass group=group to the all-reduce")
     if name == "reduce_from_tp" and torch.equal(y, y_expected / gsize):
         pytest.fail(f"{T91}: {where} returned the mean of the ranks' inputs: g is the all-reduce SUM, the sum, not the "
                     "mean (the partial products of a row-parallel layer add up to the product; no division)")
@@ -176,6 +187,11 @@ def _check_operator(name, rank, grank, gsize, got):
            "gather_from_tp": "(every rank's x concatenated along the last dimension, in group-rank order)"}[name])
     assert grad_x.shape == grad_expected.shape, (
         f"{T91}: {where}'s backward gave a gradient of shape {tuple(grad_x.shape)}, expected {tuple(grad_expected.shape)}")
+    if world_size > gsize:  # a sub-group: a collective without group= runs over every rank (the default group)
+        whole = world_size // gsize  # the world's ranks hold the group ranks' values that many times each
+        if name == "copy_to_tp" and torch.equal(grad_x, grad_expected * whole):
+            pytest.fail(f"{T91}: {where}'s backward summed the gradients of all {world_size} ranks: you reduced over the "
+                        "world (the default group); pass group=ctx.group to the all-reduce, the group forward kept")
     if name == "copy_to_tp":
         own = _rank_valued(grank, (2, 3), 0.5)
         if gsize > 1 and torch.equal(grad_x, own):
@@ -185,10 +201,15 @@ def _check_operator(name, rank, grank, gsize, got):
             pytest.fail(f"{T91}: {where}'s backward averaged the ranks' gradients: f's backward is the all-reduce SUM, "
                         "the sum, not the mean (each rank's slice adds its own part of x's gradient)")
     if name == "reduce_from_tp" and gsize > 1 and not torch.equal(grad_x, grad_expected):
-        pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: g's "
-                    "backward is the identity (return grad as it is). An all-reduce there, or "
-                    "torch.distributed.nn.functional.all_reduce, whose backward all-reduces again, multiplies "
-                    "gradients by the tensor-parallel size")
+        grads = [_rank_valued(r, (2, 3), 0.5) for r in range(gsize)]
+        did = ("summed the ranks' gradients (an all-reduce there, or torch.distributed.nn.functional.all_reduce, "
+               "whose backward all-reduces again: where the ranks' gradients agree, as in the CNN, that multiplies "
+               "them by the tensor-parallel size)" if torch.equal(grad_x, sum(grads)) else
+               "averaged the ranks' gradients (an all-reduce and a division: every rank already holds the whole "
+               "output's gradient, nothing to average)" if torch.equal(grad_x, sum(grads) / gsize) else
+               "changed the gradient")
+        pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: it "
+                    f"{did}; g's backward is the identity (return grad as it is)")
     assert torch.equal(grad_x, grad_expected), (
         f"{T91}: {where}'s backward gave {grad_x.tolist()}, expected {grad_expected.tolist()} "
         + ("(f's backward: the all-reduce SUM of the gradient over the group)" if name == "copy_to_tp" else
@@ -213,7 +234,7 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
     judging(impl, "9.1")  # an unfilled TODO fails here, before any rank starts
     for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
         for name in ("reduce_from_tp", "copy_to_tp", "gather_from_tp"):
-            _check_operator(name, rank, grank, gsize, out[name])
+            _check_operator(name, rank, world_size, grank, gsize, out[name])
 
 
 # --------------------------------------------------------------------------- Task 9.2
@@ -670,10 +691,20 @@ def _check_groups(task, rank, world_size, dp_size, tp_size, groups):
                            "with dp_size 1 create the dp groups (each one rank) like any other: "
                            "dist.new_group(range(t, world_size, tp_size))" if name == "dp" else ""))
     got = {name: list(range(world_size)) if ranks is None else ranks for name, ranks in groups.items()}
+    if got["dp"] == expected["tp"] and got["tp"] == expected["dp"] and got["dp"] != got["tp"]:
+        pytest.fail(_transposed(task, dp_size, tp_size, rank, expected["tp"], expected["dp"]))
     assert got == expected, (
         f"{task}: on dp {dp_size} x tp {tp_size}, make_2d_groups gave rank {rank} the dp group {got['dp']} and the tp "
         f"group {got['tp']}, expected {expected['dp']} and {expected['tp']}: the tp groups are consecutive ranks "
         "[d * tp_size, (d + 1) * tp_size), the dp groups one rank of each, [t, t + tp_size, ...]")
+
+
+def _transposed(task, dp_size, tp_size, rank, expected_tp, expected_dp):
+    """The two groups' roles swapped: built the wrong way round, or returned in the wrong order (the same groups)."""
+    return (f"{task}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp and tp groups are transposed: its tp group must "
+            f"be {expected_tp}, consecutive ranks range(d * tp_size, (d + 1) * tp_size) (they share a node's fast "
+            f"links), and its dp group {expected_dp}, one rank in each tp group, range(t, world_size, tp_size). "
+            "Check which ranges build which group, and the order of the return: (dp_group, tp_group)")
 
 
 def _check_step_wire(rank, step):
@@ -735,9 +766,7 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
         expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
         expected_dp = list(range(column, dp_size * tp_size, tp_size))
         if tp_ranks == expected_dp and dp_ranks == expected_tp and expected_tp != expected_dp:
-            pytest.fail(f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp and tp groups are transposed: the "
-                        f"tensor-parallel peers are consecutive ranks ({expected_tp}: they share a node's fast links), "
-                        f"the dp group is every {tp_size}-th rank ({expected_dp}); return (dp_group, tp_group)")
+            pytest.fail(_transposed(T93, dp_size, tp_size, rank, expected_tp, expected_dp))
         assert tp_ranks == expected_tp, (
             f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s tp group is {tp_ranks}, expected {expected_tp}: "
             "the tensor-parallel peers are consecutive ranks [d * tp_size, (d + 1) * tp_size)")
@@ -751,15 +780,31 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
 def test_sampler_rank_and_size_gives_tp_peers_the_same_slice(impl):
     tp = judging(impl, "9.4")
     for world_size, tp_size in ((4, 2), (4, 1), (4, 4), (6, 3), (6, 2), (8, 2)):
+        got = [tuple(tp.sampler_rank_and_size(rank, world_size, tp_size)) for rank in range(world_size)]
+        where = f"{T94}: on {world_size} ranks with tp {tp_size}"
+        if tp_size > 1 and got == [(rank, world_size) for rank in range(world_size)]:
+            pytest.fail(f"{where}, every rank reads its own slice ({got}): the ranks of a tensor-parallel group must "
+                        "read the same batch, since g sums their partial products of ONE input; give the sampler the "
+                        "dp rank and size")
+        sizes = {size for _, size in got}
+        if sizes != {world_size // tp_size}:
+            shown = " and ".join(str(size) for size in sorted(sizes))
+            pytest.fail(f"{where}, sampler_rank_and_size gave num_replicas {shown}, expected "
+                        f"{world_size // tp_size} = world_size // tp_size: the data is split into one slice per dp "
+                        f"rank (per tp group); with {shown} slices, "
+                        + ("some are read by no rank and each epoch covers only part of the data"
+                           if max(sizes) > world_size // tp_size else "the ranks read more than the dataset"))
+        for start in range(0, world_size, tp_size):
+            peers = {rank: got[rank][0] for rank in range(start, start + tp_size)}
+            if len(set(peers.values())) > 1:
+                pytest.fail(f"{where}, the ranks of the tp group {list(peers)} read different slices ({peers}): they "
+                            "must read the same batch, since g sums their partial products of ONE input; the dp rank "
+                            "is rank // tp_size")
         for rank in range(world_size):
-            got = tuple(tp.sampler_rank_and_size(rank, world_size, tp_size))
             expected = (rank // tp_size, world_size // tp_size)
-            if got == (rank, world_size) and tp_size > 1:
-                pytest.fail(f"{T94}: on {world_size} ranks with tp {tp_size}, rank {rank} reads its own slice "
-                            f"({got}): the ranks of a tensor-parallel group must read the same batch, since g sums "
-                            "their partial products of ONE input; give the sampler the dp rank and size")
-            assert got == expected, (
-                f"{T94}: sampler_rank_and_size({rank}, {world_size}, {tp_size}) = {got}, expected {expected}: the "
+            got_rank = got[rank]
+            assert got_rank == expected, (
+                f"{T94}: sampler_rank_and_size({rank}, {world_size}, {tp_size}) = {got_rank}, expected {expected}: the "
                 "ranks of a tensor-parallel group read the same batch; the data is split over the dp ranks only")
 
 
