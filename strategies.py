@@ -377,8 +377,29 @@ class TensorParallel(Strategy):
 
     def wrap(self, model):
         self.dp_group, tp_group = self.tp.make_2d_groups(dist.get_world_size() // self.args.tp, self.args.tp)
+        self.refuse_wrong_groups(self.dp_group, tp_group, next(model.parameters()).device)
         self.trainer.broadcast_parameters(model, src=0)  # whole, BEFORE the split: every slice of one layer
         return self.tp.parallelize_classifier(model, tp_group)
+
+    def refuse_wrong_groups(self, dp_group, tp_group, device):
+        """make_2d_groups' groups checked before training, on every rank alike. The end's consistency check
+        cannot see wrong groups: a dp group of None with --tp = the world size averages the tp peers'
+        gradients of different slices, and every rank then holds the same wrong model (the gathered
+        parameters agree by construction)."""
+        world, rank, tp = dist.get_world_size(), dist.get_rank(), self.args.tp
+        expected = {"dp": list(range(rank % tp, world, tp)), "tp": list(range(rank - rank % tp, rank - rank % tp + tp))}
+        got = {name: list(range(world)) if group is None else dist.get_process_group_ranks(group)
+               for name, group in (("dp", dp_group), ("tp", tp_group))}  # None is the default group
+        wrong = torch.tensor([0 if got == expected else 1], device=device)  # NCCL: on the GPU
+        dist.all_reduce(wrong)  # over the world: if one rank stops here, all do (no hang in a later collective)
+        if wrong.item():
+            shown = {name: f"None (the default group, {ranks})" if group is None else ranks
+                     for (name, ranks), group in zip(got.items(), (dp_group, tp_group))}
+            raise ValueError(f"make_2d_groups (Task 9.3) gave rank {rank} the dp group {shown['dp']} and the tp group "
+                             f"{shown['tp']}, expected {expected['dp']} and {expected['tp']}: check it with "
+                             "`python check.py 9`" if got != expected else
+                             f"make_2d_groups (Task 9.3) gave wrong groups on {wrong.item()} rank(s): check it with "
+                             "`python check.py 9`")
 
     def sync_gradients(self, model):
         self.tp.average_gradients_over_dp(model, self.dp_group)
