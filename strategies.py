@@ -19,8 +19,10 @@ asks which one it runs. To add a strategy: a class here and its place in STRATEG
 (docs/maintainers.md, "Adding a strategy").
 """
 import importlib
+import logging
 import os
 import re
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -435,6 +437,11 @@ class TorchTensorParallel(TorchDDP):
                                 mesh_dim_names=("dp", "tp"))
         broadcast_from_rank_0(model)
         parallelize_module(model.classifier, mesh["tp"], {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        # fully_shard warns, once a rank, that the model returned a view (RowwiseParallel's output is its
+        # DTensor's local tensor): an in-place op on it before backward would skip fully_shard's hook. Harmless
+        # here: the training step and the evaluation use the logits out of place (cross_entropy, argmax).
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor",
+                                category=UserWarning)
         return fully_shard(model, mesh=mesh["dp"])
 
     def sync_line(self, stats):
@@ -442,7 +449,17 @@ class TorchTensorParallel(TorchDDP):
 
     def full_parameters(self, model):
         model.reshard()  # the root keeps its parameters gathered after a forward without backward (evaluation)
-        return [p.full_tensor() for p in model.parameters()]
+        # A weight split by tp (Shard(0)) and by fully_shard over dp (_StridedShard) takes two all-gathers, one
+        # per mesh dimension, and DTensor logs on every rank that one would be faster and that "reduction orders"
+        # may differ. Harmless: this runs once, for the consistency check, and an all-gather copies values
+        # without reducing anything (the ranks then hold bit-identical parameters, which the check confirms).
+        logger = logging.getLogger("torch.distributed.tensor._redistribute")
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            return [p.full_tensor() for p in model.parameters()]
+        finally:
+            logger.setLevel(level)
 
 
 def pipeline_groups(pp):
