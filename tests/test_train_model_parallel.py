@@ -86,12 +86,15 @@ def test_a_split_model_trains_like_one_process(ranks, flags, impl, one_process, 
 
 
 def _groups_refused(rank, world_size, tp, dp_is_none):
-    """TensorParallel's check of make_2d_groups' result, on the groups solutions/ builds (or dp None)."""
+    """TensorParallel's check of make_2d_groups' result, on the grid's groups built here (or dp None)."""
     import types
 
+    import torch.distributed as dist
+
     import strategies
-    from solutions.template_tensor_parallel import make_2d_groups
-    dp_group, tp_group = make_2d_groups(world_size // tp, tp)
+    rows = [dist.new_group(list(range(start, start + tp))) for start in range(0, world_size, tp)]
+    columns = [dist.new_group(list(range(t, world_size, tp))) for t in range(tp)]
+    dp_group, tp_group = columns[rank % tp], rows[rank // tp]
     strategy = types.SimpleNamespace(args=types.SimpleNamespace(tp=tp))
     try:
         strategies.TensorParallel.refuse_wrong_groups(strategy, None if dp_is_none else dp_group, tp_group,
