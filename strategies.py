@@ -19,8 +19,10 @@ asks which one it runs. To add a strategy: a class here and its place in STRATEG
 (docs/maintainers.md, "Adding a strategy").
 """
 import importlib
+import logging
 import os
 import re
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -377,8 +379,29 @@ class TensorParallel(Strategy):
 
     def wrap(self, model):
         self.dp_group, tp_group = self.tp.make_2d_groups(dist.get_world_size() // self.args.tp, self.args.tp)
+        self.refuse_wrong_groups(self.dp_group, tp_group, next(model.parameters()).device)
         self.trainer.broadcast_parameters(model, src=0)  # whole, BEFORE the split: every slice of one layer
         return self.tp.parallelize_classifier(model, tp_group)
+
+    def refuse_wrong_groups(self, dp_group, tp_group, device):
+        """make_2d_groups' groups checked before training, on every rank alike. The end's consistency check
+        cannot see wrong groups: a dp group of None with --tp = the world size averages the tp peers'
+        gradients of different slices, and every rank then holds the same wrong model (the gathered
+        parameters agree by construction)."""
+        world, rank, tp = dist.get_world_size(), dist.get_rank(), self.args.tp
+        expected = {"dp": list(range(rank % tp, world, tp)), "tp": list(range(rank - rank % tp, rank - rank % tp + tp))}
+        got = {name: list(range(world)) if group is None else dist.get_process_group_ranks(group)
+               for name, group in (("dp", dp_group), ("tp", tp_group))}  # None is the default group
+        wrong = torch.tensor([0 if got == expected else 1], device=device)  # NCCL: on the GPU
+        dist.all_reduce(wrong)  # over the world: if one rank stops here, all do (no hang in a later collective)
+        if wrong.item():
+            shown = {name: f"None (the default group, {ranks})" if group is None else ranks
+                     for (name, ranks), group in zip(got.items(), (dp_group, tp_group))}
+            raise ValueError(f"make_2d_groups (Task 9.3) gave rank {rank} the dp group {shown['dp']} and the tp group "
+                             f"{shown['tp']}, expected {expected['dp']} and {expected['tp']}: check it with "
+                             "`python check.py 9`" if got != expected else
+                             f"make_2d_groups (Task 9.3) gave wrong groups on {wrong.item()} rank(s): check it with "
+                             "`python check.py 9`")
 
     def sync_gradients(self, model):
         self.tp.average_gradients_over_dp(model, self.dp_group)
@@ -414,6 +437,11 @@ class TorchTensorParallel(TorchDDP):
                                 mesh_dim_names=("dp", "tp"))
         broadcast_from_rank_0(model)
         parallelize_module(model.classifier, mesh["tp"], {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        # fully_shard warns, once a rank, that the model returned a view (RowwiseParallel's output is its
+        # DTensor's local tensor): an in-place op on it before backward would skip fully_shard's hook. Harmless
+        # here: the training step and the evaluation use the logits out of place (cross_entropy, argmax).
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor",
+                                category=UserWarning)
         return fully_shard(model, mesh=mesh["dp"])
 
     def sync_line(self, stats):
@@ -421,7 +449,17 @@ class TorchTensorParallel(TorchDDP):
 
     def full_parameters(self, model):
         model.reshard()  # the root keeps its parameters gathered after a forward without backward (evaluation)
-        return [p.full_tensor() for p in model.parameters()]
+        # A weight split by tp (Shard(0)) and by fully_shard over dp (_StridedShard) takes two all-gathers, one
+        # per mesh dimension, and DTensor logs on every rank that one would be faster and that "reduction orders"
+        # may differ. Harmless: this runs once, for the consistency check, and an all-gather copies values
+        # without reducing anything (the ranks then hold bit-identical parameters, which the check confirms).
+        logger = logging.getLogger("torch.distributed.tensor._redistribute")
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            return [p.full_tensor() for p in model.parameters()]
+        finally:
+            logger.setLevel(level)
 
 
 def pipeline_groups(pp):

@@ -599,6 +599,20 @@ MISTAKES = [
             "bucket_size_mb * 2**20", "bucket_size_mb * 10**6", "2**20"),
     Mistake("6.3", "every-piece-from-rank-0", "template_zero.py",
             "            dist.broadcast(view, src=rank)", "            dist.broadcast(view, src=0)", "from its owner"),
+    # Task 9 trial (wrong answers that passed, a message that named another cause)
+    Mistake("9.2", "weight-a-view-of-the-linear", "template_tensor_parallel.py",  # keeps the whole layer alive
+            "        weight = linear.weight.detach()[rows].clone()\n",
+            "        weight = linear.weight.detach().chunk(size, dim=0)[rank]\n", "a view of the nn.Linear"),
+    Mistake("9.3", "gather-between-the-pair", "template_tensor_parallel.py",  # right numbers, 2 extra collectives
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n"
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group, gather_output=True)\n"
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group, input_is_parallel=False)\n",
+            "gather_output=False"),
+    Mistake("9.3", "no-dp-group-without-dp", "template_tensor_parallel.py",  # None: averages over the tp peers
+            "    for t in range(tp_size):\n        ranks = list(range(t, world_size, tp_size))\n",
+            "    for t in range(tp_size if dp_size > 1 else 0):\n        ranks = list(range(t, world_size, tp_size))\n",
+            "dp_group None"),
 ]
 
 

@@ -121,6 +121,7 @@ def _operators(rank, world_size, impl, sub):
         grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
         x_before, grad_before = x.detach().clone(), grad_out.clone()
         wire.on = True
+        y = None
         try:
             y = getattr(tp, name)(x, group)
             forward_calls = wire.take()
@@ -129,7 +130,8 @@ def _operators(rank, world_size, impl, sub):
         except NotImplementedError:  # an unfilled TODO: the harness reports it as such
             raise
         except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
-            out[name] = dict(error=f"{type(error).__name__}: {error}")
+            out[name] = dict(error=f"{type(error).__name__}: {error}",  # the forward's shape explains a backward's error
+                             y_shape=None if y is None else tuple(y.shape))
             continue
         finally:
             wire.on = False
@@ -151,9 +153,15 @@ def _expected(name, grank, gsize):
     return torch.cat(xs, dim=-1), grad[:, 3 * grank:3 * (grank + 1)], "all_gather", []
 
 
-def _check_operator(name, rank, grank, gsize, got):
+def _check_operator(name, rank, world_size, grank, gsize, got):
     y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize)
     where = f"{name} on rank {rank} (group rank {grank} of {gsize})"
+    if got["error"] is not None and got.get("y_shape") not in (None, tuple(y_expected.shape)):
+        pytest.fail(f"{T91}: {where}'s forward returned shape {got['y_shape']}, expected {tuple(y_expected.shape)}"
+                    + (": the pieces were concatenated along dim 0; gather_from_tp concatenates along the LAST "
+                       "dimension (torch.cat(pieces, dim=-1)), where the column-parallel slices of the output lie"
+                       if name == "gather_from_tp" and got["y_shape"] == (2 * gsize, 3) else "")
+                    + f", so its backward failed: {got['error'][:200]}")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -166,6 +174,9 @@ def _check_operator(name, rank, grank, gsize, got):
         f"{T91}: {where}'s backward changed the incoming gradient in place: it is autograd's tensor, not yours; "
         "all-reduce a copy (grad.clone())")
     assert y.shape == y_expected.shape, f"{T91}: {where} returned shape {tuple(y.shape)}, expected {tuple(y_expected.shape)}"
+    if name == "reduce_from_tp" and world_size > gsize and torch.equal(y, y_expected * (world_size // gsize)):
+        pytest.fail(f"{T91}: {where}'s forward summed the inputs of all {world_size} ranks: you reduced over the "
+                    "world (the default group); pass group=group to the all-reduce")
     if name == "reduce_from_tp" and torch.equal(y, y_expected / gsize):
         pytest.fail(f"{T91}: {where} returned the mean of the ranks' inputs: g is the all-reduce SUM, the sum, not the "
                     "mean (the partial products of a row-parallel layer add up to the product; no division)")
@@ -176,6 +187,11 @@ def _check_operator(name, rank, grank, gsize, got):
            "gather_from_tp": "(every rank's x concatenated along the last dimension, in group-rank order)"}[name])
     assert grad_x.shape == grad_expected.shape, (
         f"{T91}: {where}'s backward gave a gradient of shape {tuple(grad_x.shape)}, expected {tuple(grad_expected.shape)}")
+    if world_size > gsize:  # a sub-group: a collective without group= runs over every rank (the default group)
+        whole = world_size // gsize  # the world's ranks hold the group ranks' values that many times each
+        if name == "copy_to_tp" and torch.equal(grad_x, grad_expected * whole):
+            pytest.fail(f"{T91}: {where}'s backward summed the gradients of all {world_size} ranks: you reduced over the "
+                        "world (the default group); pass group=ctx.group to the all-reduce, the group forward kept")
     if name == "copy_to_tp":
         own = _rank_valued(grank, (2, 3), 0.5)
         if gsize > 1 and torch.equal(grad_x, own):
@@ -185,10 +201,15 @@ def _check_operator(name, rank, grank, gsize, got):
             pytest.fail(f"{T91}: {where}'s backward averaged the ranks' gradients: f's backward is the all-reduce SUM, "
                         "the sum, not the mean (each rank's slice adds its own part of x's gradient)")
     if name == "reduce_from_tp" and gsize > 1 and not torch.equal(grad_x, grad_expected):
-        pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: g's "
-                    "backward is the identity (return grad as it is). An all-reduce there, or "
-                    "torch.distributed.nn.functional.all_reduce, whose backward all-reduces again, multiplies "
-                    "gradients by the tensor-parallel size")
+        grads = [_rank_valued(r, (2, 3), 0.5) for r in range(gsize)]
+        did = ("summed the ranks' gradients (an all-reduce there, or torch.distributed.nn.functional.all_reduce, "
+               "whose backward all-reduces again: where the ranks' gradients agree, as in the CNN, that multiplies "
+               "them by the tensor-parallel size)" if torch.equal(grad_x, sum(grads)) else
+               "averaged the ranks' gradients (an all-reduce and a division: every rank already holds the whole "
+               "output's gradient, nothing to average)" if torch.equal(grad_x, sum(grads) / gsize) else
+               "changed the gradient")
+        pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: it "
+                    f"{did}; g's backward is the identity (return grad as it is)")
     assert torch.equal(grad_x, grad_expected), (
         f"{T91}: {where}'s backward gave {grad_x.tolist()}, expected {grad_expected.tolist()} "
         + ("(f's backward: the all-reduce SUM of the gradient over the group)" if name == "copy_to_tp" else
@@ -213,7 +234,7 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
     judging(impl, "9.1")  # an unfilled TODO fails here, before any rank starts
     for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
         for name in ("reduce_from_tp", "copy_to_tp", "gather_from_tp"):
-            _check_operator(name, rank, grank, gsize, out[name])
+            _check_operator(name, rank, world_size, grank, gsize, out[name])
 
 
 # --------------------------------------------------------------------------- Task 9.2
@@ -237,6 +258,20 @@ def _forward_backward(layer, x, upstream, wire):
         wire.on = False
 
 
+def _from_linear(cls, linear, group, rank, grank, gsize, **flags):
+    """cls.from_linear, in a rank; a slice out of range (the global rank used inside a sub-group: indexing gives an
+    empty slice, torch.chunk an IndexError, narrow a RuntimeError or IndexError) explained whatever the slicing."""
+    try:
+        return cls.from_linear(linear, group, **flags)
+    except (IndexError, RuntimeError) as error:
+        if rank == grank:
+            raise
+        raise AssertionError(
+            f"{T92}: {cls.__name__}.from_linear on rank {rank} (group rank {grank} of {gsize}) failed with "
+            f"{type(error).__name__}: {error}: inside a group, use the group rank, dist.get_rank(group) = {grank}, "
+            f"and the group's size, dist.get_world_size(group) = {gsize}, not the global rank {rank}") from None
+
+
 def _layers(rank, world_size, impl, sub, bias):
     tp = judging(impl, "9.2")
     group, grank, gsize = _group(rank, world_size, sub)
@@ -251,7 +286,7 @@ def _layers(rank, world_size, impl, sub, bias):
     grad_out = torch.randn(4, out_features)
     results = {}
     for gather_output in (False, True):
-        layer = tp.ColumnParallelLinear.from_linear(column_linear, group, gather_output=gather_output)
+        layer = _from_linear(tp.ColumnParallelLinear, column_linear, group, rank, grank, gsize, gather_output=gather_output)
         xi = x.clone().requires_grad_()
         wanted = grad_hidden if gather_output else grad_hidden.chunk(gsize, dim=-1)[grank]
         y, forward, backward, error = _forward_backward(layer, xi, wanted, wire)
@@ -263,7 +298,8 @@ def _layers(rank, world_size, impl, sub, bias):
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
             forward=forward, backward=backward)
     for input_is_parallel in (True, False):
-        layer = tp.RowParallelLinear.from_linear(row_linear, group, input_is_parallel=input_is_parallel)
+        layer = _from_linear(tp.RowParallelLinear, row_linear, group, rank, grank, gsize,
+                             input_is_parallel=input_is_parallel)
         hi = (h.chunk(gsize, dim=-1)[grank] if input_is_parallel else h).clone().requires_grad_()
         y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire)
         results[("row", input_is_parallel)] = dict(
@@ -273,8 +309,19 @@ def _layers(rank, world_size, impl, sub, bias):
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
             forward=forward, backward=backward)
+    for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # copies: no view of the nn.Linear stays alive
+        linear = nn.Linear(3 * gsize, 2 * gsize)
+        before = copy.deepcopy(linear)
+        layer = _from_linear(cls, linear, group, rank, grank, gsize)
+        stored = {name: (p.untyped_storage().nbytes(), p.numel() * p.element_size())
+                  for name, p in layer.named_parameters()}
+        with torch.no_grad():  # an optimizer step on the split layer
+            for p in layer.parameters():
+                p.add_(1.0)
+        changed = [name for name in ("weight", "bias") if not torch.equal(getattr(linear, name), getattr(before, name))]
+        results[("copies", cls.__name__)] = dict(stored=stored, changed=changed)
     for cls in (tp.ColumnParallelLinear, tp.RowParallelLinear):  # the nn.Linear's dtype, kept
-        layer = cls.from_linear(nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group)
+        layer = _from_linear(cls, nn.Linear(2 * gsize, 2 * gsize, dtype=torch.float64), group, rank, grank, gsize)
         results[("dtype", cls.__name__)] = (layer.weight.dtype, None if layer.bias is None else layer.bias.dtype)
     if not sub:  # a split size that does not divide: refused on every rank alike, never a hang
         for cls, linear in ((tp.ColumnParallelLinear, nn.Linear(4, 2 * world_size + 1)),
@@ -391,6 +438,19 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
         f"{T92}: {where}'s backward should send {expected_backward or 'nothing'}, it sent {got['backward']}")
 
 
+def _check_copies(rank, name, got):
+    """from_linear's tensors are the slice's own memory: a view (chunk, narrow, [rows] without .clone()) keeps
+    the whole nn.Linear alive, and the optimizer's steps on the slice change the nn.Linear too."""
+    for param, (storage, own) in got["stored"].items():
+        assert storage == own, (
+            f"{T92}: {name}.from_linear on rank {rank}: layer.{param} is {own} bytes but its storage holds {storage}: "
+            f"it is a view of the nn.Linear's whole {param} (slicing, torch.chunk and narrow make views), which keeps "
+            "the whole layer alive on every rank and shares its memory; .clone() the slice (a copy: `linear` may be freed)")
+    assert not got["changed"], (
+        f"{T92}: {name}.from_linear on rank {rank}: a step on the split layer's parameters changed the original "
+        f"nn.Linear's {' and '.join(got['changed'])}: they share memory; keep copies (.clone()), the nn.Linear stays unchanged")
+
+
 @pytest.mark.task9_2
 @pytest.mark.parametrize("world_size,sub,bias", [(2, False, True), (3, False, False), slow(4, True, True)],
                          ids=["2 ranks", "3 ranks, no bias", "groups [0,1] [2,3]"])
@@ -402,6 +462,8 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
             _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
         for input_is_parallel in (True, False):
             _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel)
+        for name in ("ColumnParallelLinear", "RowParallelLinear"):
+            _check_copies(rank, name, results[("copies", name)])
         for name in ("ColumnParallelLinear", "RowParallelLinear"):
             assert results[("dtype", name)] == (torch.float64, torch.float64), (
                 f"{T92}: {name}.from_linear of a float64 nn.Linear gave (weight, bias) dtypes {results[('dtype', name)]}: "
@@ -558,15 +620,25 @@ def _test_gather(model, tp_group):
 def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     tp = judging(impl, task)
     dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    groups = {name: None if group is None else dist.get_process_group_ranks(group)
+              for name, group in (("dp", dp_group), ("tp", tp_group))}
     torch.manual_seed(0)  # every rank builds the same whole model before splitting (or: broadcast it)
     model = tp.parallelize_classifier(CNN(), tp_group)
+    if model is None:
+        raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
+                             "returns it (return model), as the docstring says")
     optimizer = _sgd(model.parameters())
     dp_rank, dp_world = tp.sampler_rank_and_size(rank, world_size, tp_size)
-    losses = []
+    losses, wire, step_wire = [], Wire(), None
     for images, labels in _batches(dp_size):
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(images.chunk(dp_world)[dp_rank]), labels.chunk(dp_world)[dp_rank])
+        wire.on = step_wire is None  # the first step's forward and backward: the split layers' collectives
+        output = model(images.chunk(dp_world)[dp_rank])
+        forward = wire.take()
+        loss = F.cross_entropy(output, labels.chunk(dp_world)[dp_rank])
         loss.backward()
+        wire.on = False
+        step_wire = step_wire or dict(forward=forward, backward=wire.take(), batch=output.shape[0])
         tp.average_gradients_over_dp(model, dp_group)
         optimizer.step()
         losses.append(loss.item())
@@ -574,7 +646,7 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     given = tp.gather_full_params(model)  # the given helper train_ddp.py checks the ranks with
     if sorted(given) != sorted(full) or any(not torch.equal(given[n], full[n]) for n in full):
         raise AssertionError("gather_full_params (given code, not a task) differs from the test's own gather")
-    return full, losses
+    return full, losses, step_wire, groups
 
 
 def _train_torch(rank, world_size, dp_size, tp_size):
@@ -607,15 +679,65 @@ def _compare(task, rank, full, expected, against, hint=""):
                              f"{diff:.2e} (tolerance {TOL:.0e}){hint}")
 
 
+def _check_groups(task, rank, world_size, dp_size, tp_size, groups):
+    """make_2d_groups' groups (their ranks, None for None) against the grid's rows and columns."""
+    expected = dict(dp=list(range(rank % tp_size, world_size, tp_size)),
+                    tp=list(range(rank - rank % tp_size, rank - rank % tp_size + tp_size)))
+    for name, other in (("dp", "tp"), ("tp", "dp")):
+        if groups[name] is None and expected[name] != list(range(world_size)):
+            pytest.fail(f"{task}: make_2d_groups({dp_size}, {tp_size}) returned {name}_group None on rank {rank}: None "
+                        f"is the default group, all {world_size} ranks, not this rank's {name} group {expected[name]}"
+                        + (f", so average_gradients_over_dp averages the tp peers' gradients of DIFFERENT slices; even "
+                           "with dp_size 1 create the dp groups (each one rank) like any other: "
+                           "dist.new_group(range(t, world_size, tp_size))" if name == "dp" else ""))
+    got = {name: list(range(world_size)) if ranks is None else ranks for name, ranks in groups.items()}
+    if got["dp"] == expected["tp"] and got["tp"] == expected["dp"] and got["dp"] != got["tp"]:
+        pytest.fail(_transposed(task, dp_size, tp_size, rank, expected["tp"], expected["dp"]))
+    assert got == expected, (
+        f"{task}: on dp {dp_size} x tp {tp_size}, make_2d_groups gave rank {rank} the dp group {got['dp']} and the tp "
+        f"group {got['tp']}, expected {expected['dp']} and {expected['tp']}: the tp groups are consecutive ranks "
+        "[d * tp_size, (d + 1) * tp_size), the dp groups one rank of each, [t, t + tp_size, ...]")
+
+
+def _transposed(task, dp_size, tp_size, rank, expected_tp, expected_dp):
+    """The two groups' roles swapped: built the wrong way round, or returned in the wrong order (the same groups)."""
+    return (f"{task}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp and tp groups are transposed: its tp group must "
+            f"be {expected_tp}, consecutive ranks range(d * tp_size, (d + 1) * tp_size) (they share a node's fast "
+            f"links), and its dp group {expected_dp}, one rank in each tp group, range(t, world_size, tp_size). "
+            "Check which ranges build which group, and the order of the return: (dp_group, tp_group)")
+
+
+def _check_step_wire(rank, step):
+    """One step of the tp 2 CNN on one rank: g's all-reduce of the output in forward, f's of the flattened
+    features' gradient in backward, nothing else (the pair's point: no gather, no second all-reduce)."""
+    batch = step["batch"]
+    forward, backward = [("all_reduce", "float32", batch * 10)], [("all_reduce", "float32", batch * 2048)]
+    if step["forward"] == forward and step["backward"] == backward:
+        return
+    causes = []
+    if any(kind.startswith("all_gather") for kind, _, _ in step["forward"]):
+        causes.append("the forward all-gathers: classifier[1] must keep gather_output=False (the ReLU works on each "
+                      "rank's slice of the hidden features alone)")
+    if len(step["backward"]) > 1:
+        causes.append("the backward all-reduces more than once: classifier[3] takes its input already split, "
+                      "input_is_parallel=True (False slices a whole input, whose gradient then needs its own all-reduce)")
+    pytest.fail(f"{T93}: one training step of the tp 2 CNN on rank {rank} (a batch of {batch}) sent {step['forward']} "
+                f"in forward and {step['backward']} in backward; the column- then row-parallel pair needs one "
+                f"all-reduce each way, {forward} (g, of the output) and {backward} (f, of the input's gradient)"
+                + ("".join(f"; {cause}" for cause in causes)))
+
+
 @pytest.mark.task9_3
 def test_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(1)
-    for rank, (full, losses) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+    for rank, (full, losses, step, groups) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+        _check_groups(T93, rank, 2, 1, 2, groups)  # first: wrong groups train a wrong model, and say why
         _compare(T93, rank, full, expected, "single-process training on the same batches",
                  ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
                  "classifier[3] by input columns (row-parallel), from the model as it is")
         assert max(abs(a - b) for a, b in zip(losses, expected_losses)) < 1e-5, (T93, losses, expected_losses)
+        _check_step_wire(rank, step)
 
 
 @pytest.mark.task9_3
@@ -624,7 +746,7 @@ def test_tp2_training_equals_pytorch_tensor_parallel(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     ours = run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 2, 1, 2, timeout=60)[0]
-    for rank, (full, _) in enumerate(ours):
+    for rank, (full, *_) in enumerate(ours):
         _compare(T93, rank, full, expected, "PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel)")
 
 
@@ -644,9 +766,7 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
         expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
         expected_dp = list(range(column, dp_size * tp_size, tp_size))
         if tp_ranks == expected_dp and dp_ranks == expected_tp and expected_tp != expected_dp:
-            pytest.fail(f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s dp and tp groups are transposed: the "
-                        f"tensor-parallel peers are consecutive ranks ({expected_tp}: they share a node's fast links), "
-                        f"the dp group is every {tp_size}-th rank ({expected_dp}); return (dp_group, tp_group)")
+            pytest.fail(_transposed(T93, dp_size, tp_size, rank, expected_tp, expected_dp))
         assert tp_ranks == expected_tp, (
             f"{T93}: on dp {dp_size} x tp {tp_size}, rank {rank}'s tp group is {tp_ranks}, expected {expected_tp}: "
             "the tensor-parallel peers are consecutive ranks [d * tp_size, (d + 1) * tp_size)")
@@ -660,15 +780,31 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
 def test_sampler_rank_and_size_gives_tp_peers_the_same_slice(impl):
     tp = judging(impl, "9.4")
     for world_size, tp_size in ((4, 2), (4, 1), (4, 4), (6, 3), (6, 2), (8, 2)):
+        got = [tuple(tp.sampler_rank_and_size(rank, world_size, tp_size)) for rank in range(world_size)]
+        where = f"{T94}: on {world_size} ranks with tp {tp_size}"
+        if tp_size > 1 and got == [(rank, world_size) for rank in range(world_size)]:
+            pytest.fail(f"{where}, every rank reads its own slice ({got}): the ranks of a tensor-parallel group must "
+                        "read the same batch, since g sums their partial products of ONE input; give the sampler the "
+                        "dp rank and size")
+        sizes = {size for _, size in got}
+        if sizes != {world_size // tp_size}:
+            shown = " and ".join(str(size) for size in sorted(sizes))
+            pytest.fail(f"{where}, sampler_rank_and_size gave num_replicas {shown}, expected "
+                        f"{world_size // tp_size} = world_size // tp_size: the data is split into one slice per dp "
+                        f"rank (per tp group); with {shown} slices, "
+                        + ("some are read by no rank and each epoch covers only part of the data"
+                           if max(sizes) > world_size // tp_size else "the ranks read more than the dataset"))
+        for start in range(0, world_size, tp_size):
+            peers = {rank: got[rank][0] for rank in range(start, start + tp_size)}
+            if len(set(peers.values())) > 1:
+                pytest.fail(f"{where}, the ranks of the tp group {list(peers)} read different slices ({peers}): they "
+                            "must read the same batch, since g sums their partial products of ONE input; the dp rank "
+                            "is rank // tp_size")
         for rank in range(world_size):
-            got = tuple(tp.sampler_rank_and_size(rank, world_size, tp_size))
             expected = (rank // tp_size, world_size // tp_size)
-            if got == (rank, world_size) and tp_size > 1:
-                pytest.fail(f"{T94}: on {world_size} ranks with tp {tp_size}, rank {rank} reads its own slice "
-                            f"({got}): the ranks of a tensor-parallel group must read the same batch, since g sums "
-                            "their partial products of ONE input; give the sampler the dp rank and size")
-            assert got == expected, (
-                f"{T94}: sampler_rank_and_size({rank}, {world_size}, {tp_size}) = {got}, expected {expected}: the "
+            got_rank = got[rank]
+            assert got_rank == expected, (
+                f"{T94}: sampler_rank_and_size({rank}, {world_size}, {tp_size}) = {got_rank}, expected {expected}: the "
                 "ranks of a tensor-parallel group read the same batch; the data is split over the dp ranks only")
 
 
@@ -712,7 +848,7 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
 def test_dp2_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(2)
-    for rank, (full, _) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
+    for rank, (full, *_) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
         _compare(T94, rank, full, expected, "single-process training on the global batch",
                  ": each tp group reads its dp rank's slice, and gradients are averaged over the dp group")
 
@@ -723,5 +859,5 @@ def test_dp2_tp2_training_equals_pytorch_tensor_parallel_with_fully_shard(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     ours = run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 4, 2, 2, timeout=90)[0]
-    for rank, (full, _) in enumerate(ours):
+    for rank, (full, *_) in enumerate(ours):
         _compare(T94, rank, full, expected, "PyTorch's parallelize_module on the tp dimension with fully_shard on dp")
