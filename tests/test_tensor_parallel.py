@@ -687,7 +687,7 @@ def _check_groups(task, rank, world_size, dp_size, tp_size, groups):
         if groups[name] is None and expected[name] != list(range(world_size)):
             pytest.fail(f"{task}: make_2d_groups({dp_size}, {tp_size}) returned {name}_group None on rank {rank}: None "
                         f"is the default group, all {world_size} ranks, not this rank's {name} group {expected[name]}"
-                        + (f", so average_gradients_over_dp averages the tp peers' gradients of DIFFERENT slices; even "
+                        + (", so average_gradients_over_dp averages the tp peers' gradients of DIFFERENT slices; even "
                            "with dp_size 1 create the dp groups (each one rank) like any other: "
                            "dist.new_group(range(t, world_size, tp_size))" if name == "dp" else ""))
     got = {name: list(range(world_size)) if ranks is None else ranks for name, ranks in groups.items()}
