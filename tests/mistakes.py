@@ -613,6 +613,12 @@ MISTAKES = [
             "    for t in range(tp_size):\n        ranks = list(range(t, world_size, tp_size))\n",
             "    for t in range(tp_size if dp_size > 1 else 0):\n        ranks = list(range(t, world_size, tp_size))\n",
             "dp_group None"),
+    Mistake("9.3", "only-its-own-groups", "template_tensor_parallel.py",  # new_group is a collective: names collide
+            "    dp_group = tp_group = None\n    for d in range(dp_size):\n",
+            "    tp_group = dist.new_group(list(range(rank // tp_size * tp_size, (rank // tp_size + 1) * tp_size)))\n"
+            "    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)))\n"
+            "    return dp_group, tp_group\n    for d in range(dp_size):\n",
+            "each rank must create every group"),
 ]
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import load_with_reference
-from harness import run_ranks
+from harness import RankTimeout, run_ranks
 from models import CNN
 
 T91 = "Task 9.1 (template_tensor_parallel.py, copy_to_tp / reduce_from_tp / gather_from_tp)"
@@ -752,16 +752,46 @@ def test_tp2_training_equals_pytorch_tensor_parallel(impl):
 
 def _groups(rank, world_size, impl, dp_size, tp_size):
     tp = judging(impl, "9.3")
-    dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    created, new_group = [], dist.new_group  # which groups this rank creates, in order
+
+    def recording(*args, **kwargs):
+        call = inspect.signature(new_group).bind(*args, **kwargs).arguments
+        ranks = call.get("ranks")
+        created.append((None if ranks is None else sorted(ranks), bool(call.get("use_local_synchronization"))))
+        return new_group(*args, **kwargs)
+
+    dist.new_group = recording
+    try:
+        dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
+    finally:
+        dist.new_group = new_group
     return (dist.get_process_group_ranks(dp_group) if dp_group is not None else None,
-            dist.get_process_group_ranks(tp_group) if tp_group is not None else None)
+            dist.get_process_group_ranks(tp_group) if tp_group is not None else None, created)
 
 
 @pytest.mark.task9_3
 @pytest.mark.parametrize("dp_size,tp_size", [(2, 2), slow(1, 4), slow(4, 1)])
 def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_size):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
-    for rank, (dp_ranks, tp_ranks) in enumerate(run_ranks(_groups, 4, impl, dp_size, tp_size)):
+    try:
+        results = run_ranks(_groups, 4, impl, dp_size, tp_size)
+    except RankTimeout as hang:
+        if "in make_2d_groups" not in str(hang) or "in recording" not in str(hang):
+            raise
+        pytest.fail(f"{T93}: ranks hang in dist.new_group inside make_2d_groups: new_group is a collective over "
+                    "every rank (unless use_local_synchronization=True), so each rank must create every group, also "
+                    f"those it is not in, in the same order.\n{hang}")
+    # new_group is a collective over every rank unless use_local_synchronization=True: a group's
+    # name is a counter, so groups made at the same position on different ranks share one name
+    collective = [[ranks for ranks, local in created if not local] for *_, created in results]
+    for rank, made in enumerate(collective):
+        assert made == collective[0], (
+            f"{T93}: on dp {dp_size} x tp {tp_size}, rank 0 created the groups {collective[0]} and rank {rank} "
+            f"created {made} with dist.new_group, a collective over every rank: each rank must create every group, "
+            "also those it is not in, in the same order (or pass use_local_synchronization=True). Groups made at "
+            "the same position on different ranks get the same name and meet in the same store keys: they may "
+            "connect to each other's ranks, or hang")
+    for rank, (dp_ranks, tp_ranks, _) in enumerate(results):
         row, column = rank // tp_size, rank % tp_size
         expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
         expected_dp = list(range(column, dp_size * tp_size, tp_size))
