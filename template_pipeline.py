@@ -1,7 +1,7 @@
 """Task 10: pipeline parallelism: stages, micro-batches, and the GPipe and 1F1B schedules.
 
     python check.py 10                # which of these tasks are done (docs/task10-pipeline.md)
-    python benchmarks/pipeline_bench.py --quick    # the bubble, measured
+    python benchmarks/pipeline_bench.py --quick    # the benchmark in seconds (its figures: the full run)
 
 Data parallelism copies the whole model onto every rank. Pipeline parallelism cuts it into
 consecutive stages, one a rank: stage 0 holds the first layers, stage 1 the next ones, and so
