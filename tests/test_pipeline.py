@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load_with_reference
+from conftest import HAS_SOLUTIONS, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 
 T101 = "Task 10.1 (template_pipeline.py, partition)"
@@ -334,10 +334,18 @@ def test_partition_refuses_more_stages_than_layers(impl):
 
 # --------------------------------------------------------------------------- Tasks 10.2 and 10.3
 @patient
-def _round_trip(rank, world_size, impl, task):
+def _send_batched(self, tensor, peer):
+    """A right _send written another way (Megatron's): one dist.P2POp through batch_isend_irecv."""
+    ops = [dist.P2POp(dist.isend, tensor.detach().contiguous(), peer)]
+    self.pending_sends.extend(dist.batch_isend_irecv(ops))
+
+
+def _round_trip(rank, world_size, impl, task, send=None):
     """Each stage sends an activation forward and a gradient backward, both neighbours sending
-    first, then receives: what it got, and what went on the wire."""
+    first, then receives: what it got, and what went on the wire. `send` replaces Stage._send."""
     lib = judging(impl, task)
+    if send is not None:
+        lib.Stage._send = send  # judging's module is a fresh copy: this rank's only
     model = nn.Sequential(*(nn.Linear(3, 3) for _ in range(world_size)))
     stage = lib.Stage(model, rank, world_size)
     assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
@@ -390,6 +398,19 @@ def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, 
     judging(impl, task)
     results = run(_round_trip, world_size, task, "both neighbours send first, then receive", impl, task,
                   timeout=15)
+    check_round_trip(results, task, world_size)
+
+
+@pytest.mark.skipif(not HAS_SOLUTIONS, reason="runs solutions/ with another _send")
+def test_a_send_through_batch_isend_irecv_passes_the_round_trip():
+    """A false negative a student found: the test's recorder used to replace dist.isend, and
+    P2POp, which checks that its op IS dist.isend, refused the right answer above."""
+    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", "solutions", "10.2", _send_batched,
+                  timeout=15)
+    check_round_trip(results, "10.2", 2)
+
+
+def check_round_trip(results, task, world_size):
     where = WHERE[task]
     for rank, (got, expected_activation, records, pending, done, emptied) in enumerate(results):
         sends = [r for r in records if r[0] in ("send", "isend")]
