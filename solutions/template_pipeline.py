@@ -129,7 +129,9 @@ class Stage:
         # --- Task 10.2 end ---
 
     def _recv(self, shape, dtype, peer, requires_grad):
-        """Receive a tensor of `shape` and `dtype` from global rank `peer`, and return it.
+        """Receive a tensor of `shape` and `dtype` from global rank `peer`, and return it: in that
+        dtype (learn_shapes receives an int64 message this way; gloo refuses a buffer whose size
+        differs from the message's).
 
         Blocking (dist.recv into a new tensor): the stage cannot compute before it has its input.
         With requires_grad=True (an activation), the returned tensor must require grad: it is
