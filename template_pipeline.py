@@ -1,7 +1,7 @@
 """Task 10: pipeline parallelism: stages, micro-batches, and the GPipe and 1F1B schedules.
 
     python check.py 10                # which of these tasks are done (docs/task10-pipeline.md)
-    python benchmarks/pipeline_bench.py --quick    # the bubble, measured
+    python benchmarks/pipeline_bench.py --quick    # the benchmark in seconds (its figures: the full run)
 
 Data parallelism copies the whole model onto every rank. Pipeline parallelism cuts it into
 consecutive stages, one a rank: stage 0 holds the first layers, stage 1 the next ones, and so
@@ -126,7 +126,9 @@ class Stage:
         # --- Task 10.2 end ---
 
     def _recv(self, shape, dtype, peer, requires_grad):
-        """Receive a tensor of `shape` and `dtype` from global rank `peer`, and return it.
+        """Receive a tensor of `shape` and `dtype` from global rank `peer`, and return it: in that
+        dtype (learn_shapes receives an int64 message this way; gloo refuses a buffer whose size
+        differs from the message's).
 
         Blocking (dist.recv into a new tensor): the stage cannot compute before it has its input.
         With requires_grad=True (an activation), the returned tensor must require grad: it is

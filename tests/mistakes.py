@@ -619,6 +619,22 @@ MISTAKES = [
             "    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)))\n"
             "    return dp_group, tp_group\n    for d in range(dp_size):\n",
             "each rank must create every group"),
+    # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
+    Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
+            "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
+            "receive into a tensor of the given dtype"),
+    Mistake("10.7", "keeps-every-micro-batch", "template_pipeline.py",  # the trace is right, the memory GPipe's
+            "backward_step(stage, *saved.pop(0))", "backward_step(stage, *saved[next_backward])",
+            "drop each (input, output) pair"),
+    Mistake("10.7", "warmup-from-global-rank", "template_pipeline.py",  # right while one pipeline spans the world
+            "min(stage.num_stages - stage.stage_index - 1, num_microbatches)",
+            "min(dist.get_world_size() - dist.get_rank() - 1, num_microbatches)", "not the global rank"),
+    Mistake("10.6", "loss-keeps-its-graph", "template_pipeline.py",
+            "            loss = output.detach() if loss is None else loss + output.detach()\n",
+            "            loss = output if loss is None else loss + output\n", "still carries its autograd graph"),
+    Mistake("10.5", "forgets-send-backward", "template_pipeline.py",  # a hang: the message names the missing send
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n", "",
+            "stage.send_backward(input.grad)"),
 ]
 
 

@@ -15,9 +15,15 @@ summed gradients by M, where single-process training takes one mean: the same fp
 added in another order, which moves the results by a few units in the 7th digit. atol 1e-5
 with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles everything at M=2).
 """
+import datetime
+import functools
+import gc
 import inspect
 import math
 import re
+import sys
+import time
+import weakref
 
 import pytest
 import torch
@@ -25,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load_with_reference
+from conftest import HAS_SOLUTIONS, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 
 T101 = "Task 10.1 (template_pipeline.py, partition)"
@@ -106,46 +112,175 @@ def reference_gradients(inputs, targets, seed=0):
 
 
 # ----------------------------------------------------------------------- recording what goes on the wire
+# A blocking receive in the tests waits at most this long for its message. What a neighbour does
+# before it sends (a micro-batch of the CNN) takes milliseconds, under a second at a load average
+# of 15 on 2 cores, so a message 10 s late never comes: the receive that waits for it is named at
+# once, as a failure with its likely cause, not as a hang after the test's whole limit (40 s, which
+# check.py then runs a second time, as a hang can be the machine's doing). Shorter than the
+# round-trip test's limit (15 s), so that this, not the harness's hang report, says what happened.
+RECV_LIMIT = 10.0
+
+
+class RecvNeverCame(RuntimeError):
+    """A blocking dist.recv in a test waited RECV_LIMIT seconds for its message."""
+
+
+class WrongDtype(RuntimeError):
+    """A receive into a buffer of another dtype than the one asked for (refused before gloo sees it)."""
+
+
 class Wire:
-    """Wraps torch.distributed's point-to-point calls in a rank, and records each one:
-    (call, peer, shape, dtype); the Works of isend are kept to check they completed."""
+    """Records every point-to-point message of a rank: (call, peer, shape, dtype, requires_grad),
+    peer a global rank; the Works of the sends are kept to check they completed.
 
-    CALLS = ("send", "isend", "recv", "irecv")
+    Recorded where every way of sending ends up, ProcessGroup.send and ProcessGroup.recv:
+    dist.isend, dist.send, dist.irecv, dist.recv and dist.batch_isend_irecv([dist.P2POp(...)])
+    all call them. dist.isend and dist.irecv stay PyTorch's own functions, which P2POp checks
+    its op against (wrapping them made a right answer with batch_isend_irecv fail). The blocking
+    dist.send and dist.recv are wrapped too, to name the call, and so that a recv gives up after
+    RECV_LIMIT seconds with RecvNeverCame, saying where it waited."""
 
-    def __init__(self):
+    def __init__(self, expect_dtype=None):
         self.records, self.works, self.saved = [], [], {}
+        self.blocking = None  # "send" or "recv" while inside dist.send / dist.recv
+        self.expect_dtype = expect_dtype  # a receive into a buffer of another dtype raises WrongDtype
+
+    def _record(self, kind, group, tensors, peer):
+        name = self.blocking if self.blocking == kind else "i" + kind
+        if peer is not None:
+            peer = dist.get_global_rank(group, peer) if group is not None else peer
+        for tensor in tensors:
+            self.records.append((name, peer, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
+                                 tensor.requires_grad))
 
     def __enter__(self):
-        for name in self.CALLS:
-            original = self.saved[name] = getattr(dist, name)
+        from torch._C._distributed_c10d import ProcessGroup
+        # the class's own entries (vars, not getattr): put back as they were, they bind to the group again
+        self.saved = {(ProcessGroup, name): vars(ProcessGroup)[name] for name in ("send", "recv", "recv_anysource")}
+        self.saved.update({(dist, name): getattr(dist, name) for name in ("send", "recv")})
+        pg_send, pg_recv, pg_any = (self.saved[(ProcessGroup, n)] for n in ("send", "recv", "recv_anysource"))
+        dist_send = self.saved[(dist, "send")]
 
-            def wrapper(tensor, *args, _name=name, _original=original, **kwargs):
-                peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
-                self.records.append((_name, peer, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
-                                     tensor.requires_grad))
-                work = _original(tensor, *args, **kwargs)
-                if _name == "isend":
-                    self.works.append(work)
-                return work
+        def send(group, tensors, dst, *args, **kwargs):
+            self._record("send", group, tensors, dst)
+            work = pg_send(group, tensors, dst, *args, **kwargs)
+            self.works.append(work)
+            return work
 
-            setattr(dist, name, wrapper)
+        def recv(group, tensors, src, *args, **kwargs):
+            self._record("recv", group, tensors, src)
+            if self.expect_dtype is not None and tensors[0].dtype != self.expect_dtype:
+                raise WrongDtype(f"asked to receive {self.expect_dtype}, it received into a {tensors[0].dtype} "
+                                 f"buffer of shape {tuple(tensors[0].shape)}")
+            return pg_recv(group, tensors, src, *args, **kwargs)
+
+        def recv_anysource(group, tensors, *args, **kwargs):
+            self._record("recv", None, tensors, None)
+            return pg_any(group, tensors, *args, **kwargs)
+
+        def blocking_send(tensor, *args, **kwargs):
+            self.blocking = "send"
+            try:
+                return dist_send(tensor, *args, **kwargs)
+            finally:
+                self.blocking = None
+
+        def blocking_recv(tensor, src=None, group=None, tag=0, **kwargs):
+            self.blocking = "recv"
+            try:
+                work = dist.irecv(tensor, src=src, group=group, tag=tag, **kwargs)
+            finally:
+                self.blocking = None
+            if work is None:
+                return -1
+            try:
+                work.wait(datetime.timedelta(seconds=RECV_LIMIT))
+            except RuntimeError as error:
+                if "Timed out" not in str(error):
+                    raise
+                raise RecvNeverCame(waiting_for(src, tensor)) from None
+            return src
+
+        ProcessGroup.send, ProcessGroup.recv, ProcessGroup.recv_anysource = send, recv, recv_anysource
+        dist.send, dist.recv = blocking_send, blocking_recv
         return self
 
     def __exit__(self, *exc):
-        for name, original in self.saved.items():
-            setattr(dist, name, original)
+        for (owner, name), original in self.saved.items():
+            setattr(owner, name, original)
+
+
+def patient(fn):
+    """For a rank function: a rank whose neighbour's receive gave up (RecvNeverCame: gloo then closes
+    their connection) fails with "Connection closed by peer"; it waits a moment before failing, so
+    that the neighbour's report, which says what never came, is the one the test reads."""
+    @functools.wraps(fn)
+    def rank_function(*args):
+        try:
+            return fn(*args)
+        except RuntimeError as error:
+            if re.search(r"Connection (closed|reset) by peer|pair closure", str(error)):
+                time.sleep(3)
+            raise
+    return rank_function
+
+
+def waiting_for(src, tensor):
+    """What a receive that never completed waited for: from whom, in which function of the course."""
+    names = []
+    frame = sys._getframe(2)  # the caller of dist.recv
+    while frame is not None and frame.f_code.co_filename != __file__:  # up to the test's own code
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    inside = next((n for n in names if n in ("recv_backward", "recv_forward", "learn_shapes")), None)
+    what = {"recv_backward": "the gradient of its output (recv_backward)",
+            "recv_forward": "an activation (recv_forward)",
+            "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
+    return (f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape {tuple(tensor.shape)} "
+            f"from rank {src}, which never sent it (waiting in {' <- '.join(names)})")
+
+
+# A receive that waits for a message never sent: the likely cause, by task and by where it waited.
+NEVER_SENT = {
+    ("10.4", "recv_forward"): "forward_step must send its output to the next stage (stage.send_forward(output)) "
+                              "on every stage but the last",
+    ("10.5", "recv_backward"): "backward_step must send the gradient of its input back to the previous stage "
+                               "(stage.send_backward(input.grad)) on every stage but the first",
+    ("10.6", None): "every stage must run the forward and the backward of each of the M micro-batches, in the "
+                    "schedule's order (each receive has its neighbour's matching send)",
+    ("10.7", None): "every stage must run the forward and the backward of each of the M micro-batches, in the "
+                    "schedule's order (each receive has its neighbour's matching send)",
+}
+
+
+def never_sent_hint(task, text):
+    """The hint for a receive that never completed, from RecvNeverCame's message (where it waited);
+    None where the task's own explanation fits better (10.2, 10.3: _send's Work)."""
+    waits = re.findall(r"(recv_backward|recv_forward)", text)
+    for place in waits + [None]:
+        if (task, place) in NEVER_SENT:
+            return NEVER_SENT[(task, place)]
+    return None
 
 
 def as_task_failure(error, task, what):
     """A rank's error or a hang, told as the task's likely mistake (the harness's report kept)."""
     where = WHERE[task]
-    if isinstance(error, RankTimeout):
+    text = str(error)
+    if isinstance(error, RankFailed) and "RecvNeverCame" in text:
+        said = re.search(r"raised RecvNeverCame: ([^\n]*)", text)
+        hint = never_sent_hint(task, said.group(1) if said else text) or (
+            "every send must happen: _send starts a dist.isend and keeps its Work in stage.pending_sends (a Work "
+            "nobody keeps is cancelled, and the neighbour waits for a message that never comes)")
+        trace = text[text.find("--- rank"):] if "--- rank" in text else text
+        return AssertionError(f"{where}: a message was never sent ({what}): {said.group(1) if said else ''}. "
+                              f"Likely: {hint}.\n{trace}")
+    if isinstance(error, RankTimeout):  # a receive gives up after RECV_LIMIT: a hang is a send that blocks
         return AssertionError(
             f"{where}: the ranks hung ({what}). On gloo a blocking dist.send waits until its receiver posts the "
             "matching recv, so two neighbours that both send first wait for each other: _send must start a "
             "dist.isend and keep its Work in stage.pending_sends (a Work nobody keeps is cancelled, and the "
             f"neighbour waits for a message that never comes).\n{error}")
-    text = str(error)
     if "does not require grad and does not have a grad_fn" in text:
         return AssertionError(
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
@@ -182,8 +317,11 @@ def test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage(impl):
                 f"{T101}: {num_layers} layers on {num_stages} stages gave sizes {sizes}: balanced means the sizes "
                 "differ by at most one (ceil for every stage leaves the last ones short)")
             assert got == expected_ranges(num_layers, num_stages), (
-                f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: the first "
-                f"{num_layers % num_stages} stages take one layer more ({expected_ranges(num_layers, num_stages)})")
+                f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: "
+                + (f"the first {num_layers % num_stages} stages take one layer more" if num_layers % num_stages > 1
+                   else "the first stage takes one layer more" if num_layers % num_stages else
+                   "every stage takes the same number of layers")
+                + f" ({expected_ranges(num_layers, num_stages)})")
 
 
 @pytest.mark.task10_1
@@ -195,10 +333,19 @@ def test_partition_refuses_more_stages_than_layers(impl):
 
 
 # --------------------------------------------------------------------------- Tasks 10.2 and 10.3
-def _round_trip(rank, world_size, impl, task):
+@patient
+def _send_batched(self, tensor, peer):
+    """A right _send written another way (Megatron's): one dist.P2POp through batch_isend_irecv."""
+    ops = [dist.P2POp(dist.isend, tensor.detach().contiguous(), peer)]
+    self.pending_sends.extend(dist.batch_isend_irecv(ops))
+
+
+def _round_trip(rank, world_size, impl, task, send=None):
     """Each stage sends an activation forward and a gradient backward, both neighbours sending
-    first, then receives: what it got, and what went on the wire."""
+    first, then receives: what it got, and what went on the wire. `send` replaces Stage._send."""
     lib = judging(impl, task)
+    if send is not None:
+        lib.Stage._send = send  # judging's module is a fresh copy: this rank's only
     model = nn.Sequential(*(nn.Linear(3, 3) for _ in range(world_size)))
     stage = lib.Stage(model, rank, world_size)
     assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
@@ -219,6 +366,28 @@ def _round_trip(rank, world_size, impl, task):
         stage.wait_sends()
     done = all(w.is_completed() for w in wire.works)
     expected_activation = model[rank - 1](torch.full((2, 3), float(rank - 1))).detach() if rank else None
+    # Not only float32: learn_shapes sends an int64 message, and a model may compute in float64. Last,
+    # and a receive into a buffer of another dtype is refused before gloo sees it: gloo aborts the
+    # whole process on a message of another size than its buffer.
+    dist.barrier()
+    if not stage.is_last:
+        stage._send(torch.arange(10, dtype=torch.int64) * 3 + rank, stage.next_rank)
+        stage._send(torch.full((2, 3), 0.1 * (rank + 1), dtype=torch.float64), stage.next_rank)
+    if not stage.is_first:
+        try:
+            with Wire(expect_dtype=torch.int64):
+                shape_message = stage._recv((10,), torch.int64, stage.prev_rank, requires_grad=False)
+            with Wire(expect_dtype=torch.float64):
+                wide = stage._recv((2, 3), torch.float64, stage.prev_rank, requires_grad=True)
+            got["dtypes"] = (shape_message.dtype, shape_message.detach().clone(), wide.dtype, wide.detach().clone())
+        except RecvNeverCame:
+            raise
+        except Exception as error:  # noqa: BLE001 (reported as the test's finding, in the test's words)
+            got["dtypes"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    received = torch.tensor([0 if isinstance(got.get("dtypes"), str) else 1])
+    dist.all_reduce(received, op=dist.ReduceOp.MIN)
+    if received.item():  # else a message was refused: its send never completes
+        stage.wait_sends()
     return got, expected_activation, wire.records, len(pending), done, stage.pending_sends == []
 
 
@@ -229,6 +398,19 @@ def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, 
     judging(impl, task)
     results = run(_round_trip, world_size, task, "both neighbours send first, then receive", impl, task,
                   timeout=15)
+    check_round_trip(results, task, world_size)
+
+
+@pytest.mark.skipif(not HAS_SOLUTIONS, reason="runs solutions/ with another _send")
+def test_a_send_through_batch_isend_irecv_passes_the_round_trip():
+    """A false negative a student found: the test's recorder used to replace dist.isend, and
+    P2POp, which checks that its op IS dist.isend, refused the right answer above."""
+    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", "solutions", "10.2", _send_batched,
+                  timeout=15)
+    check_round_trip(results, "10.2", 2)
+
+
+def check_round_trip(results, task, world_size):
     where = WHERE[task]
     for rank, (got, expected_activation, records, pending, done, emptied) in enumerate(results):
         sends = [r for r in records if r[0] in ("send", "isend")]
@@ -250,6 +432,19 @@ def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, 
                 f"{where}: the activation recv_forward returned on rank {rank} does not require grad: it is "
                 "the input of this stage's layers, and without requires_grad its .grad stays None, so the "
                 "earlier stages get no gradient (return tensor.requires_grad_(requires_grad))")
+            dtypes = got["dtypes"]
+            fix = ("receive into a tensor of the given dtype, torch.empty(shape, dtype=dtype)" if task == "10.3" else
+                   "send the tensor in its own dtype")
+            assert not isinstance(dtypes, str), (
+                f"{where}: rank {rank} could not receive an int64 tensor of shape (10,), learn_shapes' shape "
+                f"message ({dtypes}): {fix}: learn_shapes sends int64, and the activations may be float64")
+            shape_dtype, shape_value, wide_dtype, wide_value = dtypes
+            assert shape_dtype == torch.int64 and torch.equal(shape_value, torch.arange(10) * 3 + rank - 1), (
+                f"{where}: rank {rank} received learn_shapes' int64 shape message as {shape_dtype} "
+                f"{shape_value.tolist()}: {fix}")
+            want = torch.full((2, 3), 0.1 * rank, dtype=torch.float64)
+            assert wide_dtype == torch.float64 and torch.equal(wide_value, want), (
+                f"{where}: rank {rank} received a float64 activation as {wide_dtype} {wide_value.tolist()}: {fix}")
         if rank < world_size - 1:
             value, requires_grad, _ = got["gradient"]
             assert torch.equal(value, torch.full((2, 3), 101.0 + rank)), (
@@ -295,37 +490,72 @@ def _test_loop(lib, stage, inputs, targets, loss_fn, m):
     return loss, [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
 
 
-def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts):
+class Alive:
+    """Wraps forward_step to count, when each forward starts, how many earlier micro-batches'
+    outputs are still referenced (weakrefs: what the schedule keeps alive, not what its trace says)."""
+
+    def __init__(self, forward_step):
+        self.forward_step, self.outputs, self.most = forward_step, [], (0, 0)  # (count, at forward i)
+
+    def __call__(self, *args, **kwargs):
+        count = sum(ref() is not None for ref in self.outputs)
+        if count > self.most[0]:
+            gc.collect()  # only reference cycles would need it: counted again when it matters
+            count = sum(ref() is not None for ref in self.outputs)
+            self.most = max(self.most, (count, len(self.outputs)))
+        input, output = self.forward_step(*args, **kwargs)
+        self.outputs.append(weakref.ref(output))
+        return input, output
+
+
+@patient
+def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pipes=None):
+    """The schedule on every rank; `pipes` (lists of global ranks) runs one pipeline on each, in a
+    group of its own (the stage numbers are then not the global ranks)."""
     lib = judging(impl, task)
     inputs, targets = batch()
+    group = None
+    stage_index, num_stages = rank, world_size
+    if pipes:
+        groups = [dist.new_group(pipe) for pipe in pipes]  # every rank creates every group, in the same order
+        mine = next(i for i, pipe in enumerate(pipes) if rank in pipe)
+        group, stage_index, num_stages = groups[mine], pipes[mine].index(rank), len(pipes[mine])
+    first, last = stage_index == 0, stage_index == num_stages - 1
     out = []
     for m in microbatch_counts:
         torch.manual_seed(0)
         model = lib.flat_cnn()
-        stage = lib.Stage(model, rank, world_size)
-        with Wire() as wire:
-            if task in ("10.4", "10.5"):
-                loss, trace = _test_loop(lib, stage, inputs if rank == 0 else None,
-                                         targets if rank == world_size - 1 else None, F.cross_entropy, m)
-            else:
-                step = lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step
-                # inputs to the first stage only, targets to the last only, as the spec allows
-                loss, trace = step(stage, inputs if rank == 0 else None,
-                                   targets if rank == world_size - 1 else None, F.cross_entropy, m)
+        stage = lib.Stage(model, stage_index, num_stages, group=group)
+        alive = Alive(lib.forward_step)
+        if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
+            lib.forward_step = alive
+        try:
+            with Wire() as wire:
+                if task in ("10.4", "10.5"):
+                    loss, trace = _test_loop(lib, stage, inputs if first else None, targets if last else None,
+                                             F.cross_entropy, m)
+                else:
+                    step = lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step
+                    # inputs to the first stage only, targets to the last only, as the spec allows
+                    loss, trace = step(stage, inputs if first else None, targets if last else None, F.cross_entropy, m)
+        finally:
+            lib.forward_step = alive.forward_step
         done = all(w.is_completed() for w in wire.works)
         grads = {i: [None if p.grad is None else p.grad.clone() for p in model[i].parameters()] for i in stage.layers}
         # PyTorch's pipelining on the same split, from the same weights (Schedule1F1B refuses M < stages)
         torch_loss = torch_grads = None
-        if schedule == "gpipe" or m >= world_size:
+        if not pipes and (schedule == "gpipe" or m >= world_size):
             torch.manual_seed(0)
             twin = lib.flat_cnn()
             piece = nn.Sequential(*(twin[i] for i in stage.layers))
             torch_loss = torch_pipeline_step(torch_pipeline_schedule(piece, rank, world_size, m, F.cross_entropy,
                                                                      schedule), rank, world_size, inputs, targets)
             torch_grads = {i: [p.grad.clone() for p in twin[i].parameters()] for i in stage.layers}
+        graph = torch.is_tensor(loss) and (loss.requires_grad or loss.grad_fn is not None)
         loss = None if loss is None else torch.as_tensor(loss).detach().clone()
         out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=wire.records, done=done,
-                        torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers)))
+                        torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers),
+                        loss_graph=graph, most_alive=alive.most))
         dist.barrier()
     return out
 
@@ -344,8 +574,12 @@ def activation_shapes(num_stages, microbatch):
     return shapes
 
 
-def check_schedule(results, task, schedule, world_size):
+def check_schedule(results, task, schedule, world_size, ranks=None):
+    """results[s]: stage s's runs; world_size: the number of stages; ranks: their global ranks
+    (by default the stage numbers: one pipeline on the whole world)."""
     where = WHERE[task]
+    on_group = ranks is not None
+    ranks = list(range(world_size)) if ranks is None else ranks
     for case in range(len(results[0])):
         m = results[0][case]["m"]
         ref_loss, ref_grads = reference_gradients(*batch())
@@ -353,29 +587,47 @@ def check_schedule(results, task, schedule, world_size):
         for rank, runs in enumerate(results):
             r = runs[case]
             what = f"{world_size} stages, M = {m}, stage {rank}"
+            if on_group:
+                what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
             if schedule == "1f1b" or task in ("10.6", "10.7"):
                 want = expected_trace(schedule, world_size, rank, m)
                 assert r["trace"] == want, (
                     f"{where}: {what}: the trace is {r['trace']}, the {schedule} order is {want}"
                     + (f" (warm-up: min(num_stages - stage_index - 1, M) = {min(world_size - rank - 1, m)} "
                        "forwards; backwards oldest first)" if schedule == "1f1b" else
-                       " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)"))
+                       " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)")
+                    + (": the warm-up uses stage.num_stages and stage.stage_index, not the global rank or world "
+                       "size (dist.get_rank(), dist.get_world_size())" if on_group and schedule == "1f1b" else ""))
             peak = peak_stored(r["trace"])
             if schedule == "1f1b":
                 assert peak <= world_size - rank, (
                     f"{where}: {what}: {peak} micro-batches' activations stored at once, more than "
                     f"num_stages - stage_index = {world_size - rank}: is the warm-up one forward too long?")
+                alive, at = r["most_alive"]
+                assert alive <= world_size - rank, (
+                    f"{where}: {what}: when micro-batch {at}'s forward started, {alive} earlier micro-batches' outputs "
+                    f"were still referenced, more than num_stages - stage_index = {world_size - rank}: drop each "
+                    "(input, output) pair once its backward has run (saved.pop(0)). Kept, they hold every "
+                    "micro-batch's activations, as GPipe does: 1F1B's memory saving is lost")
             else:
                 assert peak == m, f"{where}: {what}: GPipe stores all M = {m} micro-batches, the trace shows {peak}"
             if rank == world_size - 1:
                 assert r["loss"] is not None and r["loss"].numel() == 1, (
                     f"{where}: {what}: the last stage returned the loss {r['loss']}: the batch's mean loss, one number")
+                assert not r["loss_graph"], (
+                    f"{where}: {what}: the loss returned still carries its autograd graph (requires_grad=True): "
+                    "return a 0-d tensor without graph, the sum of the detached scaled losses (output.detach(), "
+                    "not output): whoever keeps the loss (a list of losses to plot) would keep the M micro-batches' "
+                    "graphs alive with it")
                 r["loss"] = r["loss"].item()
                 assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
                     f"{ref_loss}" + (f" ({r['loss'] / ref_loss:.2f}x: scale each micro-batch's loss by "
                                      "1/num_microbatches)" if r["loss"] and abs(r["loss"] / ref_loss - m) < 0.1 * m
-                                     and m > 1 else ""))
+                                     and m > 1 else
+                                     f" ({r['loss'] / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum "
+                                     "them; their mean divides by M a second time)"
+                                     if m > 1 and abs(r["loss"] * m / ref_loss - 1) < 0.01 else ""))
             else:
                 assert r["loss"] is None, (
                     f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage "
@@ -400,10 +652,10 @@ def check_schedule(results, task, schedule, world_size):
             if r["torch_loss"] is not None and rank == world_size - 1:
                 assert math.isclose(r["loss"], r["torch_loss"], rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: loss {r['loss']}, PyTorch's schedule {r['torch_loss']}")
-            check_wire(r, where, what, rank, world_size, m, shapes)
+            check_wire(r, where, what, rank, world_size, m, shapes, ranks)
 
 
-def check_wire(r, where, what, rank, world_size, m, shapes):
+def check_wire(r, where, what, rank, world_size, m, shapes, ranks):
     """What went on the wire: to each neighbour, in order, one int64 shape message (forward
     only), then M activations forward and M gradients back, in the shapes of the CNN's split."""
     records = r["records"]
@@ -414,11 +666,11 @@ def check_wire(r, where, what, rank, world_size, m, shapes):
     header = [((10,), "int64")]
     want = {}
     if rank > 0:
-        want[("recv", rank - 1)] = header + [(shapes[rank], "float32")] * m
-        want[("send", rank - 1)] = [(shapes[rank], "float32")] * m
+        want[("recv", ranks[rank - 1])] = header + [(shapes[rank], "float32")] * m
+        want[("send", ranks[rank - 1])] = [(shapes[rank], "float32")] * m
     if rank < world_size - 1:
-        want[("send", rank + 1)] = header + [(shapes[rank + 1], "float32")] * m
-        want[("recv", rank + 1)] = [(shapes[rank + 1], "float32")] * m
+        want[("send", ranks[rank + 1])] = header + [(shapes[rank + 1], "float32")] * m
+        want[("recv", ranks[rank + 1])] = [(shapes[rank + 1], "float32")] * m
     assert by == want, (f"{where}: {what}: what went on the wire, {by}, is not one shape message then M "
                         f"activations forward and M gradients back: {want}")
     assert r["done"], f"{where}: {what}: the step returned before its sends completed: end it with stage.wait_sends()"
@@ -440,6 +692,18 @@ def test_schedule_equals_single_process_and_torch_pipelining(impl, task, schedul
     results = run(_schedule_run, world_size, task, f"{schedule} on {world_size} stages", impl, task, schedule, counts,
                   timeout=40)
     check_schedule(results, task, schedule, world_size)
+
+
+@pytest.mark.task10_7
+def test_1f1b_on_two_pipelines_of_a_4_rank_world(impl):
+    """Two pipelines of 2 stages, ranks [0, 1] and [2, 3], each in its own group: the stage numbers
+    are not the global ranks, so a warm-up computed from dist.get_rank() shows here."""
+    judging(impl, "10.7")
+    pipes = [[0, 1], [2, 3]]
+    results = run(_schedule_run, 4, "10.7", "1f1b on two pipelines of 2 stages", impl, "10.7", "1f1b", [4], pipes,
+                  timeout=40)
+    for pipe in pipes:
+        check_schedule([results[r] for r in pipe], "10.7", "1f1b", len(pipe), ranks=pipe)
 
 
 def _uneven(rank, world_size, impl, task):
