@@ -9,7 +9,6 @@ references: single-process training on the global batch, and PyTorch's own fully
 The tests of one task take solutions/' answers to the other tasks (judging), so a mistake costs
 one task's points.
 """
-import copy
 import math
 
 import pytest
@@ -368,7 +367,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
             f"{T74}: the tensor returned must be this rank's piece, {mean.numel()} elements (the shard's size); "
             f"got {tuple(piece.shape)}")
         got = piece.float()
-        for factor, what in ((1 / world_size, f"divided by the world size twice: divide once"),
+        for factor, what in ((1 / world_size, "divided by the world size twice: divide once"),
                              (world_size, "the sum, not the mean: divide by the world size")):
             if not torch.allclose(got, mean, atol=tol, rtol=tol) and torch.allclose(got, mean * factor, atol=tol, rtol=tol):
                 pytest.fail(f"{T74}: rank {rank}'s gradient is {what}")
