@@ -26,6 +26,7 @@ from torch import nn
 import train_ddp
 from conftest import load
 from harness import run_ranks
+from tools.interrupt import worker_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"
@@ -524,22 +525,6 @@ def finish(proc, deadline):
         pytest.fail(f"torchrun did not finish in time (a hang, or a very busy machine):\n{out}")
     return proc.returncode, out
 
-
-def worker_pid(agent_pid, rank):
-    """The pid of torchrun's worker with RANK=rank, from /proc: the agent's children."""
-    children = []
-    for task in os.listdir(f"/proc/{agent_pid}/task"):
-        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
-            children += [int(pid) for pid in f.read().split()]
-    for pid in children:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-        except OSError:  # it has just ended
-            continue
-        if env.get(b"RANK") == str(rank).encode():
-            return pid
-    return None
 
 
 def newest_checkpoint(folder, seen, name="last.pt"):

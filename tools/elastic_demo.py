@@ -28,6 +28,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tools.interrupt import torchrun_workers as workers  # noqa: E402
 from tools.plot_runs import plot_runs  # noqa: E402
 
 RDZV_CONF = "join_timeout=120,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
@@ -46,14 +47,6 @@ def agent(port, run, log, host):
     return subprocess.Popen(command, cwd=REPO, env=env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
-
-def workers(agent_pid):
-    """The agent's worker processes (torchrun starts them in a session of their own)."""
-    children = []
-    for task in os.listdir(f"/proc/{agent_pid}/task"):
-        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
-            children += [int(pid) for pid in f.read().split()]
-    return children
 
 
 def saved_position(folder):

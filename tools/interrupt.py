@@ -81,3 +81,26 @@ class Counted:
             yield batch
             if self.profiler:
                 self.profiler.step()
+
+
+def torchrun_workers(agent_pid):
+    """The worker processes of the torchrun agent agent_pid (its children, from /proc), for the
+    tools and tests that stop one rank on purpose."""
+    children = []
+    for task in os.listdir(f"/proc/{agent_pid}/task"):
+        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
+            children += [int(pid) for pid in f.read().split()]
+    return children
+
+
+def worker_pid(agent_pid, rank):
+    """The pid of the torchrun agent's worker with RANK=rank, or None (not started, or ended)."""
+    for pid in torchrun_workers(agent_pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:  # it has just ended
+            continue
+        if env.get(b"RANK") == str(rank).encode():
+            return pid
+    return None

@@ -39,6 +39,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tools.interrupt import worker_pid  # noqa: E402
 MARKER = re.compile(r"^<!-- transcript((?: [\w.,-]+)*): ([^\n]+?) -->\n```text\n(.*?)^```$", re.M | re.S)
 OPTIONS = {"kill-rank-1-at-step", "mistakes", "not-started", "exit"}  # each takes one word
 TIMEOUT = 300  # seconds a command may run before it counts as a hang
@@ -103,7 +105,7 @@ def course_copy(options):
                 os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
                 shutil.copy2(os.path.join(REPO, name), os.path.join(dest, name))
         return dest
-    sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+    sys.path.insert(0, os.path.join(REPO, "tests"))
     from mistakes import MISTAKES, make_submission
     names = set(options.get("mistakes", "").split(",")) - {""}
     chosen = [m for m in MISTAKES if m.name in names]
@@ -124,21 +126,6 @@ def course_copy(options):
                         f.write(fence.sub(lambda _: todo.group(0), text, count=1))
     return dest
 
-
-def worker_pid(agent_pid, rank):
-    """The pid of torchrun's worker with RANK=rank: the agent's child with that variable."""
-    children = []
-    for task in os.listdir(f"/proc/{agent_pid}/task"):
-        with open(f"/proc/{agent_pid}/task/{task}/children") as f:
-            children += [int(pid) for pid in f.read().split()]
-    for pid in children:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if b"\0RANK=%d\0" % rank in b"\0" + f.read():
-                    return pid
-        except OSError:  # it has just ended
-            continue
-    return None
 
 
 def checkpoint_step(path, seen):
