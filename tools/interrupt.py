@@ -50,8 +50,9 @@ def stop_torchrun_restarts():
     """A setting that cannot work fails the same way at every attempt, but torchrun's --max-restarts
     retries any failure, so the error would come once per restart. A worker cannot tell torchrun
     that a failure is final; it can stop torchrun's agent, its parent process, with the SIGTERM a
-    Ctrl-C or `scancel` would send. Every rank does it, so every node's agent stops. Returns the
-    line to print, or None: not under torchrun, or no restart left (then torchrun stops anyway)."""
+    Ctrl-C or `scancel` would send. train_ddp.py calls it on local rank 0 of every node, so every
+    node's agent stops once. Returns the line to print, or None: not under torchrun, or no restart
+    left (then torchrun stops anyway)."""
     restarts_left = (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0))
                      - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if "TORCHELASTIC_RUN_ID" not in os.environ or restarts_left < 1:
