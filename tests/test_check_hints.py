@@ -42,3 +42,85 @@ def test_cuda_called_without_a_gpu_is_named():
                       "index.aspx", "template_pipeline.py:190 in _send")
     assert text.startswith("rank 1: RuntimeError: Found no NVIDIA driver") and "torch.cuda.synchronize()" in text, text
     assert "(template_pipeline.py:190 in _send)" in text, text
+
+
+# --------------------------------------------------------------------- every failure names its task
+# (issue 32: in a held-out Phase 2 set, 16 of 64 first failures named no task)
+RECV = "Task 10.3 (template_pipeline.py, Stage._recv())"
+RANK_TRACE = ('\n\n--- rank 1 traceback ---\nTraceback (most recent call last):\n  File "/w/tests/harness.py", line 90, '
+              'in _rank_main\n  File "/w/template_pipeline.py", line 141, in _recv\nValueError: no such peer\n')
+
+
+def _check_line(error, task_id="10.3"):
+    """What check.py prints under the task's line for `error` escaping a test of the task."""
+    text, _ = explain(type(error).__name__, str(error), "")
+    from grading.checker import _without_task_prefix
+    return _without_task_prefix(Task(task_id), text)
+
+
+def test_a_ranks_own_exception_names_the_task_the_line_and_what_the_test_expected():
+    from harness import RankFailed, named_failure
+    error = named_failure(RankFailed("rank 1 raised ValueError: no such peer" + RANK_TRACE), [RECV],
+                          "test_activations_and_gradients_go_round_trip_between_neighbours[2-10.3]")
+    assert isinstance(error, RankFailed), error  # check.py still runs a RankFailed again (it may be the machine)
+    first = str(error).splitlines()[0]
+    assert first.startswith(RECV + ": rank 1 raised ValueError: no such peer (at template_pipeline.py:141 in _recv)"), first
+    assert "The test checks that activations and gradients go round trip between neighbours (2-10.3)." in first, first
+    line = _check_line(error)
+    assert line.startswith("rank 1: ValueError: no such peer (at template_pipeline.py:141 in _recv)"), line
+    assert "--- rank" not in line and "The test checks that" in line, line
+
+
+def test_an_error_in_pytests_process_names_the_task():
+    from harness import TaskFailure, named_failure
+    try:
+        [][1]
+    except IndexError as raised:
+        error = named_failure(raised, ["Task 10.1 (template_pipeline.py, partition())"],
+                              "test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage")
+    assert isinstance(error, TaskFailure), error
+    assert str(error).startswith("Task 10.1 (template_pipeline.py, partition()): your code raised IndexError: list "
+                                 "index out of range"), error
+    assert _check_line(error, "10.1").startswith("your code raised IndexError"), _check_line(error, "10.1")
+
+
+def test_did_not_raise_says_what_had_to_be_raised():
+    from harness import named_failure
+    with pytest.raises(pytest.fail.Exception) as raised:
+        with pytest.raises(ValueError):
+            pass
+    error = named_failure(raised.value, ["Task 8.4 (template_checkpoint.py, read_overlaps())"],
+                          "test_read_overlaps_reports_a_missing_piece")
+    assert str(error).startswith("Task 8.4 (template_checkpoint.py, read_overlaps()): the call returned normally, "
+                                 "where it must raise ValueError"), error
+    assert "The test checks that read overlaps reports a missing piece." in str(error), error
+
+
+def test_a_rank_killed_by_a_signal_is_named_and_its_task_too():
+    from harness import RankFailed, _died, named_failure
+    assert _died(1, -11).startswith("rank 1 was killed by SIGSEGV (exit code -11) without reporting: a segmentation "
+                                    "fault"), _died(1, -11)
+    assert "gloo aborts on a message whose size differs" in _died(0, -6), _died(0, -6)
+    error = named_failure(RankFailed(_died(0, -6)), [RECV], "test_x")
+    assert str(error).startswith(RECV + ": rank 0 was killed by SIGABRT"), error
+
+
+def test_a_hang_keeps_the_harness_report_after_the_task():
+    from harness import RankTimeout, named_failure
+    report = ("ranks [0] were still running after 20 s (ranks [1] had finished). This is a hang: usually ...\n"
+              '  rank 0 was at:\n      File "/w/template_pipeline.py", line 170 in wait_sends')
+    error = named_failure(RankTimeout(report), [RECV], "test_x")
+    assert isinstance(error, RankTimeout) and str(error).startswith(RECV + ": ranks [0] were still running"), error
+    text, details = explain("RankTimeout", str(error), "")
+    assert text.startswith(RECV + ": ranks [0] were still running after 20 s") and details, (text, details)
+
+
+def test_a_message_naming_its_task_and_an_unfilled_todo_stay_as_they_are():
+    from harness import RankFailed, named_failure
+    assert named_failure(AssertionError("Task 10.3 (x.py, f): got 1, expected 2"), [RECV], "test_x") is None
+    assert named_failure(NotImplementedError("Task 10.3: not done"), [RECV], "test_x") is None
+    assert named_failure(RankFailed("rank 0 raised NotImplementedError: Task 10.2: x"), [RECV], "test_x") is None
+    assert named_failure(ValueError("x"), [], "test_repo_only") is None  # a test of no task
+    # a message naming ANOTHER task (given code blaming an earlier one) still gets the judged task's name
+    other = named_failure(RankFailed("rank 1 raised RuntimeError: see Task 10.4" + RANK_TRACE), [RECV], "test_x")
+    assert str(other).startswith(RECV + ": rank 1 raised RuntimeError"), other
