@@ -192,6 +192,13 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
         message, trace = payload
         if status == "NotImplementedError":
             raise NotImplementedError(message)  # an unfilled TODO: its own message says which
+        if re.search(r"Connection (closed|reset) by peer|pair closure", message):
+            # the consequence of another rank's end: a rank killed by a signal is the news, if there is one
+            time.sleep(0.5)
+            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode and r not in outputs and r != rank]
+            if dead:
+                raise RankFailed(f"{_died(dead[0], procs[dead[0]].exitcode)} (rank {rank} then lost its connection "
+                                 f"to it: {message.splitlines()[0][:200]})")
         raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
     return [outputs[rank] for rank in range(world_size)]
 
@@ -322,8 +329,8 @@ def named_failure(error, tasks, test_name):
                           f"{chr(10) * 2 + '--- rank' + trace if sep else ''}")
     if type(error).__name__ == "Failed" and text.startswith("DID NOT RAISE"):
         wanted = re.search(r"<class '(?:\w+\.)*(\w+)'>", text)
-        return AssertionError(f"{prefix}the call returned normally, where it must raise "
-                              f"{wanted[1] if wanted else 'an exception'} (the docstring says when). {expected}")
+        return AssertionError(f"{prefix}no {wanted[1] if wanted else 'exception'} was raised, where the test expected "
+                              f"one (the docstring says when). {expected}")
     if isinstance(error, AssertionError) or type(error).__name__ == "Failed":
         return AssertionError(f"{prefix}{text.strip() or 'a check of the test failed'}{at}. {expected}")
     return TaskFailure(f"{prefix}your code raised {type(error).__name__}: {' '.join(text.split())[:1000]}{at}. "

@@ -91,8 +91,8 @@ def test_did_not_raise_says_what_had_to_be_raised():
             pass
     error = named_failure(raised.value, ["Task 8.4 (template_checkpoint.py, read_overlaps())"],
                           "test_read_overlaps_reports_a_missing_piece")
-    assert str(error).startswith("Task 8.4 (template_checkpoint.py, read_overlaps()): the call returned normally, "
-                                 "where it must raise ValueError"), error
+    assert str(error).startswith("Task 8.4 (template_checkpoint.py, read_overlaps()): no ValueError was raised, "
+                                 "where the test expected one"), error
     assert "The test checks that read overlaps reports a missing piece." in str(error), error
 
 

@@ -286,7 +286,7 @@ def hang_hint(task, text):
         at = f"{ours[0][2]}() (template_pipeline.py:{ours[0][1]})" if ours else "the test's code"
         course = [name for _, _, name in ours]
         if "blocking_send" in names or (names and names[0] == "send"):
-            said.append(f"rank {rank} waits in a blocking dist.send, in {at}: on gloo a blocking send waits until "
+            said.append(f"rank {rank} waits in a blocking send, in {at}: on gloo a blocking dist.send waits until "
                         "its receiver posts the matching recv, so two neighbours that both send first wait for "
                         "each other" + (": _send must start a dist.isend and keep its Work in stage.pending_sends"
                                         if task == "10.2" else ": send with stage.send_forward / send_backward"))
@@ -301,9 +301,12 @@ def hang_hint(task, text):
             hint = never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task)
             said.append(f"rank {rank} waits to receive {what}, in {at}, and it never comes"
                         + (f": {hint}" if hint else ""))
-        else:
+        elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_"):
             said.append(f"rank {rank} never finished {at} and waits for no message of the pipeline: a loop "
                         "that never ends (a while loop whose condition never changes?)")
+        else:
+            said.append(f"rank {rank} waits in {names[0] if names else 'the test'}(){'' if ours else ' in the test'}"
+                        f"{f', in {at}' if ours else ''}, for the other ranks")
     return "; ".join(said) + "." if said else "No rank said where it was."
 
 
@@ -330,6 +333,11 @@ def as_task_failure(error, task, what):
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
             "for backward, and sends, must stay attached to the graph (do not detach it), or the earlier "
             f"stages get no gradient.\n{error}")
+    if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
+        head, _, trace = text.partition("\n\n--- rank")
+        frames = re.findall(r'File "[^"]*?(template_pipeline\.py)", line (\d+), in (\w+)', trace)
+        at = f" (at template_pipeline.py:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+        return AssertionError(f"{where}: a rank failed ({what}): {' '.join(head.split())}{at}\n\n--- rank{trace}")
     return AssertionError(f"{where}: a rank failed ({what}).\n{error}")
 
 
@@ -690,7 +698,7 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     "computes the loss, the other stages return None")
             for i in r["layers"]:
                 theirs_all = (r["torch_grads"] or {}).get(i, ref_grads[i])  # M < p with 1F1B: PyTorch refuses
-                for got, want, theirs in zip(r["grads"][i], ref_grads[i], theirs_all):
+                for j, (got, want, theirs) in enumerate(zip(r["grads"][i], ref_grads[i], theirs_all)):
                     assert got is not None, (
                         f"{where}: {what}: layer {i} got no gradient: the earlier stages get no gradient when "
                         "an activation is detached, or received without requires_grad")
@@ -700,6 +708,7 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                                 "1/num_microbatches." if m > 1 and abs(ratio - m) < 1e-3 * m else
                                 f" The gradients are {ratio:.2f}x too small: the loss is scaled by 1/M more than "
                                 "once." if m > 1 and abs(ratio * m - 1) < 1e-3 else
+                                one_micro_batch_hint(got, i, j, m) or
                                 " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
                                 if m > 1 and task in ("10.6", "10.7") else "")  # 10.4, 10.5: the reference's schedule
                         raise AssertionError(
@@ -727,14 +736,29 @@ def trace_hint(trace, want, schedule, num_stages, stage, m, on_group):
         return f" (the backwards run in the order {backwards}: oldest first, 0..{m - 1}, the order the gradients arrive)"
     if schedule == "gpipe":
         return " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)"
-    warmup = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace)) - 1
+    lead = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace))  # forwards before the first backward
     right = min(num_stages - stage - 1, m)
+    if lead == right < m and [k for k, _ in trace[lead:lead + 2]] == ["B", "F"]:
+        return (f" (the warm-up's {right} forwards are right; then each step of the steady state runs one forward, "
+                "THEN one backward: the backward of the oldest micro-batch after the forward of the next)")
+    warmup = lead - 1  # the warm-up, then the steady state's first forward
     if warmup != right and not (right == m and warmup == m - 1):
         return (f" (a warm-up of {warmup} forwards before the first forward-backward pair; it is min(num_stages - "
                 f"stage_index - 1, M) = {right}"
                 + (": computed from stage.num_stages and stage.stage_index, not the global rank or world size "
                    "(dist.get_rank(), dist.get_world_size())" if on_group else "") + ")")
     return " (after the warm-up, one forward then one backward, oldest first, until the forwards are done)"
+
+
+def one_micro_batch_hint(got, layer, index, m):
+    """" ..." where a gradient is one micro-batch's share alone (the others' zeroed or overwritten), else ""."""
+    inputs, targets = batch()
+    for k, (x, y) in enumerate(zip(inputs.split(BATCH // m), targets.split(BATCH // m))):
+        share = reference_gradients(x, y)[1][layer][index] / m
+        if torch.allclose(got, share, rtol=RTOL, atol=ATOL):
+            return (f" It is micro-batch {k}'s share alone: the backwards must ADD into .grad; something zeroes or "
+                    "replaces it between them (the caller zeroes the gradients once, before the step).")
+    return ""
 
 
 def loss_hint(loss, ref_loss, m):
