@@ -124,3 +124,53 @@ def test_a_message_naming_its_task_and_an_unfilled_todo_stay_as_they_are():
     # a message naming ANOTHER task (given code blaming an earlier one) still gets the judged task's name
     other = named_failure(RankFailed("rank 1 raised RuntimeError: see Task 10.4" + RANK_TRACE), [RECV], "test_x")
     assert str(other).startswith(RECV + ": rank 1 raised RuntimeError"), other
+
+
+def _stuck(*ranks):
+    """A RankTimeout report whose ranks wait in the given frames, innermost first."""
+    blocks = []
+    for rank, frames in enumerate(ranks):
+        lines = "\n      ".join(f'File "/w/{path}", line {line} in {name}' for path, line, name in frames)
+        blocks.append(f"  rank {rank} was at:\n      {lines}")
+    return "ranks [0, 1] were still running after 40 s (ranks [] had finished). This is a hang\n" + "\n".join(blocks)
+
+
+def test_a_pipeline_hang_is_told_by_where_the_ranks_wait_not_by_another_tasks_text():
+    """Issue 32: three Task 10.3/10.7 mistakes got Task 10.2's text about blocking sends."""
+    from test_pipeline import hang_hint
+    waits_for_sends = ("template_pipeline.py", 171, "wait_sends")
+    in_test = ("torch/distributed/distributed_c10d.py", 6371, "barrier")
+    text = hang_hint("10.7", _stuck([in_test, ("tests/test_pipeline.py", 560, "_schedule_run")],
+                                    [("torch/distributed/distributed_c10d.py", 1, "wait"), waits_for_sends]))
+    assert "rank 0 waits in barrier() in the test, for the other ranks" in text, text
+    assert "rank 1 waits in wait_sends() for its sends to complete: the neighbour never receives them" in text, text
+    assert "blocking" not in text, text
+    receiving = [("torch/distributed/distributed_c10d.py", 1, "wait"), ("template_pipeline.py", 143, "_recv"),
+                 ("template_pipeline.py", 166, "recv_backward")]
+    text = hang_hint("10.3", _stuck(receiving))
+    assert text.startswith("rank 0 waits to receive a gradient (recv_backward), in _recv() (template_pipeline.py:143), "
+                           "and it never comes: _recv must receive exactly one message, from `peer`"), text
+    sending = [("torch/distributed/distributed_c10d.py", 1, "send"), ("tests/test_pipeline.py", 190, "blocking_send"),
+               ("template_pipeline.py", 120, "_send")]
+    assert "_send must start a dist.isend" in hang_hint("10.2", _stuck(sending))
+    assert "_send must start" not in hang_hint("10.4", _stuck(sending))
+    looping = [("template_pipeline.py", 300, "one_f_one_b_step")]
+    assert "a loop that never ends" in hang_hint("10.7", _stuck(looping))
+
+
+def test_pipeline_hints_only_where_their_condition_holds():
+    from test_pipeline import expected_trace, loss_hint, trace_hint
+    right = expected_trace("1f1b", 4, 0, 4)  # warm-up 3
+    backward_first = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    hint = trace_hint(backward_first, right, "1f1b", 4, 0, 4, False)
+    assert "THEN one backward" in hint and "warm-up of" not in hint, hint
+    too_long = expected_trace("1f1b", 5, 0, 8)  # the warm-up of a 5-stage pipeline, 4 forwards, on 4 stages
+    hint = trace_hint(too_long, expected_trace("1f1b", 4, 0, 8), "1f1b", 4, 0, 8, True)
+    assert "a warm-up of 4 forwards" in hint and "= 3" in hint and "not the global rank" in hint, hint
+    assert "min(num_stages - stage_index - 1, M) = 2" in trace_hint(right, expected_trace("1f1b", 4, 1, 4), "1f1b", 4,
+                                                                    1, 4, False)
+    newest_first = [("F", 0), ("F", 1), ("B", 1), ("B", 0)]
+    assert "oldest first" in trace_hint(newest_first, expected_trace("gpipe", 2, 0, 2), "gpipe", 2, 0, 2, False)
+    assert loss_hint(2.0, 2.0, 1) == "" and loss_hint(1.0, 2.0, 1) == ""  # one micro-batch: no 1/M to blame
+    assert "a second time" in loss_hint(0.5, 2.0, 4) and "a second time" not in loss_hint(0.51, 2.0, 4)
+    assert "scale each micro-batch's loss" in loss_hint(8.0, 2.0, 4) and loss_hint(7.9, 2.0, 4) == ""
