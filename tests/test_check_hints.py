@@ -149,7 +149,9 @@ def test_a_pipeline_hang_is_told_by_where_the_ranks_wait_not_by_another_tasks_te
                  ("template_pipeline.py", 166, "recv_backward")]
     text = hang_hint("10.3", _stuck(receiving))
     assert text.startswith("rank 0 waits to receive a gradient (recv_backward), in _recv() (template_pipeline.py:143), "
-                           "and it never comes: _recv must receive exactly one message, from `peer`"), text
+                           "and it never comes. Likely: _recv must receive exactly one message, from `peer`"), text
+    text = hang_hint("10.3", _stuck(receiving, receiving))
+    assert text.startswith("ranks 0 and 1 wait to receive a gradient") and text.count("Likely") == 1, text
     sending = [("torch/distributed/distributed_c10d.py", 1, "send"), ("tests/test_pipeline.py", 190, "blocking_send"),
                ("template_pipeline.py", 120, "_send")]
     assert "_send must start a dist.isend" in hang_hint("10.2", _stuck(sending))

@@ -277,37 +277,45 @@ WAITS_FOR = {
 def hang_hint(task, text):
     """What the stuck ranks of a RankTimeout's report wait for, said for the judged task: a blocking send,
     a receive whose message never comes, sends that are never received, or no message at all (a loop)."""
-    said = []
+    said, hints = {}, []  # what a rank does -> the ranks doing it; the likely causes, each once
     for rank, block in re.findall(r"rank (\d+) was at:(.*?)(?=rank \d+ was at:|\Z)", text, re.DOTALL):
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
         names = [name for _, _, name in frames]
-        ours = [(path.rsplit("/", 1)[-1], line, name) for path, line, name in frames
-                if path.rsplit("/", 1)[-1].startswith("template_")]
-        at = f"{ours[0][2]}() (template_pipeline.py:{ours[0][1]})" if ours else "the test's code"
-        course = [name for _, _, name in ours]
+        ours = [(line, name) for path, line, name in frames if path.rsplit("/", 1)[-1].startswith("template_")]
+        at = f"{ours[0][1]}() (template_pipeline.py:{ours[0][0]})" if ours else "the test's code"
+        course = [name for _, name in ours]
         if "blocking_send" in names or (names and names[0] == "send"):
-            said.append(f"rank {rank} waits in a blocking send, in {at}: on gloo a blocking dist.send waits until "
-                        "its receiver posts the matching recv, so two neighbours that both send first wait for "
-                        "each other" + (": _send must start a dist.isend and keep its Work in stage.pending_sends"
-                                        if task == "10.2" else ": send with stage.send_forward / send_backward"))
+            doing = f"wait{{s}} in a blocking send, in {at}"
+            hints.append("on gloo a blocking dist.send waits until its receiver posts the matching recv, so two "
+                         "neighbours that both send first wait for each other: " +
+                         ("_send must start a dist.isend and keep its Work in stage.pending_sends" if task == "10.2"
+                          else "send with stage.send_forward / send_backward"))
         elif "wait_sends" in course:
-            said.append(f"rank {rank} waits in wait_sends() for its sends to complete: the neighbour never "
-                        "receives them" + (f" ({WAITS_FOR[task]})" if task in WAITS_FOR else ""))
+            doing = "wait{s} in wait_sends() for its sends to complete: the neighbour never receives them"
+            hints.append(WAITS_FOR.get(task))
         elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
                 "recv", "blocking_recv", "irecv"}:
             what = next((w for n, w in (("recv_backward", "a gradient (recv_backward)"),
                                         ("recv_forward", "an activation (recv_forward)"),
                                         ("learn_shapes", "learn_shapes' shape message")) if n in course), "a message")
-            hint = never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task)
-            said.append(f"rank {rank} waits to receive {what}, in {at}, and it never comes"
-                        + (f": {hint}" if hint else ""))
+            doing = f"wait{{s}} to receive {what}, in {at}, and it never comes"
+            hints.append(never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task))
         elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_"):
-            said.append(f"rank {rank} never finished {at} and waits for no message of the pipeline: a loop "
-                        "that never ends (a while loop whose condition never changes?)")
+            doing = f"never finish{{es}} {at} and wait{{s}} for no message of the pipeline"
+            hints.append("a loop that never ends (a while loop whose condition never changes?)")
         else:
-            said.append(f"rank {rank} waits in {names[0] if names else 'the test'}(){'' if ours else ' in the test'}"
-                        f"{f', in {at}' if ours else ''}, for the other ranks")
-    return "; ".join(said) + "." if said else "No rank said where it was."
+            doing = (f"wait{{s}} in {names[0] if names else 'the test'}(){'' if ours else ' in the test'}"
+                     f"{f', in {at}' if ours else ''}, for the other ranks")
+        said.setdefault(doing, []).append(rank)
+    if not said:
+        return "No rank said where it was."
+    parts = []
+    for doing, ranks in said.items():
+        one = len(ranks) == 1
+        who = f"rank {ranks[0]}" if one else "ranks " + ", ".join(ranks[:-1]) + " and " + ranks[-1]
+        parts.append(f"{who} " + doing.format(s="s" if one else "", es="es" if one else ""))
+    likely = [hint for i, hint in enumerate(hints) if hint and hint not in hints[:i]]
+    return "; ".join(parts) + "." + (" Likely: " + "; ".join(likely) + "." if likely else "")
 
 
 def as_task_failure(error, task, what):
