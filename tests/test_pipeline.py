@@ -747,7 +747,8 @@ def trace_hint(trace, want, schedule, num_stages, stage, m, on_group):
     lead = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace))  # forwards before the first backward
     right = min(num_stages - stage - 1, m)
     if lead == right < m and [k for k, _ in trace[lead:lead + 2]] == ["B", "F"]:
-        return (f" (the warm-up's {right} forwards are right; then each step of the steady state runs one forward, "
+        return (f" (the warm-up, {right} forward{'' if right == 1 else 's'}, is right; then each step of the steady "
+                "state runs one forward, "
                 "THEN one backward: the backward of the oldest micro-batch after the forward of the next)")
     warmup = lead - 1  # the warm-up, then the steady state's first forward
     if warmup != right and not (right == m and warmup == m - 1):
