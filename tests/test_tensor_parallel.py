@@ -751,7 +751,7 @@ def _check_step_wire(rank, step):
 def test_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(1)
-    for rank, (full, losses, step, groups) in enumerate(run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+    for rank, (full, losses, step, groups) in enumerate(_run_grid(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
         _check_groups(T93, rank, 2, 1, 2, groups)  # first: wrong groups train a wrong model, and say why
         _compare(T93, rank, full, expected, "single-process training on the same batches",
                  ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
@@ -813,6 +813,18 @@ def test_parallelize_classifier_changes_the_callers_model_in_groups_without_rank
                 "dist.get_rank(tp_group), not the global rank)")
 
 
+def _run_grid(fn, world_size, *args, timeout=20):
+    """run_ranks for a test of make_2d_groups: a hang inside it (in dist.new_group) named as its cause."""
+    try:
+        return run_ranks(fn, world_size, *args, timeout=timeout)
+    except RankTimeout as hang:
+        if "in make_2d_groups" not in str(hang) or not re.search(r"in recording|distributed_c10d\.py", str(hang)):
+            raise
+        pytest.fail(f"{T93}: ranks hang in dist.new_group inside make_2d_groups: new_group is a collective over "
+                    "every rank (unless use_local_synchronization=True), so each rank must create every group, also "
+                    f"those it is not in, in the same order.\n{hang}")
+
+
 def _groups(rank, world_size, impl, dp_size, tp_size):
     tp = judging(impl, "9.3")
     created, new_group = [], dist.new_group  # which groups this rank creates, in order
@@ -836,14 +848,7 @@ def _groups(rank, world_size, impl, dp_size, tp_size):
 @pytest.mark.parametrize("dp_size,tp_size", [(2, 2), (1, 4), slow(4, 1)])  # (1, 4): rows and columns differ
 def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_size):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
-    try:
-        results = run_ranks(_groups, 4, impl, dp_size, tp_size)
-    except RankTimeout as hang:
-        if "in make_2d_groups" not in str(hang) or "in recording" not in str(hang):
-            raise
-        pytest.fail(f"{T93}: ranks hang in dist.new_group inside make_2d_groups: new_group is a collective over "
-                    "every rank (unless use_local_synchronization=True), so each rank must create every group, also "
-                    f"those it is not in, in the same order.\n{hang}")
+    results = _run_grid(_groups, 4, impl, dp_size, tp_size)
     # new_group is a collective over every rank unless use_local_synchronization=True: a group's
     # name is a counter, so groups made at the same position on different ranks share one name
     collective = [[ranks for ranks, local in created if not local] for *_, created in results]
