@@ -507,7 +507,8 @@ def explain(exc_type, message, where):
                 ": an endless loop, or a wait that never ends."), details
     elif exc_type in ("AssertionError", "Failed"):
         message = re.split(r"\n\s*assert |\nassert ", "\n" + message, maxsplit=1)[0].strip() or message
-    message = message.split("\n\n--- rank ")[0]  # a rank's traceback, kept in pytest's report, not the line
+    # a rank's traceback (or call_alone's), kept in pytest's report, not in the line
+    message = re.split(r"\n\n(?:--- rank |Traceback \(most recent call last\))", message)[0]
     text = " ".join(message.split())
     text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\] ", "", text)  # gloo's source location
     text = text.split(" This is typically caused by")[0]  # gloo's advice, shown instead in HINTS

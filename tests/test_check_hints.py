@@ -176,3 +176,10 @@ def test_pipeline_hints_only_where_their_condition_holds():
     assert loss_hint(2.0, 2.0, 1) == "" and loss_hint(1.0, 2.0, 1) == ""  # one micro-batch: no 1/M to blame
     assert "a second time" in loss_hint(0.5, 2.0, 4) and "a second time" not in loss_hint(0.51, 2.0, 4)
     assert "scale each micro-batch's loss" in loss_hint(8.0, 2.0, 4) and loss_hint(7.9, 2.0, 4) == ""
+
+
+def test_a_traceback_stays_in_pytests_report_not_in_the_line():
+    """Issue 32: a rank's traceback (or call_alone's) was joined into the one line check.py prints."""
+    for trace in (RANK_TRACE, '\n\nTraceback (most recent call last):\n  File "/w/template_zero.py", line 3, in f\n'):
+        text, _ = explain("AssertionError", "Task 6.1 (template_zero.py, f): f(1) raised ValueError: bad" + trace, "")
+        assert text == "Task 6.1 (template_zero.py, f): f(1) raised ValueError: bad", text
