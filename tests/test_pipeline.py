@@ -336,6 +336,11 @@ def as_task_failure(error, task, what):
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
             "the input that forward_step returned, once output.backward(...) has run (output.grad is None: output "
             f"is no leaf).\n{error}")
+    if "grad can be implicitly created only for scalar outputs" in text and task == "10.4":
+        return AssertionError(
+            f"{where}: backward_step's output.backward() on the last stage found a tensor of many numbers ({what}): "
+            "on the last stage forward_step returns the scaled loss as its output, loss_fn(stage.module(input), "
+            f"target) / num_microbatches, not the layers' output.\n{error}")
     if "does not require grad and does not have a grad_fn" in text:
         return AssertionError(
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
