@@ -198,7 +198,7 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
             dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode and r not in outputs and r != rank]
             if dead:
                 raise RankFailed(f"{_died(dead[0], procs[dead[0]].exitcode)} (rank {rank} then lost its connection "
-                                 f"to it: {message.splitlines()[0][:200]})")
+                                 "to it, a consequence)")
         raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
     return [outputs[rank] for rank in range(world_size)]
 
