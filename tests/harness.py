@@ -325,13 +325,13 @@ def named_failure(error, tasks, test_name):
             return None
         head, sep, trace = text.partition("\n\n--- rank")
         head = " ".join(head.split())
-        return RankFailed(f"{prefix}{head}{at if place and place not in head else ''}. {expected}"
+        return RankFailed(f"{prefix}{head.rstrip('.')}{at if place and place not in head else ''}. {expected}"
                           f"{chr(10) * 2 + '--- rank' + trace if sep else ''}")
     if type(error).__name__ == "Failed" and text.startswith("DID NOT RAISE"):
         wanted = re.search(r"<class '(?:\w+\.)*(\w+)'>", text)
         return AssertionError(f"{prefix}no {wanted[1] if wanted else 'exception'} was raised, where the test expected "
                               f"one (the docstring says when). {expected}")
     if isinstance(error, AssertionError) or type(error).__name__ == "Failed":
-        return AssertionError(f"{prefix}{text.strip() or 'a check of the test failed'}{at}. {expected}")
+        return AssertionError(f"{prefix}{text.strip().rstrip('.') or 'a check of the test failed'}{at}. {expected}")
     return TaskFailure(f"{prefix}your code raised {type(error).__name__}: {' '.join(text.split())[:1000]}{at}. "
                        f"{expected}")
