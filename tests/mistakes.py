@@ -670,7 +670,7 @@ MISTAKES = [
             "_recv must receive exactly one message, from `peer`"),
     Mistake("10.7", "no-cool-down", "template_pipeline.py",
             "    while next_backward < num_microbatches:\n        backward()\n", "",
-            "in wait_sends() for its sends to complete: the neighbour never receives them"),
+            "sends to complete: the neighbour never receives them"),
     # given code's message (send_backward's) naming the task that called it wrongly, not an earlier one
     Mistake("10.5", "sends-output-grad", "template_pipeline.py",
             "        stage.send_backward(input.grad)\n", "        stage.send_backward(output.grad)\n",

@@ -291,7 +291,7 @@ def hang_hint(task, text):
                          ("_send must start a dist.isend and keep its Work in stage.pending_sends" if task == "10.2"
                           else "send with stage.send_forward / send_backward"))
         elif "wait_sends" in course:
-            doing = "wait{s} in wait_sends() for its sends to complete: the neighbour never receives them"
+            doing = "wait{s} in wait_sends() for {its} sends to complete: the neighbour never receives them"
             hints.append(WAITS_FOR.get(task))
         elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
                 "recv", "blocking_recv", "irecv"}:
@@ -313,7 +313,7 @@ def hang_hint(task, text):
     for doing, ranks in said.items():
         one = len(ranks) == 1
         who = f"rank {ranks[0]}" if one else "ranks " + ", ".join(ranks[:-1]) + " and " + ranks[-1]
-        parts.append(f"{who} " + doing.format(s="s" if one else "", es="es" if one else ""))
+        parts.append(f"{who} " + doing.format(s="s" if one else "", es="es" if one else "", its="its" if one else "their"))
     likely = [hint for i, hint in enumerate(hints) if hint and hint not in hints[:i]]
     return "; ".join(parts) + "." + (" Likely: " + "; ".join(likely) + "." if likely else "")
 
