@@ -121,6 +121,8 @@ def test_a_message_naming_its_task_and_an_unfilled_todo_stay_as_they_are():
     assert named_failure(NotImplementedError("Task 10.3: not done"), [RECV], "test_x") is None
     assert named_failure(RankFailed("rank 0 raised NotImplementedError: Task 10.2: x"), [RECV], "test_x") is None
     assert named_failure(ValueError("x"), [], "test_repo_only") is None  # a test of no task
+    timeout = pytest.fail.Exception("Timeout (>10.0s) from pytest-timeout.")  # read as a hang by grading/checker.py
+    assert named_failure(timeout, [RECV], "test_x") is None
     # a message naming ANOTHER task (given code blaming an earlier one) still gets the judged task's name
     other = named_failure(RankFailed("rank 1 raised RuntimeError: see Task 10.4" + RANK_TRACE), [RECV], "test_x")
     assert str(other).startswith(RECV + ": rank 1 raised RuntimeError"), other
