@@ -582,3 +582,47 @@ def _ours_and_pytorchs(rank, world_size):
         out.append({"y": y.detach().cpu(), "dx": x.grad.cpu(), "dw": layer.weight.grad.cpu(),
                     "running_var": layer.running_var.cpu(), "running_mean": layer.running_mean.cpu()})
     return out
+
+
+# --------------------------------------------------------------------------- train_ddp.py --batchnorm
+@pytest.mark.slow
+@pytest.mark.repo
+@pytest.mark.e2e
+@pytest.mark.timeout(450)  # three runs of train_ddp.py: about a minute on a quiet machine
+def test_train_ddp_batchnorm_sync_trains_as_one_process_and_local_does_not(tmp_path):
+    """torchrun train_ddp.py --batchnorm sync on 2 ranks gives one process's losses on the global batch
+    (plain BatchNorm there) and ends consistent; --batchnorm local gives other losses (16 images a rank)
+    and ends saying which running statistics differ between the ranks."""
+    import csv
+    import sys
+
+    from test_train_ddp import TORCHRUN, run
+
+    losses, outputs = {}, {}
+    one_process = ["env", "OMP_NUM_THREADS=1", sys.executable]
+    for name, launcher, batchnorm in (("one process", one_process, "local"), ("sync", TORCHRUN, "sync"),
+                                      ("local", TORCHRUN, "local")):
+        metrics = tmp_path / f"{name.replace(' ', '_')}.csv"
+        # one thread in the one process too, as torchrun gives each rank: the same kernels, so the only
+        # difference left is the order of the sums over the ranks
+        code, out = run(launcher + ["train_ddp.py", "--impl", "solutions", "--data", "synthetic", "--epochs", "1",
+                                    "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
+                                    "--batchnorm", batchnorm, "--metrics", str(metrics), "--no-plot"])
+        assert code == 0, f"train_ddp.py --batchnorm {batchnorm} ({name}) exited with {code}:\n{out[-3000:]}"
+        with open(metrics) as f:
+            losses[name] = torch.tensor([[float(r["train_loss"]), float(r["test_loss"])] for r in csv.DictReader(f)])
+        outputs[name] = out
+    assert "ranks consistent: all 2 ranks hold bit-identical parameters" in outputs["sync"], outputs["sync"][-2000:]
+    assert "batchnorm=sync" in outputs["sync"] and "batchnorm=local" in outputs["local"], outputs["sync"][-2000:]
+    assert "their BatchNorm running statistics differ (features.1.running_mean" in outputs["local"], (
+        outputs["local"][-2000:])
+    # The same arithmetic but for the order of the sums (float32): equal to about 1e-6 after one epoch. Not
+    # longer: with BatchNorm at this learning rate the rounding grows (one process alone, on 1 or 2 threads,
+    # parted by 5e-2 in the test loss after a second epoch). Local BatchNorm normalises 16 images with their
+    # own statistics, a different model: its losses part by 1e-2 or more in the first epoch.
+    assert torch.allclose(losses["sync"], losses["one process"], rtol=1e-4), (
+        f"--batchnorm sync on 2 ranks: (train, test) losses {losses['sync'].tolist()}, one process on the global "
+        f"batch {losses['one process'].tolist()}")
+    assert not torch.allclose(losses["local"], losses["one process"], rtol=2e-3), (
+        f"--batchnorm local on 2 ranks trains as one process ({losses['local'].tolist()}): is it really plain "
+        "BatchNorm on each rank's slice?")
