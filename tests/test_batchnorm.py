@@ -163,13 +163,14 @@ def _check_stats(results, cases, sub=False):
             if close(got["var"], whole.var(dim=dims_of(whole), correction=1), dtype):
                 why = ("that is the UNBIASED variance (divided by count - 1): BatchNorm normalises with the biased "
                        "one, divided by count")
-            elif close(got["var"], weighted, dtype) or close(got["var"], torch.stack([v for v, _ in local]).mean(0), dtype):
-                why = ("that is the average of the ranks' variances, which forgets the spread of the means: each rank's "
-                       "variance is around its own mean, not the global one. Add each rank's count * (its mean - the "
-                       "global mean)^2, or sum x^2 over the ranks and subtract count * mean^2 (in float64)")
+            elif close(got["var"], weighted, dtype) or close(got["var"], torch.stack([v for v, _ in local]).mean(0),
+                                                             dtype):
+                why = ("that is the average of the ranks' variances, which forgets the spread of the means: each "
+                       "rank's variance is around its own mean, not the global one. Add each rank's count * (its mean "
+                       "- the global mean)^2, or sum x^2 over the ranks and subtract count * mean^2 (in float64)")
             elif dtype == torch.float32:
-                why = (f"relative error {relative:.1e} (at most 2e-4): E[x^2] - E[x]^2 in float32 cancels when the mean "
-                       "is far from zero. Combine each rank's mean and squared deviations (torch.var_mean) instead, "
+                why = (f"relative error {relative:.1e} (at most 2e-4): E[x^2] - E[x]^2 in float32 cancels when the "
+                       "mean is far from zero. Combine each rank's mean and squared deviations (torch.var_mean) instead, "
                        "and pack the sums in float64, or all-gather each rank's count, mean and squared deviations")
             else:
                 why = "the biased variance of all the slices together (divided by the global count)"
@@ -294,12 +295,13 @@ def _check_function(results, sizes, tail, affine):
             "ranks' dy belong to different samples)")
         assert close(got["dx"], dx[part]), (
             f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch by "
-            f"{(got['dx'] - dx[part]).abs().max():.2e}: dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - x_hat * "
-            "sum(dy * x_hat) / count), the sums over the GLOBAL batch (all-reduced, not of dy itself) and count "
+            f"{(got['dx'] - dx[part]).abs().max():.2e}: dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - "
+            "x_hat * sum(dy * x_hat) / count), the sums over the GLOBAL batch (all-reduced, not of dy itself) and count "
             "the global count; without that all-reduce it is exact only on one rank")
     if not affine:
         for rank, got in enumerate(results):
-            assert got["dw"] is None and got["db"] is None, f"{T112}: affine=False has no weight or bias to give a gradient"
+            assert got["dw"] is None and got["db"] is None, (
+                f"{T112}: affine=False has no weight or bias to give a gradient")
         return
     for key, expected, name in (("dw", dw, "weight"), ("db", db, "bias")):
         grads = [got[key] for got in results]
@@ -425,7 +427,8 @@ def _check_layers(results, configs, sub=False):
             for rank in [r for r in range(len(results)) if not sub or r // 2 == index]:
                 got = results[rank][number]
                 grank = rank % 2 if sub else rank
-                where = f"{T113}, SyncBatchNorm({C}{''.join(f', {k}={v}' for k, v in kwargs.items())}) in eval, rank {rank}"
+                settings = "".join(f", {k}={v}" for k, v in kwargs.items())
+                where = f"{T113}, SyncBatchNorm({C}{settings}) in eval, rank {rank}"
                 assert not got["eval_calls"], (
                     f"{where}: forward in eval mode ran {got['eval_calls']}: nothing is sent in eval mode (the running "
                     "statistics are the same on every rank; without them, as PyTorch, this batch's own statistics)")
@@ -440,7 +443,8 @@ def _check_layers(results, configs, sub=False):
                     expected = bn(x)
                 bn.train()
                 assert close(got["eval"], expected), (
-                    f"{where}: the output differs from nn.BatchNorm's in eval by {(got['eval'] - expected).abs().max():.2e}: "
+                    f"{where}: the output differs from nn.BatchNorm's in eval by "
+                    f"{(got['eval'] - expected).abs().max():.2e}: "
                     + ("normalise with running_mean and running_var, then weight and bias" if bn.track_running_stats
                        else "without running statistics, normalise with this batch's own (biased) statistics"))
 
@@ -535,17 +539,21 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
         kinds = {name: type(m).__name__ for name, m in converted.named_modules()}
         wanted = {name: "SyncBatchNorm" if type(m).__name__ == "SyncBatchNorm" else type(m).__name__
                   for name, m in expected.named_modules()}
-        assert kinds == wanted, f"{where}: the modules are {kinds}, expected {wanted}: replace every _BatchNorm, nested too"
+        assert kinds == wanted, (
+            f"{where}: the modules are {kinds}, expected {wanted}: replace every _BatchNorm, nested too")
         for name, module in converted.named_modules():
             if name in ("bn2d", "inner.1", "bn3d"):
-                assert isinstance(module, lib.SyncBatchNorm), f"{where}: {name} is a {type(module)}, not this SyncBatchNorm"
+                assert isinstance(module, lib.SyncBatchNorm), (
+                    f"{where}: {name} is a {type(module)}, not this SyncBatchNorm")
                 assert module.process_group is group, f"{where}: {name}'s process_group is not the one given"
                 reference = expected.get_submodule(name)
                 settings = [(k, getattr(module, k, None), getattr(reference, k)) for k in
                             ("num_features", "eps", "momentum", "affine", "track_running_stats", "training")]
-                assert all(a == b for _, a, b in settings), f"{where}: {name}'s settings differ from PyTorch's: {settings}"
+                assert all(a == b for _, a, b in settings), (
+                    f"{where}: {name}'s settings differ from PyTorch's: {settings}")
         state, reference_state = converted.state_dict(), expected.state_dict()
-        assert sorted(state) == sorted(reference_state), f"{where}: state_dict keys {sorted(state)}, PyTorch's {sorted(reference_state)}"
+        assert sorted(state) == sorted(reference_state), (
+            f"{where}: state_dict keys {sorted(state)}, PyTorch's {sorted(reference_state)}")
         for key, value in reference_state.items():
             assert torch.equal(state[key], value), (
                 f"{where}: {key} is {state[key].tolist()}, the original's {value.tolist()}: carry over the weight, the "
@@ -555,7 +563,8 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
                 f"{where}: {name} is a new Parameter: take over the original one (converted.weight = module.weight), "
                 "so that an optimizer built before the conversion still updates it")
     alone = lib.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(4))
-    assert isinstance(alone, lib.SyncBatchNorm), f"{T113}: a BatchNorm given alone must come back converted, got {alone}"
+    assert isinstance(alone, lib.SyncBatchNorm), (
+        f"{T113}: a BatchNorm given alone must come back converted, got {alone}")
 
 
 @pytest.mark.gpu
