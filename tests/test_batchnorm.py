@@ -781,6 +781,15 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
     alone = lib.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(4))
     assert isinstance(alone, lib.SyncBatchNorm), (
         f"{T113}: a BatchNorm given alone must come back converted, got {alone}")
+    # torch.equal compares values only: a float64 model shows buffers copied into new float32 ones
+    state = lib.convert_sync_batchnorm(_trained_net().double()).state_dict()
+    for key, value in torch.nn.SyncBatchNorm.convert_sync_batchnorm(_trained_net().double()).state_dict().items():
+        got = state.get(key)
+        assert got is not None and (got.dtype, got.device) == (value.dtype, value.device), (
+            f"{T113}, convert_sync_batchnorm of a float64 model: {key} is "
+            f"{'missing' if got is None else f'{got.dtype} on {got.device}'}, the original's {value.dtype} on "
+            f"{value.device}: take over the original's tensors (converted.running_mean = module.running_mean, ...) "
+            "rather than copying them into the new layer's own, made in the default dtype on the CPU")
 
 
 @pytest.mark.gpu
