@@ -452,8 +452,9 @@ def _summarize_task(task, tests, run, collect_errors):
 
 def _without_task_prefix(task, text):
     """"Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's line
-    already says; "Tasks 1.1-1.3: ..." does not, and stays."""
-    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \(.*?\):\s*", r"\1", text)
+    already says; "Tasks 1.1-1.3: ..." does not, and stays. Only the task's own parenthesis (which may
+    hold a "()"): "Task 11.1 (...), an empty slice (...): ..." keeps the case it names."""
+    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \((?:[^()]|\(\))*\):\s*", r"\1", text)
 
 
 def _last_line(path):
