@@ -308,11 +308,11 @@ def _weights(affine, seed=3):
 
 
 def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
-    """One forward and backward; with sub, on 4 ranks in the groups [0, 1] and [2, 3], each with the same data."""
+    """One forward and backward; with sub, on 4 ranks in the groups [0, 1] and [2, 3], each with its own data."""
     lib = judging(impl, "11.2")
-    group, grank, _ = sub_group(rank, world_size, sub)
-    x = slices(sizes, tail, seed=5)[grank].requires_grad_()
-    grad_y = slices(sizes, tail, seed=6)[grank]
+    group, grank, index = sub_group(rank, world_size, sub)
+    x = slices(sizes, tail, seed=5 + 100 * index)[grank].requires_grad_()
+    grad_y = slices(sizes, tail, seed=6 + 100 * index)[grank]
     weight, bias = (t.requires_grad_() if t is not None else None for t in _weights(affine))
     mean, var, count = lib.global_batch_stats(x.detach(), group)  # solutions/' answer to 11.1
     _forbid_batchnorm(T112)
@@ -372,47 +372,65 @@ def _wrong_outputs(x, mean, var, count, weight, bias, eps=1e-5):
     return wrong
 
 
-def _wrong_input_grads(x_hat, dy, invstd, weight, sums, count, n, world):
-    """(what the mistake is, the input gradient it gives) for the usual mistakes of the backward formula."""
+def _wrong_input_grads(x_hat, dy, invstd, weight, sums, count, n, other_sums=None):
+    """(what the mistake is, the input gradient it gives) for the usual mistakes of the backward formula;
+    other_sums: the other group's sums, where there is one."""
     def per(v):
-        return v.view([1, -1] + [1] * (x_hat.dim() - 2))
+        return v.view([1, -1] + [1] * (dy.dim() - 2))
 
     def grad(sum_dy, sum_dy_xhat, count, scale=invstd if weight is None else invstd * weight):
         return per(scale) * (dy - per(sum_dy / count) - x_hat * per(sum_dy_xhat / count))
 
     sum_dy, sum_dy_xhat = sums
-    return [(f"divided by this rank's own count ({n}): divide the all-reduced sums by the GLOBAL count "
-             f"({count}), the count given to forward", grad(sum_dy, sum_dy_xhat, max(n, 1))),
-            ("the mean term - sum(dy) / count is missing (the mean depends on x too)", grad(0 * sum_dy, sum_dy_xhat, count)),
-            ("the term - x_hat * sum(dy * x_hat) / count is missing (the variance depends on x too)",
-             grad(sum_dy, 0 * sum_dy_xhat, count)),
-            ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd)),
-            (f"the sums are {world} times the group's: they were all-reduced over every rank, not over the group "
-             "given to forward: pass group=ctx.group (saved in forward)", grad(world * sum_dy, world * sum_dy_xhat, count))]
+    wrong = []
+    if other_sums is not None:
+        wrong.append(("the sums were all-reduced over every rank, not over the group given to forward: pass "
+                      "group=ctx.group (saved in forward) to the all-reduce",
+                      grad(sum_dy + other_sums[0], sum_dy_xhat + other_sums[1], count)))
+    return wrong + [
+        (f"divided by this rank's own count ({n}): divide the all-reduced sums by the GLOBAL count ({count}), the "
+         "count given to forward", grad(sum_dy, sum_dy_xhat, max(n, 1))),
+        ("the mean term - sum(dy) / count is missing (the mean depends on x too)", grad(0 * sum_dy, sum_dy_xhat, count)),
+        ("the term - x_hat * sum(dy * x_hat) / count is missing (the variance depends on x too)",
+         grad(sum_dy, 0 * sum_dy_xhat, count)),
+        ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd))]
+
+
+def _sums(sizes, tail, seed):
+    """The global batch's statistics, x_hat of each slice, dy of each slice, and (sum(dy), sum(dy * x_hat))."""
+    whole = torch.cat(slices(sizes, tail, seed))
+    var, mean = torch.var_mean(whole, dim=dims_of(whole), correction=0)
+    invstd = (var + 1e-5).rsqrt()
+    x_hats = [_normalise(x, mean, invstd, None, None) for x in slices(sizes, tail, seed)]
+    dys = slices(sizes, tail, seed + 1)
+    sums = (torch.cat(dys).sum(dims_of(whole)), (torch.cat(dys) * torch.cat(x_hats)).sum(dims_of(whole)))
+    return mean, var, invstd, x_hats, dys, sums
 
 
 def _check_function(results, sizes, tail, affine, sub=False):
-    _, y, dx, dw, db = _reference(sizes, tail, 5, affine)
+    """With sub, two groups of 2 ranks, each with its own data (seeds 5 and 105)."""
+    for index in ((0, 1) if sub else (0,)):
+        ranks = [r for r in range(len(results)) if not sub or r // 2 == index]
+        other = _sums(sizes, tail, 5 + 100 * (1 - index))[-1] if sub else None
+        _check_function_group(results, ranks, sizes, tail, affine, 5 + 100 * index, other)
+
+
+def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums):
+    _, y, dx, dw, db = _reference(sizes, tail, seed, affine)
     starts = [sum(sizes[:r]) for r in range(len(sizes))]
     world_size = len(sizes)
-    whole = torch.cat(slices(sizes, tail, seed=5))
-    var, mean = torch.var_mean(whole, dim=dims_of(whole), correction=0)
-    count = whole.numel() // C
+    count = sum(sizes) * torch.Size(tail[1:]).numel()
     weight, bias = _weights(affine)
-    invstd = (var + 1e-5).rsqrt()
-    x_hats = [(x - mean.view([1, -1] + [1] * (x.dim() - 2))) * invstd.view([1, -1] + [1] * (x.dim() - 2))
-              for x in slices(sizes, tail, seed=5)]
-    dys = slices(sizes, tail, seed=6)
-    sums = (torch.cat(dys).sum(dims_of(whole)), (torch.cat(dys) * torch.cat(x_hats)).sum(dims_of(whole)))
-    for rank, got in enumerate(results):
-        grank = rank % 2 if sub else rank
+    mean, var, invstd, x_hats, dys, sums = _sums(sizes, tail, seed)
+    for grank, rank in enumerate(ranks):
+        got = results[rank]
         where = f"{T112}, slices of {sizes} samples of shape {tuple(tail)}, affine={affine}, rank {rank}"
         part = slice(starts[grank], starts[grank] + sizes[grank])
         assert not got["forward"], (
             f"{where}: forward ran the collectives {got['forward']}: the global statistics are given (mean, var, "
             "count), forward only normalises with them")
         if not close(got["y"], y[part]):
-            why = _first(got["y"], _wrong_outputs(slices(sizes, tail, seed=5)[grank], mean, var, count, weight, bias))
+            why = _first(got["y"], _wrong_outputs(slices(sizes, tail, seed)[grank], mean, var, count, weight, bias))
             if why:
                 pytest.fail(f"{where}: the output differs from nn.BatchNorm's on the whole batch: {why}")
         assert close(got["y"], y[part]), (
@@ -427,13 +445,13 @@ def _check_function(results, sizes, tail, affine, sub=False):
         numels = [numel for _, _, numel in calls]
         assert len(calls) == 1 and numels[0] <= 2 * C, (
             f"{where}: backward ran {calls} (kind, dtype, elements): ONE all-reduce of the {2 * C} per-channel sums "
-            f"of dy and dy * x_hat, not of dy itself (dy has {sizes[rank] * dx[0].numel()} elements here, and the "
+            f"of dy and dy * x_hat, not of dy itself (dy has {sizes[grank] * dx[0].numel()} elements here, and the "
             "ranks' dy belong to different samples)")
         assert got["dx"] is not None, (
             f"{where}: x.grad is None after backward: return the input gradient first, one per input of forward")
         if not close(got["dx"], dx[part]):
             why = _first(got["dx"], _wrong_input_grads(x_hats[grank], dys[grank], invstd, weight, sums, count,
-                                                       x_hats[grank].numel() // C, 2 if sub else world_size))
+                                                       x_hats[grank].numel() // C, other_sums))
             if why:
                 pytest.fail(f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch: {why}")
         assert close(got["dx"], dx[part]), (
@@ -442,14 +460,14 @@ def _check_function(results, sizes, tail, affine, sub=False):
             "x_hat * sum(dy * x_hat) / count), the sums over the GLOBAL batch (all-reduced, not of dy itself) and count "
             "the global count; without that all-reduce it is exact only on one rank")
     if not affine:
-        for rank, got in enumerate(results):
+        for got in (results[rank] for rank in ranks):
             assert got["dw"] is None and got["db"] is None, (
                 f"{T112}: affine=False has no weight or bias to give a gradient")
         return
     for key, expected, name in (("dw", dw, "weight"), ("db", db, "bias")):
-        grads = [got[key] for got in results]
+        grads = [results[rank][key] for rank in ranks]
         assert all(g is not None for g in grads), f"{T112}: backward returned no gradient for the {name}"
-        averaged = torch.stack(grads).mean(0)  # what data parallelism (Task 2.2, DDP) does with it (both groups alike)
+        averaged = torch.stack(grads).mean(0)  # what data parallelism (Task 2.2, DDP) does with it
         if close(averaged, expected):  # expected / world_size is right: each rank's loss is its slice's share
             pytest.fail(f"{T112}: after the usual gradient averaging over the ranks, the {name} gradient is "
                         f"{world_size} times what it should be: world_size times too large. Return this rank's "
@@ -463,7 +481,7 @@ def _check_function(results, sizes, tail, affine, sub=False):
 
 @pytest.mark.task11_2
 def test_function_on_2_equal_slices_equals_batchnorm_on_the_whole_batch(impl):
-    """In two groups of 2 ranks ([0, 1] and [2, 3], the same data in each): backward's all-reduce must take
+    """In two groups of 2 ranks, [0, 1] and [2, 3], each with its own data: backward's all-reduce must take
     the group given to forward."""
     judging(impl, "11.2")
     sizes, tail = [4, 4], (C, 2, 2)
