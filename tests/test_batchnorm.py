@@ -363,8 +363,8 @@ def _wrong_outputs(x, mean, var, count, weight, bias, eps=1e-5):
               out(mean, (var * count / (count - 1) + eps).rsqrt()))]
     if len(x):
         local_var, local_mean = torch.var_mean(x, dim=dims_of(x), correction=0)
-        wrong.append(("that is the statistics of this rank's slice: normalise with the mean and var given (the "
-                      "global batch's), not ones computed here", out(local_mean, (local_var + eps).rsqrt())))
+        wrong.append(("normalised with the statistics of this rank's slice: use the global batch's, the mean and "
+                      "var that global_batch_stats returns (given to SyncBatchNormFunction)", out(local_mean, (local_var + eps).rsqrt())))
     if weight is not None:
         wrong += [("weight and bias are swapped: y = x_hat * weight + bias", out(mean, (var + eps).rsqrt(), bias, weight)),
                   ("the bias is left out", out(mean, (var + eps).rsqrt(), weight, None)),
@@ -546,12 +546,16 @@ def _layer(rank, world_size, impl, configs, sub):
             with _said(f"{where}, forward, rank {rank}", **context):
                 y = layer(x)
             forward = wire.take()
+            # said here, at once: the other ranks would wait for this one until the time limit
+            assert forward, (f"{where}, rank {rank} (a slice of {len(x)} samples): the training forward sent nothing. "
+                             "Every rank must call global_batch_stats, also one whose slice is empty (no early return "
+                             "for it), or the others wait forever")
             with _said(f"{where}, backward, rank {rank}", **context):
                 (y * grad_y).sum().backward()
             backward = wire.take()
             wire.on = False
             steps.append({"y": y.detach(), "dx": x.grad, "forward": forward, "backward": backward,
-                          "grads": [p.grad.clone() for p in layer.parameters()],
+                          "grads": [None if p.grad is None else p.grad.clone() for p in layer.parameters()],
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
         layer.eval()
@@ -595,14 +599,21 @@ def _check_layers(results, configs, sub=False):
                         f"{where}: forward ran {got['forward']} and backward {got['backward']} (kind, dtype, "
                         "elements): in training, one collective each, from global_batch_stats (11.1) and "
                         "SyncBatchNormFunction (11.2); use them")
-                    if sub and not close(got["y"], y[part].detach()):
-                        everyone = torch.cat([p for i in (0, 1) for p in slices(sizes, tail, seed + 1000 * (i - index))])
-                        var, mean = torch.var_mean(everyone, dim=dims_of(everyone), correction=0)
+                    if not close(got["y"], y[part].detach()):
                         x = slices(sizes, tail, seed)[grank]
-                        weight, bias = bn.weight.detach(), bn.bias.detach()
-                        if close(got["y"], _normalise(x, mean, (var + bn.eps).rsqrt(), weight, bias)):
-                            pytest.fail(f"{where}: normalised with the statistics of all 4 ranks, not of the group [0, 1] "
-                                        "or [2, 3] the layer was given: pass self.process_group to global_batch_stats")
+                        weight, bias = (bn.weight.detach(), bn.bias.detach()) if bn.affine else (None, None)
+                        whole = torch.cat(slices(sizes, tail, seed))
+                        var, mean = torch.var_mean(whole, dim=dims_of(whole), correction=0)
+                        wrong = _wrong_outputs(x, mean, var, whole.numel() // C, weight, bias, bn.eps)
+                        if sub:
+                            everyone = torch.cat([p for i in (0, 1) for p in slices(sizes, tail, seed + 1000 * (i - index))])
+                            var, mean = torch.var_mean(everyone, dim=dims_of(everyone), correction=0)
+                            wrong.insert(0, ("normalised with the statistics of all 4 ranks, not of the group [0, 1] or "
+                                             "[2, 3] the layer was given: pass self.process_group to global_batch_stats",
+                                             _normalise(x, mean, (var + bn.eps).rsqrt(), weight, bias)))
+                        why = _first(got["y"], wrong)
+                        if why:
+                            pytest.fail(f"{where}: the output differs from nn.BatchNorm's on the whole batch: {why}")
                     assert close(got["y"], y[part].detach()), (
                         f"{where}: the output differs from nn.BatchNorm's on the whole batch by "
                         f"{(got['y'] - y[part]).abs().max():.2e}: in training, normalise with global_batch_stats "
