@@ -772,6 +772,12 @@ def _trained_net():
 @pytest.mark.task11_3
 def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
     lib = judging(impl, "11.3")
+    # first: the recursion builds on what a call returns for each child
+    alone = lib.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(4))
+    assert isinstance(alone, lib.SyncBatchNorm), (
+        f"{T113}: convert_sync_batchnorm(nn.BatchNorm1d(4)) returned {alone}: a BatchNorm given alone must come back "
+        "converted: return the new SyncBatchNorm where module itself is a BatchNorm (the recursion puts what each call "
+        "returns in place of the child)")
     group = object()  # any process group: only carried over
     for how, convert in (("SyncBatchNorm.convert_sync_batchnorm", lib.SyncBatchNorm.convert_sync_batchnorm),
                          ("convert_sync_batchnorm", lib.convert_sync_batchnorm)):
@@ -794,8 +800,10 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
                 reference = expected.get_submodule(name)
                 settings = [(k, getattr(module, k, None), getattr(reference, k)) for k in
                             ("num_features", "eps", "momentum", "affine", "track_running_stats", "training")]
-                assert all(a == b for _, a, b in settings), (
-                    f"{where}: {name}'s settings differ from PyTorch's: {settings}")
+                differ = [f"{k} is {a}, PyTorch's {b}" for k, a, b in settings if a != b]
+                assert not differ, (
+                    f"{where}: {name}'s settings differ from PyTorch's: {'; '.join(differ)}: carry over every setting "
+                    "of the original, and its training mode (converted.train(module.training))")
         state, reference_state = converted.state_dict(), expected.state_dict()
         assert sorted(state) == sorted(reference_state), (
             f"{where}: state_dict keys {sorted(state)}, PyTorch's {sorted(reference_state)}")
@@ -807,9 +815,6 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
             assert param is params[name], (
                 f"{where}: {name} is a new Parameter: take over the original one (converted.weight = module.weight), "
                 "so that an optimizer built before the conversion still updates it")
-    alone = lib.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(4))
-    assert isinstance(alone, lib.SyncBatchNorm), (
-        f"{T113}: a BatchNorm given alone must come back converted, got {alone}")
     # torch.equal compares values only: a float64 model shows buffers copied into new float32 ones
     state = lib.convert_sync_batchnorm(_trained_net().double()).state_dict()
     for key, value in torch.nn.SyncBatchNorm.convert_sync_batchnorm(_trained_net().double()).state_dict().items():
