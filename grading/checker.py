@@ -47,6 +47,9 @@ HINTS = [
      "when its result is there."),
     (r"No backend type associated with device type cpu|Tensors must be CUDA",
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
+    (r"ProcessGroupGloo::allgather: invalid tensor size",
+     "Gloo's all_gather_into_tensor takes an output of the inputs concatenated along dim 0 (world_size * n, ...), "
+     "not stacked (world_size, n, ...): view it so, or all_gather into a list of tensors."),
     (r"Default process group has not been initialized",
      "A collective ran before init_process_group (or after destroy_process_group)."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",

@@ -91,6 +91,12 @@ def test_the_task_prefix_is_dropped_only_up_to_its_own_parenthesis():
     assert _without_task_prefix_of("10.1", "Task 10.1 (template_pipeline.py, partition()): why (a): b") == "why (a): b"
 
 
+def test_gloos_all_gather_into_a_stacked_output_is_explained():
+    text, _ = explain("RuntimeError", "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (3, 3), "
+                      "got (1, 3, 3))", "")
+    assert "concatenated along dim 0" in text, text
+
+
 def _without_task_prefix_of(task_id, text):
     from grading.checker import _without_task_prefix
     return _without_task_prefix(Task(task_id), text)
