@@ -359,7 +359,7 @@ def _wrong_outputs(x, mean, var, count, weight, bias, eps=1e-5):
     wrong = [("eps is added outside the square root: (x - mean) / (sqrt(var) + eps), not sqrt(var + eps)",
               out(mean, 1 / (var.sqrt() + eps))),
              ("eps is left out: (x - mean) / sqrt(var + eps)", out(mean, var.rsqrt())),
-             ("var was made UNBIASED (* count / (count - 1)): normalise with the biased variance given",
+             ("var was made UNBIASED (* count / (count - 1)): BatchNorm normalises with the biased variance",
               out(mean, (var * count / (count - 1) + eps).rsqrt()))]
     if len(x):
         local_var, local_mean = torch.var_mean(x, dim=dims_of(x), correction=0)
