@@ -33,6 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import launchers
 import strategies
 from data import first_n, get_datasets
 from models import CNN
@@ -115,6 +116,7 @@ def check_flags(args):
 
 
 def main(args):
+    launchers.set_torchrun_variables()  # srun's, mpirun's, ... in torchrun's names: print0 works from here on
     strategy = check_flags(args)
     trainer = strategies.course_module(args.impl, "template_trainer")
     not_done = strategies.not_done(args.impl, strategy.needs(args) + checkpoint_tasks(args))
