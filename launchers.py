@@ -31,9 +31,8 @@ where this file differs, a comment says so. A mistake in them ends the run with 
 import contextlib
 import os
 import re
+import sys
 from dataclasses import dataclass
-
-import torch.distributed as dist
 
 
 class LaunchError(ValueError):
@@ -97,12 +96,13 @@ def from_mpirun(env):
                 integer(env, local_size, 1))
     # mpirun tells nothing about where to meet. On one node the loopback works, and a port is
     # taken from something all of this job's processes share and another job's do not: Open
-    # MPI's job id, MPICH's per-node proxy (the processes' parent). Across nodes only you know
-    # which address the others can reach. (Accelerate defaults to 127.0.0.1:29500: a fixed port
-    # collides when two jobs share a machine. Lightning asks mpi4py, which the course lacks.)
-    job = env.get("OMPI_MCA_ess_base_jobid") or str(os.getppid())
+    # MPI's job id (the same on every node), MPICH's per-node proxy (the processes' parent, the
+    # same on one node only). Across nodes only you know which address the others can reach.
+    # (Accelerate defaults to 127.0.0.1:29500: a fixed port collides when two jobs share a
+    # machine. Lightning asks mpi4py, which the course does without.)
     one_node = me.local_world_size == me.world_size
-    me.master_addr, me.master_port = meeting_point(env, "127.0.0.1" if one_node else None, port_from(job))
+    job = env.get("OMPI_MCA_ess_base_jobid") or (str(os.getppid()) if one_node else None)
+    me.master_addr, me.master_port = meeting_point(env, "127.0.0.1" if one_node else None, job and port_from(job))
     return me
 
 
@@ -129,6 +129,12 @@ def meeting_point(env, default_addr, default_port):
     return addr, port
 
 
+def group_exists():
+    """A process group is up (Ray Train made one). Not importing torch keeps this module light
+    for tools/interrupt.py; without torch.distributed imported there is no group."""
+    return "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_initialized()
+
+
 def check(me, env):
     """Numbers that cannot all be true: one line saying which and what to change."""
     size_set = env.get("WORLD_SIZE")
@@ -142,7 +148,7 @@ def check(me, env):
         raise LaunchError(f"local rank {me.local_rank} of {me.local_world_size} processes on this machine, "
                           f"{me.world_size} in all ({me.launcher}): the local rank must be below the processes on "
                           "this machine, and they cannot outnumber the world; check LOCAL_RANK and LOCAL_WORLD_SIZE")
-    if me.world_size > 1 and me.master_addr is None and not dist.is_initialized():
+    if me.world_size > 1 and me.master_addr is None and not group_exists():
         if me.launcher.startswith("mpirun"):  # the only launcher that leaves it open: across machines
             raise LaunchError(f"{me.world_size} processes on several machines ({me.launcher}) and no meeting point: "
                               "export MASTER_ADDR=<the first machine's name or address> and MASTER_PORT=<a free "
@@ -150,7 +156,7 @@ def check(me, env):
                               "MASTER_PORT)")
         raise LaunchError(f"{me.launcher} says rank {me.rank} of {me.world_size}, but not where to meet: export "
                           "MASTER_ADDR=<rank 0's machine> and MASTER_PORT=<a free port> (torchrun sets both)")
-    if me.world_size > 1 and me.master_port is None and not dist.is_initialized():
+    if me.world_size > 1 and me.master_port is None and not group_exists():
         raise LaunchError(f"MASTER_ADDR={me.master_addr} is set but MASTER_PORT is not: export MASTER_PORT=<a free port>")
 
 
@@ -185,6 +191,8 @@ def launcher_name(environ=None):
 def port_taken_explained(me):
     """Around init_process_group: rank 0 failing to listen on MASTER_PORT (EADDRINUSE, another
     run or job has it) becomes one line naming the port, not a traceback from the C++ store."""
+    import torch.distributed as dist
+
     try:
         yield
     except dist.DistNetworkError as error:
