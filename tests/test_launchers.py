@@ -8,6 +8,7 @@ on a two-node local cluster), every one trained with the same losses as torchrun
 import csv
 import datetime
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,10 +20,10 @@ import torch.distributed as dist
 import launchers
 from conftest import load
 from launchers import LaunchError, first_host, tasks_per_node, who_am_i
+from test_launch import REPO, launch_env, slurm, slurm_nodes, wait_for  # noqa: F401 (slurm_nodes: a fixture)
 
 pytestmark = pytest.mark.repo  # the given code of every task, not a task
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
         "--test-samples", "256", "--no-plot"]
 
@@ -247,3 +248,92 @@ def test_the_seeds_world_size_in_a_smaller_job_is_one_line():
 def read_metrics(path):
     with open(path) as f:
         return [{k: row[k] for k in ("epoch", "train_loss", "test_loss", "test_accuracy")} for row in csv.DictReader(f)]
+
+
+# ------------------------------------------------------------------ the real launchers (slow)
+# Each trains TINY on 2 processes and must give torchrun's losses and accuracy to the last
+# digit of the metrics file: the same ranks, the same shards, the same sums. One thread per
+# process everywhere (torchrun sets OMP_NUM_THREADS=1 itself), so the arithmetic is the same.
+
+
+def run(cmd, timeout=150, **env):
+    """Run a launcher in its own session; killed with everything it started after timeout s."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} still ran after {timeout} s and was killed:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def torchrun_metrics(tmp_path_factory):
+    """The reference: torchrun with 2 processes."""
+    path = tmp_path_factory.mktemp("torchrun") / "metrics.csv"
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                     "train_ddp.py", *TINY, "--metrics", str(path)])
+    assert code == 0, out
+    return read_metrics(path)
+
+
+def assert_like_torchrun(out, metrics, reference):
+    assert "world_size=2 backend=gloo" in out, out
+    assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    assert metrics == reference, f"not torchrun's figures:\n{metrics}\n{reference}\n{out}"
+
+
+def open_mpi():
+    for name in ("mpirun.openmpi", "mpirun"):
+        path = shutil.which(name)
+        if path and "Open MPI" in subprocess.run([path, "--version"], capture_output=True, text=True).stdout:
+            return path
+    pytest.skip("Open MPI's mpirun is not installed (apt-get install -y openmpi-bin)")
+
+
+def mpich():
+    path = shutil.which("mpirun.mpich") or shutil.which("mpiexec.hydra")
+    if not path:
+        pytest.skip("MPICH's mpirun is not installed (apt-get install -y mpich)")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mpirun", ["Open MPI", "MPICH"])
+def test_mpirun_trains_like_torchrun(mpirun, torchrun_metrics, tmp_path):
+    """`mpirun -np 2 python train_ddp.py ...`: Open MPI as root needs --allow-run-as-root, and
+    more processes than cores --oversubscribe (both as docs/clusters.md says)."""
+    if mpirun == "Open MPI":
+        cmd = [open_mpi(), *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe"]
+    else:
+        cmd = [mpich()]
+    code, out = run([*cmd, "-np", "2", sys.executable, "train_ddp.py", *TINY, "--metrics", str(tmp_path / "m.csv")])
+    assert code == 0, out
+    assert_like_torchrun(out, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("shape", ["--nodes=1 --ntasks-per-node=2", "--nodes=2 --ntasks-per-node=1"])
+def test_srun_without_torchrun_trains_like_torchrun(shape, slurm_nodes, torchrun_metrics, tmp_path):
+    """The seed's recipe as submit_srun.sh has it (the three exports, srun python train_ddp.py,
+    one task per process) on the test cluster: one node with 2 tasks, and 2 nodes with one."""
+    if shape.startswith("--nodes=2") and slurm_nodes < 2:
+        pytest.skip(f"the test SLURM cluster has {slurm_nodes} usable node")
+    submitted = slurm("sbatch", "--parsable", f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out",
+                      "--gpus-per-node=0", "--cpus-per-task=1", "--time=5", *shape.split(),
+                      str(REPO / "submit_srun.sh"), *TINY, "--metrics", str(tmp_path / "m.csv"),
+                      env=launch_env(OMP_NUM_THREADS="1"))
+    assert submitted.returncode == 0, f"sbatch failed:\n{submitted.stderr}"
+    job = submitted.stdout.strip().split(";")[0]
+    state, code, log = wait_for({"job": (job, tmp_path)}, "job", 240)
+    assert (state, code) == ("COMPLETED", "0:0"), f"job {job} ended {state} with exit code {code}. Log:\n{log}"
+    assert "submit_srun.sh: job" in log and "finished" in log, log
+    # --label: rank 0's lines start with "0: ", and no torchrun ran
+    assert "0: ranks consistent" in log and "torchrun" not in log.replace(str(tmp_path), ""), log
+    assert_like_torchrun(log, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
