@@ -47,7 +47,13 @@ class NotDone(Exception):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return make_parser().parse_args(argv)
+
+
+def make_parser(**kwargs):
+    """The flags below; kwargs go to ArgumentParser (ray_train.py adds its own flags to these)."""
+    parser = argparse.ArgumentParser(**{"description": __doc__,
+                                        "formatter_class": argparse.RawDescriptionHelpFormatter, **kwargs})
     parser.add_argument("--impl", choices=["template", "solutions", "ddp"], default="template",
                         help="template: your template_*.py files; solutions: solutions/; "
                         "ddp: PyTorch's DistributedDataParallel and DistributedSampler (default: template)")
@@ -94,7 +100,7 @@ def parse_args(argv=None):
                         help="with --checkpoint-dir, also save every N optimizer steps, so that a failure loses at "
                         "most N steps; SIGUSR1 saves at the next step and stops (default: at epoch ends only)")
     strategies.add_arguments(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 def check_flags(args):

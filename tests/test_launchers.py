@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch.distributed as dist
@@ -337,3 +338,92 @@ def test_srun_without_torchrun_trains_like_torchrun(shape, slurm_nodes, torchrun
     # --label: rank 0's lines start with "0: ", and no torchrun ran
     assert "0: ranks consistent" in log and "torchrun" not in log.replace(str(tmp_path), ""), log
     assert_like_torchrun(log, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
+
+
+# ------------------------------------------------------------------ Ray (slow)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes on this machine, one CPU each, so that the two workers land on different
+    nodes (both nodes have this machine's address, so Ray Train still counts one machine)."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is not installed: pip install -r "
+                                        "requirements-ray.txt")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes(timeout=120)
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def ray_train(address, *args, timeout=300):
+    return run([sys.executable, "ray_train.py", "--address", address, "--workers", "2", *args], timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(500)
+def test_ray_train_on_two_nodes_trains_like_torchrun(ray_cluster, torchrun_metrics, tmp_path):
+    code, out = ray_train(ray_cluster, *TINY, "--metrics", str(tmp_path / "m.csv"),
+                          "--storage-path", str(tmp_path / "ray"))
+    assert code == 0, out
+    assert_like_torchrun(out, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
+    rank0 = [line.split(") ", 1)[1] for line in out.splitlines() if "RayTrainWorker" in line and "epoch 1/1" in line]
+    assert len(rank0) == 1 and rank0[0].startswith("epoch 1/1  train loss"), f"rank 0's epoch line once:\n{out}"
+    assert "initialize the default process group twice" not in out, out
+
+
+def ray_workers():
+    """The pids of Ray Train's worker processes (their title names the actor)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"RayTrainWorker" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_ray_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(ray_cluster, tmp_path):
+    """FailureConfig(max_failures=1): a worker killed after the first checkpoint; Ray starts both
+    workers again, they resume the course's checkpoint, and the final model is bit-identical to
+    an uninterrupted torchrun run's."""
+    import torch
+
+    run_args = [*TINY, "--train-samples", "2048", "--batch-size", "16", "--epochs", "2", "--checkpoint-every", "10",
+                "--metrics", ""]  # 128 steps an epoch
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                     "train_ddp.py", *run_args, "--checkpoint-dir", str(tmp_path / "reference")])
+    assert code == 0, out
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "ray_train.py", "--address", ray_cluster, "--workers", "2", *run_args,
+                             "--checkpoint-dir", str(ckpt), "--max-failures", "1",
+                             "--storage-path", str(tmp_path / "ray")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        end = time.monotonic() + 300
+        while not (ckpt / "last.pt").exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        workers = ray_workers()
+        assert (ckpt / "last.pt").exists() and workers, f"no checkpoint or no worker:\n{proc.communicate()[0]}"
+        os.kill(workers[-1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=max(end - time.monotonic(), 60))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "resuming from" in out, f"the workers did not resume after the kill (the run ended first?):\n{out}"
+    final = torch.load(ckpt / "last.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "last.pt", weights_only=True)
+    assert (final["epoch"], final["step"]) == (expected["epoch"], expected["step"]), out
+    differ = [k for k in expected["model"] if not torch.equal(final["model"][k], expected["model"][k])]
+    assert not differ, f"after the kill and Ray's restart, {differ} differ from the uninterrupted run:\n{out}"
