@@ -8,6 +8,7 @@ on a two-node local cluster), every one trained with the same losses as torchrun
 import csv
 import datetime
 import os
+import re
 import shutil
 import signal
 import socket
@@ -246,6 +247,13 @@ def test_the_seeds_world_size_in_a_smaller_job_is_one_line():
                            "says how many), or start 8 processes\n"), proc.stderr
 
 
+def test_submit_srun_sh_outside_slurm_says_use_sbatch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(["bash", str(REPO / "submit_srun.sh")], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "sbatch submit_srun.sh" in result.stderr, result
+
+
 def read_metrics(path):
     with open(path) as f:
         return [{k: row[k] for k in ("epoch", "train_loss", "test_loss", "test_accuracy")} for row in csv.DictReader(f)]
@@ -370,7 +378,8 @@ def test_ray_train_on_two_nodes_trains_like_torchrun(ray_cluster, torchrun_metri
                           "--storage-path", str(tmp_path / "ray"))
     assert code == 0, out
     assert_like_torchrun(out, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
-    rank0 = [line.split(") ", 1)[1] for line in out.splitlines() if "RayTrainWorker" in line and "epoch 1/1" in line]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # Ray colours its prefixes, in a file too
+    rank0 = [line.split(") ", 1)[1] for line in plain.splitlines() if "RayTrainWorker" in line and "epoch 1/1" in line]
     assert len(rank0) == 1 and rank0[0].startswith("epoch 1/1  train loss"), f"rank 0's epoch line once:\n{out}"
     assert "initialize the default process group twice" not in out, out
 
