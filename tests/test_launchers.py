@@ -254,6 +254,15 @@ def test_submit_srun_sh_outside_slurm_says_use_sbatch():
     assert result.returncode == 2 and "sbatch submit_srun.sh" in result.stderr, result
 
 
+def test_ray_train_without_ray_says_how_to_install_it(tmp_path):
+    """Ray is optional: without it ray_train.py says what to install, in one line, exit 2."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('No module named ray (a stand-in)')\n")
+    proc = subprocess.run([sys.executable, "ray_train.py", *TINY], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert (proc.returncode, proc.stderr) == (2, "error: Ray is not installed: pip install -r requirements-ray.txt\n"), proc
+
+
 def read_metrics(path):
     with open(path) as f:
         return [{k: row[k] for k in ("epoch", "train_loss", "test_loss", "test_accuracy")} for row in csv.DictReader(f)]
