@@ -31,15 +31,19 @@ RAY_FLAGS = ("ray_workers", "address", "use_gpu", "cpus_per_worker", "max_failur
 
 
 def parse_args(argv=None):
-    # train_ddp.py's flags, with --workers taken over ("resolve" drops its DataLoader meaning)
-    parser = train_ddp.make_parser(description=__doc__, conflict_handler="resolve")
-    ray_flags = parser.add_argument_group("Ray Train")
-    ray_flags.add_argument("--workers", type=int, default=2, dest="ray_workers",
+    return train_ddp.parse_args(argv, more_flags=add_ray_flags)
+
+
+def add_ray_flags(parser):
+    """ray_train.py's flags after train_ddp.py's; --workers replaces train_ddp's (DataLoader workers)."""
+    parser.description, parser.conflict_handler = __doc__, "resolve"
+    ray_flags = parser.add_argument_group("Ray Train (ray_train.py)")
+    ray_flags.add_argument("--workers", type=int, default=2, dest="ray_workers", metavar="N",
                            help="training processes, one Ray Train worker each (default: 2)")
-    ray_flags.add_argument("--loader-workers", type=int, default=None, dest="workers",
+    ray_flags.add_argument("--loader-workers", type=int, default=None, dest="workers", metavar="N",
                            help="DataLoader worker processes per rank, train_ddp.py's --workers "
                            "(default: 0 on CPUs, 2 on GPUs)")
-    ray_flags.add_argument("--address", default=None,
+    ray_flags.add_argument("--address", default=None, metavar="ADDR",
                            help="join the running Ray cluster at ADDR (host:port as `ray start --head` prints it, or "
                            "auto); without it Ray starts on this machine for this run only")
     ray_flags.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL (default: CPUs, gloo)")
@@ -51,7 +55,6 @@ def parse_args(argv=None):
     ray_flags.add_argument("--storage-path", default=None,
                            help="where Ray Train keeps the run's own state (default: runs/ray); on several nodes a "
                            "folder every node reaches")
-    return parser.parse_args(argv)
 
 
 def train_loop_per_worker(config):

@@ -46,14 +46,8 @@ class NotDone(Exception):
     """A task the chosen flags need is still a TODO: said already, ends the run like a wrong setting."""
 
 
-def parse_args(argv=None):
-    return make_parser().parse_args(argv)
-
-
-def make_parser(**kwargs):
-    """The flags below; kwargs go to ArgumentParser (ray_train.py adds its own flags to these)."""
-    parser = argparse.ArgumentParser(**{"description": __doc__,
-                                        "formatter_class": argparse.RawDescriptionHelpFormatter, **kwargs})
+def parse_args(argv=None, more_flags=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=["template", "solutions", "ddp"], default="template",
                         help="template: your template_*.py files; solutions: solutions/; "
                         "ddp: PyTorch's DistributedDataParallel and DistributedSampler (default: template)")
@@ -93,7 +87,9 @@ def make_parser(**kwargs):
                         help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
     checkpoint.add_arguments(parser)
     strategies.add_arguments(parser)
-    return parser
+    if more_flags:  # ray_train.py's, which give --workers another meaning
+        more_flags(parser)
+    return parser.parse_args(argv)
 
 
 def check_flags(args):
