@@ -1,6 +1,6 @@
 """Train with Ray Train: train_ddp.py's training, its processes started by Ray instead of torchrun.
 
-    pip install -r requirements-ray.txt                                   # Ray is optional (about 500 MB)
+    pip install -r requirements-ray.txt                                   # Ray is optional (about 700 MB)
     python ray_train.py --workers 2 --impl solutions --data synthetic      # Ray starts on this machine
     python ray_train.py --workers 8 --use-gpu --address auto --impl solutions   # on a running Ray cluster
     python ray_train.py --workers 2 --impl solutions --data synthetic --checkpoint-dir runs/ray-ckpt --max-failures 1
