@@ -415,8 +415,8 @@ def test_ray_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(r
     an uninterrupted torchrun run's."""
     import torch
 
-    run_args = [*TINY, "--train-samples", "2048", "--batch-size", "16", "--epochs", "2", "--checkpoint-every", "10",
-                "--metrics", ""]  # 128 steps an epoch
+    run_args = [*TINY, "--batch-size", "16", "--epochs", "2", "--checkpoint-every", "10",
+                "--metrics", ""]  # 64 steps an epoch: the kill comes after step 10 of 128
     code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                      "train_ddp.py", *run_args, "--checkpoint-dir", str(tmp_path / "reference")])
     assert code == 0, out
