@@ -23,7 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import launchers
+try:
+    import launchers
+except ImportError:  # started as solutions/template_collectives.py: Python looks in solutions/ only
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import launchers
 
 
 def print0(*args, **kwargs):
