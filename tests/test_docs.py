@@ -76,6 +76,16 @@ NOT_RUN = {
                                      "(pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
         "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
+    # issue 36: the other launchers (their flags are checked statically like the others')
+    "mpirun *": "needs Open MPI (apt-get install -y openmpi-bin): tests/test_launchers.py runs it against torchrun "
+                "(pytest -m mpi)",
+    "mpirun.mpich *": "needs MPICH (apt-get install -y mpich): tests/test_launchers.py runs it (pytest -m mpi)",
+    "srun python my_training_script.py": "the seed's recipe as it stands; submit_srun.sh is that recipe for "
+                                         "train_ddp.py, which tests/test_launchers.py submits (pytest -m slurm)",
+    "python ray_train.py *": "needs Ray (requirements-ray.txt) and most of a minute to start it: tests/test_launchers.py "
+                             "runs ray_train.py on a two-node Ray cluster (pytest -m ray)",
+    "ray start *": "starts a Ray node on a cluster's machine",
+    "ray stop": "stops a Ray node",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.
@@ -201,6 +211,9 @@ def script_of(command):
         while words[i].startswith("-"):
             i += 1
         return words[i], words[i + 1:], False
+    if words[0] in ("mpirun", "mpirun.mpich") and "python" in words:  # mpirun [options] python script ...
+        i = words.index("python")
+        return words[i + 1], words[i + 2:], False
     return None
 
 
