@@ -33,6 +33,10 @@ Your tasks:
     Task 5.4  DDP.finish_gradient_synchronization   wait, and copy the means back into .grad
     Task 5.5  DDP.no_sync            accumulate locally, communicate once
 
+Task 12 (template_compression.py) plugs in here: model.register_comm_hook(state, hook) makes every
+bucket travel through hook(state, bucket) instead of Task 5.2's all_reduce, with PyTorch's
+contract, so PyTorch's own hooks (torch.distributed.algorithms.ddp_comm_hooks) run on it too.
+
 Simplified, compared with torch.nn.parallel.DistributedDataParallel: buffers are broadcast once
 at the start, not before every forward; a parameter that no rank used gets a zero gradient
 where PyTorch leaves it None (the same for SGD or Adam without weight decay); no gradient
@@ -94,6 +98,63 @@ class Bucket:
         self.num_ready = 0  # how many of params have their gradient for this step
         self.buffer = None  # the flat gradients while they travel
         self.handle = None  # what dist.all_reduce(..., async_op=True) returned
+        self.comm_hook = None  # (state, hook, index, is_last) from DDP.register_comm_hook (Task 12)
+
+
+class GradBucket:
+    """What a communication hook gets: the methods of PyTorch's dist.GradBucket that hooks use."""
+
+    def __init__(self, bucket):
+        self._bucket = bucket
+
+    def buffer(self):
+        """This rank's local, undivided gradients, flat: the hook sends this (or less)."""
+        return self._bucket.buffer
+
+    def set_buffer(self, tensor):
+        self._bucket.buffer = tensor
+
+    def gradients(self):
+        """One view per parameter INTO buffer(): writing through them changes the buffer."""
+        sizes = [param.numel() for param in self._bucket.params]
+        return [flat.view_as(param) for flat, param in zip(self._bucket.buffer.split(sizes), self._bucket.params)]
+
+    def parameters(self):
+        return list(self._bucket.params)
+
+    def index(self):
+        return self._bucket.comm_hook[2]
+
+    def is_last(self):
+        return self._bucket.comm_hook[3]
+
+
+class HookHandle:
+    """bucket.handle on the hook's path: wait() waits for the hook's Future and puts its value,
+    the averaged flat gradients, into bucket.buffer, where Task 5.4 reads the means."""
+
+    def __init__(self, future, bucket):
+        self.future, self.bucket = future, bucket
+
+    def wait(self):
+        value = self.future.wait()
+        if isinstance(value, (list, tuple)):  # an all_reduce's own future holds [tensor]
+            value = value[0]
+        if not isinstance(value, torch.Tensor) or value.shape != self.bucket.buffer.shape:
+            got = value.shape if isinstance(value, torch.Tensor) else type(value).__name__
+            raise RuntimeError(f"the communication hook's Future held {got}, expected a tensor shaped like the "
+                               f"bucket's buffer {tuple(self.bucket.buffer.shape)}: return the averaged buffer")
+        self.bucket.buffer = value.to(self.bucket.buffer.dtype)
+        return True
+
+
+def launch_comm_hook(bucket):
+    """The hook's path (Task 12): hand the bucket's LOCAL, undivided gradients to the hook, as
+    PyTorch's DDP does; the hook divides and sends, and its Future is waited for in Task 5.4."""
+    state, hook = bucket.comm_hook[:2]
+    bucket.buffer = torch.cat([torch.zeros_like(param).reshape(-1) if param.grad is None else param.grad.reshape(-1)
+                               for param in bucket.params])
+    bucket.handle = HookHandle(hook(state, GradBucket(bucket)), bucket)
 
 
 def launch_all_reduce(bucket):
@@ -108,6 +169,8 @@ def launch_all_reduce(bucket):
     its handle in bucket.handle. Do not wait: the point is to let backward go on while the
     buffer travels. Whoever needs the result calls bucket.handle.wait() later.
     """
+    if bucket.comm_hook is not None:  # Task 12: a communication hook sends this bucket instead
+        return launch_comm_hook(bucket)
     # --- Task 5.2 begin ---
     grads = [torch.zeros_like(param).reshape(-1) if param.grad is None else param.grad.reshape(-1)
              for param in bucket.params]
@@ -138,6 +201,20 @@ class DDP(nn.Module):
         self.sync_this_backward = True  # decided in forward, as PyTorch's DDP does
         self._hook_handles = []
         self._register_hooks()
+
+    def register_comm_hook(self, state, hook):
+        """Send every bucket through hook(state, bucket) instead of a plain averaging all_reduce,
+        as torch.nn.parallel.DistributedDataParallel.register_comm_hook does (Task 12).
+
+        hook(state, bucket) gets a GradBucket whose buffer() holds this rank's local, undivided
+        gradients, and returns a torch.futures.Future whose value is that buffer AVERAGED over
+        the ranks. state is the hook's own (a process group, a PowerSGDState, ...). Call it once,
+        before the first backward, as PyTorch allows.
+        """
+        if any(bucket.comm_hook is not None for bucket in self.buckets):
+            raise RuntimeError("register_comm_hook can only be called once, as in PyTorch's DDP")
+        for index, bucket in enumerate(self.buckets):
+            bucket.comm_hook = (state, hook, index, index == len(self.buckets) - 1)
 
     def forward(self, *args, **kwargs):
         # PyTorch's DDP decides in forward whether the next backward communicates, so the
