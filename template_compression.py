@@ -161,17 +161,21 @@ def powersgd_hook(state, bucket):
        state.rng.randint(1_000_000_000)), then for each Q in order q.copy_(torch.randn(m, r,
        dtype=dtype)) (on the CPU), so every rank draws the same Qs. With a warm start, the Qs
        are last step's averaged Qs. Either way, orthogonalize(q, state.orthogonalization_epsilon).
-    4. P = M Q for each matrix (torch.matmul(matrix, q, out=p)). All-reduce, in this order and
-       each finished before the next: the tensors sent whole, concatenated flat, divided by N
-       after the sum and copied back into their views; then the P buffer (SUM: orthogonalizing
-       P next removes the factor N); orthogonalize each P; Q = M^T P for each matrix; all-reduce
-       the Q buffer and divide it by N. Then M' = P Q^T is the approximation of the average:
-       write it into the matrix (torch.matmul(p, q.T, out=matrix)), through the views.
-    5. Error feedback: state.error_dict[i] = the copy of step 1 minus the buffer now. Without
-       state.warm_start, forget the P and Q buffers (so new Qs are drawn next step). Then
-       state.maybe_increase_iter(bucket), and the Future's value is bucket.buffer().
-    Return a Future (the uncompressed tensors' all-reduce future, with .then(...) callbacks that
-    do the rest), never one completed before the all-reduces have finished.
+    4. P = M Q for each matrix (torch.matmul(matrix, q, out=p)). Then, in this order:
+       - if any, the tensors sent whole: concatenated flat, all-reduced (blocking), divided by N,
+         copied back into their views;
+       - all-reduce the P buffer (blocking; the SUM: orthogonalizing P next removes the factor N);
+       - orthogonalize each P; Q = M^T P for each matrix (torch.matmul(matrix.T, p, out=q));
+       - start the all-reduce of the Q buffer (async_op=True) and return
+         work.get_future().then(decompress).
+       Start every all-reduce here, never inside a .then callback: a callback runs on the
+       communication thread, and the ranks would then order it differently against the next
+       bucket's all-reduces (a hang).
+    5. decompress: divide the Q buffer by N; M' = P Q^T approximates the average: write it into
+       the matrix (torch.matmul(p, q.T, out=matrix)), through the views into the buffer. Error
+       feedback: state.error_dict[i] = the copy of step 1 minus the buffer now. Without
+       state.warm_start, forget the P and Q buffers (new Qs are drawn next step). Then
+       state.maybe_increase_iter(bucket), and return bucket.buffer().
     """
     # --- Task 12.3 begin ---
     # TODO Task 12.3: PowerSGD: error feedback, P = MQ, all-reduce P, orthogonalise, Q = M^T P, all-reduce Q, M' = PQ^T
