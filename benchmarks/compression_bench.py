@@ -90,7 +90,8 @@ def _wrap(model, variant, seed):
     return ddp, state
 
 
-def _train(rank, world_size, variant, repeat, steps, batch):
+def _train(rank, world_size, variants, repeat, steps, batch):
+    """Each of `variants` in turn, on the same two ranks: fresh model, DDP and hook for each."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -99,52 +100,58 @@ def _train(rank, world_size, variant, repeat, steps, batch):
     from models import benchmark_model
 
     images, labels = synthetic_cifar(num_train=2048, num_test=16)[0].tensors  # the same on every rank
-
-    model = benchmark_model("cnn")
-    ddp, state = _wrap(model, variant, repeat)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(repeat))
-    losses, times, step_bytes, step_calls = [], [], 0, 0
-    for step in range(steps):
-        at = (step * world_size + rank) * batch % (len(images) - batch)
-        index = order[at:at + batch]
-        counter = ByteCounter(dist)
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(images[index]), labels[index])
-        loss.backward()
-        ddp.finish_gradient_synchronization()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-        counter.restore()
-        if step == 2:  # the first compressed step (start_powerSGD_iter=2)
-            step_bytes, step_calls = counter.bytes, counter.calls
-        summed = loss.detach().clone()
-        dist.all_reduce(summed)
-        losses.append(summed.item() / world_size)
-    return dict(model="cnn", variant=variant, repeat=repeat, loss=statistics.mean(losses[-10:]),
-                step_ms=1000 * statistics.median(times[3:]), bytes=step_bytes, calls=step_calls,
-                ratio=(state.compression_stats()[0] if state else None))
+    rows = []
+    for variant in variants:
+        model = benchmark_model("cnn")
+        ddp, state = _wrap(model, variant, repeat)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses, times, step_bytes, step_calls = [], [], 0, 0
+        for step in range(steps):
+            at = (step * world_size + rank) * batch % (len(images) - batch)
+            index = order[at:at + batch]
+            counter = ByteCounter(dist)
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(ddp(images[index]), labels[index])
+            loss.backward()
+            ddp.finish_gradient_synchronization()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+            counter.restore()
+            if step == 2:  # the first compressed step (start_powerSGD_iter=2)
+                step_bytes, step_calls = counter.bytes, counter.calls
+            summed = loss.detach().clone()
+            dist.all_reduce(summed)
+            losses.append(summed.item() / world_size)
+        rows.append(dict(model="cnn", variant=variant, repeat=repeat, loss=statistics.mean(losses[-10:]),
+                         step_ms=1000 * statistics.median(times[3:]), bytes=step_bytes, calls=step_calls,
+                         ratio=(state.compression_stats()[0] if state else None)))
+    return rows
 
 
-def _bytes_only(rank, world_size, model_name, variant):
-    """Bytes of one compressed step (the third), no training: for models too slow to train here."""
+def _bytes_only(rank, world_size, model_name, variants):
+    """Bytes of one compressed step (the third) of each variant, no training: for models too slow to
+    train here."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from models import benchmark_model
 
-    model = benchmark_model(model_name)
-    ddp, _ = _wrap(model, variant, 0)
     g = torch.Generator().manual_seed(rank)
     images, labels = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
-    for step in range(3):
-        counter = ByteCounter(dist)
-        F.cross_entropy(ddp(images), labels).backward()
-        ddp.finish_gradient_synchronization()
-        counter.restore()
-    return dict(model=model_name, variant=variant, bytes=counter.bytes, calls=counter.calls)
+    rows = []
+    for variant in variants:
+        model = benchmark_model(model_name)
+        ddp, _ = _wrap(model, variant, 0)
+        for step in range(3):
+            counter = ByteCounter(dist)
+            F.cross_entropy(ddp(images), labels).backward()
+            ddp.finish_gradient_synchronization()
+            counter.restore()
+        rows.append(dict(model=model_name, variant=variant, bytes=counter.bytes, calls=counter.calls))
+    return rows
 
 
 def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
@@ -158,10 +165,9 @@ def main():
     started = time.time()
     for repeat in range(args.repeats):
         order = VARIANTS[repeat % len(VARIANTS):] + VARIANTS[:repeat % len(VARIANTS)]
-        for variant in order:
-            row = run_ranks(2, _train, variant, repeat, args.steps, args.batch)
+        for row in run_ranks(2, _train, order, repeat, args.steps, args.batch):
             rows.append(row)
-            print(f"repeat {repeat} {variant:20s} loss {row['loss']:.3f}  {row['step_ms']:.1f} ms/step  "
+            print(f"repeat {repeat} {row['variant']:20s} loss {row['loss']:.3f}  {row['step_ms']:.1f} ms/step  "
                   f"{row['bytes']} bytes/step", flush=True)
     load = os.getloadavg()[0]
     summary = {}
@@ -172,9 +178,9 @@ def main():
             loss=statistics.median(r["loss"] for r in mine), loss_min=min(r["loss"] for r in mine),
             loss_max=max(r["loss"] for r in mine), step_ms=statistics.median(r["step_ms"] for r in mine))
     if not args.no_resnet:
-        for variant in ["none", "bf16", "powersgd r=1", "powersgd r=2", "powersgd r=4"]:
-            row = run_ranks(2, _bytes_only, "resnet18", variant)
-            summary[("resnet18", variant)] = dict(bytes=row["bytes"], calls=row["calls"])
+        for row in run_ranks(2, _bytes_only, "resnet18", ["none", "bf16", "powersgd r=1", "powersgd r=2",
+                                                              "powersgd r=4"]):
+            summary[("resnet18", row["variant"])] = dict(bytes=row["bytes"], calls=row["calls"])
     import torch
 
     report(summary, args, load, time.time() - started, torch.__version__)
