@@ -49,12 +49,14 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="repeats, each with another data order (default: 3)")
     parser.add_argument("--batch", type=int, default=32, help="images per rank per step (default: 32)")
     parser.add_argument("--no-resnet", action="store_true", help="leave out ResNet-18's bytes per step")
+    parser.add_argument("--rounds", type=int, default=20,
+                        help="timed rounds of the step-time comparison, every variant once a round (default: 20)")
     parser.add_argument("--quick", action="store_true", help="--repeats 2 --steps 40 --no-resnet")
     add_output_arguments(parser, "compression_bench.csv, compression_bytes.json and compression_bench.png")
     args = parser.parse_args(argv)
     args.out = output_folder(args)
     if args.quick:
-        args.repeats, args.steps, args.no_resnet = 2, 40, True
+        args.repeats, args.steps, args.no_resnet, args.rounds = 2, 40, True, 5
     return args
 
 
@@ -154,6 +156,34 @@ def _bytes_only(rank, world_size, model_name, variants):
     return rows
 
 
+def _time_steps(rank, world_size, model_name, variants, rounds, batch):
+    """Median step time (ms) of each variant, the variants taking turns inside every round (in a
+    rotated order), so that a burst of load from elsewhere hits them all alike."""
+    import torch
+    import torch.nn.functional as F
+
+    from models import benchmark_model
+
+    g = torch.Generator().manual_seed(rank)
+    images, labels = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    runs = {}
+    for variant in variants:
+        model = benchmark_model(model_name)
+        runs[variant] = (model, _wrap(model, variant, 0)[0], torch.optim.SGD(model.parameters(), lr=0.01))
+    times = {variant: [] for variant in variants}
+    for round_ in range(rounds + 3):  # 3 untimed rounds first: PowerSGD starts compressing at step 2
+        for variant in variants[round_ % len(variants):] + variants[:round_ % len(variants)]:
+            model, ddp, optimizer = runs[variant]
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(ddp(images), labels).backward()
+            ddp.finish_gradient_synchronization()
+            optimizer.step()
+            if round_ >= 3:
+                times[variant].append(time.perf_counter() - start)
+    return {variant: 1000 * statistics.median(t) for variant, t in times.items()}
+
+
 def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
     """The ring's alpha-beta time for `calls` all-reduces carrying `nbytes` in all."""
     return 2 * (world_size - 1) * alpha * calls + 2 * (world_size - 1) / world_size * nbytes / bandwidth
@@ -162,14 +192,13 @@ def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
 def main():
     args = parse_args()  # no torch operation here: bench_common.run_ranks forks the ranks from this process
     rows = []
-    started = time.time()
+    started, load_at_start = time.time(), os.getloadavg()[0]
     for repeat in range(args.repeats):
         order = VARIANTS[repeat % len(VARIANTS):] + VARIANTS[:repeat % len(VARIANTS)]
         for row in run_ranks(2, _train, order, repeat, args.steps, args.batch):
             rows.append(row)
             print(f"repeat {repeat} {row['variant']:20s} loss {row['loss']:.3f}  {row['step_ms']:.1f} ms/step  "
                   f"{row['bytes']} bytes/step", flush=True)
-    load = os.getloadavg()[0]
     summary = {}
     for variant in VARIANTS:
         mine = [row for row in rows if row["variant"] == variant]
@@ -177,40 +206,51 @@ def main():
             bytes=mine[0]["bytes"], calls=mine[0]["calls"],
             loss=statistics.median(r["loss"] for r in mine), loss_min=min(r["loss"] for r in mine),
             loss_max=max(r["loss"] for r in mine), step_ms=statistics.median(r["step_ms"] for r in mine))
+    timed = ["none", "bf16", "powersgd r=1", "powersgd r=2", "powersgd r=4"]
+    for model_name, batch in [("cnn", args.batch)] + ([] if args.no_resnet else [("resnet18", 8)]):
+        for variant, ms in run_ranks(2, _time_steps, model_name, timed, args.rounds, batch).items():
+            summary.setdefault((model_name, variant), {})["step_ms_alternating"] = ms
+            print(f"{model_name} {variant:20s} {ms:.1f} ms/step (alternating, batch {batch}/rank)", flush=True)
     if not args.no_resnet:
         for row in run_ranks(2, _bytes_only, "resnet18", ["none", "bf16", "powersgd r=1", "powersgd r=2",
                                                               "powersgd r=4"]):
-            summary[("resnet18", row["variant"])] = dict(bytes=row["bytes"], calls=row["calls"])
+            summary[("resnet18", row["variant"])].update(bytes=row["bytes"], calls=row["calls"])
     import torch
 
-    report(summary, args, load, time.time() - started, torch.__version__)
+    report(summary, args, (load_at_start, os.getloadavg()[0]), time.time() - started, torch.__version__)
 
 
 def report(summary, args, load, seconds, version):
     os.makedirs(args.out, exist_ok=True)
     print(f"\n2 gloo ranks, torch {version}, {args.repeats} repeats of {args.steps} steps, batch {args.batch}/rank; "
-          f"load average {load:.1f} at the end; {seconds:.0f} s")
-    header = f"{'model':9s} {'variant':20s} {'bytes/step':>11s} {'x fewer':>7s} {'loss (min-max)':>20s} {'ms/step':>8s}"
+          f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; {seconds:.0f} s")
+    print(f"comm: the ring's alpha-beta time of the step's all-reduces at N ranks, alpha {ALPHA * 1e6:.0f} us; "
+          "saves: comm(none) - comm(variant); costs: measured step time minus none's, here (loopback)")
+    header = (f"{'model':9s} {'variant':19s} {'bytes/step':>10s} {'fewer':>6s} {'loss (min-max)':>19s} {'ms/step':>8s} "
+              f"{'costs':>6s}")
     for link in LINKS:
-        header += f" {'comm ' + link:>14s} {'N=8':>7s}"
+        header += f" | {link + ' N=2 saves':>19s} {'N=8 saves':>9s}"
     print(header)
     records = []
     for (model, variant), row in summary.items():
         base = summary[(model, "none")]
         fewer = base["bytes"] / row["bytes"]
-        line = f"{model:9s} {variant:20s} {row['bytes']:11d} {fewer:7.1f}"
-        if "loss" in row:
-            line += f" {row['loss']:8.3f} ({row['loss_min']:.3f}-{row['loss_max']:.3f}) {row['step_ms']:8.1f}"
-        else:
-            line += f" {'':>20s} {'':>8s}"
+        costs = row["step_ms_alternating"] - base["step_ms_alternating"] if "step_ms_alternating" in row else None
         record = dict(model=model, variant=variant, bytes_per_step=row["bytes"], all_reduces_per_step=row["calls"],
                       fewer_bytes=round(fewer, 2), loss=row.get("loss"), loss_min=row.get("loss_min"),
-                      loss_max=row.get("loss_max"), step_ms=row.get("step_ms"))
+                      loss_max=row.get("loss_max"), step_ms_sequential=row.get("step_ms"),
+                      step_ms=row.get("step_ms_alternating"), costs_ms=None if costs is None else round(costs, 2))
+        line = f"{model:9s} {variant:19s} {row['bytes']:10d} {fewer:6.1f}"
+        line += (f" {row['loss']:6.3f} ({row['loss_min']:.3f}-{row['loss_max']:.3f})" if "loss" in row else f" {'':19s}")
+        line += f" {row['step_ms_alternating']:8.1f} {costs:6.1f}" if costs is not None else f" {'':8s} {'':6s}"
         for link, bandwidth in LINKS.items():
+            key = link.split()[0] + "gbps"
             for n in (2, 8):
                 ms = 1000 * comm_seconds(row["bytes"], row["calls"], n, bandwidth)
-                record[f"comm_ms_{link.split()[0]}gbps_n{n}"] = round(ms, 3)
-            line += (f" {record[f'comm_ms_{link.split()[0]}gbps_n2']:11.3f} ms {record[f'comm_ms_{link.split()[0]}gbps_n8']:7.3f}")
+                record[f"comm_ms_{key}_n{n}"] = round(ms, 3)
+                record[f"saves_ms_{key}_n{n}"] = round(1000 * comm_seconds(base["bytes"], base["calls"], n, bandwidth)
+                                                       - ms, 3)
+            line += f" | {record[f'comm_ms_{key}_n2']:7.2f} {record[f'saves_ms_{key}_n2']:+7.2f} ms {record[f'saves_ms_{key}_n8']:+9.2f}"
         print(line)
         records.append(record)
     with open(os.path.join(args.out, "compression_bench.csv"), "w", newline="") as f:

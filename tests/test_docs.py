@@ -83,6 +83,7 @@ QUICK = {
     "train_ddp.py": ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "256"],
     "benchmarks/allreduce_bench.py": ["--max-size", "16KB", "--warmup", "1", "--repeats", "2"],
     "template_replicas.py": ["--steps", "2"],
+    "benchmarks/compression_bench.py": ["--repeats", "1", "--steps", "4", "--rounds", "1", "--no-resnet"],
 }
 
 # Pages of Phase 2 that other pages may link to before they land. Empty it once they exist:
