@@ -11,6 +11,11 @@ feedback's residual is what was left out; every rank ends with the same gradient
 the wire (the dtype and size of every all-reduce), and that a hook's Future is not complete
 before its all-reduce is. Each rank is a real gloo process (tests/harness.py); nothing can hang.
 """
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, run_ranks
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T121 = "Task 12.1 (template_compression.py, compress_hook)"
 T122 = "Task 12.2 (template_compression.py, orthogonalize)"
 T123 = "Task 12.3 (template_compression.py, powersgd_hook)"
@@ -429,3 +435,49 @@ def test_powersgd_state_refuses_a_start_before_step_2():
     comp = load("solutions", "template_compression")
     with pytest.raises(ValueError, match="start_powerSGD_iter"):
         comp.PowerSGDState(start_powerSGD_iter=1)
+
+
+# --------------------------------------------------------------------------- train_ddp.py --compress
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "128", "--batch-size", "128"]
+
+
+def _run(args, timeout=240):
+    """A command in its own process group, all of it killed on timeout (torchrun's ranks too)."""
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s (a hang?); its output:\n{out}")
+    return proc.returncode, out
+
+
+@pytest.mark.e2e
+@pytest.mark.repo
+@pytest.mark.parametrize("flags", [
+    ["--impl", "solutions", "--sync", "overlap", "--compress", "powersgd", "--powersgd-rank", "2"],
+    pytest.param(["--impl", "ddp", "--compress", "powersgd", "--powersgd-rank", "2"], marks=pytest.mark.slow),
+    pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
+], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
+def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
+    code, out = _run(TORCHRUN + ["train_ddp.py", *flags, *SMALL])
+    assert code == 0, out
+    assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    assert re.search(r"compression \d+\.\dx fewer (numbers|bytes)", out), out
+    if "powersgd" in flags:  # 8 steps: plain averages for 2, then compressed
+        assert "fewer numbers (PowerSGD rank 2: " in out, out
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,says", [
+    (["--compress", "bf16"], "add --sync overlap"),
+    (["--powersgd-rank", "2"], "add --compress powersgd"),
+    (["--compress", "powersgd", "--powersgd-rank", "0"], "1 or more"),
+    (["--compress", "fp16", "--shard", "full"], "cannot be combined"),
+])
+def test_train_ddp_refuses_what_cannot_compress_in_one_line(flags, says):
+    code, out = _run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, *flags], timeout=120)
+    assert code == 2 and out.count("\n") == 1 and says in out, (code, out)
