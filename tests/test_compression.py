@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, run_ranks
+from support.comm_hooks import GradBucket
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T121 = "Task 12.1 (template_compression.py, compress_hook)"
@@ -103,7 +104,7 @@ def _grad_bucket(td, tensors, index, is_last, state=None, hook=None):
     bucket = td.Bucket([nn.Parameter(torch.empty(t.shape)) for t in tensors])
     bucket.buffer = torch.cat([t.reshape(-1) for t in tensors])
     bucket.comm_hook = (state, hook, index, is_last)
-    return td.GradBucket(bucket)
+    return GradBucket(bucket)
 
 
 def _call(hook, state, bucket, wire):

@@ -76,6 +76,10 @@ NOT_RUN = {
                                      "(pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
         "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --sync overlap --compress *":
+        "tests/test_compression.py trains --sync overlap with --compress powersgd (and bf16, pytest -m slow)",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --compress *":
+        "tests/test_compression.py trains --impl ddp --compress powersgd (pytest -m slow)",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.
