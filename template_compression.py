@@ -29,7 +29,9 @@ Your tasks:
 Simplified, compared with PyTorch's powerSGD_hook: no batching of same-shape tensors, Gram-Schmidt
 at every rank r (PyTorch switches to a QR decomposition above r = 2: the same Q up to rounding and
 signs), and the random first Qs are drawn per tensor in the bucket's order (PyTorch groups them by
-shape first: the same draws on buckets of one tensor each, which is how the tests compare them).
+shape first: the same draws where shapes differ, which is how the tests compare them), and every
+all-reduce is started by the hook itself, not in a Future callback as PyTorch's does (on gloo with
+several buckets, the ranks then order them differently and hang: measured, docs/task12-compression.md).
 """
 import numpy as np
 import torch
