@@ -643,6 +643,8 @@ MISTAKES = [
             "        buffer.copy_(future.value()[0] / group.size())\n", "before the all-reduce"),
     Mistake("12.1", "forgets-the-divide", "template_compression.py",
             "buffer.to(dtype).div_(group.size())", "buffer.to(dtype)", "not the mean"),
+    Mistake("12.1", "divides-by-the-world-size", "template_compression.py",  # right until a group is a subgroup
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype).div_(dist.get_world_size())", "its size"),
     Mistake("12.1", "returns-before-the-all-reduce", "template_compression.py",  # DDP would read unsummed numbers
             "    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)\n",
             "    dist.all_reduce(compressed, group=group, async_op=True)\n    future = torch.futures.Future()\n"

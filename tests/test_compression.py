@@ -438,6 +438,52 @@ def test_powersgd_state_refuses_a_start_before_step_2():
         comp.PowerSGDState(start_powerSGD_iter=1)
 
 
+# --------------------------------------------------------------------------- a process group of its own
+def _in_a_subgroup(rank, world_size, impl, task):
+    """Ranks 0 and 2 of 3 average over their own group (as a data-parallel group of a 2-D grid does):
+    N is the group's size, not the world's; rank 1 takes no part."""
+    torch.manual_seed(1000 + rank)
+    comp, td = judging(impl, task), load("solutions", "template_ddp")
+    group = dist.new_group([0, 2])  # every rank calls new_group
+    if rank == 1:
+        return None
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for step in range(3):
+        tensors = [torch.randn(24, 8, generator=g), torch.randn(24, generator=g)]
+        if task == "12.1":
+            ours = comp.bf16_compress_hook(group, _grad_bucket(td, tensors, 0, True)).wait()
+            theirs = default_hooks.bf16_compress_hook(group, _grad_bucket(td, tensors, 0, True)).wait()
+        else:
+            if step == 0:
+                options = dict(matrix_approximation_rank=2, start_powerSGD_iter=2)
+                state, their_state = comp.PowerSGDState(group, **options), torch_powersgd.PowerSGDState(group, **options)
+            ours = comp.powersgd_hook(state, _grad_bucket(td, tensors, 0, True)).wait()
+            theirs = torch_powersgd.powerSGD_hook(their_state, _grad_bucket(td, tensors, 0, True)).wait()
+        out.append((ours.clone(), theirs.clone()))
+    return out
+
+
+@pytest.mark.task12_1
+def test_compress_hook_averages_over_its_process_group(impl):
+    for rank, out in enumerate(run_ranks(_in_a_subgroup, 3, impl, "12.1", timeout=30)):
+        for step, (ours, theirs) in enumerate(out or []):
+            assert torch.equal(ours, theirs), (
+                f"{T121}: rank {rank}, step {step}, in a process group of ranks 0 and 2 out of 3: differs from "
+                f"PyTorch's bf16_compress_hook by {(ours - theirs).abs().max().item():.3g}: all-reduce over "
+                "process_group and divide by its size (None: the whole world)")
+
+
+@pytest.mark.task12_3
+def test_powersgd_averages_over_its_process_group(impl):
+    for rank, out in enumerate(run_ranks(_in_a_subgroup, 3, impl, "12.3", timeout=30)):
+        for step, (ours, theirs) in enumerate(out or []):
+            assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5), (
+                f"{T123}: rank {rank}, step {step}, in a process group of ranks 0 and 2 out of 3: differs from "
+                f"PyTorch's powerSGD_hook by {(ours - theirs).abs().max().item():.3g}: every all-reduce over "
+                "state.process_group, divided by its size (None: the whole world)")
+
+
 # --------------------------------------------------------------------------- train_ddp.py --compress
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "128", "--batch-size", "128"]
