@@ -364,9 +364,13 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
     for got in zip(*(out for out, _, _ in results)):
         for other in got[1:]:
             if not all(torch.equal(a, b) for a, b in zip(got[0]["q_inputs"], other["q_inputs"])):
+                first = got[0]["step"] == options["start_powerSGD_iter"]
                 pytest.fail(f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks started from "
-                            "different Qs: draw the same first Qs on every rank, torch.randn right after "
-                            "torch.manual_seed(state.rng.randint(1_000_000_000)) (inside torch.random.fork_rng)")
+                            "different Qs: " + (
+                                "draw the same first Qs on every rank, torch.randn right after torch.manual_seed("
+                                "state.rng.randint(1_000_000_000)) (inside torch.random.fork_rng)" if first else
+                                "the warm start begins from last step's averaged Q (state.q_memory_dict), the same "
+                                "on every rank, not from P or anything computed from this rank's gradient"))
             assert torch.equal(got[0]["ours"], other["ours"]), (
                 f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks ended with different "
                 "gradients: every rank must draw the same first Qs (torch.manual_seed(state.rng.randint("
