@@ -528,7 +528,17 @@ def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
     (["--powersgd-rank", "2"], "add --compress powersgd"),
     (["--compress", "powersgd", "--powersgd-rank", "0"], "1 or more"),
     (["--compress", "fp16", "--shard", "full"], "cannot be combined"),
+    (["--compress", "fp16", "--sync", "overlap", "--tp", "2"], "cannot be combined"),
 ])
 def test_train_ddp_refuses_what_cannot_compress_in_one_line(flags, says):
-    code, out = _run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, *flags], timeout=120)
-    assert code == 2 and out.count("\n") == 1 and says in out, (code, out)
+    import train_ddp
+
+    with pytest.raises(ValueError) as refused:
+        train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *SMALL, *flags]))
+    assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+
+
+@pytest.mark.repo
+def test_a_refused_compression_stops_train_ddp_with_one_line_and_exit_2():
+    code, out = _run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, "--compress", "bf16"], timeout=120)
+    assert code == 2 and out.count("\n") == 1 and "--compress bf16 hooks into DDP's gradient buckets" in out, (code, out)
