@@ -86,6 +86,10 @@ NOT_RUN = {
                              "runs ray_train.py on a two-node Ray cluster (pytest -m ray)",
     "ray start *": "starts a Ray node on a cluster's machine",
     "ray stop": "stops a Ray node",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --sync overlap --compress *":
+        "tests/test_compression.py trains --sync overlap with --compress powersgd (and bf16, pytest -m slow)",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --compress *":
+        "tests/test_compression.py trains --impl ddp --compress powersgd (pytest -m slow)",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.
@@ -93,6 +97,7 @@ QUICK = {
     "train_ddp.py": ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "256"],
     "benchmarks/allreduce_bench.py": ["--max-size", "16KB", "--warmup", "1", "--repeats", "2"],
     "template_replicas.py": ["--steps", "2"],
+    "benchmarks/compression_bench.py": ["--repeats", "1", "--steps", "4", "--rounds", "1", "--no-resnet"],
 }
 
 # Pages of Phase 2 that other pages may link to before they land. Empty it once they exist:
