@@ -509,7 +509,9 @@ def _run(args, timeout=240):
 @pytest.mark.e2e
 @pytest.mark.repo
 @pytest.mark.parametrize("flags", [
-    ["--impl", "solutions", "--sync", "overlap", "--compress", "powersgd", "--powersgd-rank", "2"],
+    # slow, all three: a torchrun run costs 15-45 s, and the default suite must stay near a minute
+    pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "powersgd", "--powersgd-rank", "2"],
+                 marks=pytest.mark.slow),
     pytest.param(["--impl", "ddp", "--compress", "powersgd", "--powersgd-rank", "2"], marks=pytest.mark.slow),
     pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
 ], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
