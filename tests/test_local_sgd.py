@@ -353,11 +353,15 @@ def _average(rank, world_size, impl, sub):
     g = torch.Generator().manual_seed(10 + rank)
     loose = [torch.randn(4, 3, generator=g, dtype=torch.float64).t(), torch.randn(2, generator=g, dtype=torch.float64)]
     before = [t.clone() for t in loose]
-    lib.all_reduce_mean(loose, group)
-    wire.step = "empty"
-    lib.all_reduce_mean([], group)
+    error = None
+    try:
+        lib.all_reduce_mean(loose, group)
+        wire.step = "empty"
+        lib.all_reduce_mean([], group)
+    except RuntimeError as raised:  # gloo refuses a non-contiguous tensor: said by the test, after the rest
+        error = f"{type(raised).__name__}: {raised}"
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls)
+    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error)
 
 
 def _expected_mean(rank, members):
@@ -410,11 +414,6 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                 assert not value.is_floating_point() or torch.equal(value, results[same]["state"][key]), (
                     f"{T131}: {where}: {key} differs from rank {same}'s after averaging: every rank of the group must "
                     "end with bit-identical values (all-reduce, then the same division on every rank)")
-        mean_loose = [sum(results[r]["before"][i] for r in members) / len(members) for i in range(2)]
-        for got, want in zip(out["loose"], mean_loose):
-            assert torch.allclose(got, want, **CLOSE), (
-                f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector should leave "
-                f"their means in them, in place; off by {(got - want).abs().max().item():.3g}")
         n64 = sum(v.numel() for k, v in own.items() if v.dtype == torch.float64)
         n32 = sum(v.numel() for v in own.values() if v.dtype == torch.float32)
         calls = [c for c in out["calls"] if c[0] is None]
@@ -422,6 +421,14 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
         assert calls[0][4] == len(members), (
             f"{T131}: {where}: the all-reduce went over {calls[0][4]} ranks, the group has {len(members)}: "
             "pass group=group to dist.all_reduce")
+        assert out["error"] is None, (
+            f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector raised "
+            f"{out['error']}: copy the tensors into a flat buffer (torch.cat of .reshape(-1)) and back")
+        mean_loose = [sum(results[r]["before"][i] for r in members) / len(members) for i in range(2)]
+        for got, want in zip(out["loose"], mean_loose):
+            assert torch.allclose(got, want, **CLOSE), (
+                f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector should leave "
+                f"their means in them, in place; off by {(got - want).abs().max().item():.3g}")
         check_wire(T131, [c for c in out["calls"] if c[0] == "all_reduce_mean"], ["all_reduce_mean"],
                    [("float64", 14)], rank, "all_reduce_mean")
         empty = [c for c in out["calls"] if c[0] == "empty"]
@@ -472,7 +479,7 @@ def test_averaging_parameters_every_step_is_averaging_gradients_for_sgd_but_not_
     for name in names:
         got = [results[rank][name][0] for rank in range(world_size)]
         check_against_simulation(T132, got, MLP, name, list(range(world_size)), steps, 1,
-                                 candidates=["grads-averaged", "first-step"])
+                                 candidates=["grads-averaged", "first-step", "never-resets"])
         reference = _gradient_averaging(name, world_size, steps)
         gap = max((a - b).abs().max().item() for a, b in zip(got[0][-1], reference[-1]))
         if name == "adamw":
