@@ -2,13 +2,18 @@
 local SGD and DiLoCo; and the counter-example to "averaging the weights is averaging the gradients".
 
     python benchmarks/local_sgd_bench.py                   # 2 gloo ranks, 3 repeats: a few minutes
+    python benchmarks/local_sgd_bench.py --split iid       # each rank's half drawn at random (default: skewed)
     python benchmarks/local_sgd_bench.py --quick           # 1 repeat, fewer steps: to see it run
     python benchmarks/local_sgd_bench.py --update-results  # rewrite benchmarks/results/local_sgd*
 
 The task is hard enough to separate the methods and small enough for a CPU: a teacher network
 labels 32-dimensional Gaussian inputs (10 classes), 20% of the training labels are replaced by
-random ones, and a student MLP (32-256-256-10, 76,810 parameters, float32) learns from 20,000
-examples, each rank from its own half, 32 a step. Every method starts from the same weights and
+random ones, and a student MLP (32-256-256-10, 76,810 parameters, float32) learns from 200,000
+examples, each rank from its own half, 32 a step, each example once (a run reads a quarter of its
+half): no run can learn the noise by heart, so the test loss measures learning, not memorising. --split skewed (the default) gives each rank a
+half that is mostly its own classes (on 2 ranks, 90% of rank 0's half are classes 0-4, 90% of rank
+1's classes 5-9), as data held in different places is: the replicas then drift apart between averages, which separates
+the methods; --split iid draws each half at random. Every method starts from the same weights and
 sees the same batches (per repeat); AdamW (lr 1e-3) is the optimizer of every rank:
 - dp: data parallelism, the gradients averaged every step (one flat all-reduce);
 - local H: local SGD (Task 13.2) with AdamW inside, the parameters averaged every H steps;
@@ -47,18 +52,24 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=1536, help="training steps of each run (default: 1536)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each method, each with its own seed (3)")
     parser.add_argument("--world-size", type=int, default=2, help="gloo ranks on this machine (default: 2)")
+    parser.add_argument("--split", choices=["skewed", "iid"], default="skewed",
+                        help="skewed: each rank's half mostly its own classes (90%% on 2 ranks); iid: drawn at random "
+                        "(default: skewed)")
     parser.add_argument("--quick", action="store_true", help="1 repeat of 256 steps: to see it run, not for figures")
     add_output_arguments(parser, "the CSVs and the figure")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats = 256, 1
+    if args.steps * 32 > 200000 // args.world_size:
+        parser.error(f"--steps {args.steps}: each rank reads each of its {200000 // args.world_size} examples once, "
+                     f"32 a step: at most {200000 // args.world_size // 32} steps")
     if args.steps % EVAL_EVERY:
         parser.error(f"--steps must be a multiple of {EVAL_EVERY} (the loss is measured every {EVAL_EVERY} steps)")
     return args
 
 
 # --------------------------------------------------------------------------- the task
-def make_data(n_train=20000, n_test=4000, noise=0.2):
+def make_data(n_train=200000, n_test=4000, noise=0.2):
     g = torch.Generator().manual_seed(1234)
     teacher = [torch.randn(32, 64, generator=g) / 32 ** 0.5, torch.randn(64, 10, generator=g) / 8]
     x = torch.randn(n_train + n_test, 32, generator=g)
@@ -84,18 +95,40 @@ class Counted:
         return self._real(tensor, *args, **kwargs)
 
 
-def _train(rank, world_size, kind, sync_every, seed, steps, data, counter):
+def shard(y, rank, world_size, split, own=0.8):
+    """The indices of this rank's share of the training set: every world_size-th example (iid), or
+    (skewed) a share of the same size, `own` of it from this rank's block of classes."""
+    if split == "iid":
+        return torch.arange(rank, len(y), world_size)
+    g = torch.Generator().manual_seed(99)  # the same on every rank: the shares do not overlap
+    order = torch.randperm(len(y), generator=g)
+    home = (y[order] * world_size // 10)  # the rank whose block each example's class is in
+    size = len(y) // world_size
+    shares = [[] for _ in range(world_size)]
+    pools = [order[home == r].tolist() for r in range(world_size)]
+    rest = []
+    for r in range(world_size):  # `own` of each share from its block, the rest from the leftovers
+        shares[r] = pools[r][:int(own * size)]
+        rest += pools[r][int(own * size):]
+    rest = torch.tensor(rest)[torch.randperm(len(rest), generator=g)].tolist()
+    for r in range(world_size):
+        need = size - len(shares[r])
+        shares[r], rest = shares[r] + rest[:need], rest[need:]
+    return torch.tensor(shares[rank])
+
+
+def _train(rank, world_size, kind, sync_every, seed, steps, data, counter, split):
     x, y, x_test, y_test = data
-    mine = torch.arange(rank, len(x), world_size)  # this rank's half (a third, ...) of the training set
+    mine = shard(y, rank, world_size, split)  # this rank's half (a third, ...) of the training set
     torch.manual_seed(seed)
     model = student()  # the same start on every rank: the same seed
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stepper = (inner if kind == "dp" else LocalSGD(model, inner, sync_every) if kind == "local"
                else DiLoCo(model, inner, sync_every, outer_lr=0.7, outer_momentum=0.9))
-    order = torch.Generator().manual_seed(seed * 1000 + rank)
+    order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(seed * 1000 + rank))]
     start, rows = counter.bytes, []
     for step in range(1, steps + 1):
-        batch = mine[torch.randint(0, len(mine), (32,), generator=order)]
+        batch = order[(step - 1) * 32:step * 32]  # each example once
         stepper.zero_grad()
         F.cross_entropy(model(x[batch]), y[batch]).backward()
         if kind == "dp":
@@ -110,7 +143,7 @@ def _train(rank, world_size, kind, sync_every, seed, steps, data, counter):
     return rows
 
 
-def _all_runs(rank, world_size, steps, repeats):
+def _all_runs(rank, world_size, steps, repeats, split):
     torch.set_num_threads(1)
     data = make_data()
     counter = Counted()
@@ -118,7 +151,8 @@ def _all_runs(rank, world_size, steps, repeats):
     for seed in range(repeats):
         for name, kind, sync_every in METHODS:  # alternating: load on the machine hits every method alike
             began = time.perf_counter()
-            for step, sent, loss, accuracy in _train(rank, world_size, kind, sync_every, seed, steps, data, counter):
+            for step, sent, loss, accuracy in _train(rank, world_size, kind, sync_every, seed, steps, data, counter,
+                                                         split):
                 rows.append(dict(method=name, seed=seed, step=step, bytes=sent, test_loss=loss, test_accuracy=accuracy))
             if rank == 0:
                 print(f"  {name:<10} seed {seed}: test loss {rows[-1]['test_loss']:.4f}, "
@@ -175,7 +209,7 @@ def write_csv(path, rows):
         writer.writerows(rows)
 
 
-def plot(rows, path, world_size):
+def plot(rows, path, world_size, split):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -201,7 +235,7 @@ def plot(rows, path, world_size):
         ax.grid(alpha=0.3)
     axes[0].legend()
     axes[0].set_title("loss against steps: lines the mean, bands min-max of the repeats")
-    axes[1].set_title("loss against bytes sent")
+    axes[1].set_title(f"loss against bytes sent ({split} halves)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -211,7 +245,8 @@ def main(argv=None):
     out = output_folder(args)
     os.makedirs(out, exist_ok=True)
     load = os.getloadavg()[0]
-    print(f"local_sgd_bench: {args.world_size} gloo ranks, {args.steps} steps, {args.repeats} repeats; "
+    print(f"local_sgd_bench: {args.world_size} gloo ranks, {args.split} halves, {args.steps} steps, "
+          f"{args.repeats} repeats; "
           f"load average {load:.1f} at the start")
     began = time.perf_counter()
     counter = run_ranks(args.world_size, _counter_example)
@@ -220,9 +255,10 @@ def main(argv=None):
         print(f"  {name:<36} {gap:.2g}")
     write_csv(os.path.join(out, "local_sgd_counterexample.csv"),
               [dict(optimizer=name, max_abs_difference=gap) for name, gap in counter.items()])
-    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats)
-    write_csv(os.path.join(out, "local_sgd.csv"), rows)
-    plot(rows, os.path.join(out, "local_sgd.png"), args.world_size)
+    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats, args.split)
+    name = f"local_sgd_{args.split}"
+    write_csv(os.path.join(out, f"{name}.csv"), rows)
+    plot(rows, os.path.join(out, f"{name}.png"), args.world_size, args.split)
     print(f"final test loss after {args.steps} steps (mean, min-max over {args.repeats} repeats), bytes a step:")
     for name, _, _ in METHODS:
         last = [r for r in rows if r["method"] == name and r["step"] == args.steps]
@@ -230,7 +266,7 @@ def main(argv=None):
         print(f"  {name:<10} {statistics.fmean(losses):.4f} ({min(losses):.4f}-{max(losses):.4f}), accuracy "
               f"{statistics.fmean(r['test_accuracy'] for r in last):.3f}, "
               f"{statistics.fmean(r['bytes'] for r in last) / args.steps / 1e3:.1f} kB a step")
-    print(f"wrote {out}/local_sgd.csv, local_sgd.png, local_sgd_counterexample.csv in "
+    print(f"wrote {out}/{name}.csv, {name}.png, local_sgd_counterexample.csv in "
           f"{time.perf_counter() - began:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
 
 
