@@ -21,22 +21,22 @@ DistributedDataParallel and DistributedSampler, the production baseline to compa
 Every epoch rank 0 prints the losses, the global test accuracy, the throughput and the
 share of step time spent synchronising gradients, and writes them to --metrics. How the
 model is parallelised (--impl, --allreduce, --sync, --shard, --tp, --pp) is one strategy
-object from strategies.py: this file reads the same whatever it is.
+object from strategies/: this file reads the same whatever it is.
 """
 import argparse
 import datetime
 import os
 import signal
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import strategies
+from strategies.course_files import course_module, not_done
 from data import first_n, get_datasets
-from models import CNN
-from tools.interrupt import PROGRESS, Counted, stop_on_interrupt, stop_torchrun_restarts, whole_lines
+from support import checkpoint
+from tools.interrupt import PROGRESS, Counted, cannot_start, stop_on_interrupt, whole_lines
 from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
 from tools.timeline import start_profiler
 
@@ -57,8 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
     parser.add_argument("--batch-size", type=int, default=512,
                         help="the GLOBAL batch, split evenly over the ranks (default: 512)")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="learning rate (default: 0.05 with sgd, 0.001 with adamw)")
+    parser.add_argument("--lr", type=float, help="learning rate (default: 0.05 with sgd, 0.001 with adamw)")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
                         help="sgd: SGD with --momentum; adamw: AdamW (default: sgd)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
@@ -70,8 +69,7 @@ def parse_args(argv=None):
                         help="DataLoader worker processes per rank (default: 0 on CPUs, 2 on GPUs)")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="use only the first N training images, for quick runs (default: all)")
-    parser.add_argument("--test-samples", type=int, default=None,
-                        help="use only the first N test images (default: all)")
+    parser.add_argument("--test-samples", type=int, help="use only the first N test images (default: all)")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="split each rank's batch into K micro-batches whose gradients add up before one "
                         "optimizer step; the first K-1 run inside no_sync() with --sync overlap and --impl ddp "
@@ -80,33 +78,26 @@ def parse_args(argv=None):
                         help="profile 3 steps of the first epoch on rank 0: DIR/trace.json (chrome://tracing or "
                         "ui.perfetto.dev) and DIR/timeline.png, backward beside the all-reduces (default: off)")
     parser.add_argument("--timeout", type=float, default=300,
-                        help="seconds a collective waits for the other ranks before failing: "
-                        "how long a hang lasts (default: 300)")
+                        help="seconds a collective waits for the other ranks before failing: how long a hang lasts "
+                        "(default: 300)")
     parser.add_argument("--metrics", default="runs/metrics.csv",
                         help="CSV file that rank 0 writes the per-epoch figures to (default: runs/metrics.csv)")
     parser.add_argument("--no-plot", action="store_true",
                         help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="rank 0 saves a checkpoint here after every epoch (last.pt, previous.pt), and a run "
-                        "that finds one resumes from it, also after a torchrun restart (default: no checkpoints)")
-    parser.add_argument("--checkpoint-every", type=int, default=None,
-                        help="with --checkpoint-dir, also save every N optimizer steps, so that a failure loses at "
-                        "most N steps; SIGUSR1 saves at the next step and stops (default: at epoch ends only)")
+    checkpoint.add_arguments(parser)
     strategies.add_arguments(parser)
     return parser.parse_args(argv)
 
 
 def check_flags(args):
     """Every setting that cannot work, refused with one line before any rank starts. Returns the
-    strategy class the flags choose (strategies.py)."""
+    strategy class the flags choose (strategies/)."""
     if args.epochs < 1:
         raise ValueError(f"--epochs {args.epochs}: train for at least one epoch")
     if args.accumulate < 1:
         raise ValueError(f"--accumulate {args.accumulate}: the number of micro-batches per step must be 1 or more")
-    if args.checkpoint_dir is None and args.checkpoint_every:
-        raise ValueError("--checkpoint-every needs --checkpoint-dir: where should the checkpoints go?")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if checkpoint.refusal(args):
+        raise ValueError(checkpoint.refusal(args))
     for flag, path in (("--metrics", args.metrics), ("--profile", args.profile and os.path.join(args.profile, "x"))):
         problem = path and cannot_write(path)
         if problem:  # found now, not after the first epoch's training
@@ -116,10 +107,10 @@ def check_flags(args):
 
 def main(args):
     strategy = check_flags(args)
-    trainer = strategies.course_module(args.impl, "template_trainer")
-    not_done = strategies.not_done(args.impl, strategy.needs(args) + checkpoint_tasks(args))
-    if not_done:
-        trainer.print0(not_done)
+    trainer = course_module(args.impl, "template_trainer")
+    unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks(args))
+    if unfinished:
+        trainer.print0(unfinished)
         raise NotDone  # as final as a wrong setting
     timeout = datetime.timedelta(seconds=args.timeout)
     rank, local_rank, world_size, device = trainer.setup_distributed(args.backend, timeout)
@@ -130,9 +121,33 @@ def main(args):
 
 
 def train(args, rank, world_size, device):
-    """One training run on this rank, in a process group already set up."""
+    """One training run on this rank, in a process group already set up; returns the exit code."""
     strategy = check_flags(args)(args)
-    trainer, print0 = strategy.trainer, strategy.trainer.print0
+    print0 = strategy.trainer.print0
+    train_loader, test_loader, about_data = load_data(args, strategy, rank, world_size, device)
+    threads = set_threads()
+    # Each rank seeds differently on purpose: only the broadcast (Task 2.1) or DDP's own
+    # broadcast makes the replicas start equal, so forgetting it shows.
+    torch.manual_seed(args.seed + rank)
+    model = strategy.wrap(strategy.build_model(device))
+    optimizer = strategy.optimizer(model, *optimizer_class(args))
+    checkpointer = checkpoint.make_checkpointer(args, course_module(args.impl, "template_checkpoint"), model,
+                                                optimizer, world_size, about_data["name"], device, len(train_loader))
+    print0(f"impl={args.impl} {strategy.start_line()} accumulate={args.accumulate} {about_data['text']} "
+           f"world_size={world_size} backend={dist.get_backend()} device={device.type} threads={threads} "
+           f"global batch={args.batch_size} ({args.batch_size // about_data['readers']} per rank) "
+           f"steps/epoch={len(train_loader)}")
+    if not train_epochs(args, strategy, model, optimizer, train_loader, test_loader, checkpointer, rank, device,
+                        about_data["name"]):
+        return 0  # SIGUSR1: saved, ended cleanly
+    same, line = strategy.consistency(model)
+    print0(line)
+    return 0 if same else 1
+
+
+def load_data(args, strategy, rank, world_size, device):
+    """(train loader, test loader, about the data) of this rank; a global batch that cannot be
+    split evenly is refused, on every rank alike."""
     workers = args.workers if args.workers is not None else (2 if device.type == "cuda" else 0)
     train_set, test_set, data_name = get_datasets(args.data, args.data_dir, args.seed)
     train_set, test_set = first_n(train_set, args.train_samples), first_n(test_set, args.test_samples)
@@ -145,29 +160,16 @@ def train(args, rank, world_size, device):
     if args.batch_size % (readers * args.accumulate):
         raise ValueError(f"the global batch {args.batch_size} does not split into {readers} ranks x "
                          f"{args.accumulate} equal micro-batches: choose a multiple of {readers * args.accumulate}")
+    text = f"data={data_name} ({len(train_set)} train / {len(test_set)} test images)"
+    return train_loader, test_loader, {"name": data_name, "text": text, "readers": readers}
 
-    threads = set_threads()
-    # Each rank seeds differently on purpose: only the broadcast (Task 2.1) or DDP's own
-    # broadcast makes the replicas start equal, so forgetting it shows.
-    torch.manual_seed(args.seed + rank)
-    model = strategy.wrap(CNN().to(device))
-    optimizer_cls, optimizer_kwargs = optimizer_class(args)
-    optimizer = strategy.optimizer(model, optimizer_cls, optimizer_kwargs)
-    if args.shard == "optimizer":
-        print0(f"optimizer: {optimizer_cls.__name__}, its state sharded over the {world_size} ranks "
-               f"({type(optimizer).__name__})")
-    checkpointer = make_checkpointer(args, model, optimizer, world_size, data_name, device, len(train_loader))
+
+def train_epochs(args, strategy, model, optimizer, train_loader, test_loader, checkpointer, rank, device, data_name):
+    """The epochs left (all, or those after a checkpoint's), each ended by its line and its row of
+    --metrics; the plot at the end. False if SIGUSR1 stopped the run (after saving a checkpoint)."""
+    print0 = strategy.trainer.print0
     first_epoch = checkpointer.epochs_done + 1 if checkpointer else 1
-    if first_epoch > args.epochs:  # it used to end here without a word
-        print0(f"{args.checkpoint_dir} holds {first_epoch - 1} epochs already, --epochs {args.epochs}: "
-               "nothing to train; a larger --epochs trains on from there")
     stop_requested = checkpointer.StopRequested if checkpointer else ()  # () catches nothing
-
-    print0(f"impl={args.impl} allreduce={args.allreduce} sync={strategy.name} "
-           f"accumulate={args.accumulate} data={data_name} ({len(train_set)} train / {len(test_set)} test images) "
-           f"world_size={world_size} backend={dist.get_backend()} device={device.type} threads={threads} "
-           f"global batch={args.batch_size} ({args.batch_size // readers} per rank) "
-           f"steps/epoch={len(train_loader)}")
     rows = earlier_rows(args.metrics, first_epoch) if rank == 0 and args.metrics else []  # a resumed run's history
     for epoch in range(first_epoch, args.epochs + 1):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
@@ -175,39 +177,38 @@ def train(args, rank, world_size, device):
         profiler = start_profiler(args.profile, device, model) if args.profile and rank == 0 and epoch == 1 else None
         batches = checkpointer.batches(train_loader) if checkpointer else train_loader
         try:
-            stats = trainer.train_one_epoch(model, Counted(batches, profiler), optimizer, device,
-                                            strategy.sync_gradients, epoch, accumulate=args.accumulate,
-                                            forward_backward=strategy.forward_backward)
+            stats = strategy.trainer.train_one_epoch(model, Counted(batches, profiler), optimizer, device,
+                                                     strategy.sync_gradients, epoch, accumulate=args.accumulate,
+                                                     forward_backward=strategy.forward_backward)
         except stop_requested as stop:  # SIGUSR1: saved, now end cleanly
             print0(stop)
-            return 0
+            return False
         if profiler:
             profiler.stop()
             print0(f"profile of 3 steps on rank 0: {args.profile}/trace.json and {args.profile}/timeline.png")
         if checkpointer:
             checkpointer.end_epoch()
-        # the global training loss, from the same reduction as the evaluation counts
-        samples, loss_sum = strategy.totals(stats, device)
-        result = strategy.evaluate(model, test_loader, device)
-        row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
-               "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
-               "sync_share": strategy.sync_share(stats), "epoch_seconds": stats["seconds"]}
-        rows.append(row)
-        print0(f"epoch {epoch}/{args.epochs}  train loss {row['train_loss']:.4f}  test loss {row['test_loss']:.4f}  "
-               f"test accuracy {result['accuracy']:.2%} ({result['correct']}/{result['total']})  "
-               f"{row['images_per_second']:,.0f} images/s  {strategy.sync_line(stats)}  ({stats['seconds']:.1f} s)")
+        rows.append(epoch_row(args, strategy, model, test_loader, stats, epoch, device))
         if rank == 0 and args.metrics:
             write_metrics(args.metrics, rows)
-
     if rank == 0 and args.metrics and rows and not args.no_plot:
         print0(write_plot(args.metrics, rows, f"--impl {args.impl} --allreduce {args.allreduce}, {data_name}, "
-                                              f"{world_size} rank(s), global batch {args.batch_size}"))
-    same = strategy.ranks_agree(model)
-    print0(("ranks consistent: one rank, nothing to compare" if world_size == 1 else
-            f"ranks consistent: all {world_size} ranks hold bit-identical parameters") if same else
-           f"ranks INCONSISTENT: the {world_size} ranks' parameters differ; is every rank broadcasting "
-           "(Task 2.1) and averaging (Task 2.2) the same way?")
-    return 0 if same else 1
+                                              f"{dist.get_world_size()} rank(s), global batch {args.batch_size}"))
+    return True
+
+
+def epoch_row(args, strategy, model, test_loader, stats, epoch, device):
+    """The epoch's figures over all ranks (the row of --metrics), said in the epoch line."""
+    samples, loss_sum = strategy.totals(stats, device)  # the same reduction as the evaluation's counts
+    result = strategy.evaluate(model, test_loader, device)
+    row = {"epoch": epoch, "train_loss": loss_sum / max(samples, 1), "test_loss": result["loss"],
+           "test_accuracy": result["accuracy"], "images_per_second": samples / stats["seconds"],
+           "sync_share": strategy.sync_share(stats), "epoch_seconds": stats["seconds"]}
+    strategy.trainer.print0(
+        f"epoch {epoch}/{args.epochs}  train loss {row['train_loss']:.4f}  test loss {row['test_loss']:.4f}  "
+        f"test accuracy {result['accuracy']:.2%} ({result['correct']}/{result['total']})  "
+        f"{row['images_per_second']:,.0f} images/s  {strategy.sync_line(stats)}  ({stats['seconds']:.1f} s)")
+    return row
 
 
 def set_threads():
@@ -231,21 +232,6 @@ def optimizer_class(args):
     return torch.optim.SGD, {"lr": 0.05 if args.lr is None else args.lr, "momentum": args.momentum}
 
 
-def checkpoint_tasks(args):
-    """--checkpoint-dir trains with Tasks 8.1 and 8.2, and under --shard with 8.3 and 8.4 (sharded files)."""
-    names = ["save_checkpoint", "load_checkpoint"] + (["shard_index", "read_overlaps"] if args.shard != "none" else [])
-    return [("template_checkpoint.py", name) for name in names] if args.checkpoint_dir else []
-
-
-def make_checkpointer(args, model, optimizer, world_size, data_name, device, steps_per_epoch):
-    """--checkpoint-dir: check the folder, resume from its newest checkpoint (template_checkpoint.py)."""
-    if args.checkpoint_dir is None:
-        return None
-    lib = strategies.course_module(args.impl, "template_checkpoint")
-    return lib.Checkpointer(args.checkpoint_dir, args.checkpoint_every, model, optimizer,
-                            lib.run_arguments(args, world_size, data_name), device, steps_per_epoch)
-
-
 if __name__ == "__main__":
     whole_lines()  # two ranks' lines never share one (PYTHONUNBUFFERED=1 writes a line in two pieces)
     args = parse_args()
@@ -254,17 +240,7 @@ if __name__ == "__main__":
     try:
         code = main(args)
     except (ValueError, NotDone) as error:  # a setting that cannot work: one line, not a traceback
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun may stop this rank any moment: say it whole
-        if isinstance(error, ValueError):
-            tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-            print(f"{tag}error: {error}", file=sys.stderr, flush=True)
-        code = 2 if isinstance(error, ValueError) else 1
-        if os.environ.get("LOCAL_RANK", "0") != "0":
-            time.sleep(1)  # meanwhile local rank 0 stops torchrun, before it sees this exit and restarts
-        else:
-            stopping = stop_torchrun_restarts()  # the next attempt would fail the same way
-            if stopping and os.environ.get("RANK") == "0":
-                print(stopping, file=sys.stderr, flush=True)
+        code = cannot_start(error, final=isinstance(error, NotDone))
     # The process group is destroyed and every file closed: leave without the interpreter's
     # teardown, which gloo's background threads can still abort now and then ("terminate called
     # without an active exception", SIGABRT), turning a finished run into a failed one.

@@ -242,8 +242,8 @@ def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
 
 def sync_like_task_2_2(rank, world_size, name, impl):
     """Gradients averaged by train_ddp's --allreduce path, and by dist.all_reduce / world_size."""
-    import strategies
     from models import CNN
+    from strategies.data_parallel import average_gradients_with
 
     torch.manual_seed(0)  # the same model on every rank, different data
     model = CNN()
@@ -255,7 +255,7 @@ def sync_like_task_2_2(rank, world_size, name, impl):
         dist.all_reduce(grad)
         grad /= world_size
     with traffic(WHERE[f"{name}_all_reduce"]):
-        strategies.average_gradients_with(name, impl)(model)
+        average_gradients_with(name, impl)(model)
     return [p.grad for p in model.parameters() if p.grad is not None], expected
 
 

@@ -14,8 +14,9 @@ import time
 import pytest
 
 import data
-import strategies
 import train_ddp
+from strategies.course_files import unfilled_task
+from support import checkpoint
 
 pytestmark = pytest.mark.repo  # the course's own script, not a student's task
 
@@ -25,8 +26,8 @@ QUICK = ["--impl", "solutions", "--data", "synthetic", "--test-samples", "100"]
 
 def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
     """--allreduce ring with Task 3.2 done and 3.1 not yet must train (ring needs only 3.2)."""
-    ring = strategies.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
-    naive = strategies.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
+    ring = unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
+    naive = unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
     assert (ring[0], naive[0]) == ("Task 3.2", "Task 3.1"), (ring, naive)
     with open(os.path.join(REPO, "template_allreduce.py")) as f:
         template = f.read()
@@ -34,9 +35,9 @@ def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
         solution = f.read()
     ring_done = template[:template.index("\ndef ring_all_reduce(")] + solution[solution.index("\ndef ring_all_reduce("):]
     (tmp_path / "template_allreduce.py").write_text(ring_done)
-    assert strategies.unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path)) is None
-    assert strategies.unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")],
-                                   root=str(tmp_path))[0] == "Task 3.1"
+    assert unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path)) is None
+    assert unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")],
+                         root=str(tmp_path))[0] == "Task 3.1"
 
 
 @pytest.mark.parametrize("epochs", ["0", "-1"])
@@ -259,8 +260,8 @@ def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):
         solution = f.read()
     (tmp_path / "template_checkpoint.py").write_text(fence.sub(lambda m: template[m.group(1)], solution))
     plain, sharded = (train_ddp.parse_args(["--checkpoint-dir", "ckpt", *shard]) for shard in ([], ["--shard", "full"]))
-    assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(plain), root=str(tmp_path)) is None
-    assert strategies.unfilled_task("template", train_ddp.checkpoint_tasks(sharded), root=str(tmp_path)) == (
+    assert unfilled_task("template", checkpoint.tasks(plain), root=str(tmp_path)) is None
+    assert unfilled_task("template", checkpoint.tasks(sharded), root=str(tmp_path)) == (
         "Task 8.3", "template_checkpoint.py")
 
 
@@ -273,3 +274,43 @@ def test_a_checkpoint_past_the_last_epoch_says_there_is_nothing_to_train(tmp_pat
         proc = subprocess.run(run + ["--epochs", epochs], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{tmp_path / 'ckpt'} holds 2 epochs already, --epochs 1: nothing to train" in proc.stdout, proc.stdout
+
+
+# --- strategies/: features in front of the strategy, the end-of-run check ------------------------
+
+def test_a_feature_runs_in_front_of_the_strategy_the_flags_choose():
+    """--shard optimizer is a feature: the chosen class is ShardOptimizerState in front of the strategy,
+    so its needs() adds Task 6's file to the strategy's and every other method is the strategy's."""
+    from strategies.data_parallel import OurDDP
+    from strategies.sharded import ShardOptimizerState
+
+    chosen = train_ddp.check_flags(train_ddp.parse_args(QUICK + ["--sync", "overlap", "--shard", "optimizer"]))
+    assert chosen.__mro__[1] is ShardOptimizerState and issubclass(chosen, OurDDP), chosen.__mro__
+    assert chosen.needs(train_ddp.parse_args(QUICK)) == OurDDP.files + ["template_zero.py"]
+    assert chosen.wrap is OurDDP.wrap and chosen.name == OurDDP.name
+    assert train_ddp.check_flags(train_ddp.parse_args(QUICK + ["--sync", "overlap"])) is OurDDP
+
+
+def _differing(rank, world_size):
+    """base.Strategy's end-of-run check on a model whose rank 1 differs in one weight and one buffer."""
+    import torch
+    from strategies.base import Strategy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    lines = [Strategy.consistency(Strategy.__new__(Strategy), model)]
+    if rank == 1:
+        with torch.no_grad():
+            model[0].weight[1, 2] += 1e-7  # one float's last bits
+        model[1].num_batches_tracked += 1  # an integer buffer
+    lines.append(Strategy.consistency(Strategy.__new__(Strategy), model))
+    return lines
+
+
+def test_the_end_of_run_check_names_the_tensors_in_which_ranks_differ():
+    from harness import run_ranks
+
+    for rank, (before, after) in enumerate(run_ranks(_differing, 3)):
+        assert before == (True, "ranks consistent: all 3 ranks hold bit-identical parameters"), (rank, before)
+        assert after[0] is False and "ranks INCONSISTENT: the 3 ranks' parameters differ (0.weight, " \
+            "1.num_batches_tracked)" in after[1], (rank, after)

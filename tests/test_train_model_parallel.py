@@ -5,7 +5,7 @@
 
 A step trains on the same global batch whatever splits the model, so every run must give the
 losses of single-process training on the global batch, up to float rounding, and end with
-bit-identical ranks (the whole model gathered on every rank: strategies.py's full_parameters).
+bit-identical ranks (the whole model gathered on every rank: strategies/'s full_parameters).
 """
 import csv
 import sys
@@ -74,7 +74,7 @@ def test_a_split_model_trains_like_one_process(ranks, flags, impl, one_process, 
     flags = flags if "ddp" in flags else ["--impl", impl, *flags]
     train_loss, test_loss, out = _train(_torchrun(ranks), flags, tmp_path)
     assert f"ranks consistent: all {ranks} ranks hold bit-identical parameters" in out, out
-    if "ddp" in flags and "--tp" in flags:  # warnings checked harmless and silenced in strategies.py (trial item 13)
+    if "ddp" in flags and "--tp" in flags:  # warnings checked harmless and silenced in strategies/ (trial item 13)
         assert "returned a view tensor" not in out and "sequential all_gather" not in out, out[-3000:]
     # 16 steps of SGD with momentum: 1, 2 and 4 data-parallel ranks already differ by up to 5e-5
     # (relative) here, float rounding in another summation order that momentum amplifies; a wrong
@@ -91,14 +91,13 @@ def _groups_refused(rank, world_size, tp, dp_is_none):
 
     import torch.distributed as dist
 
-    import strategies
+    from strategies.tensor_parallel import TensorParallel
     rows = [dist.new_group(list(range(start, start + tp))) for start in range(0, world_size, tp)]
     columns = [dist.new_group(list(range(t, world_size, tp))) for t in range(tp)]
     dp_group, tp_group = columns[rank % tp], rows[rank // tp]
     strategy = types.SimpleNamespace(args=types.SimpleNamespace(tp=tp))
     try:
-        strategies.TensorParallel.refuse_wrong_groups(strategy, None if dp_is_none else dp_group, tp_group,
-                                                      torch.device("cpu"))
+        TensorParallel.refuse_wrong_groups(strategy, None if dp_is_none else dp_group, tp_group, torch.device("cpu"))
     except ValueError as error:
         return str(error)
     return None

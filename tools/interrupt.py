@@ -4,11 +4,12 @@ and every rank's lines written whole, so that two ranks' lines never share one.
     whole_lines()                                     # train_ddp.py, at start: one write per line
     signal.signal(signal.SIGINT, stop_on_interrupt)
     for images, labels in Counted(loader): ...        # keeps PROGRESS up to date
-    stop_torchrun_restarts()                          # after a setting refused under --max-restarts
+    code = cannot_start(error)                        # a setting refused: said once, no restarts
 """
 import os
 import signal
 import sys
+import time
 
 PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
 MAIN_PID = os.getpid()  # DataLoader workers are forked from this process, signal handlers and all
@@ -61,6 +62,23 @@ def stop_torchrun_restarts():
     os.kill(os.getppid(), signal.SIGTERM)
     return (f"stopping torchrun instead of restarting ({restarts_left} of --max-restarts left): every "
             "attempt would fail the same way; the SignalException traceback below is torchrun's own")
+
+
+def cannot_start(error, final=False):
+    """A rank's exit code when its run cannot start: 2 for a setting that cannot work (ValueError,
+    said here in one line, tagged with the rank), 1 when it was said already (`final`). No restart
+    follows: local rank 0 stops torchrun's agent, the other local ranks wait for it to do so."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun may stop this rank any moment: say it whole
+    if not final:
+        tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+        print(f"{tag}error: {error}", file=sys.stderr, flush=True)
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        time.sleep(1)  # meanwhile local rank 0 stops torchrun, before it sees this exit and restarts
+    else:
+        stopping = stop_torchrun_restarts()  # the next attempt would fail the same way
+        if stopping and os.environ.get("RANK") == "0":
+            print(stopping, file=sys.stderr, flush=True)
+    return 1 if final else 2
 
 
 class Counted:
