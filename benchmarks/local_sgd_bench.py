@@ -260,10 +260,10 @@ def main(argv=None):
     write_csv(os.path.join(out, f"{name}.csv"), rows)
     plot(rows, os.path.join(out, f"{name}.png"), args.world_size, args.split)
     print(f"final test loss after {args.steps} steps (mean, min-max over {args.repeats} repeats), bytes a step:")
-    for name, _, _ in METHODS:
-        last = [r for r in rows if r["method"] == name and r["step"] == args.steps]
+    for method, _, _ in METHODS:
+        last = [r for r in rows if r["method"] == method and r["step"] == args.steps]
         losses = [r["test_loss"] for r in last]
-        print(f"  {name:<10} {statistics.fmean(losses):.4f} ({min(losses):.4f}-{max(losses):.4f}), accuracy "
+        print(f"  {method:<10} {statistics.fmean(losses):.4f} ({min(losses):.4f}-{max(losses):.4f}), accuracy "
               f"{statistics.fmean(r['test_accuracy'] for r in last):.3f}, "
               f"{statistics.fmean(r['bytes'] for r in last) / args.steps / 1e3:.1f} kB a step")
     print(f"wrote {out}/{name}.csv, {name}.png, local_sgd_counterexample.csv in "
