@@ -55,11 +55,11 @@ def parse_args(argv=None):
     parser.add_argument("--split", choices=["skewed", "iid"], default="skewed",
                         help="skewed: each rank's half mostly its own classes (90%% on 2 ranks); iid: drawn at random "
                         "(default: skewed)")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 256 steps: to see it run, not for figures")
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 128 steps: to see it run, not for figures")
     add_output_arguments(parser, "the CSVs and the figure")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats = 256, 1
+        args.steps, args.repeats = 128, 1
     if args.steps * 32 > 200000 // args.world_size:
         parser.error(f"--steps {args.steps}: each rank reads each of its {200000 // args.world_size} examples once, "
                      f"32 a step: at most {200000 // args.world_size // 32} steps")
