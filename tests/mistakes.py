@@ -635,6 +635,95 @@ MISTAKES = [
     Mistake("10.5", "forgets-send-backward", "template_pipeline.py",  # a hang: the message names the missing send
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n", "",
             "stage.send_backward(input.grad)"),
+    # Issue 32: inputs Phase 3's tests never used, and failures that did not name their task or true cause
+    # (one representative a class; the message each must produce is the hint).
+    # A student's own exception in a rank: the task, where it was raised, what the test checks
+    Mistake("9.2", "bias-none-unchecked", "template_tensor_parallel.py",
+            "        bias = None if linear.bias is None else linear.bias.detach()[rows].clone()\n",
+            "        bias = linear.bias.detach()[rows].clone()\n",
+            "raised AttributeError: 'NoneType' object has no attribute 'detach' (at template_tensor_parallel.py:"),
+    # an IndexError in pytest's own process
+    Mistake("10.1", "starts-list-one-short", "template_pipeline.py",
+            "    start = stage * base + min(stage, extra)\n    return range(start, start + base + (1 if stage < extra else 0))",
+            "    starts = [s * base + min(s, extra) for s in range(num_stages)]\n"
+            "    return range(starts[stage], starts[stage + 1])",
+            "your code raised IndexError: list index out of range (at template_pipeline.py:"),
+    # a rank killed by a signal (gloo aborts on a buffer of another size than the message)
+    Mistake("10.3", "receives-into-a-smaller-buffer", "template_pipeline.py",
+            "        tensor = torch.empty(shape, dtype=dtype)\n",
+            "        tensor = torch.empty(tuple(shape)[:-1] or (1,), dtype=dtype)\n", "was killed by SIGABRT"),
+    # pytest.raises' "DID NOT RAISE"
+    Mistake("5.5", "swallows-the-exception", "template_ddp.py",
+            "        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = previous\n",
+            "        try:\n            yield\n        except Exception:\n            pass  # keep training\n"
+            "        self.require_backward_grad_sync = previous\n", "no KeyError was raised, where the test expected one"),
+    # a failed operator's recorded collectives counted against the next one ("g's forward sent two all-reduces")
+    Mistake("9.1", "f-backward-returns-one-gradient", "template_tensor_parallel.py",
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad\n",
+            "copy_to_tp on rank 0 (group rank 0 of 2) failed: RuntimeError: function _CopyToTPBackward returned an "
+            "incorrect number of gradients"),
+    # hangs told by where the student's code waits: a receive whose message never comes, sends never received
+    Mistake("10.3", "irecv-from-the-previous-stage-always", "template_pipeline.py",
+            "        dist.recv(tensor, peer)\n",
+            "        dist.irecv(tensor, self.prev_rank if self.prev_rank is not None else peer).wait()\n",
+            "_recv must receive exactly one message, from `peer`"),
+    Mistake("10.7", "no-cool-down", "template_pipeline.py",
+            "    while next_backward < num_microbatches:\n        backward()\n", "",
+            "sends to complete: the neighbour never receives them"),
+    # given code's message (send_backward's) naming the task that called it wrongly, not an earlier one
+    Mistake("10.5", "sends-output-grad", "template_pipeline.py",
+            "        stage.send_backward(input.grad)\n", "        stage.send_backward(output.grad)\n",
+            "send_backward was given None"),
+    # a hint only where its condition holds: the steady state's order (not the warm-up's length), one
+    # micro-batch's gradient (not a pairing of micro-batches)
+    Mistake("10.7", "backward-before-forward", "template_pipeline.py",
+            "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n",
+            "    for i in range(warmup, num_microbatches):\n        if saved:\n            backward()\n        forward(i)\n",
+            "one forward, THEN one backward"),
+    Mistake("10.6", "zero-grad-before-each-backward", "template_pipeline.py",
+            "        backward_step(stage, *saved[i])\n        saved[i] = None",
+            "        stage.module.zero_grad()\n        backward_step(stage, *saved[i])\n        saved[i] = None",
+            "share alone: the backwards must ADD into .grad"),
+    # contracts beyond the value: a 0-d loss, the caller's module changed in place
+    Mistake("10.6", "loss-of-shape-1", "template_pipeline.py",
+            "    stage.wait_sends()\n    return loss, trace\n    # --- Task 10.6 end ---",
+            "    stage.wait_sends()\n    return (None if loss is None else loss.reshape(1)), trace\n    # --- Task 10.6 end ---",
+            "asks for a 0-d tensor"),
+    Mistake("9.3", "parallelizes-a-copy", "template_tensor_parallel.py",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "    import copy\n    model = copy.deepcopy(model)  # leave the caller's model as it was\n"
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "change the model IN PLACE"),
+    # groups checked before the numbers: rows sized by dp, columns strided by dp (right only when dp == tp)
+    Mistake("9.3", "grid-rows-sized-by-dp", "template_tensor_parallel.py",
+            "    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))",
+            "    for d in range(tp_size):\n        ranks = list(range(d * dp_size, (d + 1) * dp_size))",
+            "make_2d_groups"),
+    # inputs never used: other dtypes, strided tensors, a shard starting inside the padding, a group of one
+    # rank, a group without global rank 0, a device that is not the CPU
+    Mistake("8.4", "float32-zeros", "template_checkpoint.py",
+            "        flat = value.new_zeros(numel)\n", "        flat = torch.zeros(numel)\n",
+            "value.new_zeros(numel), not torch.zeros(numel)"),
+    Mistake("10.2", "sends-strided-views", "template_pipeline.py",
+            "dist.isend(tensor.detach().contiguous(), peer)", "dist.isend(tensor.detach(), peer)",
+            "gloo sends contiguous memory only"),
+    Mistake("8.3", "padding-counted-from-the-line-end", "template_checkpoint.py",
+            "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+            "    padding = max(0, end - sum(numels))\n", "it starts inside the padding"),
+    Mistake("9.2", "row-slice-contiguous-not-clone", "template_tensor_parallel.py",
+            "        weight = linear.weight.detach()[:, rank * k:(rank + 1) * k].clone()\n",
+            "        weight = linear.weight.detach().tensor_split(size, dim=1)[rank].contiguous()\n",
+            "in a group of 1 rank"),
+    Mistake("9.3", "broadcast-from-global-rank-0", "template_tensor_parallel.py",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "    for p in model.parameters():  # every rank starts from rank 0's model\n"
+            "        dist.broadcast(p.data, src=0, group=tp_group)\n"
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "dist.get_global_rank(tp_group, 0)"),
+    Mistake("7.1", "padding-on-the-default-device", "template_fsdp.py",
+            "    padded = torch.cat([flat, flat.new_zeros(padding)])", "    padded = torch.cat([flat, torch.zeros(padding)])",
+            "on the 'meta' device"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),
