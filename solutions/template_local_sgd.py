@@ -111,8 +111,9 @@ class LocalSGD:
         """The inner optimizer's step (with the closure, if any; returns its loss); then, if this was
         the sync_every-th step since the last average, average_parameters over the group.
 
-        Counts its own steps in self.local_step (0 after an average). Sends nothing between two
-        averages: no gradient is averaged, ever. Every rank of the group ends an average with
+        Counts its own steps in self.local_step (0 after an average) and compares that count with
+        self.sync_every (train_ddp.py lowers it for one step to end a round early, at an epoch's end).
+        Sends nothing between two averages: no gradient is averaged, ever. Every rank of the group ends an average with
         bit-identical parameters.
         """
         # --- Task 13.2 begin ---
@@ -179,7 +180,8 @@ class DiLoCo:
         4. self.outer_optimizer.step(), then its zero_grad() (the pseudo-gradients are not the next
            inner step's gradients).
         5. The result is the new synced value: copy each parameter into self.synced.
-        Sends nothing between two outer steps. Every rank ends the outer step bit-identical.
+        Counts the inner steps in self.local_step (0 after an outer step), compared with
+        self.sync_every, as LocalSGD does. Sends nothing between two outer steps. Every rank ends the outer step bit-identical.
         """
         # --- Task 13.3 begin ---
         loss = self.inner_optimizer.step(closure)
