@@ -32,6 +32,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import launchers
 import strategies
 from strategies.course_files import course_module, not_done
 from data import first_n, get_datasets
@@ -45,7 +46,7 @@ class NotDone(Exception):
     """A task the chosen flags need is still a TODO: said already, ends the run like a wrong setting."""
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, more_flags=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=["template", "solutions", "ddp"], default="template",
                         help="template: your template_*.py files; solutions: solutions/; "
@@ -86,6 +87,8 @@ def parse_args(argv=None):
                         help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
     checkpoint.add_arguments(parser)
     strategies.add_arguments(parser)
+    if more_flags:  # ray_train.py's, which give --workers another meaning
+        more_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -106,6 +109,7 @@ def check_flags(args):
 
 
 def main(args):
+    launchers.set_torchrun_variables()  # srun's, mpirun's, ... in torchrun's names: print0 works from here on
     strategy = check_flags(args)
     trainer = course_module(args.impl, "template_trainer")
     unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks(args))

@@ -47,7 +47,14 @@ def refusal(args):
     flag = f"--local-sgd {args.local_sgd}" if args.local_sgd else f"--diloco {args.diloco}"
     conflicts = {"--sync overlap": args.sync == "overlap", f"--allreduce {args.allreduce}": args.allreduce != "torch",
                  f"--shard {args.shard}": args.shard != "none", f"--tp {args.tp}": args.tp > 1,
-                 f"--pp {args.pp}": args.pp > 1, "--checkpoint-dir": args.checkpoint_dir is not None}
+                 f"--pp {args.pp}": args.pp > 1, "--checkpoint-dir": args.checkpoint_dir is not None,
+                 # Task 12 compresses the gradients that data parallelism averages: here none are
+                 f"--compress {getattr(args, 'compress', 'none')}": getattr(args, "compress", "none") != "none",
+                 # Task 11's SyncBatchNorm all-reduces statistics at every step; PeriodicModelAverager
+                 # leaves BatchNorm's running statistics apart (ours averages them with the parameters)
+                 "--batchnorm sync": getattr(args, "batchnorm", "none") == "sync",
+                 "--batchnorm local with --impl ddp": getattr(args, "batchnorm", "none") == "local"
+                 and args.impl == "ddp"}
     for other, conflicting in conflicts.items():
         if conflicting:
             return (f"{flag} cannot be combined with {other}: local SGD and DiLoCo average the parameters of whole "

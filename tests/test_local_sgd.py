@@ -819,6 +819,7 @@ def test_train_ddp_diloco_trains_with_consistent_ranks_and_says_what_it_sent(tmp
     (["--local-sgd", "4", "--shard", "optimizer"], "cannot be combined with --shard optimizer"),
     (["--diloco", "4", "--sync", "overlap"], "cannot be combined with --sync overlap"),
     (["--impl", "ddp", "--diloco", "4"], "no PyTorch implementation"),
+    (["--local-sgd", "4", "--compress", "bf16"], "cannot be combined with --compress bf16"),
 ])
 def test_train_ddp_refuses_local_sgd_flags_that_cannot_work(flags, message):
     import train_ddp
