@@ -22,8 +22,9 @@ Bytes are measured, not computed: every dist.all_reduce a rank calls is counted 
 size (what a rank puts into the all-reduce; a ring all-reduce sends 2(N-1)/N of it per rank). The
 test loss is that of rank 0's model every 64 steps, when every method has just synchronised.
 
-Task 12's compressed gradients (bf16, PowerSGD) belong in the same figure: add them to METHODS
-(a name, and a function that averages the gradients the compressed way) once Task 12 is on main.
+Task 12's compressed gradients (bf16, PowerSGD; template_compression.py) belong in the same figure
+and are not in it yet: add them to METHODS (a name, and in _train the gradients averaged the
+compressed way in place of the "dp" branch's all_reduce_mean).
 """
 import argparse
 import csv
