@@ -836,6 +836,68 @@ MISTAKES = [
             "    dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True)\n"
             "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
             "before the all-reduce finished"),
+    # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
+    Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
+            "            flat /= size\n", "", "summed, not averaged"),
+    Mistake("13.1", "forgets-buffers", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)",
+            "    all_reduce_mean(list(model.parameters()), group)", "floating-point buffers"),
+    Mistake("13.1", "one-all-reduce-per-tensor", "template_local_sgd.py",  # right values, many collectives
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n",
+            "            for tensor in same:\n                dist.all_reduce(tensor, group=group)\n"
+            "                tensor /= size\n            continue\n"
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n", "one flat buffer"),
+    Mistake("13.1", "default-group", "template_local_sgd.py",
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)", "dist.all_reduce(flat, op=dist.ReduceOp.SUM)",
+            "pass group=group"),
+    Mistake("13.1", "divides-by-world-size", "template_local_sgd.py",
+            "    size = dist.get_world_size(group)\n", "    size = dist.get_world_size()\n", "group's size"),
+    Mistake("13.2", "averages-after-the-first-step", "template_local_sgd.py",  # PeriodicModelAverager's counting
+            "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
+            "        if self.local_step == self.sync_every:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "            self.local_step = 0\n",
+            "        if self.local_step % self.sync_every == 0:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "        self.local_step += 1\n", "averaged after step 1"),
+    Mistake("13.2", "never-resets-the-count", "template_local_sgd.py",
+            "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
+            "            average_parameters(self.model, self.group)\n", "after step H only"),
+    Mistake("13.2", "averages-gradients-too", "template_local_sgd.py",
+            "        loss = self.optimizer.step(closure)\n",
+            "        all_reduce_mean([p.grad for p in self.model.parameters() if p.grad is not None], self.group)\n"
+            "        loss = self.optimizer.step(closure)\n", "gradients were averaged as well"),
+    Mistake("13.3", "pseudo-gradient-sign", "template_local_sgd.py",
+            "param.grad = synced.to(param.device) - param", "param.grad = param - synced.to(param.device)",
+            "wrong sign"),
+    Mistake("13.3", "outer-step-from-the-average", "template_local_sgd.py",
+            "            for param, synced in zip(self.params, self.synced):\n"
+            "                param.copy_(synced)  # the outer step starts where the round started\n",
+            "            average_parameters(self.model, self.group)\n", "from the averaged parameters"),
+    Mistake("13.3", "synced-before-the-outer-step", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n"
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())\n"
+            "        self.outer_optimizer.step()\n"
+            "        self.outer_optimizer.zero_grad()\n", "copied before the outer step"),
+    Mistake("13.3", "outer-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
+            "        self.outer_optimizer = torch.optim.SGD(self.params, **{key: self.outer_optimizer.defaults[key]\n"
+            "                                               for key in (\"lr\", \"momentum\", \"nesterov\")})\n"
+            "        self.outer_optimizer.step()\n", "outer optimizer's state"),
+    Mistake("13.3", "inner-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n        self.inner_optimizer.state.clear()\n",
+            "inner optimizer's state was reset"),
+    Mistake("13.3", "inner-state-averaged", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n"
+            "        all_reduce_mean([value for state in self.inner_optimizer.state.values()\n"
+            "                         for key, value in state.items() if key != \"step\"], self.group)\n",
+            "inner optimizer's state was averaged"),
 ]
 
 

@@ -48,6 +48,7 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # the run below may take its whole 300 s under load: not pytest.ini's 120 s backstop
 def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
     """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
     repo = copy_course(str(tmp_path / "repo"))  # the committed templates, even if yours are filled in
