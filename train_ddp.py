@@ -6,14 +6,12 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --accumulate 2  # Task 5's DDP
-    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --profile runs/profile
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
     torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw        # Task 7
     torchrun --standalone --nproc_per_node=4 train_ddp.py --tp 2     # Task 9: tensor x data parallel
     torchrun --standalone --nproc_per_node=2 train_ddp.py --pp 2 --microbatches 4 --schedule 1f1b   # Task 10
-    sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
-    torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt
-                                        # survives a killed rank (docs/task8-checkpoints.md)
+    sbatch submit.sh        # several nodes under SLURM; srun, mpirun and Ray (ray_train.py): docs/launchers.md
+    torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt  # Task 8
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
 the reference answers in solutions/, and --impl ddp with PyTorch's own
@@ -216,11 +214,9 @@ def epoch_row(args, strategy, model, test_loader, stats, epoch, device):
 
 
 def set_threads():
-    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 when it starts
-    several processes), else the cores this process may use shared out between the processes of
-    its node (LOCAL_WORLD_SIZE), at least one. More threads than free cores is slower, not faster:
-    each operation waits at its end for its slowest thread, and a thread that another process
-    pushed off its core holds up the whole operation (docs/training.md)."""
+    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 for several
+    processes), else this process's cores shared out between its node's LOCAL_WORLD_SIZE processes.
+    More threads than free cores is slower: each operation waits for its slowest thread (docs/training.md)."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if not threads.isdigit() or int(threads) < 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
