@@ -108,7 +108,7 @@ def check_flags(args):
 def main(args):
     strategy = check_flags(args)
     trainer = course_module(args.impl, "template_trainer")
-    unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks(args))
+    unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks_needed(args))
     if unfinished:
         trainer.print0(unfinished)
         raise NotDone  # as final as a wrong setting

@@ -260,8 +260,8 @@ def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):
         solution = f.read()
     (tmp_path / "template_checkpoint.py").write_text(fence.sub(lambda m: template[m.group(1)], solution))
     plain, sharded = (train_ddp.parse_args(["--checkpoint-dir", "ckpt", *shard]) for shard in ([], ["--shard", "full"]))
-    assert unfilled_task("template", checkpoint.tasks(plain), root=str(tmp_path)) is None
-    assert unfilled_task("template", checkpoint.tasks(sharded), root=str(tmp_path)) == (
+    assert unfilled_task("template", checkpoint.tasks_needed(plain), root=str(tmp_path)) is None
+    assert unfilled_task("template", checkpoint.tasks_needed(sharded), root=str(tmp_path)) == (
         "Task 8.3", "template_checkpoint.py")
 
 
