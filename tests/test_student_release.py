@@ -109,15 +109,17 @@ def test_a_release_that_would_hold_an_answer_is_not_written(release, tmp_path):
 # does what a task asks (strategies.py once broadcast every parameter from rank 0 with Task 2.1's
 # loop), a helper that holds half of it (template_checkpoint.py's _write_atomic, Task 8.1's
 # temporary file, fsync and rename). So each answer's significant lines are looked for in each
-# released file, and a file that holds more than SHARE of them, and at least LEAST lines, leaks it.
+# released file, and a file that holds SHARE of them or more, and at least LEAST lines, leaks it.
 #
-# Measured with this test's _shares on the release (Issue 32): the largest share in any one file
-# is 2 of 5 lines (0.40: Task 2.2, in tests/test_same_global_batches.py, an independent reference
-# that averages gradients with the same two calls); most answers are at 1 of 3 or less (a common
-# line such as `with torch.no_grad():`). Planted leaks: broadcast_from_rank_0's loop in
-# strategies/base.py holds 2 of Task 2.1's 3 lines (0.67); the old _write_atomic and save_sharded
-# beside each other hold 9 of Task 8.1's 15 (0.60). SHARE = 0.5 sits between the two; LEAST = 2
-# keeps a one-line answer (`return ...`) from leaking by a single common line.
+# Measured with this test's _shares on the release (Issue 32, 53 fences): 27 share no line with
+# any released file, 21 share 0.1-0.2, 4 share one line of 3 (a common line such as `with
+# torch.no_grad():`), and the largest is 2 of 5 lines (0.40: Task 2.2, in
+# tests/test_same_global_batches.py, an independent reference that averages gradients with the
+# same two calls). Planted leaks: broadcast_from_rank_0's loop in
+# strategies/base.py holds 2 of Task 2.1's 3 lines (0.67); the old _write_atomic planted beside
+# save_sharded holds 8 of Task 8.1's 16 (0.50: "half of Task 8.1's answer", as Issue 32 found it).
+# SHARE = 0.5 sits above every real share and at the planted ones; LEAST = 2 keeps a one- or
+# two-line answer (`return ...`) from leaking by a single common line.
 SHARE, LEAST = 0.5, 2
 TRIVIAL = re.compile(r"^(return|return None|pass|continue|break|raise|else:|try:|finally:|[)\]}\s,:]*)$")
 
@@ -134,14 +136,15 @@ def _significant(body):
 
 
 def _answers():
-    """{"Task X.Y (file)": its significant lines}, except an answer its template's docstring gives."""
+    """{"Task X.Y (file, fence n)": its significant lines} of every fence (a task may have several),
+    except an answer its template's docstring gives."""
     found = {}
     for name in sorted(os.listdir(os.path.join(REPO, "solutions"))):
         if name.startswith("template_") and name.endswith(".py"):
             with open(os.path.join(REPO, "solutions", name)) as f:
-                for task, body in FENCE.findall(f.read()):
+                for number, (task, body) in enumerate(FENCE.findall(f.read()), 1):
                     if _squeeze(body) not in _squeeze(_committed(name)):
-                        found[f"Task {task} ({name})"] = _significant(body)
+                        found[f"Task {task} ({name}, fence {number})"] = _significant(body)
     return found
 
 
@@ -156,12 +159,12 @@ def _shares(release, answers):
 
 
 def _leaks(release, answers):
-    return [row for row in _shares(release, answers) if row[0] > SHARE and row[3] >= LEAST]
+    return [row for row in _shares(release, answers) if row[0] >= SHARE and row[3] >= LEAST]
 
 
 def test_no_released_file_holds_most_of_an_answer(release):
     answers = _answers()
-    assert len(answers) >= 40, f"found only {sorted(answers)}: the fences of solutions/ were not read"
+    assert len(answers) >= 50, f"found only {sorted(answers)}: the fences of solutions/ were not read"
     leaks = _leaks(release, answers)
     assert not leaks, "\n".join(f"{path} holds {found} of the {lines} lines of {task}'s answer ({share:.0%}): given "
                                 f"code must call the task's function (tests: the reference through conftest.load)"
