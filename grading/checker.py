@@ -28,7 +28,11 @@ MARKER_LINE = re.compile(r"^\s*task(\d+)_(\d+)\s*:\s*(.*?)\s*$", re.MULTILINE)
 # where a task is: its fence, or its TODO line (a template may keep either)
 FENCE = re.compile(r"#\s*(?:---\s*Task (\d+)\.(\d+) begin\s*---|TODO Task (\d+)\.(\d+)\b)")
 TASK_NAMED = re.compile(r"Task (\d+\.\d+)")
-RANK_FAILED = re.compile(r"^rank (\d+) raised (\w+): (.*?)(?:\n\n--- rank \d+ traceback ---|\Z)", re.DOTALL)
+# "rank 1 raised ValueError: ...", from the harness; after "Task 9.2 (...): " where the tests' conftest.py
+# named the task (tests/harness.py, named_failure)
+RANK_FAILED = re.compile(r"^(Tasks? [\d., ]+(?: \(.*?\))?: )?rank (\d+) raised (\w+): (.*?)"
+                         r"(?:\n\n--- rank \d+ traceback ---|\Z)", re.DOTALL)
+TASK_PREFIX = re.compile(r"Tasks? [\d., ]+(?: \(.*\))?:")
 
 # Errors that come from Python or PyTorch rather than from a test, and what they usually mean.
 # (regex on "ExceptionType: message", the sentence to add)
@@ -432,7 +436,7 @@ def _summarize_task(task, tests, run, collect_errors):
             result.explanation, result.details = explain(first.exc_type, first.message, first.where)
             result.explanation = _without_task_prefix(task, result.explanation)
             rank = RANK_FAILED.match(first.message.strip())
-            result.error_type = rank[2] if rank else first.exc_type
+            result.error_type = rank[3] if rank else first.exc_type
     elif not_run:
         result.status = "not run"
         result.explanation = (f"the tests were stopped at the time limit ({run.timeout:.0f} s) before this task's"
@@ -449,7 +453,7 @@ def _summarize_task(task, tests, run, collect_errors):
 def _without_task_prefix(task, text):
     """"Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's line
     already says; "Tasks 1.1-1.3: ..." does not, and stays."""
-    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \([^)]*\):\s*", r"\1", text)
+    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \(.*?\):\s*", r"\1", text)
 
 
 def _last_line(path):
@@ -484,11 +488,13 @@ def explain(exc_type, message, where):
     prefix = ""
     rank = RANK_FAILED.match(message)
     if rank:  # "rank 1 raised AssertionError: ..." from the harness
-        prefix, exc_type, message = f"rank {rank[1]}: ", rank[2], rank[3].strip()
+        prefix, exc_type, message = f"{rank[1] or ''}rank {rank[2]}: ", rank[3], rank[4].strip()
     details = []
     hang = HARNESS_HANG.search(message)
     if hang:  # the harness's report, maybe after the test's own explanation of this hang
         own = message[:hang.start()].strip()
+        if TASK_PREFIX.fullmatch(own):  # only the task's name (named_failure): the report's line is the news
+            prefix, own = own + " ", ""
         harness, _, rest = message[hang.start():].partition("\n")
         details = _stuck_ranks(rest)
         facts = harness.split(". ")[0]  # "ranks [0] were still running after 15 s (ranks [1] had finished)"
@@ -501,13 +507,15 @@ def explain(exc_type, message, where):
                 ": an endless loop, or a wait that never ends."), details
     elif exc_type in ("AssertionError", "Failed"):
         message = re.split(r"\n\s*assert |\nassert ", "\n" + message, maxsplit=1)[0].strip() or message
+    # a rank's traceback (or call_alone's), kept in pytest's report, not in the line
+    message = re.split(r"\n\n(?:--- rank |Traceback \(most recent call last\))", message)[0]
     text = " ".join(message.split())
     text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\] ", "", text)  # gloo's source location
     text = text.split(" This is typically caused by")[0]  # gloo's advice, shown instead in HINTS
-    if exc_type not in ("AssertionError", "Failed", "RankTimeout", "RankFailed", "Error", "") or not text:
+    if exc_type not in ("AssertionError", "Failed", "RankTimeout", "RankFailed", "TaskFailure", "Error", "") or not text:
         text = f"{exc_type}: {text}" if text else exc_type
     text = prefix + _shorten(text)
-    if where and exc_type not in ("AssertionError", "Failed", "RankTimeout") and where not in text:
+    if where and exc_type not in ("AssertionError", "Failed", "RankTimeout", "TaskFailure") and where not in text:
         text += f" ({where})"
     for pattern, hint in HINTS:
         if re.search(pattern, f"{exc_type}: {message}", re.MULTILINE):

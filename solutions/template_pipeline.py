@@ -156,9 +156,10 @@ class Stage:
         """The gradient of the loss with respect to this stage's input, to the previous stage."""
         if grad is None:
             raise RuntimeError(
-                f"stage {self.stage_index}: the input of this stage has no .grad after backward, so the earlier stages "
-                "get no gradient. The activation recv_forward returns must require grad (Task 10.3), and "
-                "forward_step must compute with it as received, not detached (Task 10.4)")
+                f"stage {self.stage_index}: send_backward(grad) got None, so the earlier stages get no gradient. "
+                "backward_step sends input.grad, the .grad of the input forward_step returned, after backward from "
+                "the output (output.grad stays None: output is no leaf); input.grad is None if that input does not "
+                "require grad (recv_forward's tensor, Stage._recv) or forward_step detached it before computing")
         self._send(grad, self.prev_rank)
 
     def recv_backward(self, shape, dtype):

@@ -9,6 +9,8 @@
 import importlib
 import importlib.util
 import io
+import os
+import re
 import queue
 import sys
 import time
@@ -172,3 +174,37 @@ def pytest_report_header(config):
     where = "solutions/" if impl == "solutions" else "the template_*.py files (your code)"
     gpus = torch.cuda.device_count()
     return [f"checking: {where}", f"GPUs: {gpus or 'none (GPU tests are skipped)'}"]
+
+
+_TASKS = {}
+
+
+def _task_names(item):
+    """["Task 9.2 (template_tensor_parallel.py, ColumnParallelLinear.from_linear/forward() ...)"] for a test
+    marked task9_2: the task and where it is, as check.py names it (grading/checker.py finds the fences)."""
+    if not _TASKS:
+        from grading.checker import discover_tasks
+        _TASKS.update({task.id: task for task in discover_tasks(os.path.dirname(os.path.dirname(__file__)))})
+    names = []
+    for mark in item.iter_markers():
+        found = re.fullmatch(r"task(\d+)_(\d+)", mark.name)
+        if found and f"{found[1]}.{found[2]}" in _TASKS:
+            task = _TASKS[f"{found[1]}.{found[2]}"]
+            name = f"Task {task.id} ({task.where()})"
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A failure of a task's test that does not name the task (the student's own exception in a rank,
+    an IndexError, a rank killed by a signal, "DID NOT RAISE") is said again naming it, where the
+    code raised, and what the test checks (harness.named_failure); the original stays chained."""
+    try:
+        return (yield)
+    except (Exception, pytest.fail.Exception) as error:
+        named = harness.named_failure(error, _task_names(pyfuncitem), pyfuncitem.name)
+        if named is None:
+            raise
+        raise named from error

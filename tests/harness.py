@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import queue
+import re
 import signal
 import tempfile
 import time
@@ -171,8 +172,7 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
             if dead and results.empty():
                 time.sleep(0.2)  # a rank may have reported just before dying
                 if results.empty():
-                    raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} "
-                                     "without reporting (a crash in C code, or os._exit)")
+                    raise RankFailed(_died(dead[0], procs[dead[0]].exitcode))
             if time.monotonic() > deadline:
                 if len(joined) < world_size:
                     _raise_startup_timeout(procs, started, joined, startup_timeout, tmp)
@@ -192,8 +192,33 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
         message, trace = payload
         if status == "NotImplementedError":
             raise NotImplementedError(message)  # an unfilled TODO: its own message says which
+        if re.search(r"Connection (closed|reset) by peer|pair closure", message):
+            # the consequence of another rank's end: a rank killed by a signal is the news, if there is one
+            time.sleep(0.5)
+            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode and r not in outputs and r != rank]
+            if dead:
+                raise RankFailed(f"{_died(dead[0], procs[dead[0]].exitcode)} (rank {rank} then lost its connection "
+                                 "to it, a consequence)")
         raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
     return [outputs[rank] for rank in range(world_size)]
+
+
+def _died(rank, exitcode):
+    """Why a rank ended without a word: killed by a signal (a negative exit code) or an exit."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = {"SIGSEGV": "a segmentation fault: C code read memory it does not own (a tensor's storage freed "
+                            "or resized while a collective used it, a wrong size or shape handed to gloo)",
+                 "SIGABRT": "an abort in C code (gloo aborts on a message whose size differs from its buffer's)",
+                 "SIGKILL": "killed from outside (out of memory?)",
+                 "SIGBUS": "a bus error in C code (memory that went away under a tensor)"}.get(name, "")
+        return (f"rank {rank} was killed by {name} (exit code {exitcode}) without reporting"
+                + (f": {cause}" if cause else ""))
+    return (f"rank {rank} ended with exit code {exitcode} without reporting: os._exit() or sys.exit() in the code "
+            "under test, or a crash in C code")
 
 
 def _raise_startup_timeout(procs, started, joined, startup_timeout, tmp):
@@ -236,3 +261,77 @@ def _raise_timeout(procs, outputs, timeout, tmp):
         "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "
         "another rank never calls, or calls them in a different order.\n" + "\n".join(where)
     )
+
+
+# ----------------------------------------------------------------------------- naming the task
+# Every failure a student can reach names the task, its function and what the test expected. A test's
+# own messages do ("Task 9.2 (template_tensor_parallel.py, ...): ..."); what escapes them does not: a rank
+# that raised the student's own ValueError, an IndexError in pytest's process, a rank killed by a signal,
+# pytest.raises' "DID NOT RAISE". conftest.py hands every failure of a task's test to named_failure.
+
+class TaskFailure(AssertionError):
+    """An error of the code under test (an IndexError, a KeyError, ...), said as the task's failure."""
+
+
+_TEMPLATE_FRAME = re.compile(r'File "[^"]*?([^"/\\]*template_[^"/\\]*\.py)", line (\d+), in (\w+)')
+
+
+def _student_frame(error):
+    """"template_x.py:12 in f": the innermost line of a template_*.py file where `error` was raised,
+    from its traceback (pytest's process) or from a rank's traceback text (RankFailed)."""
+    place = None
+    tb = error.__traceback__
+    while tb is not None:
+        name = os.path.basename(tb.tb_frame.f_code.co_filename)
+        if name.startswith("template_") and name.endswith(".py"):
+            place = f"{name}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    frames = _TEMPLATE_FRAME.findall(str(error))
+    if frames:
+        place = "{}:{} in {}".format(*frames[-1])
+    return place
+
+
+def expectation(test_name):
+    """What a test checks, from its name: "test_partition_refuses_more_stages_than_layers[3]" ->
+    "partition refuses more stages than layers (3)"."""
+    name, _, params = test_name.partition("[")
+    words = name.removeprefix("test_").replace("_", " ")
+    return words + (f" ({params.rstrip(']')})" if params else "")
+
+
+def named_failure(error, tasks, test_name):
+    """`error`, escaping a test of `tasks` ("Task 9.2 (template_tensor_parallel.py, from_linear())", ...),
+    as a failure whose first line names the task, where the student's code raised, and what the test
+    expected; None where the error already names its task (the test's own words), or is no failure
+    of the code under test (NotImplementedError: an unfilled TODO; RankStartupTimeout: the machine)."""
+    if not tasks or isinstance(error, (NotImplementedError, RankStartupTimeout)):
+        return None
+    text = str(error)
+    ids = [re.match(r"Task (\d+\.\d+)", task)[1] for task in tasks]
+    named = {found for found in re.findall(r"\bTasks? (\d+\.\d+)", text.split("\n--- rank")[0])}
+    if type(error).__name__ in ("Skipped", "XFailed", "Exit") or named & set(ids) or "from pytest-timeout" in text:
+        return None  # the test's own words, naming its task; a time limit (grading/checker.py reads it as a hang)
+    prefix = (tasks[0] if len(tasks) == 1 else "Tasks " + ", ".join(ids)) + ": "
+    expected = f"The test checks that {expectation(test_name)}."
+    place = _student_frame(error)
+    at = f" (at {place})" if place else ""
+    first, _, rest = text.partition("\n")
+    if isinstance(error, RankTimeout):
+        return RankTimeout(f"{prefix}{first} {expected}\n{rest}")
+    if isinstance(error, RankFailed):
+        raised = re.match(r"rank (\d+) raised (\w+): ", text)
+        if raised and raised[2] == "NotImplementedError":
+            return None
+        head, sep, trace = text.partition("\n\n--- rank")
+        head = " ".join(head.split())
+        return RankFailed(f"{prefix}{head.rstrip('.')}{at if place and place not in head else ''}. {expected}"
+                          f"{chr(10) * 2 + '--- rank' + trace if sep else ''}")
+    if type(error).__name__ == "Failed" and text.startswith("DID NOT RAISE"):
+        wanted = re.search(r"<class '(?:\w+\.)*(\w+)'>", text)
+        return AssertionError(f"{prefix}no {wanted[1] if wanted else 'exception'} was raised, where the test expected "
+                              f"one (the docstring says when). {expected}")
+    if isinstance(error, AssertionError) or type(error).__name__ == "Failed":
+        return AssertionError(f"{prefix}{text.strip().rstrip('.') or 'a check of the test failed'}{at}. {expected}")
+    return TaskFailure(f"{prefix}your code raised {type(error).__name__}: {' '.join(text.split())[:1000]}{at}. "
+                       f"{expected}")

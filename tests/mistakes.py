@@ -635,6 +635,159 @@ MISTAKES = [
     Mistake("10.5", "forgets-send-backward", "template_pipeline.py",  # a hang: the message names the missing send
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n", "",
             "stage.send_backward(input.grad)"),
+    # Issue 32: inputs Phase 3's tests never used, and failures that did not name their task or true cause
+    # (one representative a class; the message each must produce is the hint).
+    # A student's own exception in a rank: the task, where it was raised, what the test checks
+    Mistake("9.2", "bias-none-unchecked", "template_tensor_parallel.py",
+            "        bias = None if linear.bias is None else linear.bias.detach()[rows].clone()\n",
+            "        bias = linear.bias.detach()[rows].clone()\n",
+            "raised AttributeError: 'NoneType' object has no attribute 'detach' (at template_tensor_parallel.py:"),
+    # an IndexError in pytest's own process
+    Mistake("10.1", "starts-list-one-short", "template_pipeline.py",
+            "    start = stage * base + min(stage, extra)\n    return range(start, start + base + (1 if stage < extra else 0))",
+            "    starts = [s * base + min(s, extra) for s in range(num_stages)]\n"
+            "    return range(starts[stage], starts[stage + 1])",
+            "your code raised IndexError: list index out of range (at template_pipeline.py:"),
+    # a rank killed by a signal (gloo aborts on a buffer of another size than the message)
+    Mistake("10.3", "receives-into-a-smaller-buffer", "template_pipeline.py",
+            "        tensor = torch.empty(shape, dtype=dtype)\n",
+            "        tensor = torch.empty(tuple(shape)[:-1] or (1,), dtype=dtype)\n", "was killed by SIGABRT"),
+    # pytest.raises' "DID NOT RAISE"
+    Mistake("5.5", "swallows-the-exception", "template_ddp.py",
+            "        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = previous\n",
+            "        try:\n            yield\n        except Exception:\n            pass  # keep training\n"
+            "        self.require_backward_grad_sync = previous\n", "no KeyError was raised, where the test expected one"),
+    # a failed operator's recorded collectives counted against the next one ("g's forward sent two all-reduces")
+    Mistake("9.1", "f-backward-returns-one-gradient", "template_tensor_parallel.py",
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad\n",
+            "copy_to_tp on rank 0 (group rank 0 of 2) failed: RuntimeError: function _CopyToTPBackward returned an "
+            "incorrect number of gradients"),
+    # hangs told by where the student's code waits: a receive whose message never comes, sends never received
+    Mistake("10.3", "irecv-from-the-previous-stage-always", "template_pipeline.py",
+            "        dist.recv(tensor, peer)\n",
+            "        dist.irecv(tensor, self.prev_rank if self.prev_rank is not None else peer).wait()\n",
+            "_recv must receive exactly one message, from `peer`"),
+    Mistake("10.7", "no-cool-down", "template_pipeline.py",
+            "    while next_backward < num_microbatches:\n        backward()\n", "",
+            "sends to complete: the neighbour never receives them"),
+    # given code's message (send_backward's) naming the task that called it wrongly, not an earlier one
+    Mistake("10.5", "sends-output-grad", "template_pipeline.py",
+            "        stage.send_backward(input.grad)\n", "        stage.send_backward(output.grad)\n",
+            "send_backward was given None"),
+    # a hint only where its condition holds: the steady state's order (not the warm-up's length), one
+    # micro-batch's gradient (not a pairing of micro-batches)
+    Mistake("10.7", "backward-before-forward", "template_pipeline.py",
+            "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n",
+            "    for i in range(warmup, num_microbatches):\n        if saved:\n            backward()\n        forward(i)\n",
+            "one forward, THEN one backward"),
+    Mistake("10.6", "zero-grad-before-each-backward", "template_pipeline.py",
+            "        backward_step(stage, *saved[i])\n        saved[i] = None",
+            "        stage.module.zero_grad()\n        backward_step(stage, *saved[i])\n        saved[i] = None",
+            "share alone: the backwards must ADD into .grad"),
+    # contracts beyond the value: a 0-d loss, the caller's module changed in place
+    Mistake("10.6", "loss-of-shape-1", "template_pipeline.py",
+            "    stage.wait_sends()\n    return loss, trace\n    # --- Task 10.6 end ---",
+            "    stage.wait_sends()\n    return (None if loss is None else loss.reshape(1)), trace\n    # --- Task 10.6 end ---",
+            "asks for a 0-d tensor"),
+    Mistake("9.3", "parallelizes-a-copy", "template_tensor_parallel.py",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "    import copy\n    model = copy.deepcopy(model)  # leave the caller's model as it was\n"
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "change the model IN PLACE"),
+    # groups checked before the numbers: rows sized by dp, columns strided by dp (right only when dp == tp)
+    Mistake("9.3", "grid-rows-sized-by-dp", "template_tensor_parallel.py",
+            "    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))",
+            "    for d in range(tp_size):\n        ranks = list(range(d * dp_size, (d + 1) * dp_size))",
+            "make_2d_groups"),
+    # inputs never used: other dtypes, strided tensors, a shard starting inside the padding, a group of one
+    # rank, a group without global rank 0, a device that is not the CPU
+    Mistake("8.4", "float32-zeros", "template_checkpoint.py",
+            "        flat = value.new_zeros(numel)\n", "        flat = torch.zeros(numel)\n",
+            "value.new_zeros(numel), not torch.zeros(numel)"),
+    Mistake("10.2", "sends-strided-views", "template_pipeline.py",
+            "dist.isend(tensor.detach().contiguous(), peer)", "dist.isend(tensor.detach(), peer)",
+            "gloo sends contiguous memory only"),
+    Mistake("8.3", "padding-counted-from-the-line-end", "template_checkpoint.py",
+            "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+            "    padding = max(0, end - sum(numels))\n", "it starts inside the padding"),
+    Mistake("9.2", "row-slice-contiguous-not-clone", "template_tensor_parallel.py",
+            "        weight = linear.weight.detach()[:, rank * k:(rank + 1) * k].clone()\n",
+            "        weight = linear.weight.detach().tensor_split(size, dim=1)[rank].contiguous()\n",
+            "in a group of 1 rank"),
+    Mistake("9.3", "broadcast-from-global-rank-0", "template_tensor_parallel.py",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "    for p in model.parameters():  # every rank starts from rank 0's model\n"
+            "        dist.broadcast(p.data, src=0, group=tp_group)\n"
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n",
+            "dist.get_global_rank(tp_group, 0)"),
+    Mistake("7.1", "padding-on-the-default-device", "template_fsdp.py",
+            "    padded = torch.cat([flat, flat.new_zeros(padding)])", "    padded = torch.cat([flat, torch.zeros(padding)])",
+            "on the 'meta' device"),
+    # Task 11: BatchNorm across ranks (issue 33)
+    Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
+            "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
+            "this rank's slice only"),
+    Mistake("11.1", "means-averaged-as-if-equal", "template_batchnorm.py",
+            "n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n",
+            "mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n"
+            "    global_mean = total / dist.get_world_size(group)\n", "the same size"),
+    Mistake("11.1", "variances-averaged", "template_batchnorm.py",  # forgets the spread of the ranks' means
+            "n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n"
+            "    global_var = (squares / count - global_mean ** 2).clamp(min=0)\n",
+            "n * mean, m2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n"
+            "    global_var = squares / count  # the ranks' variances, weighted by their counts\n",
+            "spread of the means"),
+    Mistake("11.1", "unbiased-for-normalising", "template_batchnorm.py",
+            "    global_var = (squares / count - global_mean ** 2).clamp(min=0)\n",
+            "    global_var = ((squares - count * global_mean ** 2) / (count - 1)).clamp(min=0)\n", "UNBIASED"),
+    Mistake("11.1", "naive-float32-variance", "template_batchnorm.py",  # E[x^2] - E[x]^2 in x's dtype
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, "
+            "m2 + n * mean ** 2])\n",
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=x.dtype), x.sum(dims), (x * x).sum(dims)])\n",
+            "cancels"),
+    Mistake("11.1", "empty-rank-skips-the-collective", "template_batchnorm.py",  # the others hang
+            "    dims = _reduce_dims(x)\n",
+            "    dims = _reduce_dims(x)\n    if x.shape[0] == 0:  # nothing to add\n"
+            "        return torch.zeros(x.shape[1], dtype=x.dtype), torch.zeros(x.shape[1], dtype=x.dtype), 0\n",
+            "a hang in global_batch_stats"),
+    Mistake("11.1", "local-count", "template_batchnorm.py",
+            "global_var.to(x.dtype), int(count.item())", "global_var.to(x.dtype), n", "this rank's own count"),
+    Mistake("11.2", "backward-without-all-reduce", "template_batchnorm.py",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n", "",
+            "exact only on one rank"),
+    Mistake("11.2", "all-reduces-dy", "template_batchnorm.py",
+            "            packed = torch.cat([sum_dy, sum_dy_xhat])\n"
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n"
+            "            global_dy, global_dy_xhat = packed.chunk(2)\n",
+            "            total = grad_y.clone()\n            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "            global_dy, global_dy_xhat = total.sum(dims), (total * x_hat).sum(dims)\n", "not of dy itself"),
+    Mistake("11.2", "weight-gradient-all-reduced-too", "template_batchnorm.py",  # and again by data parallelism
+            "            grad_weight = sum_dy_xhat  # this rank's: data parallelism averages it\n",
+            "            grad_weight = global_dy_xhat\n", "times too large"),
+    Mistake("11.2", "calls-f-batch-norm", "template_batchnorm.py",
+            "        y = x_hat\n", "        y = torch.nn.functional.batch_norm(x, mean, var, None, None, False, 0.0, eps)\n",
+            "no PyTorch BatchNorm function"),
+    Mistake("11.3", "biased-running-var", "template_batchnorm.py",
+            "self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "self.running_var.mul_(1 - m).add_(m * var)", "UNBIASED"),
+    Mistake("11.3", "local-count-in-running-var", "template_batchnorm.py",
+            "self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "self.running_var.mul_(1 - m).add_(m * var * (x.numel() // x.shape[1]) / (x.numel() // x.shape[1] - 1))",
+            "own count"),
+    Mistake("11.3", "running-stats-updated-in-eval", "template_batchnorm.py",
+            "            invstd = torch.rsqrt(self.running_var + self.eps)\n",
+            "            self.running_mean.mul_(0.9).add_(0.1 * x.mean(_reduce_dims(x)))\n"
+            "            invstd = torch.rsqrt(self.running_var + self.eps)\n", "must not change the running statistics"),
+    Mistake("11.3", "collective-in-eval", "template_batchnorm.py",  # without running statistics: the global batch's
+            "            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)\n",
+            "            mean, var, _ = global_batch_stats(x, self.process_group)\n", "nothing is sent in eval mode"),
+    Mistake("11.3", "convert-forgets-num-batches-tracked", "template_batchnorm.py",
+            "            converted.num_batches_tracked = module.num_batches_tracked\n", "", "num_batches_tracked"),
 ]
 
 

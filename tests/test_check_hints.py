@@ -42,3 +42,146 @@ def test_cuda_called_without_a_gpu_is_named():
                       "index.aspx", "template_pipeline.py:190 in _send")
     assert text.startswith("rank 1: RuntimeError: Found no NVIDIA driver") and "torch.cuda.synchronize()" in text, text
     assert "(template_pipeline.py:190 in _send)" in text, text
+
+
+# --------------------------------------------------------------------- every failure names its task
+# (issue 32: in a held-out Phase 2 set, 16 of 64 first failures named no task)
+RECV = "Task 10.3 (template_pipeline.py, Stage._recv())"
+RANK_TRACE = ('\n\n--- rank 1 traceback ---\nTraceback (most recent call last):\n  File "/w/tests/harness.py", line 90, '
+              'in _rank_main\n  File "/w/template_pipeline.py", line 141, in _recv\nValueError: no such peer\n')
+
+
+def _check_line(error, task_id="10.3"):
+    """What check.py prints under the task's line for `error` escaping a test of the task."""
+    text, _ = explain(type(error).__name__, str(error), "")
+    from grading.checker import _without_task_prefix
+    return _without_task_prefix(Task(task_id), text)
+
+
+def test_a_ranks_own_exception_names_the_task_the_line_and_what_the_test_expected():
+    from harness import RankFailed, named_failure
+    error = named_failure(RankFailed("rank 1 raised ValueError: no such peer" + RANK_TRACE), [RECV],
+                          "test_activations_and_gradients_go_round_trip_between_neighbours[2-10.3]")
+    assert isinstance(error, RankFailed), error  # check.py still runs a RankFailed again (it may be the machine)
+    first = str(error).splitlines()[0]
+    assert first.startswith(RECV + ": rank 1 raised ValueError: no such peer (at template_pipeline.py:141 in _recv)"), first
+    assert "The test checks that activations and gradients go round trip between neighbours (2-10.3)." in first, first
+    line = _check_line(error)
+    assert line.startswith("rank 1: ValueError: no such peer (at template_pipeline.py:141 in _recv)"), line
+    assert "--- rank" not in line and "The test checks that" in line, line
+
+
+def test_an_error_in_pytests_process_names_the_task():
+    from harness import TaskFailure, named_failure
+    try:
+        [][1]
+    except IndexError as raised:
+        error = named_failure(raised, ["Task 10.1 (template_pipeline.py, partition())"],
+                              "test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage")
+    assert isinstance(error, TaskFailure), error
+    assert str(error).startswith("Task 10.1 (template_pipeline.py, partition()): your code raised IndexError: list "
+                                 "index out of range"), error
+    assert _check_line(error, "10.1").startswith("your code raised IndexError"), _check_line(error, "10.1")
+
+
+def test_did_not_raise_says_what_had_to_be_raised():
+    from harness import named_failure
+    with pytest.raises(pytest.fail.Exception) as raised:
+        with pytest.raises(ValueError):
+            pass
+    error = named_failure(raised.value, ["Task 8.4 (template_checkpoint.py, read_overlaps())"],
+                          "test_read_overlaps_reports_a_missing_piece")
+    assert str(error).startswith("Task 8.4 (template_checkpoint.py, read_overlaps()): no ValueError was raised, "
+                                 "where the test expected one"), error
+    assert "The test checks that read overlaps reports a missing piece." in str(error), error
+
+
+def test_a_rank_killed_by_a_signal_is_named_and_its_task_too():
+    from harness import RankFailed, _died, named_failure
+    assert _died(1, -11).startswith("rank 1 was killed by SIGSEGV (exit code -11) without reporting: a segmentation "
+                                    "fault"), _died(1, -11)
+    assert "gloo aborts on a message whose size differs" in _died(0, -6), _died(0, -6)
+    error = named_failure(RankFailed(_died(0, -6)), [RECV], "test_x")
+    assert str(error).startswith(RECV + ": rank 0 was killed by SIGABRT"), error
+
+
+def test_a_hang_keeps_the_harness_report_after_the_task():
+    from harness import RankTimeout, named_failure
+    report = ("ranks [0] were still running after 20 s (ranks [1] had finished). This is a hang: usually ...\n"
+              '  rank 0 was at:\n      File "/w/template_pipeline.py", line 170 in wait_sends')
+    error = named_failure(RankTimeout(report), [RECV], "test_x")
+    assert isinstance(error, RankTimeout) and str(error).startswith(RECV + ": ranks [0] were still running"), error
+    text, details = explain("RankTimeout", str(error), "")
+    assert text.startswith(RECV + ": ranks [0] were still running after 20 s") and details, (text, details)
+
+
+def test_a_message_naming_its_task_and_an_unfilled_todo_stay_as_they_are():
+    from harness import RankFailed, named_failure
+    assert named_failure(AssertionError("Task 10.3 (x.py, f): got 1, expected 2"), [RECV], "test_x") is None
+    assert named_failure(NotImplementedError("Task 10.3: not done"), [RECV], "test_x") is None
+    assert named_failure(RankFailed("rank 0 raised NotImplementedError: Task 10.2: x"), [RECV], "test_x") is None
+    assert named_failure(ValueError("x"), [], "test_repo_only") is None  # a test of no task
+    timeout = pytest.fail.Exception("Timeout (>10.0s) from pytest-timeout.")  # read as a hang by grading/checker.py
+    assert named_failure(timeout, [RECV], "test_x") is None
+    # a message naming ANOTHER task (given code blaming an earlier one) still gets the judged task's name
+    other = named_failure(RankFailed("rank 1 raised RuntimeError: see Task 10.4" + RANK_TRACE), [RECV], "test_x")
+    assert str(other).startswith(RECV + ": rank 1 raised RuntimeError"), other
+
+
+def _stuck(*ranks):
+    """A RankTimeout report whose ranks wait in the given frames, innermost first."""
+    blocks = []
+    for rank, frames in enumerate(ranks):
+        lines = "\n      ".join(f'File "/w/{path}", line {line} in {name}' for path, line, name in frames)
+        blocks.append(f"  rank {rank} was at:\n      {lines}")
+    return "ranks [0, 1] were still running after 40 s (ranks [] had finished). This is a hang\n" + "\n".join(blocks)
+
+
+def test_a_pipeline_hang_is_told_by_where_the_ranks_wait_not_by_another_tasks_text():
+    """Issue 32: three Task 10.3/10.7 mistakes got Task 10.2's text about blocking sends."""
+    from test_pipeline import hang_hint
+    waits_for_sends = ("template_pipeline.py", 171, "wait_sends")
+    in_test = ("torch/distributed/distributed_c10d.py", 6371, "barrier")
+    text = hang_hint("10.7", _stuck([in_test, ("tests/test_pipeline.py", 560, "_schedule_run")],
+                                    [("torch/distributed/distributed_c10d.py", 1, "wait"), waits_for_sends]))
+    assert "rank 0 waits in barrier() in the test, for the other ranks" in text, text
+    assert "rank 1 waits in wait_sends() for its sends to complete: the neighbour never receives them" in text, text
+    assert "blocking" not in text, text
+    receiving = [("torch/distributed/distributed_c10d.py", 1, "wait"), ("template_pipeline.py", 143, "_recv"),
+                 ("template_pipeline.py", 166, "recv_backward")]
+    text = hang_hint("10.3", _stuck(receiving))
+    assert text.startswith("rank 0 waits to receive a gradient (recv_backward), in _recv() (template_pipeline.py:143), "
+                           "and it never comes. Likely: _recv must receive exactly one message, from `peer`"), text
+    text = hang_hint("10.3", _stuck(receiving, receiving))
+    assert text.startswith("ranks 0 and 1 wait to receive a gradient") and text.count("Likely") == 1, text
+    sending = [("torch/distributed/distributed_c10d.py", 1, "send"), ("tests/test_pipeline.py", 190, "blocking_send"),
+               ("template_pipeline.py", 120, "_send")]
+    assert "_send must start a dist.isend" in hang_hint("10.2", _stuck(sending))
+    assert "_send must start" not in hang_hint("10.4", _stuck(sending))
+    looping = [("template_pipeline.py", 300, "one_f_one_b_step")]
+    assert "a loop that never ends" in hang_hint("10.7", _stuck(looping))
+
+
+def test_pipeline_hints_only_where_their_condition_holds():
+    from test_pipeline import expected_trace, loss_hint, trace_hint
+    right = expected_trace("1f1b", 4, 0, 4)  # warm-up 3
+    backward_first = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    hint = trace_hint(backward_first, right, "1f1b", 4, 0, 4, False)
+    assert "THEN one backward" in hint and "warm-up of" not in hint, hint
+    too_long = expected_trace("1f1b", 5, 0, 8)  # the warm-up of a 5-stage pipeline, 4 forwards, on 4 stages
+    hint = trace_hint(too_long, expected_trace("1f1b", 4, 0, 8), "1f1b", 4, 0, 8, True)
+    assert "a warm-up of 4 forwards" in hint and "= 3" in hint and "not the global rank" in hint, hint
+    assert "min(num_stages - stage_index - 1, M) = 2" in trace_hint(right, expected_trace("1f1b", 4, 1, 4), "1f1b", 4,
+                                                                    1, 4, False)
+    newest_first = [("F", 0), ("F", 1), ("B", 1), ("B", 0)]
+    assert "oldest first" in trace_hint(newest_first, expected_trace("gpipe", 2, 0, 2), "gpipe", 2, 0, 2, False)
+    assert loss_hint(2.0, 2.0, 1) == "" and loss_hint(1.0, 2.0, 1) == ""  # one micro-batch: no 1/M to blame
+    assert "a second time" in loss_hint(0.5, 2.0, 4) and "a second time" not in loss_hint(0.51, 2.0, 4)
+    assert "scale each micro-batch's loss" in loss_hint(8.0, 2.0, 4) and loss_hint(7.9, 2.0, 4) == ""
+
+
+def test_a_traceback_stays_in_pytests_report_not_in_the_line():
+    """Issue 32: a rank's traceback (or call_alone's) was joined into the one line check.py prints."""
+    for trace in (RANK_TRACE, '\n\nTraceback (most recent call last):\n  File "/w/template_zero.py", line 3, in f\n'):
+        text, _ = explain("AssertionError", "Task 6.1 (template_zero.py, f): f(1) raised ValueError: bad" + trace, "")
+        assert text == "Task 6.1 (template_zero.py, f): f(1) raised ValueError: bad", text

@@ -138,6 +138,38 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
                     "tensor alive (the whole model). Return a copy of this rank's piece (.clone())")
 
 
+def _shard_flat_elsewhere(impl, numel, rank, world_size):
+    """shard_flat of a float64 flat on the "meta" device, which stands for a GPU here (a device that is
+    not the CPU, no data): what comes back, or the error, as text (a meta tensor cannot cross processes)."""
+    flat = torch.empty(numel, dtype=torch.float64, device="meta")
+    try:
+        shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    except NotImplementedError as error:
+        if "Task 7.1" in str(error):
+            raise  # the unfilled TODO
+        return f"NotImplementedError: {error}"  # meta's own: "Cannot copy out of meta tensor"
+    except RuntimeError as error:
+        return f"RuntimeError: {str(error).splitlines()[0]}"
+    return (str(shard.device), str(shard.dtype), tuple(shard.shape)) if torch.is_tensor(shard) else repr(shard)
+
+
+@pytest.mark.task7_1
+def test_shard_flat_keeps_the_device_and_dtype_of_the_parameters(impl):
+    """The shard lives where the parameters do: padding made on the default device (torch.zeros(n): the
+    CPU) cannot join a GPU's flat, and fp32 zeros turn nothing float64 into fp32 but cost a copy."""
+    calls = [(impl, 5, 1, 2), (impl, 12, 0, 3)]
+    for (_, numel, rank, world_size), got in zip(calls, call_alone(
+            _shard_flat_elsewhere, calls, T71, lambda args: f"shard_flat(a float64 tensor of {args[1]} elements on "
+                                                            f"the meta device, rank={args[2]}, world_size={args[3]})")):
+        want = ("meta", "torch.float64", (math.ceil(numel / world_size),))
+        assert got == want, (
+            f"{T71}: shard_flat of a float64 flat of {numel} elements on the 'meta' device (a device other than the "
+            f"CPU, as a GPU), rank {rank} of {world_size}, gave {got}, expected a shard {want}: make the padding on "
+            "flat's own device and dtype (flat.new_zeros(padding), or torch.zeros(padding, device=flat.device, "
+            "dtype=flat.dtype)): torch.zeros(padding) is on the default device, the CPU, not the GPU the "
+            "parameters are on")
+
+
 # --------------------------------------------------------------------------- Task 7.2
 class _Started:
     """Wraps a collective of torch.distributed to see whether a task started it asynchronously:

@@ -6,6 +6,7 @@ A test that passes a wrong answer teaches a wrong thing, so each mistake must fa
 the failure must say what is likely wrong (the mistake's hint).
 """
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -41,6 +42,9 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path):
     assert not messages[0].startswith("NotImplementedError"), out[-3000:]
     # the hint must be in what the student reads first: the failing test's own message
     assert mistake.hint in messages[0], f"the failure does not say '{mistake.hint}': {messages[0]}"
+    # and that message names the task (issue 32): the test's own words, or conftest.py's (harness.named_failure)
+    assert re.search(rf"\bTasks? (?:[\d.]+, )*{re.escape(mistake.task)}\b", messages[0]), (
+        f"the failure does not name Task {mistake.task}: {messages[0]}")
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ import math
 import re
 import sys
 import time
+import types
 import weakref
 
 import pytest
@@ -263,29 +264,93 @@ def never_sent_hint(task, text):
     return None
 
 
+# Where a stuck rank waits (from the harness's stack dump), and what that says about the judged task.
+WAITS_FOR = {
+    "10.2": "every send must start (dist.isend) and its Work be kept in stage.pending_sends: a Work nobody keeps "
+            "is cancelled, and the neighbour waits for a message that never comes",
+    "10.3": "_recv must receive exactly one message, from `peer` (the global rank it is given), into a tensor of "
+            "the shape and dtype it is given, and return once it has arrived",
+    "10.6": NEVER_SENT[("10.6", None)], "10.7": NEVER_SENT[("10.7", None)],
+}
+
+
+def hang_hint(task, text):
+    """What the stuck ranks of a RankTimeout's report wait for, said for the judged task: a blocking send,
+    a receive whose message never comes, sends that are never received, or no message at all (a loop)."""
+    said, hints = {}, []  # what a rank does -> the ranks doing it; the likely causes, each once
+    for rank, block in re.findall(r"rank (\d+) was at:(.*?)(?=rank \d+ was at:|\Z)", text, re.DOTALL):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
+        names = [name for _, _, name in frames]
+        ours = [(line, name) for path, line, name in frames if path.rsplit("/", 1)[-1].startswith("template_")]
+        at = f"{ours[0][1]}() (template_pipeline.py:{ours[0][0]})" if ours else "the test's code"
+        course = [name for _, name in ours]
+        if "blocking_send" in names or (names and names[0] == "send"):
+            doing = f"wait{{s}} in a blocking send, in {at}"
+            hints.append("on gloo a blocking dist.send waits until its receiver posts the matching recv, so two "
+                         "neighbours that both send first wait for each other: " +
+                         ("_send must start a dist.isend and keep its Work in stage.pending_sends" if task == "10.2"
+                          else "send with stage.send_forward / send_backward"))
+        elif "wait_sends" in course:
+            doing = "wait{s} in wait_sends() for {its} sends to complete: the neighbour never receives them"
+            hints.append(WAITS_FOR.get(task))
+        elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
+                "recv", "blocking_recv", "irecv"}:
+            what = next((w for n, w in (("recv_backward", "a gradient (recv_backward)"),
+                                        ("recv_forward", "an activation (recv_forward)"),
+                                        ("learn_shapes", "learn_shapes' shape message")) if n in course), "a message")
+            doing = f"wait{{s}} to receive {what}, in {at}, and it never comes"
+            hints.append(never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task))
+        elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_"):
+            doing = f"never finish{{es}} {at} and wait{{s}} for no message of the pipeline"
+            hints.append("a loop that never ends (a while loop whose condition never changes?)")
+        else:
+            doing = (f"wait{{s}} in {names[0] if names else 'the test'}(){'' if ours else ' in the test'}"
+                     f"{f', in {at}' if ours else ''}, for the other ranks")
+        said.setdefault(doing, []).append(rank)
+    if not said:
+        return "No rank said where it was."
+    parts = []
+    for doing, ranks in said.items():
+        one = len(ranks) == 1
+        who = f"rank {ranks[0]}" if one else "ranks " + ", ".join(ranks[:-1]) + " and " + ranks[-1]
+        parts.append(f"{who} " + doing.format(s="s" if one else "", es="es" if one else "", its="its" if one else "their"))
+    likely = [hint for i, hint in enumerate(hints) if hint and hint not in hints[:i]]
+    return "; ".join(parts) + "." + (" Likely: " + "; ".join(likely) + "." if likely else "")
+
+
 def as_task_failure(error, task, what):
     """A rank's error or a hang, told as the task's likely mistake (the harness's report kept)."""
     where = WHERE[task]
     text = str(error)
     if isinstance(error, RankFailed) and "RecvNeverCame" in text:
         said = re.search(r"raised RecvNeverCame: ([^\n]*)", text)
-        hint = never_sent_hint(task, said.group(1) if said else text) or (
-            "every send must happen: _send starts a dist.isend and keeps its Work in stage.pending_sends (a Work "
-            "nobody keeps is cancelled, and the neighbour waits for a message that never comes)")
+        hint = never_sent_hint(task, said.group(1) if said else text) or WAITS_FOR.get(task) or (
+            "every message must be sent: forward_step sends each output, backward_step each input's gradient")
         trace = text[text.find("--- rank"):] if "--- rank" in text else text
         return AssertionError(f"{where}: a message was never sent ({what}): {said.group(1) if said else ''}. "
                               f"Likely: {hint}.\n{trace}")
-    if isinstance(error, RankTimeout):  # a receive gives up after RECV_LIMIT: a hang is a send that blocks
+    if isinstance(error, RankTimeout):
+        return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
+    if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
-            f"{where}: the ranks hung ({what}). On gloo a blocking dist.send waits until its receiver posts the "
-            "matching recv, so two neighbours that both send first wait for each other: _send must start a "
-            "dist.isend and keep its Work in stage.pending_sends (a Work nobody keeps is cancelled, and the "
-            f"neighbour waits for a message that never comes).\n{error}")
+            f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
+            "the input that forward_step returned, once output.backward(...) has run (output.grad is None: output "
+            f"is no leaf).\n{error}")
+    if "grad can be implicitly created only for scalar outputs" in text and task == "10.4":
+        return AssertionError(
+            f"{where}: backward_step's output.backward() on the last stage found a tensor of many numbers ({what}): "
+            "on the last stage forward_step returns the scaled loss as its output, loss_fn(stage.module(input), "
+            f"target) / num_microbatches, not the layers' output.\n{error}")
     if "does not require grad and does not have a grad_fn" in text:
         return AssertionError(
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
             "for backward, and sends, must stay attached to the graph (do not detach it), or the earlier "
             f"stages get no gradient.\n{error}")
+    if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
+        head, _, trace = text.partition("\n\n--- rank")
+        frames = re.findall(r'File "[^"]*?(template_pipeline\.py)", line (\d+), in (\w+)', trace)
+        at = f" (at template_pipeline.py:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+        return AssertionError(f"{where}: a rank failed ({what}): {' '.join(head.split())}{at}\n\n--- rank{trace}")
     return AssertionError(f"{where}: a rank failed ({what}).\n{error}")
 
 
@@ -388,6 +453,21 @@ def _round_trip(rank, world_size, impl, task, send=None):
     dist.all_reduce(received, op=dist.ReduceOp.MIN)
     if received.item():  # else a message was refused: its send never completes
         stage.wait_sends()
+        # A stage's output may be a strided view (x.t(), x[:, ::2]): gloo sends only contiguous memory.
+        strided = None
+        if not stage.is_last:
+            try:
+                stage._send(torch.arange(6.0).view(2, 3).t() + rank, stage.next_rank)
+            except RuntimeError as error:
+                strided = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        sent = torch.tensor([0 if strided else 1])
+        dist.all_reduce(sent, op=dist.ReduceOp.MIN)
+        if sent.item() and not stage.is_first:
+            got["strided"] = stage._recv((3, 2), torch.float32, stage.prev_rank, requires_grad=False).clone()
+        elif strided:
+            got["strided"] = strided
+        if sent.item():
+            stage.wait_sends()
     return got, expected_activation, wire.records, len(pending), done, stage.pending_sends == []
 
 
@@ -445,6 +525,15 @@ def check_round_trip(results, task, world_size):
             want = torch.full((2, 3), 0.1 * rank, dtype=torch.float64)
             assert wide_dtype == torch.float64 and torch.equal(wide_value, want), (
                 f"{where}: rank {rank} received a float64 activation as {wide_dtype} {wide_value.tolist()}: {fix}")
+        strided = got.get("strided")
+        assert not isinstance(strided, str), (
+            f"{where}: rank {rank}'s _send of a non-contiguous tensor (a strided view, x.t(): a stage's output may be "
+            f"one) failed: {strided}: gloo sends contiguous memory only, send tensor.detach().contiguous()")
+        if rank > 0 and strided is not None:
+            want = torch.arange(6.0).view(2, 3).t() + rank - 1
+            assert torch.equal(strided, want), (
+                f"{where}: rank {rank} received {strided.tolist()} for the transposed view {want.tolist()} rank "
+                f"{rank - 1} sent: send the view's values in its own order, tensor.contiguous() (not its storage)")
         if rank < world_size - 1:
             value, requires_grad, _ = got["gradient"]
             assert torch.equal(value, torch.full((2, 3), 101.0 + rank)), (
@@ -477,17 +566,13 @@ def torch_pipeline_step(schedule, stage_index, num_stages, inputs, targets):
 
 
 # --------------------------------------------------------------------------- the schedules
-def _test_loop(lib, stage, inputs, targets, loss_fn, m):
-    """GPipe's order written here, from forward_step and backward_step (the tests of 10.4 and 10.5)."""
-    stage.learn_shapes(inputs, m)
-    xs = inputs.split(BATCH // m) if stage.is_first else [None] * m
-    ys = targets.split(BATCH // m) if stage.is_last else [None] * m
-    saved = [lib.forward_step(stage, xs[i], ys[i], loss_fn, m) for i in range(m)]
-    loss = sum(out.detach() for _, out in saved) if stage.is_last else None
-    for i in range(m):
-        lib.backward_step(stage, *saved[i])
-    stage.wait_sends()
-    return loss, [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+def reference_gpipe(lib):
+    """Task 10.6's gpipe_step (solutions/') computing with `lib`'s forward_step and backward_step: the
+    schedule the tests of 10.4 and 10.5 run the judged step in. Its code is solutions/', its globals are
+    lib's (load_with_reference's swap alone would call solutions/' steps), so no schedule is written here."""
+    reference = load_with_reference("solutions", "template_pipeline").gpipe_step
+    return types.FunctionType(reference.__code__, vars(lib), reference.__name__, reference.__defaults__,
+                              reference.__closure__)
 
 
 class Alive:
@@ -531,13 +616,10 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
             lib.forward_step = alive
         try:
             with Wire() as wire:
-                if task in ("10.4", "10.5"):
-                    loss, trace = _test_loop(lib, stage, inputs if first else None, targets if last else None,
-                                             F.cross_entropy, m)
-                else:
-                    step = lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step
-                    # inputs to the first stage only, targets to the last only, as the spec allows
-                    loss, trace = step(stage, inputs if first else None, targets if last else None, F.cross_entropy, m)
+                step = (reference_gpipe(lib) if task in ("10.4", "10.5") else
+                        lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step)
+                # inputs to the first stage only, targets to the last only, as the spec allows
+                loss, trace = step(stage, inputs if first else None, targets if last else None, F.cross_entropy, m)
         finally:
             lib.forward_step = alive.forward_step
         done = all(w.is_completed() for w in wire.works)
@@ -552,10 +634,11 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
                                                                      schedule), rank, world_size, inputs, targets)
             torch_grads = {i: [p.grad.clone() for p in twin[i].parameters()] for i in stage.layers}
         graph = torch.is_tensor(loss) and (loss.requires_grad or loss.grad_fn is not None)
+        loss_kind = (f"{loss.dim()}-d tensor" if torch.is_tensor(loss) else type(loss).__name__)
         loss = None if loss is None else torch.as_tensor(loss).detach().clone()
         out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=wire.records, done=done,
                         torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers),
-                        loss_graph=graph, most_alive=alive.most))
+                        loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most))
         dist.barrier()
     return out
 
@@ -593,11 +676,7 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 want = expected_trace(schedule, world_size, rank, m)
                 assert r["trace"] == want, (
                     f"{where}: {what}: the trace is {r['trace']}, the {schedule} order is {want}"
-                    + (f" (warm-up: min(num_stages - stage_index - 1, M) = {min(world_size - rank - 1, m)} "
-                       "forwards; backwards oldest first)" if schedule == "1f1b" else
-                       " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)")
-                    + (": the warm-up uses stage.num_stages and stage.stage_index, not the global rank or world "
-                       "size (dist.get_rank(), dist.get_world_size())" if on_group and schedule == "1f1b" else ""))
+                    + trace_hint(r["trace"], want, schedule, world_size, rank, m, on_group))
             peak = peak_stored(r["trace"])
             if schedule == "1f1b":
                 assert peak <= world_size - rank, (
@@ -614,6 +693,9 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
             if rank == world_size - 1:
                 assert r["loss"] is not None and r["loss"].numel() == 1, (
                     f"{where}: {what}: the last stage returned the loss {r['loss']}: the batch's mean loss, one number")
+                assert r["loss_kind"] == "0-d tensor", (
+                    f"{where}: {what}: the last stage returned the loss as a {r['loss_kind']}: the docstring asks for "
+                    "a 0-d tensor (the sum of the M scaled losses, each output.detach(), shape ())")
                 assert not r["loss_graph"], (
                     f"{where}: {what}: the loss returned still carries its autograd graph (requires_grad=True): "
                     "return a 0-d tensor without graph, the sum of the detached scaled losses (output.detach(), "
@@ -622,27 +704,26 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 r["loss"] = r["loss"].item()
                 assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
-                    f"{ref_loss}" + (f" ({r['loss'] / ref_loss:.2f}x: scale each micro-batch's loss by "
-                                     "1/num_microbatches)" if r["loss"] and abs(r["loss"] / ref_loss - m) < 0.1 * m
-                                     and m > 1 else
-                                     f" ({r['loss'] / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum "
-                                     "them; their mean divides by M a second time)"
-                                     if m > 1 and abs(r["loss"] * m / ref_loss - 1) < 0.01 else ""))
+                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m))
             else:
                 assert r["loss"] is None, (
                     f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage "
                     "computes the loss, the other stages return None")
             for i in r["layers"]:
                 theirs_all = (r["torch_grads"] or {}).get(i, ref_grads[i])  # M < p with 1F1B: PyTorch refuses
-                for got, want, theirs in zip(r["grads"][i], ref_grads[i], theirs_all):
+                for j, (got, want, theirs) in enumerate(zip(r["grads"][i], ref_grads[i], theirs_all)):
                     assert got is not None, (
                         f"{where}: {what}: layer {i} got no gradient: the earlier stages get no gradient when "
                         "an activation is detached, or received without requires_grad")
                     if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
                         ratio = (got.norm() / want.norm()).item()
                         hint = (f" The gradients are {ratio:.2f}x too large: scale each micro-batch's loss by "
-                                "1/num_microbatches." if m > 1 and abs(ratio - m) < 0.05 * m else
-                                " Are backwards paired with the wrong micro-batch's activations (oldest first)?")
+                                "1/num_microbatches." if m > 1 and abs(ratio - m) < 1e-3 * m else
+                                f" The gradients are {ratio:.2f}x too small: the loss is scaled by 1/M more than "
+                                "once." if m > 1 and abs(ratio * m - 1) < 1e-3 else
+                                one_micro_batch_hint(got, i, j, m) or
+                                " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
+                                if m > 1 and task in ("10.6", "10.7") else "")  # 10.4, 10.5: the reference's schedule
                         raise AssertionError(
                             f"{where}: {what}: layer {i}'s gradient differs from single-process training on the "
                             f"whole batch by {(got - want).abs().max():.3g}.{hint}")
@@ -653,6 +734,56 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 assert math.isclose(r["loss"], r["torch_loss"], rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: loss {r['loss']}, PyTorch's schedule {r['torch_loss']}")
             check_wire(r, where, what, rank, world_size, m, shapes, ranks)
+
+
+def trace_hint(trace, want, schedule, num_stages, stage, m, on_group):
+    """Why a trace is not the schedule's, said only where it holds: the warm-up's length, the order of
+    the backwards, or forwards and backwards missing."""
+    def numbers(kind):
+        return sorted(i for k, i in trace if k == kind)
+    if numbers("F") != list(range(m)) or numbers("B") != list(range(m)):
+        return (f" (every micro-batch 0..{m - 1} once forward and once backward: forwards {numbers('F')}, "
+                f"backwards {numbers('B')})")
+    backwards = [i for k, i in trace if k == "B"]
+    if backwards != list(range(m)):
+        return f" (the backwards run in the order {backwards}: oldest first, 0..{m - 1}, the order the gradients arrive)"
+    if schedule == "gpipe":
+        return " (all forwards, then the backwards in micro-batch order B0..B(M-1), as ScheduleGPipe)"
+    lead = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace))  # forwards before the first backward
+    right = min(num_stages - stage - 1, m)
+    if lead == right < m and [k for k, _ in trace[lead:lead + 2]] == ["B", "F"]:
+        return (f" (the warm-up, {right} forward{'' if right == 1 else 's'}, is right; then each step of the steady "
+                "state runs one forward, "
+                "THEN one backward: the backward of the oldest micro-batch after the forward of the next)")
+    warmup = lead - 1  # the warm-up, then the steady state's first forward
+    if warmup != right and not (right == m and warmup == m - 1):
+        return (f" (a warm-up of {warmup} forwards before the first forward-backward pair; it is min(num_stages - "
+                f"stage_index - 1, M) = {right}"
+                + (": computed from stage.num_stages and stage.stage_index, not the global rank or world size "
+                   "(dist.get_rank(), dist.get_world_size())" if on_group else "") + ")")
+    return " (after the warm-up, one forward then one backward, oldest first, until the forwards are done)"
+
+
+def one_micro_batch_hint(got, layer, index, m):
+    """" ..." where a gradient is one micro-batch's share alone (the others' zeroed or overwritten), else ""."""
+    inputs, targets = batch()
+    for k, (x, y) in enumerate(zip(inputs.split(BATCH // m), targets.split(BATCH // m))):
+        share = reference_gradients(x, y)[1][layer][index] / m
+        if torch.allclose(got, share, rtol=RTOL, atol=ATOL):
+            return (f" It is micro-batch {k}'s share alone: the backwards must ADD into .grad; something zeroes or "
+                    "replaces it between them (the caller zeroes the gradients once, before the step).")
+    return ""
+
+
+def loss_hint(loss, ref_loss, m):
+    """Why the last stage's loss is off, only where the numbers show that cause: M times too large (no
+    1/M), M times too small (a mean of losses already scaled by 1/M)."""
+    if m > 1 and math.isclose(loss, ref_loss * m, rel_tol=1e-4):
+        return f" ({loss / ref_loss:.2f}x: scale each micro-batch's loss by 1/num_microbatches)"
+    if m > 1 and math.isclose(loss * m, ref_loss, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum them; their mean divides by "
+                "M a second time)")
+    return ""
 
 
 def check_wire(r, where, what, rank, world_size, m, shapes, ranks):

@@ -60,16 +60,23 @@ def expected_index(names, numels, start, end):
 
 # A line of 6 + 4 + 5 = 15 elements, as a Task 7 unit holds it: shards of 4 on 4 ranks (1 element
 # of padding), of 5 on 3 ranks (none), of 8 on 2 (1), and shards of 3 on 6 ranks (3 of padding: the
-# last rank holds padding only).
+# last rank holds padding only). The edges: 1 rank; shards of 3 on 7 ranks (the last one starts
+# strictly inside the padding, at 18 of 21); more ranks than elements (20 ranks of 1 element: ranks
+# 15-19 hold padding only); an empty parameter in the line.
 LINE = (["w", "b", "v"], [6, 4, 5])
-SHARDS = [(4, 4), (3, 5), (2, 8), (6, 3), (1, 15)]
+SHARDS = [(4, 4), (3, 5), (2, 8), (6, 3), (1, 15), (7, 3), (20, 1)]
+EDGE_LINES = [(["w", "empty", "b"], [3, 0, 2], [(2, 3), (6, 1), (1, 5)]), (["x"], [1], [(3, 1), (1, 1)])]
 
 
 @pytest.mark.task8_3
 def test_shard_index_names_global_offsets_and_padding(impl):
     ckpt = judging(impl, "8.3")
-    names, numels = LINE
-    for world_size, size in SHARDS:
+    for names, numels, shards in [(*LINE, SHARDS)] + EDGE_LINES:
+        check_shard_index(ckpt, names, numels, shards)
+
+
+def check_shard_index(ckpt, names, numels, shards):
+    for world_size, size in shards:
         for rank in range(world_size):
             start, end = rank * size, (rank + 1) * size
             got = ckpt.shard_index(names, numels, start, end)
@@ -88,7 +95,9 @@ def test_shard_index_names_global_offsets_and_padding(impl):
                         "(name, offset in the parameter, length, position in the shard), in the line's order")
                 assert False, f"{where}: got {entries}, expected {want_entries}: {hint}"
             assert padding == want_padding, (
-                f"{where}: padding {padding}, expected {want_padding}: the elements past the last parameter are padding")
+                f"{where}: padding {padding}, expected {want_padding}: the elements past the last parameter are padding"
+                + (f", and only the end - start = {end - start} elements of this shard count (it starts inside the "
+                   "padding)" if start > sum(numels) else ""))
 
 
 # ------------------------------------------------------------------ Task 8.4: read_overlaps, alone
@@ -144,13 +153,48 @@ def test_read_overlaps_glues_the_pieces_in_order_without_padding_and_keeps_the_s
 
 
 @pytest.mark.task8_4
+def test_read_overlaps_keeps_each_keys_dtype(impl):
+    """Saved state in other dtypes than fp32: float64 parameters, bfloat16 optimizer state (the step a
+    float32 tensor): each key comes back in its own dtype, the values exact."""
+    ckpt = judging(impl, "8.4")
+    names, numels = LINE
+    values = torch.arange(1.0, 16.0, dtype=torch.float64) / 8  # exact in bfloat16 too
+    saved = _saved_line(names, numels, 4, values, ("exp_avg",))
+    for _, tensors in saved:
+        tensors["exp_avg"] = tensors["exp_avg"].to(torch.bfloat16)
+    size = 8
+    for rank in range(2):
+        wanted, _ = expected_index(names, numels, rank * size, (rank + 1) * size)
+        state = ckpt.read_overlaps(wanted, size, list(reversed(saved)))
+        want = torch.cat([values, values.new_zeros(1)])[rank * size:(rank + 1) * size]
+        for key, dtype, scale in (("param", torch.float64, 1), ("exp_avg", torch.bfloat16, 2)):
+            got = state.get(key)
+            assert torch.is_tensor(got) and got.dtype == dtype, (
+                f"{T84}: saved on 4 ranks, read by rank {rank} of 2: '{key}' was saved in {dtype}, read_overlaps gave "
+                f"{got.dtype if torch.is_tensor(got) else got!r}: make the new flat in the saved value's dtype "
+                "(value.new_zeros(numel), not torch.zeros(numel), which is float32)")
+            assert torch.equal(got, (want * scale).to(dtype)), (
+                f"{T84}: saved on 4 ranks, read by rank {rank} of 2: '{key}' ({dtype}) is {got.tolist()}, expected "
+                f"{(want * scale).to(dtype).tolist()}")
+        assert state.get("step") is not None and state["step"].dtype == torch.float32, (
+            f"{T84}: the step (a float32 tensor) must come back as saved, got {state.get('step')!r}")
+
+
+@pytest.mark.task8_4
 def test_read_overlaps_reports_a_missing_piece(impl):
     ckpt = judging(impl, "8.4")
     names, numels = LINE
     saved = _saved_line(names, numels, 4, torch.arange(1.0, 16.0))
     wanted, _ = expected_index(names, numels, 0, 8)
-    with pytest.raises(ValueError, match="w|b"):  # CheckpointError is a ValueError
-        ckpt.read_overlaps(wanted, 8, saved[:1])  # elements 4..7 are in rank 1's file, not given
+    try:
+        state = ckpt.read_overlaps(wanted, 8, saved[:1])  # elements 4..7 are in rank 1's file, not given
+    except ValueError as error:  # CheckpointError is a ValueError
+        assert re.search(r"\bw\b|\bb\b", str(error)), (
+            f"{T84}: the CheckpointError should name the parameter whose elements are missing (w): {error}")
+        return
+    pytest.fail(f"{T84}: read_overlaps returned {sorted(state) if isinstance(state, dict) else state!r} for elements "
+                "0..7 of a line from rank 0's file alone, which holds 0..3: elements 4..7 (w's 4, 5 and b's 0, 1) "
+                "are in no saved entry: raise CheckpointError naming them, or the resumed run starts from zeros there")
 
 
 # ---------------------------------------- save on N ranks, resume on M: plain, --shard optimizer, --shard full
