@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 
 import torch
 import torch.distributed as dist
@@ -243,7 +244,10 @@ class StopSignal:
 
     def __init__(self, signum=signal.SIGUSR1):
         self.signum, self.received = signum, False
-        signal.signal(signum, self._handle)
+        # Only the main thread may set a handler. Ray Train runs the training in another
+        # thread (ray_train.py): there SIGUSR1 is not caught, and Ray itself stops the run.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame):
         self.received = True

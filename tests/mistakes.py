@@ -788,6 +788,54 @@ MISTAKES = [
             "            mean, var, _ = global_batch_stats(x, self.process_group)\n", "nothing is sent in eval mode"),
     Mistake("11.3", "convert-forgets-num-batches-tracked", "template_batchnorm.py",
             "            converted.num_batches_tracked = module.num_batches_tracked\n", "", "num_batches_tracked"),
+    # Task 12: gradient compression hooks (template_compression.py)
+    Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
+            "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0])\n",
+            "    compressed = buffer.to(dtype)\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0] / group.size())\n", "before the all-reduce"),
+    Mistake("12.1", "forgets-the-divide", "template_compression.py",
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype)", "not the mean"),
+    Mistake("12.1", "divides-by-the-world-size", "template_compression.py",  # right until a group is a subgroup
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype).div_(dist.get_world_size())", "its size"),
+    Mistake("12.1", "returns-before-the-all-reduce", "template_compression.py",  # DDP would read unsummed numbers
+            "    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(compressed, group=group, async_op=True)\n    future = torch.futures.Future()\n"
+            "    future.set_result([compressed])\n    return future.then(decompress)\n", "before the all-reduce finished"),
+    Mistake("12.2", "no-subtraction", "template_compression.py",
+            "            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col\n", "            pass\n",
+            "not orthonormal"),
+    Mistake("12.3", "compresses-1-d-tensors", "template_compression.py",
+            "        if n * m > r * (n + m) * state.min_compression_rate:",
+            "        if n * m > r * (n + m) * state.min_compression_rate or tensor.dim() == 1:", "sent whole"),
+    Mistake("12.3", "no-error-feedback", "template_compression.py",  # the residual stays zero
+            "            state.error_dict[index] = wanted - buffer\n", "            pass\n", "error feedback"),
+    Mistake("12.3", "feedback-added-twice", "template_compression.py",
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(state.error_dict[index])\n            buffer.add_(state.error_dict[index])\n",
+            "error feedback"),
+    Mistake("12.3", "q-not-orthogonalised", "template_compression.py",
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "",
+            "Q was not orthogonalised"),
+    Mistake("12.3", "unseeded-first-qs", "template_compression.py",  # each rank draws its own Qs
+            "            torch.manual_seed(state.rng.randint(1_000_000_000))\n", "", "draw the same first Qs"),
+    Mistake("12.3", "p-but-not-q", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "but not Q"),
+    Mistake("12.3", "one-residual-for-every-bucket", "template_compression.py",  # kept across tensors of other shapes
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(next(iter(state.error_dict.values())))\n", "per bucket"),
+    Mistake("12.3", "warm-start-from-p", "template_compression.py",  # Q = M^T P_old: last step's P, not its Q
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "    if not new_qs:\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n"
+            "            torch.matmul(matrix.T, p, out=q)\n"
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "warm start"),
+    Mistake("12.3", "returns-before-the-all-reduce", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True)\n"
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "before the all-reduce finished"),
 ]
 
 

@@ -135,7 +135,8 @@ def test_sigterm_at_start_up_points_at_the_rank_that_failed():
     'interrupted at start-up', which reads as a Ctrl-C."""
     proc = subprocess.run([sys.executable, "-c", "import signal, tools.interrupt as i; "
                            "i.stop_on_interrupt(signal.SIGTERM, None)"],
-                          cwd=REPO, capture_output=True, text=True, timeout=30, env={**os.environ, "RANK": "1"})
+                          cwd=REPO, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "none"})  # as torchrun sets it
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.startswith("[rank 1] stopped at start-up (SIGTERM): torchrun stops every rank when one "
                                   "fails, so look above for another rank's error"), proc.stderr
