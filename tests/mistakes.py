@@ -846,6 +846,116 @@ MISTAKES = [
     Mistake("11.3", "convert-returns-the-original", "template_batchnorm.py",
             "        return converted\n        # --- Task 11.3 end ---", "        return module\n        # --- Task 11.3 end ---",
             "must come back converted"),
+    # Task 12: gradient compression hooks (template_compression.py)
+    Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
+            "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0])\n",
+            "    compressed = buffer.to(dtype)\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0] / group.size())\n", "before the all-reduce"),
+    Mistake("12.1", "forgets-the-divide", "template_compression.py",
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype)", "not the mean"),
+    Mistake("12.1", "divides-by-the-world-size", "template_compression.py",  # right until a group is a subgroup
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype).div_(dist.get_world_size())", "its size"),
+    Mistake("12.1", "returns-before-the-all-reduce", "template_compression.py",  # DDP would read unsummed numbers
+            "    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(compressed, group=group, async_op=True)\n    future = torch.futures.Future()\n"
+            "    future.set_result([compressed])\n    return future.then(decompress)\n", "before the all-reduce finished"),
+    Mistake("12.2", "no-subtraction", "template_compression.py",
+            "            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col\n", "            pass\n",
+            "not orthonormal"),
+    Mistake("12.3", "compresses-1-d-tensors", "template_compression.py",
+            "        if n * m > r * (n + m) * state.min_compression_rate:",
+            "        if n * m > r * (n + m) * state.min_compression_rate or tensor.dim() == 1:", "sent whole"),
+    Mistake("12.3", "no-error-feedback", "template_compression.py",  # the residual stays zero
+            "            state.error_dict[index] = wanted - buffer\n", "            pass\n", "error feedback"),
+    Mistake("12.3", "feedback-added-twice", "template_compression.py",
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(state.error_dict[index])\n            buffer.add_(state.error_dict[index])\n",
+            "error feedback"),
+    Mistake("12.3", "q-not-orthogonalised", "template_compression.py",
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "",
+            "Q was not orthogonalised"),
+    Mistake("12.3", "unseeded-first-qs", "template_compression.py",  # each rank draws its own Qs
+            "            torch.manual_seed(state.rng.randint(1_000_000_000))\n", "", "draw the same first Qs"),
+    Mistake("12.3", "p-but-not-q", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "but not Q"),
+    Mistake("12.3", "one-residual-for-every-bucket", "template_compression.py",  # kept across tensors of other shapes
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(next(iter(state.error_dict.values())))\n", "per bucket"),
+    Mistake("12.3", "warm-start-from-p", "template_compression.py",  # Q = M^T P_old: last step's P, not its Q
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "    if not new_qs:\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n"
+            "            torch.matmul(matrix.T, p, out=q)\n"
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "warm start"),
+    Mistake("12.3", "returns-before-the-all-reduce", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True)\n"
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "before the all-reduce finished"),
+    # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
+    Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
+            "            flat /= size\n", "", "summed, not averaged"),
+    Mistake("13.1", "forgets-buffers", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)",
+            "    all_reduce_mean(list(model.parameters()), group)", "floating-point buffers"),
+    Mistake("13.1", "one-all-reduce-per-tensor", "template_local_sgd.py",  # right values, many collectives
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n",
+            "            for tensor in same:\n                dist.all_reduce(tensor, group=group)\n"
+            "                tensor /= size\n            continue\n"
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n", "one flat buffer"),
+    Mistake("13.1", "default-group", "template_local_sgd.py",
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)", "dist.all_reduce(flat, op=dist.ReduceOp.SUM)",
+            "pass group=group"),
+    Mistake("13.1", "divides-by-world-size", "template_local_sgd.py",
+            "    size = dist.get_world_size(group)\n", "    size = dist.get_world_size()\n", "group's size"),
+    Mistake("13.2", "averages-after-the-first-step", "template_local_sgd.py",  # PeriodicModelAverager's counting
+            "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
+            "        if self.local_step == self.sync_every:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "            self.local_step = 0\n",
+            "        if self.local_step % self.sync_every == 0:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "        self.local_step += 1\n", "averaged after step 1"),
+    Mistake("13.2", "never-resets-the-count", "template_local_sgd.py",
+            "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
+            "            average_parameters(self.model, self.group)\n", "after step H only"),
+    Mistake("13.2", "averages-gradients-too", "template_local_sgd.py",
+            "        loss = self.optimizer.step(closure)\n",
+            "        all_reduce_mean([p.grad for p in self.model.parameters() if p.grad is not None], self.group)\n"
+            "        loss = self.optimizer.step(closure)\n", "gradients were averaged as well"),
+    Mistake("13.3", "pseudo-gradient-sign", "template_local_sgd.py",
+            "param.grad = synced.to(param.device) - param", "param.grad = param - synced.to(param.device)",
+            "wrong sign"),
+    Mistake("13.3", "outer-step-from-the-average", "template_local_sgd.py",
+            "            for param, synced in zip(self.params, self.synced):\n"
+            "                param.copy_(synced)  # the outer step starts where the round started\n",
+            "            average_parameters(self.model, self.group)\n", "from the averaged parameters"),
+    Mistake("13.3", "synced-before-the-outer-step", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n"
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())\n"
+            "        self.outer_optimizer.step()\n"
+            "        self.outer_optimizer.zero_grad()\n", "copied before the outer step"),
+    Mistake("13.3", "outer-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
+            "        self.outer_optimizer = torch.optim.SGD(self.params, **{key: self.outer_optimizer.defaults[key]\n"
+            "                                               for key in (\"lr\", \"momentum\", \"nesterov\")})\n"
+            "        self.outer_optimizer.step()\n", "outer optimizer's state"),
+    Mistake("13.3", "inner-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n        self.inner_optimizer.state.clear()\n",
+            "inner optimizer's state was reset"),
+    Mistake("13.3", "inner-state-averaged", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n"
+            "        all_reduce_mean([value for state in self.inner_optimizer.state.values()\n"
+            "                         for key, value in state.items() if key != \"step\"], self.group)\n",
+            "inner optimizer's state was averaged"),
 ]
 
 
