@@ -788,6 +788,64 @@ MISTAKES = [
             "            mean, var, _ = global_batch_stats(x, self.process_group)\n", "nothing is sent in eval mode"),
     Mistake("11.3", "convert-forgets-num-batches-tracked", "template_batchnorm.py",
             "            converted.num_batches_tracked = module.num_batches_tracked\n", "", "num_batches_tracked"),
+    # found by planting held-out-style wrong answers (branch t11trial)
+    Mistake("11.1", "ranks-m2-unbiased", "template_batchnorm.py",  # torch.var_mean's default correction=1
+            "        var, mean = torch.var_mean(x, dim=dims, correction=0)\n",
+            "        var, mean = torch.var_mean(x, dim=dims)\n", "n / (n - 1)"),
+    Mistake("11.1", "empty-slice-gives-nan", "template_batchnorm.py",
+            "    if n > 0:\n", "    if True:  # var_mean of an empty slice is NaN\n", "NaN, from the empty slice"),
+    Mistake("11.1", "count-of-samples", "template_batchnorm.py",  # N, not N * H * W
+            "    n = x.numel() // x.shape[1]  # this rank's elements per channel\n", "    n = x.shape[0]\n",
+            "the number of samples"),
+    Mistake("11.2", "eps-outside-sqrt", "template_batchnorm.py",
+            "        invstd = torch.rsqrt(var + eps)\n", "        invstd = 1 / (torch.sqrt(var) + eps)\n",
+            "outside the square root"),
+    Mistake("11.2", "weight-and-bias-swapped", "template_batchnorm.py",
+            "            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n",
+            "            y = y * _per_channel(bias, x)\n        if bias is not None:\n            y = y + _per_channel(weight, x)\n",
+            "swapped"),
+    Mistake("11.2", "backward-without-the-variance-term", "template_batchnorm.py",
+            "                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y))", "                      )",
+            "the variance depends on x too"),
+    Mistake("11.2", "backward-all-reduce-ignores-the-group", "template_batchnorm.py",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM)\n", "group=ctx.group"),
+    Mistake("11.2", "weight-none-with-affine-false", "template_batchnorm.py",
+            "            scale = invstd if weight is None else invstd * weight\n", "            scale = invstd * weight\n",
+            "with affine=False, weight and bias are None"),
+    Mistake("11.3", "momentum-the-other-way-round", "template_batchnorm.py",
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n",
+            "                    self.running_mean.mul_(m).add_((1 - m) * mean)\n", "the other way round"),
+    Mistake("11.3", "momentum-none-as-0.1", "template_batchnorm.py",
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n",
+            "                m = self.momentum or 0.1\n", "cumulative average"),
+    Mistake("11.3", "running-stats-of-this-rank", "template_batchnorm.py",
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+            "                    lv, lm = torch.var_mean(x.detach(), dim=_reduce_dims(x), correction=1)\n"
+            "                    self.running_mean.mul_(1 - m).add_(m * lm)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * lv)\n", "statistics of this rank's slice"),
+    Mistake("11.3", "eval-without-running-stats-uses-them", "template_batchnorm.py",
+            "        if not self.training and self.track_running_stats:  # eval: the running statistics, nothing sent\n",
+            "        if not self.training:\n", "running_mean and running_var are None"),
+    Mistake("11.3", "empty-slice-returns-early", "template_batchnorm.py",  # the others would hang
+            "        else:\n            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "        elif x.shape[0] == 0:\n            return x * 1.0\n"
+            "        else:\n            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "the training forward sent nothing"),
+    Mistake("11.3", "process-group-ignored", "template_batchnorm.py",
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "            mean, var, count = global_batch_stats(x.detach())\n", "pass self.process_group"),
+    Mistake("11.3", "x-detached-into-the-function", "template_batchnorm.py",
+            "            return SyncBatchNormFunction.apply(x, self.weight",
+            "            return SyncBatchNormFunction.apply(x.detach(), self.weight", "not x.detach()"),
+    Mistake("11.3", "convert-copies-buffers-into-float32", "template_batchnorm.py",
+            "            converted.running_mean = module.running_mean\n            converted.running_var = module.running_var\n",
+            "            if module.track_running_stats:\n                converted.running_mean.copy_(module.running_mean)\n"
+            "                converted.running_var.copy_(module.running_var)\n", "float64 model"),
+    Mistake("11.3", "convert-returns-the-original", "template_batchnorm.py",
+            "        return converted\n        # --- Task 11.3 end ---", "        return module\n        # --- Task 11.3 end ---",
+            "must come back converted"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
