@@ -9,14 +9,14 @@ pytest and started the ranks' forkserver once (warm_pytest.py): a new `python -m
 A test that passes a wrong answer teaches a wrong thing, so each mistake must fail, and
 the failure must say what is likely wrong (the mistake's hint).
 """
-import os
 import re
 import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from grading.checker import task_test_files
 from grading.course import copy_course
-from mistakes import MISTAKES, make_submission
+from mistakes import MISTAKES, REPO, make_submission
 from warm_pytest import WarmPytest
 
 
@@ -28,10 +28,7 @@ def warm():
 
 def files_with(marker):
     """The test files that name this task's marker: collecting only them saves seconds a mistake."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    names = sorted(name for name in os.listdir(tests) if name.startswith("test_") and name.endswith(".py"))
-    found = [os.path.join("tests", name) for name in names if marker in open(os.path.join(tests, name)).read()]
-    return found or ["tests"]
+    return task_test_files(REPO, [marker])
 
 
 @pytest.mark.slow
