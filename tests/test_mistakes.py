@@ -1,6 +1,6 @@
 """The tests themselves: every typical wrong answer in mistakes.py must fail its task's tests.
 
-    pytest -m slow        # about 1 s of CPU a mistake: each runs the task's tests in a fresh copy
+    pytest -m slow        # about 2 s of CPU a mistake: each runs the task's tests in a fresh copy
 
 Each run is `pytest` in a fresh copy of the course, forked from a server that has imported torch and
 pytest and started the ranks' forkserver once (warm_pytest.py): a new `python -m pytest` spent some

@@ -80,6 +80,13 @@ class WarmPytest:
 
 def serve():
     """The server: read requests (JSON lines) from stdin, fork a pytest for each, reply its exit code."""
+    # Replies go to the client on a copy of stdout; what the forkserver and its ranks print (they keep
+    # this process's stdout and stderr) goes to a file, never into a reply.
+    replies = os.fdopen(os.dup(1), "w")
+    log = os.open("server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     import harness  # noqa: F401  torch, torch.distributed; starts the forkserver with harness.py's preload
     import multiprocessing.forkserver
     import multiprocessing.resource_tracker
@@ -87,23 +94,22 @@ def serve():
     # No file of the course stays imported or importable from here: the child imports the copy's own.
     sys.path.remove(HERE)
     del sys.modules["harness"], sys.modules["warm_pytest"]
-    # The child's harness.py calls ensure_running() again, which would wait for a forkserver that is not
-    # its child: the shared one is running (this process holds its alive pipe until the end).
     server = multiprocessing.forkserver._forkserver
-
-    def ensure_running():
-        multiprocessing.resource_tracker.ensure_running()
-    server.ensure_running = multiprocessing.forkserver.ensure_running = ensure_running
-    requests = sys.stdin
-    for line in requests:
+    for line in sys.stdin:
         request = json.loads(line)
+        server.ensure_running()  # started again if it ended (it is this process's child)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            # The child's harness.py calls ensure_running() again, which would wait for a forkserver that
+            # is not its child: the shared one is running (the server checked it just now).
+            def ensure_running():
+                multiprocessing.resource_tracker.ensure_running()
+            server.ensure_running = multiprocessing.forkserver.ensure_running = ensure_running
             _child(request)  # never returns
         returncode = _wait(pid, request["timeout"])
-        print(json.dumps({"returncode": returncode}), flush=True)
+        print(json.dumps({"returncode": returncode}), file=replies, flush=True)
 
 
 def _child(request):
