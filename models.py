@@ -4,28 +4,45 @@
     model = CNN()                                   # 3x32x32 images in, 10 logits out
     logits = model(torch.randn(8, 3, 32, 32))       # shape (8, 10)
 
-There is no BatchNorm on purpose. BatchNorm normalises with the statistics of the
-batch it sees, and under data parallelism each rank sees only its own slice of the
-global batch, so the model would compute something different from single-process
-training on the whole batch; its running statistics (buffers, not parameters) would
-also drift apart between ranks. docs/training.md explains the two fixes (SyncBatchNorm, or
-broadcasting buffers). Without it, data-parallel training here is exactly single-process
-training on the global batch, which is what the tests check.
+By default there is no BatchNorm, on purpose. BatchNorm normalises with the statistics
+of the batch it sees, and under data parallelism each rank sees only its own slice of the
+global batch, so the model would compute something different from single-process training
+on the whole batch; its running statistics (buffers, not parameters) would also drift apart
+between ranks. Without it, data-parallel training here is exactly single-process training on
+the global batch, which is what the tests check.
+
+    model = CNN(batchnorm=True)     # a BatchNorm2d after each convolution: Task 11
+
+makes that exception visible: train it with `train_ddp.py --batchnorm local` (each rank its
+slice's statistics) or `--batchnorm sync` (Task 11's SyncBatchNorm, the global batch's).
+PyTorch's own torch.nn.SyncBatchNorm runs on GPUs only: on a CPU (gloo) it raises
+"SyncBatchNorm expected input tensor to be on GPU" in training; Task 11's runs on both
+(docs/task11-batchnorm.md).
 """
 import torch
 from torch import nn
 
 
 class CNN(nn.Module):
-    """Two 5x5 convolutions with max-pooling, then two linear layers (about 0.28M parameters)."""
+    """Two 5x5 convolutions with max-pooling, then two linear layers (about 0.28M parameters).
 
-    def __init__(self, num_classes=10):
+    batchnorm=True puts an nn.BatchNorm2d after each convolution (96 more parameters, and the
+    running statistics as buffers); the default model is unchanged, so every result measured
+    without it stands."""
+
+    def __init__(self, num_classes=10, batchnorm=False):
         super().__init__()
+
+        def norm(channels):  # drawn after the convolutions: the same initial weights either way
+            return [nn.BatchNorm2d(channels)] if batchnorm else []
+
         self.features = nn.Sequential(
             nn.Conv2d(3, 16, kernel_size=5, padding=2),   # 16x32x32
+            *norm(16),
             nn.ReLU(),
             nn.MaxPool2d(2),                              # 16x16x16
             nn.Conv2d(16, 32, kernel_size=5, padding=2),  # 32x16x16
+            *norm(32),
             nn.ReLU(),
             nn.MaxPool2d(2),                              # 32x8x8
         )

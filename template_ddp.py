@@ -33,6 +33,10 @@ Your tasks:
     Task 5.4  DDP.finish_gradient_synchronization   wait, and copy the means back into .grad
     Task 5.5  DDP.no_sync            accumulate locally, communicate once
 
+Task 12 (template_compression.py) plugs in here: model.register_comm_hook(state, hook) makes every
+bucket travel through hook(state, bucket) instead of Task 5.2's all_reduce, with PyTorch's
+contract, so PyTorch's own hooks (torch.distributed.algorithms.ddp_comm_hooks) run on it too.
+
 Simplified, compared with torch.nn.parallel.DistributedDataParallel: buffers are broadcast once
 at the start, not before every forward; a parameter that no rank used gets a zero gradient
 where PyTorch leaves it None (the same for SGD or Adam without weight decay); no gradient
@@ -44,6 +48,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from support.comm_hooks import launch_comm_hook  # Task 12's path: given code
 
 
 def build_buckets(parameters, bucket_size_mb=25.0):
@@ -80,6 +86,7 @@ class Bucket:
         self.num_ready = 0  # how many of params have their gradient for this step
         self.buffer = None  # the flat gradients while they travel
         self.handle = None  # what dist.all_reduce(..., async_op=True) returned
+        self.comm_hook = None  # (state, hook, index, is_last) from DDP.register_comm_hook (Task 12)
 
 
 def launch_all_reduce(bucket):
@@ -94,6 +101,8 @@ def launch_all_reduce(bucket):
     its handle in bucket.handle. Do not wait: the point is to let backward go on while the
     buffer travels. Whoever needs the result calls bucket.handle.wait() later.
     """
+    if bucket.comm_hook is not None:  # Task 12: a communication hook sends this bucket instead
+        return launch_comm_hook(bucket)
     # --- Task 5.2 begin ---
     # TODO Task 5.2: flatten the bucket's gradients, divide by the world size, start an async all_reduce, keep the handle
     raise NotImplementedError("Task 5.2: launch_all_reduce() in template_ddp.py is not done yet (docs/task5-ddp.md)")
@@ -121,6 +130,20 @@ class DDP(nn.Module):
         self.sync_this_backward = True  # decided in forward, as PyTorch's DDP does
         self._hook_handles = []
         self._register_hooks()
+
+    def register_comm_hook(self, state, hook):
+        """Send every bucket through hook(state, bucket) instead of a plain averaging all_reduce,
+        as torch.nn.parallel.DistributedDataParallel.register_comm_hook does (Task 12).
+
+        hook(state, bucket) gets a GradBucket whose buffer() holds this rank's local, undivided
+        gradients, and returns a torch.futures.Future whose value is that buffer AVERAGED over
+        the ranks. state is the hook's own (a process group, a PowerSGDState, ...). Call it once,
+        before the first backward, as PyTorch allows.
+        """
+        if any(bucket.comm_hook is not None for bucket in self.buckets):
+            raise RuntimeError("register_comm_hook can only be called once, as in PyTorch's DDP")
+        for index, bucket in enumerate(self.buckets):
+            bucket.comm_hook = (state, hook, index, index == len(self.buckets) - 1)
 
     def forward(self, *args, **kwargs):
         # PyTorch's DDP decides in forward whether the next backward communicates, so the

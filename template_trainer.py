@@ -23,6 +23,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+try:
+    import launchers
+except ImportError:  # started as solutions/template_collectives.py: Python looks in solutions/ only
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import launchers
+
 
 def print0(*args, **kwargs):
     """print() on rank 0 only. Reads RANK from the environment, so it works before set-up."""
@@ -31,29 +37,31 @@ def print0(*args, **kwargs):
 
 
 def setup_distributed(backend=None, timeout=datetime.timedelta(minutes=5)):
-    """Join the process group that torchrun describes, and choose this process's device.
+    """Join the process group that the launcher describes, and choose this process's device.
 
-    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this node),
-    WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Started with plain `python`, none is set and
-    this process is a world of one, so the same script runs either way.
+    A launcher starts one copy of this script per rank and tells each, in its environment,
+    its rank (among all processes), its local rank (among those on its machine), the world
+    size and where to meet. torchrun names them RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT; srun, mpirun and Ray name them their own way, and launchers.py reads every
+    one (docs/launchers.md). Started with plain `python`, none is set and this process is a
+    world of one, so the same script runs either way.
 
     backend: "nccl" (GPUs) or "gloo" (CPUs, and CUDA tensors too); None picks NCCL when
     CUDA is available, else gloo. timeout: how long a collective waits for the other
     ranks before it fails, which is how long a hang lasts.
     Returns (rank, local_rank, world_size, device).
     """
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    # who_am_i() in torchrun's words, written back as RANK, WORLD_SIZE, ... for print0 and env://
+    me = launchers.set_torchrun_variables()
+    rank, local_rank, world_size = me.rank, me.local_rank, me.world_size
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
     # The device follows LOCAL_RANK, never RANK: on the second node RANK starts at the
     # number of GPUs per node, and cuda:RANK does not exist there.
     if torch.cuda.is_available():
         num_gpus = torch.cuda.device_count()
-        if backend == "nccl" and local_world_size > num_gpus:
-            raise ValueError(f"{local_world_size} processes on this node but only {num_gpus} GPUs: NCCL needs "
+        if backend == "nccl" and me.local_world_size > num_gpus:
+            raise ValueError(f"{me.local_world_size} processes on this node but only {num_gpus} GPUs: NCCL needs "
                              f"a GPU for each process; use --nproc_per_node={num_gpus}, or --backend gloo")
         device = torch.device("cuda", local_rank % num_gpus)
         torch.cuda.set_device(device)
@@ -62,13 +70,17 @@ def setup_distributed(backend=None, timeout=datetime.timedelta(minutes=5)):
     else:
         device = torch.device("cpu")
 
+    if dist.is_initialized():  # Ray Train and torchrunx join the group themselves: never a second time
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise ValueError(f"the process group already set up is rank {dist.get_rank()} of "
+                             f"{dist.get_world_size()}, the environment says {rank} of {world_size}")
+        return rank, local_rank, world_size, device
     options = {"device_id": device} if backend == "nccl" else {}
-    if "MASTER_ADDR" in os.environ:  # launched by torchrun (or srun with the variables set)
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                                store=restart_store(world_size, timeout), **options)
+    if me.master_port is not None:  # the processes meet at MASTER_ADDR:MASTER_PORT (env://)
+        with launchers.port_taken_explained(me):  # rank 0 listens there: a port in use is one line
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                                    store=restart_store(world_size, timeout), **options)
     else:  # plain `python`: an in-process store, so no port is needed
-        if world_size != 1:
-            raise ValueError("WORLD_SIZE is set but MASTER_ADDR is not: launch with torchrun")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **options)
     return rank, local_rank, world_size, device
 

@@ -6,14 +6,14 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --impl solutions --data synthetic
     torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring   # Task 3's all-reduce
     torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --accumulate 2  # Task 5's DDP
-    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --profile runs/profile
-    torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6
-    torchrun --standalone --nproc_per_node=2 train_ddp.py --shard full --optimizer adamw        # Task 7
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --shard optimizer --optimizer adamw   # Task 6 (full: 7)
     torchrun --standalone --nproc_per_node=4 train_ddp.py --tp 2     # Task 9: tensor x data parallel
     torchrun --standalone --nproc_per_node=2 train_ddp.py --pp 2 --microbatches 4 --schedule 1f1b   # Task 10
-    sbatch submit.sh                                          # several nodes under SLURM (docs/clusters.md)
-    torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt
-                                        # survives a killed rank (docs/task8-checkpoints.md)
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --batchnorm sync                    # Task 11
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --compress powersgd  # Task 12
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --diloco 16      # Task 13 (or --local-sgd 16)
+    sbatch submit.sh        # several nodes under SLURM; srun, mpirun and Ray (ray_train.py): docs/launchers.md
+    torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt  # Task 8
 
 --impl template (the default) trains with your template_*.py files, --impl solutions with
 the reference answers in solutions/, and --impl ddp with PyTorch's own
@@ -32,6 +32,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import launchers
 import strategies
 from strategies.course_files import course_module, not_done
 from data import first_n, get_datasets
@@ -45,7 +46,7 @@ class NotDone(Exception):
     """A task the chosen flags need is still a TODO: said already, ends the run like a wrong setting."""
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, more_flags=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=["template", "solutions", "ddp"], default="template",
                         help="template: your template_*.py files; solutions: solutions/; "
@@ -70,22 +71,22 @@ def parse_args(argv=None):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="use only the first N training images, for quick runs (default: all)")
     parser.add_argument("--test-samples", type=int, help="use only the first N test images (default: all)")
-    parser.add_argument("--accumulate", type=int, default=1,
-                        help="split each rank's batch into K micro-batches whose gradients add up before one "
-                        "optimizer step; the first K-1 run inside no_sync() with --sync overlap and --impl ddp "
-                        "(default: 1)")
+    parser.add_argument("--accumulate", type=int, default=1, help="split each rank's batch into K micro-batches whose "
+                        "gradients add up before one optimizer step; the first K-1 run inside no_sync() with "
+                        "--sync overlap and --impl ddp (default: 1)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="profile 3 steps of the first epoch on rank 0: DIR/trace.json (chrome://tracing or "
                         "ui.perfetto.dev) and DIR/timeline.png, backward beside the all-reduces (default: off)")
-    parser.add_argument("--timeout", type=float, default=300,
-                        help="seconds a collective waits for the other ranks before failing: how long a hang lasts "
-                        "(default: 300)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a collective waits for the other ranks "
+                        "before failing: how long a hang lasts (default: 300)")
     parser.add_argument("--metrics", default="runs/metrics.csv",
                         help="CSV file that rank 0 writes the per-epoch figures to (default: runs/metrics.csv)")
     parser.add_argument("--no-plot", action="store_true",
                         help="do not draw the metrics as a PNG beside the CSV (same name, .png) at the end")
     checkpoint.add_arguments(parser)
     strategies.add_arguments(parser)
+    if more_flags:  # ray_train.py's, which give --workers another meaning
+        more_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -106,9 +107,10 @@ def check_flags(args):
 
 
 def main(args):
+    launchers.set_torchrun_variables()  # srun's, mpirun's, ... in torchrun's names: print0 works from here on
     strategy = check_flags(args)
     trainer = course_module(args.impl, "template_trainer")
-    unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks(args))
+    unfinished = not_done(args.impl, strategy.needs(args) + checkpoint.tasks_needed(args))
     if unfinished:
         trainer.print0(unfinished)
         raise NotDone  # as final as a wrong setting
@@ -212,11 +214,9 @@ def epoch_row(args, strategy, model, test_loader, stats, epoch, device):
 
 
 def set_threads():
-    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 when it starts
-    several processes), else the cores this process may use shared out between the processes of
-    its node (LOCAL_WORLD_SIZE), at least one. More threads than free cores is slower, not faster:
-    each operation waits at its end for its slowest thread, and a thread that another process
-    pushed off its core holds up the whole operation (docs/training.md)."""
+    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 for several processes),
+    else the cores it may use shared out between the processes of its node (LOCAL_WORLD_SIZE), at least one:
+    more threads than free cores is slower, each operation waits for its slowest thread (docs/training.md)."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if not threads.isdigit() or int(threads) < 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

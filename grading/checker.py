@@ -47,6 +47,9 @@ HINTS = [
      "when its result is there."),
     (r"No backend type associated with device type cpu|Tensors must be CUDA",
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
+    (r"ProcessGroupGloo::allgather: invalid tensor size",
+     "Gloo's all_gather_into_tensor takes an output of the inputs concatenated along dim 0 (world_size * n, ...), "
+     "not stacked (world_size, n, ...): view it so, or all_gather into a list of tensors."),
     (r"Default process group has not been initialized",
      "A collective ran before init_process_group (or after destroy_process_group)."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",
@@ -471,8 +474,9 @@ def _summarize_task(task, tests, run, collect_errors):
 
 def _without_task_prefix(task, text):
     """"Task 2.2 (template_trainer.py, average_gradients): ..." repeats what the report's line
-    already says; "Tasks 1.1-1.3: ..." does not, and stays."""
-    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \(.*?\):\s*", r"\1", text)
+    already says; "Tasks 1.1-1.3: ..." does not, and stays. Only the task's own parenthesis (which may
+    hold a "()"): "Task 11.1 (...), an empty slice (...): ..." keeps the case it names."""
+    return re.sub(rf"^(rank \d+: )?Task {re.escape(task.id)} \((?:[^()]|\(\))*\):\s*", r"\1", text)
 
 
 def _last_line(path):

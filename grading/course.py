@@ -37,6 +37,16 @@ def is_template(path):
     return "/" not in path and path.startswith("template_") and path.endswith(".py")
 
 
+def untouched(path, repo=REPO):
+    """The committed text of `path` (a template as the course hands it out, even in a clone whose own
+    template is filled in; copy_course takes the same), or the working tree's outside a git checkout."""
+    committed = _git(repo, "show", f"HEAD:{path}")
+    if committed is None:
+        with open(os.path.join(repo, *path.split("/")), "rb") as f:
+            committed = f.read()
+    return committed.decode()
+
+
 def copy_course(dest, repo=REPO, exclude=()):
     """Copy the course's files from `repo` to the new folder `dest`.
 

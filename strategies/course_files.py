@@ -34,8 +34,9 @@ def unfilled_task(impl, files, root=None):
         name, function = name if isinstance(name, tuple) else (name, None)
         with open(os.path.join(root, name)) as f:
             text = f.read()
-        if function:  # from its def to the next top-level def
-            text = re.split(r"\n(?=def |class )", text[text.index(f"\ndef {function}(") + 1:])[0]
+        if function:  # from its def (or class) to the next top-level def or class
+            start = re.search(rf"\n(def {function}\(|class {function}\b)", text).start()
+            text = re.split(r"\n(?=def |class )", text[start + 1:])[0]
         found = re.search(r'raise NotImplementedError\("(Task \d+\.\d+)', text)
         if found:
             return found.group(1), name

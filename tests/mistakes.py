@@ -724,6 +724,238 @@ MISTAKES = [
     Mistake("7.1", "padding-on-the-default-device", "template_fsdp.py",
             "    padded = torch.cat([flat, flat.new_zeros(padding)])", "    padded = torch.cat([flat, torch.zeros(padding)])",
             "on the 'meta' device"),
+    # Task 11: BatchNorm across ranks (issue 33)
+    Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
+            "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
+            "this rank's slice only"),
+    Mistake("11.1", "means-averaged-as-if-equal", "template_batchnorm.py",
+            "n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n",
+            "mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n"
+            "    global_mean = total / dist.get_world_size(group)\n", "the same size"),
+    Mistake("11.1", "variances-averaged", "template_batchnorm.py",  # forgets the spread of the ranks' means
+            "n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n"
+            "    global_var = (squares / count - global_mean ** 2).clamp(min=0)\n",
+            "n * mean, m2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)\n"
+            "    count = packed[0]\n    total, squares = packed[1:].chunk(2)\n    global_mean = total / count\n"
+            "    global_var = squares / count  # the ranks' variances, weighted by their counts\n",
+            "spread of the means"),
+    Mistake("11.1", "unbiased-for-normalising", "template_batchnorm.py",
+            "    global_var = (squares / count - global_mean ** 2).clamp(min=0)\n",
+            "    global_var = ((squares - count * global_mean ** 2) / (count - 1)).clamp(min=0)\n", "UNBIASED"),
+    Mistake("11.1", "naive-float32-variance", "template_batchnorm.py",  # E[x^2] - E[x]^2 in x's dtype
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, "
+            "m2 + n * mean ** 2])\n",
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=x.dtype), x.sum(dims), (x * x).sum(dims)])\n",
+            "cancels"),
+    Mistake("11.1", "empty-rank-skips-the-collective", "template_batchnorm.py",  # the others hang
+            "    dims = _reduce_dims(x)\n",
+            "    dims = _reduce_dims(x)\n    if x.shape[0] == 0:  # nothing to add\n"
+            "        return torch.zeros(x.shape[1], dtype=x.dtype), torch.zeros(x.shape[1], dtype=x.dtype), 0\n",
+            "a hang in global_batch_stats"),
+    Mistake("11.1", "local-count", "template_batchnorm.py",
+            "global_var.to(x.dtype), int(count.item())", "global_var.to(x.dtype), n", "this rank's own count"),
+    Mistake("11.2", "backward-without-all-reduce", "template_batchnorm.py",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n", "",
+            "exact only on one rank"),
+    Mistake("11.2", "all-reduces-dy", "template_batchnorm.py",
+            "            packed = torch.cat([sum_dy, sum_dy_xhat])\n"
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n"
+            "            global_dy, global_dy_xhat = packed.chunk(2)\n",
+            "            total = grad_y.clone()\n            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "            global_dy, global_dy_xhat = total.sum(dims), (total * x_hat).sum(dims)\n", "not of dy itself"),
+    Mistake("11.2", "weight-gradient-all-reduced-too", "template_batchnorm.py",  # and again by data parallelism
+            "            grad_weight = sum_dy_xhat  # this rank's: data parallelism averages it\n",
+            "            grad_weight = global_dy_xhat\n", "times too large"),
+    Mistake("11.2", "calls-f-batch-norm", "template_batchnorm.py",
+            "        y = x_hat\n", "        y = torch.nn.functional.batch_norm(x, mean, var, None, None, False, 0.0, eps)\n",
+            "no PyTorch BatchNorm function"),
+    Mistake("11.3", "biased-running-var", "template_batchnorm.py",
+            "self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "self.running_var.mul_(1 - m).add_(m * var)", "UNBIASED"),
+    Mistake("11.3", "local-count-in-running-var", "template_batchnorm.py",
+            "self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "self.running_var.mul_(1 - m).add_(m * var * (x.numel() // x.shape[1]) / (x.numel() // x.shape[1] - 1))",
+            "own count"),
+    Mistake("11.3", "running-stats-updated-in-eval", "template_batchnorm.py",
+            "            invstd = torch.rsqrt(self.running_var + self.eps)\n",
+            "            self.running_mean.mul_(0.9).add_(0.1 * x.mean(_reduce_dims(x)))\n"
+            "            invstd = torch.rsqrt(self.running_var + self.eps)\n", "must not change the running statistics"),
+    Mistake("11.3", "collective-in-eval", "template_batchnorm.py",  # without running statistics: the global batch's
+            "            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)\n",
+            "            mean, var, _ = global_batch_stats(x, self.process_group)\n", "nothing is sent in eval mode"),
+    Mistake("11.3", "convert-forgets-num-batches-tracked", "template_batchnorm.py",
+            "            converted.num_batches_tracked = module.num_batches_tracked\n", "", "num_batches_tracked"),
+    # found by planting held-out-style wrong answers (branch t11trial)
+    Mistake("11.1", "ranks-m2-unbiased", "template_batchnorm.py",  # torch.var_mean's default correction=1
+            "        var, mean = torch.var_mean(x, dim=dims, correction=0)\n",
+            "        var, mean = torch.var_mean(x, dim=dims)\n", "n / (n - 1)"),
+    Mistake("11.1", "empty-slice-gives-nan", "template_batchnorm.py",
+            "    if n > 0:\n", "    if True:  # var_mean of an empty slice is NaN\n", "NaN, from the empty slice"),
+    Mistake("11.1", "count-of-samples", "template_batchnorm.py",  # N, not N * H * W
+            "    n = x.numel() // x.shape[1]  # this rank's elements per channel\n", "    n = x.shape[0]\n",
+            "the number of samples"),
+    Mistake("11.2", "eps-outside-sqrt", "template_batchnorm.py",
+            "        invstd = torch.rsqrt(var + eps)\n", "        invstd = 1 / (torch.sqrt(var) + eps)\n",
+            "outside the square root"),
+    Mistake("11.2", "weight-and-bias-swapped", "template_batchnorm.py",
+            "            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n",
+            "            y = y * _per_channel(bias, x)\n        if bias is not None:\n            y = y + _per_channel(weight, x)\n",
+            "swapped"),
+    Mistake("11.2", "backward-without-the-variance-term", "template_batchnorm.py",
+            "                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y))", "                      )",
+            "the variance depends on x too"),
+    Mistake("11.2", "backward-all-reduce-ignores-the-group", "template_batchnorm.py",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM)\n", "group=ctx.group"),
+    Mistake("11.2", "weight-none-with-affine-false", "template_batchnorm.py",
+            "            scale = invstd if weight is None else invstd * weight\n", "            scale = invstd * weight\n",
+            "with affine=False, weight and bias are None"),
+    Mistake("11.3", "momentum-the-other-way-round", "template_batchnorm.py",
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n",
+            "                    self.running_mean.mul_(m).add_((1 - m) * mean)\n", "the other way round"),
+    Mistake("11.3", "momentum-none-as-0.1", "template_batchnorm.py",
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n",
+            "                m = self.momentum or 0.1\n", "cumulative average"),
+    Mistake("11.3", "running-stats-of-this-rank", "template_batchnorm.py",
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+            "                    lv, lm = torch.var_mean(x.detach(), dim=_reduce_dims(x), correction=1)\n"
+            "                    self.running_mean.mul_(1 - m).add_(m * lm)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * lv)\n", "statistics of this rank's slice"),
+    Mistake("11.3", "eval-without-running-stats-uses-them", "template_batchnorm.py",
+            "        if not self.training and self.track_running_stats:  # eval: the running statistics, nothing sent\n",
+            "        if not self.training:\n", "running_mean and running_var are None"),
+    Mistake("11.3", "empty-slice-returns-early", "template_batchnorm.py",  # the others would hang
+            "        else:\n            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "        elif x.shape[0] == 0:\n            return x * 1.0\n"
+            "        else:\n            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "the training forward sent nothing"),
+    Mistake("11.3", "process-group-ignored", "template_batchnorm.py",
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "            mean, var, count = global_batch_stats(x.detach())\n", "pass self.process_group"),
+    Mistake("11.3", "x-detached-into-the-function", "template_batchnorm.py",
+            "            return SyncBatchNormFunction.apply(x, self.weight",
+            "            return SyncBatchNormFunction.apply(x.detach(), self.weight", "not x.detach()"),
+    Mistake("11.3", "convert-copies-buffers-into-float32", "template_batchnorm.py",
+            "            converted.running_mean = module.running_mean\n            converted.running_var = module.running_var\n",
+            "            if module.track_running_stats:\n                converted.running_mean.copy_(module.running_mean)\n"
+            "                converted.running_var.copy_(module.running_var)\n", "float64 model"),
+    Mistake("11.3", "convert-returns-the-original", "template_batchnorm.py",
+            "        return converted\n        # --- Task 11.3 end ---", "        return module\n        # --- Task 11.3 end ---",
+            "must come back converted"),
+    # Task 12: gradient compression hooks (template_compression.py)
+    Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
+            "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0])\n",
+            "    compressed = buffer.to(dtype)\n\n    def decompress(future):\n"
+            "        buffer.copy_(future.value()[0] / group.size())\n", "before the all-reduce"),
+    Mistake("12.1", "forgets-the-divide", "template_compression.py",
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype)", "not the mean"),
+    Mistake("12.1", "divides-by-the-world-size", "template_compression.py",  # right until a group is a subgroup
+            "buffer.to(dtype).div_(group.size())", "buffer.to(dtype).div_(dist.get_world_size())", "its size"),
+    Mistake("12.1", "returns-before-the-all-reduce", "template_compression.py",  # DDP would read unsummed numbers
+            "    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(compressed, group=group, async_op=True)\n    future = torch.futures.Future()\n"
+            "    future.set_result([compressed])\n    return future.then(decompress)\n", "before the all-reduce finished"),
+    Mistake("12.2", "no-subtraction", "template_compression.py",
+            "            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col\n", "            pass\n",
+            "not orthonormal"),
+    Mistake("12.3", "compresses-1-d-tensors", "template_compression.py",
+            "        if n * m > r * (n + m) * state.min_compression_rate:",
+            "        if n * m > r * (n + m) * state.min_compression_rate or tensor.dim() == 1:", "sent whole"),
+    Mistake("12.3", "no-error-feedback", "template_compression.py",  # the residual stays zero
+            "            state.error_dict[index] = wanted - buffer\n", "            pass\n", "error feedback"),
+    Mistake("12.3", "feedback-added-twice", "template_compression.py",
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(state.error_dict[index])\n            buffer.add_(state.error_dict[index])\n",
+            "error feedback"),
+    Mistake("12.3", "q-not-orthogonalised", "template_compression.py",
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "",
+            "Q was not orthogonalised"),
+    Mistake("12.3", "unseeded-first-qs", "template_compression.py",  # each rank draws its own Qs
+            "            torch.manual_seed(state.rng.randint(1_000_000_000))\n", "", "draw the same first Qs"),
+    Mistake("12.3", "p-but-not-q", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "but not Q"),
+    Mistake("12.3", "one-residual-for-every-bucket", "template_compression.py",  # kept across tensors of other shapes
+            "            buffer.add_(state.error_dict[index])\n",
+            "            buffer.add_(next(iter(state.error_dict.values())))\n", "per bucket"),
+    Mistake("12.3", "warm-start-from-p", "template_compression.py",  # Q = M^T P_old: last step's P, not its Q
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "    if not new_qs:\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n"
+            "            torch.matmul(matrix.T, p, out=q)\n"
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n", "warm start"),
+    Mistake("12.3", "returns-before-the-all-reduce", "template_compression.py",
+            "    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True)\n"
+            "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
+            "before the all-reduce finished"),
+    # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
+    Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
+            "            flat /= size\n", "", "summed, not averaged"),
+    Mistake("13.1", "forgets-buffers", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)",
+            "    all_reduce_mean(list(model.parameters()), group)", "floating-point buffers"),
+    Mistake("13.1", "one-all-reduce-per-tensor", "template_local_sgd.py",  # right values, many collectives
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n",
+            "            for tensor in same:\n                dist.all_reduce(tensor, group=group)\n"
+            "                tensor /= size\n            continue\n"
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n", "one flat buffer"),
+    Mistake("13.1", "default-group", "template_local_sgd.py",
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)", "dist.all_reduce(flat, op=dist.ReduceOp.SUM)",
+            "pass group=group"),
+    Mistake("13.1", "divides-by-world-size", "template_local_sgd.py",
+            "    size = dist.get_world_size(group)\n", "    size = dist.get_world_size()\n", "group's size"),
+    Mistake("13.2", "averages-after-the-first-step", "template_local_sgd.py",  # PeriodicModelAverager's counting
+            "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
+            "        if self.local_step == self.sync_every:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "            self.local_step = 0\n",
+            "        if self.local_step % self.sync_every == 0:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "        self.local_step += 1\n", "averaged after step 1"),
+    Mistake("13.2", "never-resets-the-count", "template_local_sgd.py",
+            "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
+            "            average_parameters(self.model, self.group)\n", "after step H only"),
+    Mistake("13.2", "averages-gradients-too", "template_local_sgd.py",
+            "        loss = self.optimizer.step(closure)\n",
+            "        all_reduce_mean([p.grad for p in self.model.parameters() if p.grad is not None], self.group)\n"
+            "        loss = self.optimizer.step(closure)\n", "gradients were averaged as well"),
+    Mistake("13.3", "pseudo-gradient-sign", "template_local_sgd.py",
+            "param.grad = synced.to(param.device) - param", "param.grad = param - synced.to(param.device)",
+            "wrong sign"),
+    Mistake("13.3", "outer-step-from-the-average", "template_local_sgd.py",
+            "            for param, synced in zip(self.params, self.synced):\n"
+            "                param.copy_(synced)  # the outer step starts where the round started\n",
+            "            average_parameters(self.model, self.group)\n", "from the averaged parameters"),
+    Mistake("13.3", "synced-before-the-outer-step", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n"
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())\n"
+            "        self.outer_optimizer.step()\n"
+            "        self.outer_optimizer.zero_grad()\n", "copied before the outer step"),
+    Mistake("13.3", "outer-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
+            "        self.outer_optimizer = torch.optim.SGD(self.params, **{key: self.outer_optimizer.defaults[key]\n"
+            "                                               for key in (\"lr\", \"momentum\", \"nesterov\")})\n"
+            "        self.outer_optimizer.step()\n", "outer optimizer's state"),
+    Mistake("13.3", "inner-state-reset", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n        self.inner_optimizer.state.clear()\n",
+            "inner optimizer's state was reset"),
+    Mistake("13.3", "inner-state-averaged", "template_local_sgd.py",
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n"
+            "        all_reduce_mean([value for state in self.inner_optimizer.state.values()\n"
+            "                         for key, value in state.items() if key != \"step\"], self.group)\n",
+            "inner optimizer's state was averaged"),
 ]
 
 

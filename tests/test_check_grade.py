@@ -19,7 +19,7 @@ import time
 import pytest
 
 from grading.checker import Run, discover_tasks, explain, select_tasks, summarize
-from grading.course import _git, copy_course
+from grading.course import copy_course, untouched
 from mistakes import MISTAKES, REPO, Mistake, make_submission
 
 # about the course's tools, not a student's tasks: skipped with --impl template (conftest.py)
@@ -197,15 +197,6 @@ def _untouched_templates(dest):
     return copy_course(dest)
 
 
-def _untouched(name):
-    """The committed text of the template `name`, not the working tree's (which may be filled in)."""
-    committed = _git(REPO, "show", f"HEAD:{name}")
-    if committed is None:  # not a git checkout: the files as they are
-        with open(os.path.join(REPO, name), "rb") as f:
-            committed = f.read()
-    return committed.decode()
-
-
 @pytest.mark.slow
 def test_grade_gives_full_partial_and_zero_marks(tmp_path):
     solutions = make_submission(str(tmp_path / "solutions"))
@@ -276,7 +267,7 @@ def test_grade_stops_a_submission_at_its_limit_and_grades_the_others(tmp_path):
 def test_check_explains_the_first_failing_task_and_the_next_step(tmp_path):
     student = make_submission(str(tmp_path / "student"), [BY_NAME["epoch-not-in-seed"]])
     with open(os.path.join(student, "template_trainer.py"), "w") as dst:
-        dst.write(_untouched("template_trainer.py"))  # Task 2 not started
+        dst.write(untouched("template_trainer.py"))  # Task 2 not started
     done, seconds = _python("check.py", "1.1", "1.2", "2.3", cwd=student, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -84,6 +84,24 @@ def test_an_error_in_pytests_process_names_the_task():
     assert _check_line(error, "10.1").startswith("your code raised IndexError"), _check_line(error, "10.1")
 
 
+def test_the_task_prefix_is_dropped_only_up_to_its_own_parenthesis():
+    """A message that goes on "(...), a case (...): why" kept only what followed the case's own "):"."""
+    case = "Task 11.1 (template_batchnorm.py, global_batch_stats), an empty slice (rank 1 holds none): NaN"
+    assert _without_task_prefix_of("11.1", case) == case
+    assert _without_task_prefix_of("10.1", "Task 10.1 (template_pipeline.py, partition()): why (a): b") == "why (a): b"
+
+
+def test_gloos_all_gather_into_a_stacked_output_is_explained():
+    text, _ = explain("RuntimeError", "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (3, 3), "
+                      "got (1, 3, 3))", "")
+    assert "concatenated along dim 0" in text, text
+
+
+def _without_task_prefix_of(task_id, text):
+    from grading.checker import _without_task_prefix
+    return _without_task_prefix(Task(task_id), text)
+
+
 def test_did_not_raise_says_what_had_to_be_raised():
     from harness import named_failure
     with pytest.raises(pytest.fail.Exception) as raised:

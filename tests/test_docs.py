@@ -76,6 +76,20 @@ NOT_RUN = {
                                      "(pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --impl ddp":
         "tests/test_train_ddp.py trains with --impl ddp on 2 ranks, and docs/training.md's ddp run runs here",
+    # issue 36: the other launchers (their flags are checked statically like the others')
+    "mpirun *": "needs Open MPI (apt-get install -y openmpi-bin): tests/test_launchers.py runs it against torchrun "
+                "(pytest -m mpi)",
+    "mpirun.mpich *": "needs MPICH (apt-get install -y mpich): tests/test_launchers.py runs it (pytest -m mpi)",
+    "srun python my_training_script.py": "the seed's recipe as it stands; submit_srun.sh is that recipe for "
+                                         "train_ddp.py, which tests/test_launchers.py submits (pytest -m slurm)",
+    "python ray_train.py *": "needs Ray (requirements-ray.txt) and most of a minute to start it: tests/test_launchers.py "
+                             "runs ray_train.py on a two-node Ray cluster (pytest -m ray)",
+    "ray start *": "starts a Ray node on a cluster's machine",
+    "ray stop": "stops a Ray node",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --sync overlap --compress *":
+        "tests/test_compression.py trains --sync overlap with --compress powersgd (and bf16, pytest -m slow)",
+    "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --compress *":
+        "tests/test_compression.py trains --impl ddp --compress powersgd (pytest -m slow)",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.
@@ -83,6 +97,7 @@ QUICK = {
     "train_ddp.py": ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "256"],
     "benchmarks/allreduce_bench.py": ["--max-size", "16KB", "--warmup", "1", "--repeats", "2"],
     "template_replicas.py": ["--steps", "2"],
+    "benchmarks/compression_bench.py": ["--repeats", "1", "--steps", "4", "--rounds", "1", "--no-resnet"],
 }
 
 # Pages of Phase 2 that other pages may link to before they land. Empty it once they exist:
@@ -201,6 +216,9 @@ def script_of(command):
         while words[i].startswith("-"):
             i += 1
         return words[i], words[i + 1:], False
+    if words[0] in ("mpirun", "mpirun.mpich") and "python" in words:  # mpirun [options] python script ...
+        i = words.index("python")
+        return words[i + 1], words[i + 2:], False
     return None
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from grading import formats, grade, sandbox
 from grading.checker import discover_tasks
+from grading.course import untouched
 from mistakes import REPO, make_submission
 
 try:
@@ -396,8 +397,8 @@ def test_gradescope_run_autograder_writes_results_json(tmp_path):
             os.replace(os.path.join(submission, name), root / "submission" / name)
     with open(root / "submission" / "template_trainer.py") as f:
         trainer = f.read()
-    with open(os.path.join(REPO, "template_trainer.py")) as f:  # Task 2 not started
-        (root / "submission" / "template_trainer.py").write_text(f.read())
+    # Task 2 not started: the template as the course hands it out, whatever state this clone's own is in
+    (root / "submission" / "template_trainer.py").write_text(untouched("template_trainer.py"))
     start = time.monotonic()
     done = subprocess.run(["bash", str(root / "source" / "run_autograder")], capture_output=True, text=True,
                           timeout=240, env={**os.environ, "AUTOGRADER": str(root), "GRADE_ARGS": "--tasks 1.1 2.3"})

@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.repo  # launches the solutions: about the repository, not a student's tasks
 
 REPO = Path(__file__).resolve().parent.parent
-SHELL_SCRIPTS = ["submit.sh", "tools/slurm_test_cluster.sh", ".ci/run"]
+SHELL_SCRIPTS = ["submit.sh", "submit_srun.sh", "tools/slurm_test_cluster.sh", ".ci/run"]
 TINY_RUN = ["--impl", "solutions", "--data", "synthetic", "--epochs", "1",
             "--train-samples", "2048", "--test-samples", "512", "--metrics", ""]
 # The same directory and variable as tools/slurm_test_cluster.sh. Only the test cluster is

@@ -15,6 +15,7 @@ import pytest
 
 import data
 import train_ddp
+from grading.course import untouched
 from strategies.course_files import unfilled_task
 from support import checkpoint
 
@@ -26,11 +27,11 @@ QUICK = ["--impl", "solutions", "--data", "synthetic", "--test-samples", "100"]
 
 def test_training_needs_only_the_task_its_allreduce_uses(tmp_path):
     """--allreduce ring with Task 3.2 done and 3.1 not yet must train (ring needs only 3.2)."""
-    ring = unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")])
-    naive = unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")])
+    template = untouched("template_allreduce.py")  # as handed out, whatever state this clone's own is in
+    (tmp_path / "template_allreduce.py").write_text(template)
+    ring = unfilled_task("template", [("template_allreduce.py", "ring_all_reduce")], root=str(tmp_path))
+    naive = unfilled_task("template", [("template_allreduce.py", "naive_all_reduce")], root=str(tmp_path))
     assert (ring[0], naive[0]) == ("Task 3.2", "Task 3.1"), (ring, naive)
-    with open(os.path.join(REPO, "template_allreduce.py")) as f:
-        template = f.read()
     with open(os.path.join(REPO, "solutions", "template_allreduce.py")) as f:
         solution = f.read()
     ring_done = template[:template.index("\ndef ring_all_reduce(")] + solution[solution.index("\ndef ring_all_reduce("):]
@@ -134,7 +135,8 @@ def test_sigterm_at_start_up_points_at_the_rank_that_failed():
     'interrupted at start-up', which reads as a Ctrl-C."""
     proc = subprocess.run([sys.executable, "-c", "import signal, tools.interrupt as i; "
                            "i.stop_on_interrupt(signal.SIGTERM, None)"],
-                          cwd=REPO, capture_output=True, text=True, timeout=30, env={**os.environ, "RANK": "1"})
+                          cwd=REPO, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "none"})  # as torchrun sets it
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.startswith("[rank 1] stopped at start-up (SIGTERM): torchrun stops every rank when one "
                                   "fails, so look above for another rank's error"), proc.stderr
@@ -254,14 +256,13 @@ def test_checkpoints_need_tasks_8_3_and_8_4_only_when_sharded(tmp_path):
     """--checkpoint-dir with Tasks 8.1 and 8.2 done and 8.3 not yet must train unsharded (8.3 and 8.4
     write and read the sharded files of --shard optimizer and full)."""
     fence = re.compile(r"^[ \t]*# --- Task (8\.[34]) begin ---\n.*?^[ \t]*# --- Task \1 end ---\n", re.M | re.S)
-    with open(os.path.join(REPO, "template_checkpoint.py")) as f:
-        template = {m.group(1): m.group(0) for m in fence.finditer(f.read())}
+    template = {m.group(1): m.group(0) for m in fence.finditer(untouched("template_checkpoint.py"))}
     with open(os.path.join(REPO, "solutions", "template_checkpoint.py")) as f:
         solution = f.read()
     (tmp_path / "template_checkpoint.py").write_text(fence.sub(lambda m: template[m.group(1)], solution))
     plain, sharded = (train_ddp.parse_args(["--checkpoint-dir", "ckpt", *shard]) for shard in ([], ["--shard", "full"]))
-    assert unfilled_task("template", checkpoint.tasks(plain), root=str(tmp_path)) is None
-    assert unfilled_task("template", checkpoint.tasks(sharded), root=str(tmp_path)) == (
+    assert unfilled_task("template", checkpoint.tasks_needed(plain), root=str(tmp_path)) is None
+    assert unfilled_task("template", checkpoint.tasks_needed(sharded), root=str(tmp_path)) == (
         "Task 8.3", "template_checkpoint.py")
 
 

@@ -11,6 +11,12 @@ import signal
 import sys
 import time
 
+from launchers import launcher_name
+
+# Launchers that end every process of a run when one fails (srun with --kill-on-bad-exit,
+# which submit.sh and submit_srun.sh set). Elsewhere a SIGTERM says less.
+STOPS_EVERY_RANK = ("torchrun", "srun", "mpirun (Open MPI)", "mpirun (MPICH or Intel MPI)")
+
 PROGRESS = {"epoch": 0, "step": 0}  # where training is, for the one line printed on Ctrl-C
 MAIN_PID = os.getpid()  # DataLoader workers are forked from this process, signal handlers and all
 
@@ -38,9 +44,11 @@ def stop_on_interrupt(signum, frame):
     tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
     said = f"interrupted at {where}"
-    if signum == signal.SIGTERM and not PROGRESS["epoch"]:  # most often torchrun, after another rank failed
-        said = ("stopped at start-up (SIGTERM): torchrun stops every rank when one fails, so look above for "
-                "another rank's error; or the job was cancelled")
+    if signum == signal.SIGTERM and not PROGRESS["epoch"]:  # most often the launcher, after another rank failed
+        launcher = launcher_name()
+        said = ("stopped at start-up (SIGTERM): " + (f"{launcher} stops every rank when one fails, so look above "
+                "for another rank's error; or the job was cancelled" if launcher in STOPS_EVERY_RANK else
+                "look above for another rank's error, or for who stopped this process"))
     sys.stdout.flush()
     clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over rank 0's progress bar, if it draws one
     os.write(2, f"{clear}{tag}{said}\n".encode())  # one write: the ranks' lines do not interleave

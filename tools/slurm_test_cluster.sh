@@ -63,10 +63,12 @@ write_conf() {
     host=$(hostname -s)
     [[ $host != localhost ]] || die "this machine is called localhost, the name the second node needs"
     getent hosts "$host" >/dev/null || die "$host does not resolve: add it to /etc/hosts"
-    # Half the machine for each node, so that together they never claim more CPUs or memory
-    # than there are (a node that claims more than its hardware is drained).
+    # Half the machine's memory for each node, and half its cores but at least two: never more
+    # than the machine has (a node that claims more than its hardware is drained), and enough
+    # for two tasks on one node (srun's one task per GPU, tests/test_launchers.py). On a
+    # 2-core machine both nodes claim both cores, so jobs on the two nodes share them.
     cpus=$(nproc)
-    cpus=$((cpus > 1 ? cpus / 2 : 1))
+    cpus=$((cpus >= 4 ? cpus / 2 : cpus))
     memory=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
     memory=$((${memory:-2048} / 2))
     mkdir -p "$dir/state"

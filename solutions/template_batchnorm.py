@@ -1,0 +1,238 @@
+"""Task 11: BatchNorm across ranks: SyncBatchNorm from scratch.
+
+    python check.py 11                                                    # check your work
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --batchnorm sync   # train with it
+    docs/task11-batchnorm.md                                              # the ideas, measured
+
+Almost every layer treats the samples of a batch independently, so data parallelism can cut
+the batch into slices and still compute what one process computes on the whole batch.
+BatchNorm is the exception: in training it normalises each channel with the mean and the
+variance of the BATCH. Plain nn.BatchNorm under data parallelism uses the statistics of its
+rank's slice only: a different model from single-process training, and running statistics
+that drift apart between ranks. SyncBatchNorm computes the statistics of the global batch
+(every rank's slice together) with one collective in forward, and gets the input gradient
+right with one more in backward.
+
+    model = convert_sync_batchnorm(model)   # every nn.BatchNorm1d/2d/3d becomes a SyncBatchNorm
+    loss.backward(); average_gradients(model)   # Task 2.2 (or DDP): as for any other model
+
+    Task 11.1  global_batch_stats       mean, biased variance and count of the global batch, one collective
+    Task 11.2  SyncBatchNormFunction    normalise; backward: the input gradient with one collective
+    Task 11.3  SyncBatchNorm            running statistics, eval mode; convert_sync_batchnorm
+
+As PyTorch's torch.nn.SyncBatchNorm, which runs on GPUs only (on a CPU it raises "SyncBatchNorm
+expected input tensor to be on GPU"): this one runs on gloo too. Simplified: plain per-channel
+arithmetic instead of fused kernels, and no channels_last special case.
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _reduce_dims(x):
+    """The dimensions a BatchNorm reduces over: every one but the channels (dim 1)."""
+    return [0] + list(range(2, x.dim()))
+
+
+def _per_channel(values, x):
+    """A per-channel vector (C,) shaped to broadcast against x (N, C, ...): (1, C, 1, ...)."""
+    return values.view([1, -1] + [1] * (x.dim() - 2))
+
+
+# ----------------------------------------------------------------------------- Task 11.1
+def global_batch_stats(x, group=None):
+    """The per-channel statistics of the GLOBAL batch: every rank's slice of it together.
+
+    x: this rank's slice, shape (N, C, ...) (N may differ between ranks, and may be 0).
+    group: the process group whose ranks hold the slices (None: the default group).
+    Returns (mean, var, count): mean and var are (C,) tensors in x's dtype, the mean and the
+    BIASED variance (divided by count, as BatchNorm normalises with) of each channel over all
+    the elements of all the ranks' slices; count is the global number of elements per channel
+    (the sum over the ranks of N * H * W ...), an int or a tensor.
+
+    - ONE collective. Every rank, also one whose slice is empty, must call it (a rank that
+      skips it leaves the others waiting forever).
+    - The count is summed, never assumed: slices may differ in size, so the ranks' means cannot
+      simply be averaged; and the variance of the whole is not the mean of the ranks'
+      variances (that forgets how far each rank's mean lies from the global mean).
+    - Numerically stable: in float32, E[x^2] - E[x]^2 loses the variance when the mean is far
+      from zero (relative error 0.19 at mean 1000). Either all-gather each rank's (count, mean,
+      M2 = sum of squared deviations) and combine them with the parallel-variance formula
+      (PyTorch's way), or all-reduce packed sums in float64, where that cancellation costs
+      about 1e-16 * mean^2 / var: 1e-10 at mean 1000.
+    """
+    # --- Task 11.1 begin ---
+    dims = _reduce_dims(x)
+    n = x.numel() // x.shape[1]  # this rank's elements per channel
+    if n > 0:
+        # each rank's own mean and squared deviations, stable in x's dtype (torch.var_mean
+        # never forms E[x^2]); then sums in float64: sum(x^2) = M2 + n * mean^2 is then
+        # exact enough for the subtraction below
+        var, mean = torch.var_mean(x, dim=dims, correction=0)
+        mean, m2 = mean.double(), var.double() * n
+    else:  # nothing here, but this rank must still take part in the all-reduce
+        mean = m2 = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective
+    count = packed[0]
+    total, squares = packed[1:].chunk(2)
+    global_mean = total / count
+    global_var = (squares / count - global_mean ** 2).clamp(min=0)
+    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())
+    # --- Task 11.1 end ---
+
+
+# ----------------------------------------------------------------------------- Task 11.2
+class SyncBatchNormFunction(torch.autograd.Function):
+    """Normalise x with given global statistics; backward: the input gradient of the global batch.
+
+        y = SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, eps, group)
+
+    x: this rank's slice (N, C, ...); weight, bias: (C,) or None (affine=False); mean, var,
+    count: global_batch_stats(x.detach(), group); eps: added to var; group: as there.
+
+    forward: y = (x - mean) / sqrt(var + eps) * weight + bias, per channel (x_hat is the part
+    before * weight). Write it out: no PyTorch BatchNorm function (not F.batch_norm, not
+    torch.batch_norm_*), as the tests check.
+
+    backward(grad_y): the mean and the variance depend on every rank's x, so the gradient of
+    one rank's x involves every rank's grad_y. With dy = grad_y and x_hat as above, per channel:
+
+        dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - x_hat * sum(dy * x_hat) / count)
+
+    where the two sums run over the GLOBAL batch: sum this rank's, then ONE all-reduce (SUM) of
+    both packed together. Not of dy itself: the ranks' dy belong to different samples.
+    The weight and bias gradients, sum(dy * x_hat) and sum(dy), stay THIS rank's sums (before
+    the all-reduce): data parallelism averages them over the ranks like any other gradient
+    (Task 2.2, DDP); summed here as well, they would come out world_size times too large.
+    Return one gradient per input of forward (None for those without).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, var, count, eps, group):
+        # --- Task 11.2 begin ---
+        invstd = torch.rsqrt(var + eps)
+        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
+        ctx.save_for_backward(x_hat, invstd, weight)
+        ctx.count, ctx.group = count, group
+        y = x_hat
+        if weight is not None:
+            y = y * _per_channel(weight, x)
+        if bias is not None:
+            y = y + _per_channel(bias, x)
+        return y
+        # --- Task 11.2 end ---
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        # --- Task 11.2 begin ---
+        x_hat, invstd, weight = ctx.saved_tensors
+        dims = _reduce_dims(grad_y)
+        sum_dy = grad_y.sum(dims)
+        sum_dy_xhat = (grad_y * x_hat).sum(dims)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            packed = torch.cat([sum_dy, sum_dy_xhat])
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums
+            global_dy, global_dy_xhat = packed.chunk(2)
+            scale = invstd if weight is None else invstd * weight
+            grad_x = (grad_y - _per_channel(global_dy / ctx.count, grad_y)
+                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)) * _per_channel(scale, grad_y)
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_weight = sum_dy_xhat  # this rank's: data parallelism averages it
+        if ctx.needs_input_grad[2]:
+            grad_bias = sum_dy
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None
+        # --- Task 11.2 end ---
+
+
+# ----------------------------------------------------------------------------- Task 11.3
+class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """A drop-in for nn.BatchNorm1d/2d/3d that normalises with the statistics of the global batch.
+
+        SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                      process_group=None)
+
+    The same attributes as nn.BatchNorm (weight, bias, running_mean, running_var,
+    num_batches_tracked; built by nn.BatchNorm's own base class), plus process_group: the ranks
+    whose slices form the global batch (None: every rank). Takes (N, C, ...) inputs of any
+    number of dimensions from 2.
+
+    forward(x), in training (self.training), or in eval without running statistics:
+    - training: mean, var, count = global_batch_stats (11.1), and y = SyncBatchNormFunction
+      (11.2). With track_running_stats, num_batches_tracked += 1, then
+          running_mean = (1 - m) * running_mean + m * mean
+          running_var  = (1 - m) * running_var  + m * var * count / (count - 1)
+      with m = momentum, or 1 / num_batches_tracked if momentum is None (a cumulative average):
+      the UNBIASED variance with the GLOBAL count, as nn.BatchNorm does on the whole batch, so
+      every rank's running statistics are the same.
+    - eval with running statistics: normalise with running_mean and running_var (then weight
+      and bias); send nothing, change nothing.
+    - eval without running statistics (track_running_stats=False): as nn.BatchNorm and PyTorch's
+      SyncBatchNorm, this batch's own statistics; send nothing.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, x):
+        if x.dim() < 2:
+            raise ValueError(f"SyncBatchNorm expects an (N, C, ...) input of at least 2 dimensions, got {x.dim()}")
+
+    def forward(self, x):
+        self._check_input_dim(x)
+        # --- Task 11.3 begin ---
+        if not self.training and self.track_running_stats:  # eval: the running statistics, nothing sent
+            invstd = torch.rsqrt(self.running_var + self.eps)
+            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)
+        elif not self.training:  # eval without running statistics: this batch's own, nothing sent
+            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)
+            y = (x - _per_channel(mean, x)) * _per_channel(torch.rsqrt(var + self.eps), x)
+        else:
+            mean, var, count = global_batch_stats(x.detach(), self.process_group)
+            if self.track_running_stats:
+                self.num_batches_tracked.add_(1)
+                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                with torch.no_grad():
+                    self.running_mean.mul_(1 - m).add_(m * mean)
+                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))
+            return SyncBatchNormFunction.apply(x, self.weight, self.bias, mean, var, count, self.eps,
+                                               self.process_group)
+        if self.weight is not None:
+            y = y * _per_channel(self.weight, x) + _per_channel(self.bias, x)
+        return y
+        # --- Task 11.3 end ---
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """Replace every BatchNorm in module (nn.BatchNorm1d/2d/3d: any nn.modules.batchnorm._BatchNorm),
+        also module itself, by a SyncBatchNorm with the same settings and process_group.
+
+        As torch.nn.SyncBatchNorm.convert_sync_batchnorm: the new layer takes over the old one's
+        weight and bias (the same Parameter objects, so an optimizer built before still updates
+        them), running_mean, running_var, num_batches_tracked and training mode. Every other
+        module stays as it is. Returns the converted module (a new object where module itself
+        was a BatchNorm, else module, changed in place).
+        """
+        # --- Task 11.3 begin ---
+        converted = module
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group)
+            if module.affine:
+                converted.weight, converted.bias = module.weight, module.bias
+            converted.running_mean = module.running_mean
+            converted.running_var = module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+            converted.train(module.training)
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return converted
+        # --- Task 11.3 end ---
+
+
+def convert_sync_batchnorm(module, process_group=None):
+    """SyncBatchNorm.convert_sync_batchnorm(module, process_group), as a function."""
+    return SyncBatchNorm.convert_sync_batchnorm(module, process_group)

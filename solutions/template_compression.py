@@ -1,0 +1,273 @@
+"""Task 12: send fewer bytes: gradient compression hooks (bf16, fp16, PowerSGD) for DDP.
+
+    python check.py 12                                                              # check your work
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --compress bf16
+    torchrun --standalone --nproc_per_node=2 train_ddp.py --sync overlap --compress powersgd --powersgd-rank 2
+    docs/task12-compression.md                                                      # the ideas, measured
+
+Task 5 hid the all-reduce behind backward; this task shrinks what the all-reduce sends. A
+communication hook replaces DDP's "divide the bucket by N, all-reduce it" with anything that
+returns the same average, or an approximation of it:
+
+    model = DDP(CNN(), bucket_size_mb=25)                       # Task 5's, or PyTorch's own
+    model.register_comm_hook(None, bf16_compress_hook)          # 2 bytes an element instead of 4
+    state = PowerSGDState(matrix_approximation_rank=2)          # or: a rank-2 approximation
+    model.register_comm_hook(state, powersgd_hook)
+
+The contract is PyTorch's (DistributedDataParallel.register_comm_hook): hook(state, bucket)
+gets a bucket whose buffer() holds this rank's local, undivided gradients, flat, and whose
+gradients() are views into that buffer, one per parameter; it returns a torch.futures.Future
+whose value is the buffer AVERAGED over the ranks. The hooks below run unchanged on PyTorch's
+DDP, and PyTorch's (torch.distributed.algorithms.ddp_comm_hooks) run unchanged on Task 5's.
+
+Your tasks:
+
+    Task 12.1  compress_hook     cast, divide by N, all-reduce, cast back (bf16 and fp16)
+    Task 12.2  orthogonalize     Gram-Schmidt on the columns of a matrix, in place
+    Task 12.3  powersgd_hook     a rank-r approximation of each gradient matrix, with error feedback
+
+Simplified, compared with PyTorch's powerSGD_hook: no batching of same-shape tensors, Gram-Schmidt
+at every rank r (PyTorch switches to a QR decomposition above r = 2: the same Q up to rounding and
+signs), and the random first Qs are drawn per tensor in the bucket's order (PyTorch groups them by
+shape first: the same draws where shapes differ, which is how the tests compare them), and every
+all-reduce is started by the hook itself, not in a Future callback as PyTorch's does (on gloo with
+several buckets, the ranks then order them differently and hang: measured, docs/task12-compression.md).
+"""
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+# --------------------------------------------------------------------------- Task 12.1
+def compress_hook(dtype, process_group, bucket):
+    """Average the bucket over the ranks, sending it in `dtype` (torch.bfloat16 or torch.float16).
+
+    process_group: the group to average over (None: every rank, dist.group.WORLD); N = its size.
+    In PyTorch's order, which the tests compare with bit for bit:
+      1. cast bucket.buffer() to dtype (a new tensor: .to(dtype)), then divide it by N in that
+         dtype, BEFORE the sum: fp16 holds at most 65504, and the sum of N gradients can pass it
+         where their mean does not;
+      2. start dist.all_reduce of the compressed tensor (SUM, group=process_group, async_op=True);
+      3. return work.get_future().then(decompress), where decompress copies the reduced tensor
+         back into bucket.buffer() (copy_ casts it to the buffer's dtype) and returns the buffer.
+    Never wait here: returning the future lets backward go on while the bucket travels. A
+    Future completed by hand before the all-reduce has finished would hand DDP numbers that
+    are not summed yet.
+    """
+    # --- Task 12.1 begin ---
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(dtype).div_(group.size())
+
+    def decompress(future):
+        buffer.copy_(future.value()[0])
+        return buffer
+
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
+    # --- Task 12.1 end ---
+
+
+def bf16_compress_hook(process_group, bucket):
+    """PyTorch's default_hooks.bf16_compress_hook: the bucket travels in bfloat16 (2 bytes)."""
+    return compress_hook(torch.bfloat16, process_group, bucket)
+
+
+def fp16_compress_hook(process_group, bucket):
+    """PyTorch's default_hooks.fp16_compress_hook: the bucket travels in float16 (2 bytes)."""
+    return compress_hook(torch.float16, process_group, bucket)
+
+
+# --------------------------------------------------------------------------- PowerSGD
+class PowerSGDState:
+    """What PowerSGD keeps between steps, per bucket (keyed by bucket.index()), with the names of
+    PyTorch's powerSGD_hook.PowerSGDState:
+
+      error_dict[index]     the error-feedback residual: what compression left out last time
+      q_memory_dict[index]  the Qs of the bucket's compressed tensors, flat: the warm start
+      p_memory_dict[index]  the Ps, flat (one all-reduce sends all of a bucket's Ps)
+      rng                   numpy's RandomState(random_seed): the seeds of the first Qs, the
+                            same on every rank, so every rank draws the same Qs
+      iter                  steps done; before start_powerSGD_iter, buckets are plain averages
+      total_numel_before_compression, total_numel_after_compression   what compression_stats() reports
+    """
+
+    def __init__(self, process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                 min_compression_rate=2, use_error_feedback=True, warm_start=True,
+                 orthogonalization_epsilon=0, random_seed=0):
+        if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
+            # DDP's first step is special (PyTorch rebuilds its buckets after it): PyTorch refuses too
+            raise ValueError("PowerSGDState: start_powerSGD_iter must be > 1 with use_error_feedback or "
+                             f"warm_start (got {start_powerSGD_iter}): compression can start at step 2 at the earliest")
+        self.process_group = process_group
+        self.matrix_approximation_rank = matrix_approximation_rank
+        self.start_powerSGD_iter = start_powerSGD_iter
+        self.min_compression_rate = min_compression_rate
+        self.use_error_feedback = use_error_feedback
+        self.warm_start = warm_start
+        self.orthogonalization_epsilon = orthogonalization_epsilon
+        self.rng = np.random.RandomState(random_seed)
+        self.error_dict, self.p_memory_dict, self.q_memory_dict = {}, {}, {}
+        self.iter = 0
+        self.total_numel_before_compression = 0
+        self.total_numel_after_compression = 0
+
+    def maybe_increase_iter(self, bucket):
+        """A step ends with its last bucket."""
+        if bucket.is_last():
+            self.iter += 1
+
+    def compression_stats(self):
+        """(rate, numbers before compression, numbers sent), counted over every compressed step."""
+        before, after = self.total_numel_before_compression, self.total_numel_after_compression
+        return (before / after if after > 0 else 0, before, after)
+
+
+def allreduce_mean(process_group, tensor):
+    """The plain hook: divide by N, all-reduce; the Future's value is the averaged tensor."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor.div_(group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda future: future.value()[0])
+
+
+# --------------------------------------------------------------------------- Task 12.2
+def orthogonalize(matrix, epsilon=0):
+    """Make the columns of `matrix` (n x r, r <= n) orthonormal, in place, by Gram-Schmidt.
+
+    For each column i in order: divide it by its norm (torch.linalg.vector_norm; plus epsilon
+    when epsilon > 0, which keeps an all-zero column finite), then subtract from every LATER
+    column its component along column i (col_j -= (col_i . col_j) col_i). Work in place on
+    views of `matrix` (matrix[:, i:i + 1]): PowerSGD's Ps and Qs are views into one flat
+    buffer per bucket, which is what gets all-reduced. PyTorch's _orthogonalize_gram_schmidt
+    does the same, batched.
+    """
+    # --- Task 12.2 begin ---
+    num_cols = matrix.shape[1]
+    for i in range(num_cols):
+        col = matrix[:, i:i + 1]
+        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon
+        if i + 1 < num_cols:
+            rest = matrix[:, i + 1:]
+            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col
+    # --- Task 12.2 end ---
+
+
+# --------------------------------------------------------------------------- Task 12.3
+def powersgd_hook(state, bucket):
+    """Average the bucket over the ranks, each large gradient sent as a rank-r approximation.
+
+    Before state.start_powerSGD_iter: state.maybe_increase_iter(bucket), then return
+    allreduce_mean(group, bucket.buffer()), the plain average. From then on (N = group size,
+    group = state.process_group or dist.group.WORLD, i = bucket.index()):
+
+    1. Error feedback (state.use_error_feedback): add state.error_dict[i] to bucket.buffer() in
+       place (a zero residual the first time), and keep a copy of the buffer: "what we wanted
+       to send".
+    2. Sort bucket.gradients() (views into the buffer) into matrices to compress and tensors to
+       send whole: view each as (shape[0], -1), n x m, with r = min(n, m, rank); compress it
+       only when n * m > r * (n + m) * state.min_compression_rate (a 1-D tensor, n x 1, never
+       is). Count n * m into state.total_numel_before_compression and what is sent (r * (n + m),
+       or n * m) into state.total_numel_after_compression.
+    3. The Ps and Qs of the bucket live in two flat buffers, state.p_memory_dict[i] (sum of
+       n * r) and state.q_memory_dict[i] (sum of m * r); each matrix's P (n x r) and Q (m x r)
+       are views into them, in the order of the matrices. New buffers (torch.empty) when
+       there are none yet for i, or without state.warm_start; then draw the first Qs as
+       PyTorch does: with torch.random.fork_rng(devices=[]), torch.manual_seed(
+       state.rng.randint(1_000_000_000)), then for each Q in order q.copy_(torch.randn(m, r,
+       dtype=dtype)) (on the CPU), so every rank draws the same Qs. With a warm start, the Qs
+       are last step's averaged Qs. Either way, orthogonalize(q, state.orthogonalization_epsilon).
+    4. P = M Q for each matrix (torch.matmul(matrix, q, out=p)). Then, in this order:
+       - if any, the tensors sent whole: concatenated flat, all-reduced (blocking), divided by N,
+         copied back into their views;
+       - all-reduce the P buffer (blocking; the SUM: orthogonalizing P next removes the factor N);
+       - orthogonalize each P; Q = M^T P for each matrix (torch.matmul(matrix.T, p, out=q));
+       - start the all-reduce of the Q buffer (async_op=True) and return
+         work.get_future().then(decompress).
+       Start every all-reduce here, never inside a .then callback: a callback runs on the
+       communication thread, and the ranks would then order it differently against the next
+       bucket's all-reduces (a hang).
+    5. decompress: divide the Q buffer by N; M' = P Q^T approximates the average: write it into
+       the matrix (torch.matmul(p, q.T, out=matrix)), through the views into the buffer. Error
+       feedback: state.error_dict[i] = the copy of step 1 minus the buffer now. Without
+       state.warm_start, forget the P and Q buffers (new Qs are drawn next step). Then
+       state.maybe_increase_iter(bucket), and return bucket.buffer().
+    """
+    # --- Task 12.3 begin ---
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world_size = group.size()
+    buffer = bucket.buffer()
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return allreduce_mean(group, buffer)
+    index, dtype = bucket.index(), buffer.dtype
+
+    wanted = None
+    if state.use_error_feedback:
+        if index in state.error_dict:
+            buffer.add_(state.error_dict[index])
+        else:
+            state.error_dict[index] = torch.zeros_like(buffer)
+        wanted = buffer.detach().clone()
+
+    matrices, whole = [], []
+    for tensor in bucket.gradients():
+        matrix = tensor.view(tensor.shape[0], -1)
+        n, m = matrix.shape
+        r = min(n, m, state.matrix_approximation_rank)
+        state.total_numel_before_compression += n * m
+        if n * m > r * (n + m) * state.min_compression_rate:
+            matrices.append((matrix, r))
+            state.total_numel_after_compression += r * (n + m)
+        else:
+            whole.append(tensor)
+            state.total_numel_after_compression += n * m
+
+    new_qs = not state.warm_start or index not in state.p_memory_dict
+    if new_qs:
+        state.p_memory_dict[index] = torch.empty(sum(mat.shape[0] * r for mat, r in matrices), dtype=dtype,
+                                                 device=buffer.device)
+        state.q_memory_dict[index] = torch.empty(sum(mat.shape[1] * r for mat, r in matrices), dtype=dtype,
+                                                 device=buffer.device)
+    ps, qs, p_at, q_at = [], [], 0, 0
+    for matrix, r in matrices:
+        n, m = matrix.shape
+        ps.append(state.p_memory_dict[index][p_at:p_at + n * r].view(n, r))
+        qs.append(state.q_memory_dict[index][q_at:q_at + m * r].view(m, r))
+        p_at, q_at = p_at + n * r, q_at + m * r
+    if new_qs:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(state.rng.randint(1_000_000_000))
+            for q in qs:
+                q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
+    for q in qs:
+        orthogonalize(q, state.orthogonalization_epsilon)
+    for (matrix, _), p, q in zip(matrices, ps, qs):
+        torch.matmul(matrix, q, out=p)
+
+    # Every collective from this thread, in the same order on every rank: a collective started in a
+    # .then callback runs on the communication thread, where its order against the next bucket's
+    # differs between ranks (a hang; PyTorch's own hook does it, safe with one bucket only).
+    if whole:
+        flat = torch.cat([tensor.reshape(-1) for tensor in whole])
+        dist.all_reduce(flat, group=group)
+        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):
+            tensor.copy_(mean.view_as(tensor))
+    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N
+    for p in ps:
+        orthogonalize(p, state.orthogonalization_epsilon)
+    for (matrix, _), p, q in zip(matrices, ps, qs):
+        torch.matmul(matrix.T, p, out=q)
+
+    def decompress(future):
+        state.q_memory_dict[index].div_(world_size)
+        for (matrix, _), p, q in zip(matrices, ps, qs):
+            torch.matmul(p, q.T, out=matrix)
+        if state.use_error_feedback:
+            state.error_dict[index] = wanted - buffer
+        if not state.warm_start:
+            state.p_memory_dict.clear()
+            state.q_memory_dict.clear()
+        state.maybe_increase_iter(bucket)
+        return buffer
+
+    return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future().then(decompress)
+    # --- Task 12.3 end ---

@@ -1,0 +1,546 @@
+"""Task 12: gradient compression hooks (template_compression.py), on Task 5's DDP and on PyTorch's.
+
+    pytest --impl template -m task12_3      # one task; see conftest.py
+
+The reference is PyTorch's own hooks (torch.distributed.algorithms.ddp_comm_hooks): bf16 and fp16
+must equal default_hooks' bit for bit, PowerSGD must equal powerSGD_hook to float rounding, on the
+same buckets and the same local gradients, under PyTorch's DistributedDataParallel and under Task
+5's DDP (each hook on the other's DDP too). Then what does not need a reference: the invariants
+(a rank >= min(n, m) gives the exact mean; before start_powerSGD_iter, the plain mean; error
+feedback's residual is what was left out; every rank ends with the same gradients), what goes on
+the wire (the dtype and size of every all-reduce), and that a hook's Future is not complete
+before its all-reduce is. Each rank is a real gloo process (tests/harness.py); nothing can hang.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+from torch.nn.parallel import DistributedDataParallel
+
+from conftest import call_alone, load, load_with_reference
+from harness import RankFailed, run_ranks
+from support.comm_hooks import GradBucket
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T121 = "Task 12.1 (template_compression.py, compress_hook)"
+T122 = "Task 12.2 (template_compression.py, orthogonalize)"
+T123 = "Task 12.3 (template_compression.py, powersgd_hook)"
+ANSWERS = {"12.1": "compress_hook", "12.2": "orthogonalize", "12.3": "powersgd_hook"}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def judging(impl, task):
+    """template_compression of `impl`: your answer to `task`, solutions/' answers to the others."""
+    return load_with_reference(impl, "template_compression", *(a for t, a in ANSWERS.items() if t != task))
+
+
+def _model():
+    # Shapes all different: PyTorch's hook draws the first Qs grouped by shape, ours in the bucket's
+    # order; with distinct shapes both orders are the same. At rank 2, the 24x8 and 16x24 weights are
+    # compressed, the 4x16 weight and the biases are sent whole.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 24), nn.Tanh(), nn.Linear(24, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _batches(rank, steps):
+    g = torch.Generator().manual_seed(10 + rank)
+    return [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)) for _ in range(steps)]
+
+
+class Wire:
+    """Replaces dist.all_reduce in a rank and records every call: (numel, dtype, async_op). With
+    defer=True, an async all-reduce does not run until flush(): a Future that is complete before
+    flush() was completed by hand, not by the all-reduce."""
+
+    def __init__(self, defer=False):
+        self.records, self.pending, self.defer = [], [], defer
+        self.real = dist.all_reduce
+        dist.all_reduce = self.all_reduce
+
+    def all_reduce(self, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        self.records.append((tensor.numel(), tensor.dtype, bool(async_op)))
+        if not (async_op and self.defer):
+            return self.real(tensor, op=op, group=group, async_op=async_op)
+        future = torch.futures.Future()
+        self.pending.append((tensor, op, group, future))
+        return _DeferredWork(future)
+
+    def flush(self):
+        self.defer = False  # what the callbacks start now runs at once
+        while self.pending:
+            tensor, op, group, future = self.pending.pop(0)
+            self.real(tensor, op=op, group=group)
+            future.set_result([tensor])
+
+    def restore(self):
+        self.flush()
+        dist.all_reduce = self.real
+
+
+class _DeferredWork:
+    def __init__(self, future):
+        self.future = future
+
+    def get_future(self):
+        return self.future
+
+    def wait(self, *args):
+        raise AssertionError("the hook waited for its own all-reduce: return work.get_future().then(...) instead")
+
+    def is_completed(self):
+        return self.future.done()
+
+
+def _grad_bucket(td, tensors, index, is_last, state=None, hook=None):
+    """A bucket of Task 5's DDP holding `tensors` (this rank's local gradients), as a hook gets it."""
+    bucket = td.Bucket([nn.Parameter(torch.empty(t.shape)) for t in tensors])
+    bucket.buffer = torch.cat([t.reshape(-1) for t in tensors])
+    bucket.comm_hook = (state, hook, index, is_last)
+    return GradBucket(bucket)
+
+
+def _call(hook, state, bucket, wire):
+    """hook(state, bucket) with its async all-reduces deferred: (value, done before they ran)."""
+    wire.defer = True
+    future = hook(state, bucket)
+    early = bool(wire.pending) and future.done()
+    wire.flush()
+    value = future.wait()
+    return (value[0] if isinstance(value, list) else value).clone(), early
+
+
+# --------------------------------------------------------------------------- Task 12.1
+def _compress_direct(rank, world_size, impl, name):
+    comp, td = judging(impl, "12.1"), load("solutions", "template_ddp")
+    g = torch.Generator().manual_seed(rank)
+    weight = torch.randn(5, 3, generator=g) * 10.0 ** torch.randint(-6, 3, (5, 3), generator=g)
+    bias = torch.randn(7, generator=g)
+    bias[0] = 40000.0 + rank  # the sum over 3 ranks (120003) passes fp16's 65504; the mean does not
+    theirs = getattr(default_hooks, f"{name}_compress_hook")(None, _grad_bucket(td, [weight, bias], 0, True)).wait()
+    wire = Wire()
+    try:
+        ours, early = _call(getattr(comp, f"{name}_compress_hook"), None, _grad_bucket(td, [weight, bias], 0, True), wire)
+    finally:
+        wire.restore()
+    return dict(ours=ours, theirs=theirs.clone(), early=early, records=wire.records)
+
+
+@pytest.mark.task12_1
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
+    out = run_ranks(_compress_direct, 3, impl, name, timeout=30)
+    dtype = DTYPES[name]
+    for rank, got in enumerate(out):
+        assert not got["early"], (
+            f"{T121}: the hook's Future was complete before its all-reduce had run: it returned before the "
+            "all-reduce finished, so DDP would read numbers not summed yet. Return "
+            "dist.all_reduce(..., async_op=True).get_future().then(decompress)")
+        sent = [(numel, dt) for numel, dt, _ in got["records"]]
+        assert sent == [(got["ours"].numel(), dtype)], (
+            f"{T121} ({name}): the hook sent {sent} (elements, dtype); expected one all-reduce of the whole "
+            f"bucket in {dtype}, 2 bytes an element: cast before sending, that is the compression")
+        ours, theirs = got["ours"], got["theirs"]
+        if torch.isinf(ours).any() and not torch.isinf(theirs).any():
+            pytest.fail(f"{T121} ({name}): the result holds inf where PyTorch's does not: the sum of 3 ranks "
+                        "passed float16's 65504. Divide by the world size before the all-reduce, in the "
+                        "compressed dtype (the mean fits where the sum does not)")
+        ratio = torch.linalg.vector_norm(ours.float()) / torch.linalg.vector_norm(theirs.float())
+        if abs(ratio - 3) < 0.3:
+            pytest.fail(f"{T121} ({name}): the result is the SUM over the ranks, not the mean: divide by the "
+                        "world size (before the all-reduce, in the compressed dtype)")
+        assert ours.dtype == theirs.dtype, f"{T121} ({name}): the Future held {ours.dtype}, expected {theirs.dtype}"
+        if not torch.equal(ours, theirs):
+            bad = (ours != theirs).sum().item()
+            pytest.fail(f"{T121} ({name}): rank {rank}: {bad} of {ours.numel()} elements differ from PyTorch's "
+                        f"{name}_compress_hook (max {(ours - theirs).abs().max().item():.3g}): in PyTorch's order, "
+                        f"cast to {dtype}, divide by the world size before the all-reduce, all-reduce, cast back")
+
+
+COMBOS = [("course", "course"), ("torch", "course"), ("course", "torch"), ("torch", "torch")]  # (DDP, hook)
+
+
+def _train(rank, world_size, impl, task, names, steps, rank_r=2):
+    """{(ddp, hook, name): (gradients after each of `steps` steps, compression_stats())} for every (DDP, hook)
+    of COMBOS: "course" DDP is Task 5's, "course" hook the implementation judged; "torch": PyTorch's.
+    Yours first: an unfilled TODO fails at once."""
+    torch.manual_seed(1000 + rank)  # a hook that draws unseeded Qs draws different ones on each rank
+    td, ours = load("solutions", "template_ddp"), judging(impl, task)
+    out = {}
+    for name in names:
+        for ddp_kind, hook_kind in COMBOS:
+            model = _model()
+            bucket_mb = 25 if name == "powersgd" else None  # PowerSGD: one bucket (PyTorch's hook hangs with more on gloo)
+            if ddp_kind == "torch":
+                ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb or 1e-9)
+            else:
+                ddp = td.DDP(model, bucket_size_mb=bucket_mb)
+            if name == "powersgd":
+                state_cls, hook = ((ours.PowerSGDState, ours.powersgd_hook) if hook_kind == "course" else
+                                   (torch_powersgd.PowerSGDState, torch_powersgd.powerSGD_hook))
+                state = state_cls(None, matrix_approximation_rank=rank_r, start_powerSGD_iter=2)
+            else:
+                state, hook = None, getattr(ours if hook_kind == "course" else default_hooks, f"{name}_compress_hook")
+            ddp.register_comm_hook(state, hook)
+            grads = []
+            for x, y in _batches(rank, steps):
+                model.zero_grad(set_to_none=True)
+                F.mse_loss(ddp(x), y).backward()
+                if ddp_kind == "course":
+                    ddp.finish_gradient_synchronization()
+                grads.append([p.grad.detach().clone() for p in model.parameters()])
+            out[ddp_kind, hook_kind, name] = grads, (state.compression_stats() if name == "powersgd" else None)
+    return out
+
+
+def _compare_runs(task, results, name, exact):
+    """Each (DDP, hook) against PyTorch's hook on PyTorch's DDP, rank by rank, step by step."""
+    hook = "powersgd_hook" if name == "powersgd" else f"{name}_compress_hook"
+    for ddp_kind, hook_kind in COMBOS[:-1]:
+        what = (f"your {hook} on {'Task 5' if ddp_kind == 'course' else 'PyTorch'}'s DDP" if hook_kind == "course"
+                else f"PyTorch's {hook} on Task 5's DDP (the given code)") + " vs PyTorch's hook on PyTorch's DDP"
+        for rank, out in enumerate(results):
+            (got, stats), (reference, their_stats) = out[ddp_kind, hook_kind, name], out["torch", "torch", name]
+            for step, (a, b) in enumerate(zip(got, reference)):
+                for i, (x, y) in enumerate(zip(a, b)):
+                    same = torch.equal(x, y) if exact else torch.allclose(x, y, rtol=1e-4, atol=1e-6)
+                    assert same, (f"{task}: {what}: rank {rank}, step {step}, parameter {i}: the averaged gradients "
+                                  f"differ (max {(x - y).abs().max().item():.3g})")
+            assert stats is None or stats[1:] == their_stats[1:], (
+                f"{task}: {what}: compression_stats() {stats} vs PyTorch's {their_stats}")
+
+
+@pytest.mark.task12_1
+def test_compress_hooks_under_both_ddps_equal_pytorchs(impl):
+    results = run_ranks(_train, 2, impl, "12.1", ["bf16", "fp16"], 3, timeout=60)
+    for name in ("bf16", "fp16"):
+        _compare_runs(T121, results, name, exact=True)
+
+
+# --------------------------------------------------------------------------- Task 12.2
+def _orthogonalize_alone(impl, matrix, epsilon):
+    comp = judging(impl, "12.2")
+    ours = matrix.clone()
+    view = ours[:, :]  # a view, as PowerSGD's Ps and Qs are views into one buffer
+    returned = comp.orthogonalize(view, epsilon)
+    theirs = matrix.clone().unsqueeze(0)
+    torch_powersgd._orthogonalize_gram_schmidt(theirs, epsilon)
+    return ours, theirs[0], returned is None or returned.data_ptr() == ours.data_ptr()
+
+
+@pytest.mark.task12_2
+def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
+    g = torch.Generator().manual_seed(0)
+    calls = [(impl, torch.randn(n, r, generator=g), 0) for n, r in [(24, 2), (16, 4), (5, 5), (7, 1)]]
+    zero = torch.randn(6, 3, generator=g)
+    zero[:, 1] = 0
+    calls.append((impl, zero, 1e-8))  # an all-zero column: finite with epsilon
+    results = call_alone(_orthogonalize_alone, calls, T122,
+                         lambda args: f"orthogonalize(a {tuple(args[1].shape)} matrix, epsilon={args[2]})")
+    for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):
+        where = f"orthogonalize(a {tuple(matrix.shape)} matrix, epsilon={epsilon})"
+        if torch.equal(ours, matrix):
+            pytest.fail(f"{T122}: {where} left the matrix unchanged: work in place on its columns "
+                        "(col /= norm, then the later columns -= their component along col)")
+        if epsilon == 0:
+            gram = ours.T @ ours
+            assert torch.allclose(gram, torch.eye(matrix.shape[1]), atol=1e-5), (
+                f"{T122}: {where}: the columns are not orthonormal (Q^T Q differs from I by "
+                f"{(gram - torch.eye(matrix.shape[1])).abs().max().item():.3g}): normalise each column, and "
+                "subtract its component from every later column")
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (
+            f"{T122}: {where} differs from PyTorch's Gram-Schmidt by {(ours - theirs).abs().max().item():.3g}: "
+            "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only")
+
+
+# --------------------------------------------------------------------------- Task 12.3
+# Buckets of local gradients, as DDP hands them to the hook: one tensor each, then a mixed one.
+SHAPES = [[(24, 8)], [(24,)], [(16, 24), (16,), (4, 16), (4,)]]
+
+
+def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES):
+    """Your powersgd_hook and PyTorch's on the same buckets of the same local gradients, one bucket
+    after the other (each waited for: PyTorch's hook starts collectives in callbacks)."""
+    torch.manual_seed(1000 + rank)
+    comp, td = judging(impl, "12.3"), load("solutions", "template_ddp")
+    ortho_calls = []
+    real_orthogonalize = comp.orthogonalize
+
+    def orthogonalize(matrix, epsilon=0):
+        ortho_calls.append((matrix.data_ptr(), matrix.detach().clone()))
+        return real_orthogonalize(matrix, epsilon)
+
+    comp.orthogonalize = orthogonalize
+    ours = comp.PowerSGDState(None, **options)
+    theirs = torch_powersgd.PowerSGDState(None, **options)
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for step in range(steps):
+        for index, bucket_shapes in enumerate(shapes):
+            tensors = [torch.randn(s, generator=g) * (1 + index) for s in bucket_shapes]
+            last = index == len(shapes) - 1
+            reference = torch_powersgd.powerSGD_hook(theirs, _grad_bucket(td, tensors, index, last)).wait()
+            plain = default_hooks.allreduce_hook(None, _grad_bucket(td, tensors, index, last)).wait()
+            del ortho_calls[:]
+            wire = Wire()
+            try:
+                got, early = _call(comp.powersgd_hook, ours, _grad_bucket(td, tensors, index, last), wire)
+            finally:
+                wire.restore()
+            q = ours.q_memory_dict.get(index)
+            q_range = (q.data_ptr(), q.data_ptr() + 4 * q.numel()) if q is not None else (0, 0)
+            out.append(dict(step=step, index=index, local=torch.cat([t.reshape(-1) for t in tensors]),
+                            ours=got, theirs=reference.clone(), plain=plain.clone(), early=early,
+                            records=[numel for numel, _, _ in wire.records if numel],  # empty ones: no matter
+                            q_inputs=[m for ptr, m in ortho_calls if q_range[0] <= ptr < q_range[1]],
+                            residual=ours.error_dict.get(index, torch.zeros(0)).clone()))
+    return out, ours.compression_stats(), theirs.compression_stats()
+
+
+def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES):
+    try:
+        return run_ranks(_powersgd_direct, world_size, impl, steps, options, shapes, timeout=60)
+    except RankFailed as failure:
+        if "must match the size" in str(failure):
+            raise AssertionError(f"{T123}: a tensor of the wrong size, in buckets of different sizes "
+                                 f"({failure.args[0].splitlines()[0]}): the residual is kept per bucket, "
+                                 "state.error_dict[bucket.index()], as the Ps and Qs are") from None
+        raise
+
+
+def _expected_sizes(shapes, rank_r, min_rate):
+    """(numbers sent whole, P numbers, Q numbers) of one bucket, PyTorch's rule."""
+    whole = p = q = 0
+    for shape in shapes:
+        n, m = shape[0], (shape[1] if len(shape) > 1 else 1)
+        r = min(n, m, rank_r)
+        if n * m > r * (n + m) * min_rate:
+            p, q = p + n * r, q + m * r
+        else:
+            whole += n * m
+    return whole, p, q
+
+
+@pytest.mark.task12_3
+def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
+    options = dict(matrix_approximation_rank=2, start_powerSGD_iter=2, min_compression_rate=2)
+    results = _powersgd_results(impl, 3, 5, options)
+    for rank, (out, stats, torch_stats) in enumerate(results):
+        for got in out:
+            where = f"rank {rank}, step {got['step']}, bucket {got['index']} (shapes {SHAPES[got['index']]})"
+            assert not got["early"], (
+                f"{T123}: {where}: the hook's Future was complete before its all-reduce had run: it returned "
+                "before the all-reduce finished. Return the Q all-reduce's get_future().then(decompress)")
+            if got["step"] < options["start_powerSGD_iter"]:
+                assert torch.equal(got["ours"], got["plain"]), (
+                    f"{T123}: {where}: before start_powerSGD_iter the bucket must be the plain average "
+                    "(allreduce_mean), exactly")
+                continue
+            whole, p, q = _expected_sizes(SHAPES[got["index"]], 2, 2)
+            expected = ([whole] if whole else []) + ([p, q] if p else [])
+            if got["records"] != expected:
+                sent = got["records"]
+                if p and q not in sent[-1:]:
+                    hint = "P is all-reduced, but not Q: all-reduce Q = M^T P too (and divide it by N)"
+                elif whole and whole not in sent:
+                    hint = ("it compresses tensors that must be sent whole (1-D tensors, biases: n*m <= "
+                            "r*(n+m)*min_compression_rate); they go in one all-reduce together")
+                else:
+                    hint = f"expected [sent whole, P, Q] = {expected} numbers"
+                pytest.fail(f"{T123}: {where}: the all-reduces carried {sent} numbers: {hint}")
+            if p and not got["q_inputs"]:
+                pytest.fail(f"{T123}: {where}: Q was not orthogonalised before P = M Q: call orthogonalize on "
+                            "each Q (a random one, or last step's) first")
+        assert stats[1:] == torch_stats[1:], (
+            f"{T123}: rank {rank}: compression_stats() counts (before, after) = {stats[1:]}, PyTorch's hook "
+            f"counts {torch_stats[1:]}: count n*m before, and r*(n+m) or n*m after, for every tensor")
+    for got in zip(*(out for out, _, _ in results)):
+        for other in got[1:]:
+            if not all(torch.equal(a, b) for a, b in zip(got[0]["q_inputs"], other["q_inputs"])):
+                first = got[0]["step"] == options["start_powerSGD_iter"]
+                pytest.fail(f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks started from "
+                            "different Qs: " + (
+                                "draw the same first Qs on every rank, torch.randn right after torch.manual_seed("
+                                "state.rng.randint(1_000_000_000)) (inside torch.random.fork_rng)" if first else
+                                "the warm start begins from last step's averaged Q (state.q_memory_dict), the same "
+                                "on every rank, not from P or anything computed from this rank's gradient"))
+            assert torch.equal(got[0]["ours"], other["ours"]), (
+                f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks ended with different "
+                "gradients: every rank must draw the same first Qs (torch.manual_seed(state.rng.randint("
+                "1_000_000_000)) before torch.randn), and all-reduce both P and Q")
+    out = results[0][0]
+    for got in out:
+        if got["step"] >= options["start_powerSGD_iter"] and not torch.allclose(got["ours"], got["theirs"], rtol=1e-4,
+                                                                                 atol=1e-5):
+            first = got["step"] == options["start_powerSGD_iter"]
+            hint = ("at the first compressed step: the first Qs (state.rng's seed, torch.randn in the bucket's order), "
+                    "orthogonalised; P = M Q summed, orthogonalised; Q = M^T P averaged; M' = P Q^T" if first else
+                    "at a later step (the first one agreed): the warm start begins from last step's averaged Q "
+                    "(state.q_memory_dict), not from P; the error feedback adds the residual once")
+            pytest.fail(f"{T123}: step {got['step']}, bucket {got['index']}: differs from PyTorch's powerSGD_hook by "
+                        f"{(got['ours'] - got['theirs']).abs().max().item():.3g} {hint}")
+
+
+@pytest.mark.task12_3
+def test_powersgd_error_feedback_keeps_what_was_left_out(impl):
+    options = dict(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=2)
+    results = _powersgd_results(impl, 2, 5, options)
+    for rank, (out, _, _) in enumerate(results):
+        for index in range(len(SHAPES)):
+            steps = [got for got in out if got["index"] == index and got["step"] >= 2]
+            true = sum(got["local"] for got in steps)
+            sent = sum(got["ours"] for got in steps)
+            residual = steps[-1]["residual"]
+            assert residual.numel() == true.numel(), (
+                f"{T123}: rank {rank}, bucket {index}: no error-feedback residual in state.error_dict[{index}] "
+                "after compressed steps: keep what was left out (the buffer plus the old residual, minus the "
+                "result), and add it to the next step's buffer")
+            assert torch.allclose(true - sent, residual, atol=1e-4), (
+                f"{T123}: rank {rank}, bucket {index}: error feedback: the sum of the local gradients minus the sum "
+                f"of the results differs from the residual by {(true - sent - residual).abs().max().item():.3g}: "
+                "add the residual to the buffer once, and keep (buffer with residual) - result")
+
+
+@pytest.mark.task12_3
+def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
+    # rank >= min(n, m), and min_compression_rate=0 so that every tensor is compressed: P Q^T is then
+    # the projection of M on its own column space, the exact mean; start_powerSGD_iter=3: steps 0-2 plain
+    shapes = [[(6, 3)], [(3, 5), (7,)]]
+    options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0,
+                   use_error_feedback=False, warm_start=False)
+    results = _powersgd_results(impl, 3, 4, options, shapes)
+    for rank, (out, _, _) in enumerate(results):
+        for got in out:
+            where = f"rank {rank}, step {got['step']}, bucket {got['index']}"
+            if got["step"] < 3:
+                assert torch.equal(got["ours"], got["plain"]), (
+                    f"{T123}: {where}: before start_powerSGD_iter (3) the result must be the plain average; count "
+                    "the steps with state.maybe_increase_iter(bucket) (the last bucket ends a step)")
+            else:
+                assert got["records"] != [], f"{T123}: {where}: nothing was sent"
+                assert torch.allclose(got["ours"], got["plain"], rtol=1e-4, atol=1e-5), (
+                    f"{T123}: {where}: with rank >= min(n, m) PowerSGD is exact, but the result differs from the "
+                    f"mean by {(got['ours'] - got['plain']).abs().max().item():.3g}: P = M Q (Q orthonormal), "
+                    "orthogonalise the summed P, Q = M^T P averaged, M' = P Q^T")
+
+
+@pytest.mark.task12_3
+def test_powersgd_under_both_ddps_equals_pytorchs(impl):
+    _compare_runs(T123, run_ranks(_train, 2, impl, "12.3", ["powersgd"], 5, timeout=60), "powersgd", exact=False)
+
+
+def test_powersgd_state_refuses_a_start_before_step_2():
+    comp = load("solutions", "template_compression")
+    with pytest.raises(ValueError, match="start_powerSGD_iter"):
+        comp.PowerSGDState(start_powerSGD_iter=1)
+
+
+# --------------------------------------------------------------------------- a process group of its own
+def _in_a_subgroup(rank, world_size, impl, task):
+    """Ranks 0 and 2 of 3 average over their own group (as a data-parallel group of a 2-D grid does):
+    N is the group's size, not the world's; rank 1 takes no part."""
+    torch.manual_seed(1000 + rank)
+    comp, td = judging(impl, task), load("solutions", "template_ddp")
+    group = dist.new_group([0, 2])  # every rank calls new_group
+    if rank == 1:
+        return None
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for step in range(3):
+        tensors = [torch.randn(24, 8, generator=g), torch.randn(24, generator=g)]
+        if task == "12.1":
+            ours = comp.bf16_compress_hook(group, _grad_bucket(td, tensors, 0, True)).wait()
+            theirs = default_hooks.bf16_compress_hook(group, _grad_bucket(td, tensors, 0, True)).wait()
+        else:
+            if step == 0:
+                options = dict(matrix_approximation_rank=2, start_powerSGD_iter=2)
+                state, their_state = comp.PowerSGDState(group, **options), torch_powersgd.PowerSGDState(group, **options)
+            ours = comp.powersgd_hook(state, _grad_bucket(td, tensors, 0, True)).wait()
+            theirs = torch_powersgd.powerSGD_hook(their_state, _grad_bucket(td, tensors, 0, True)).wait()
+        out.append((ours.clone(), theirs.clone()))
+    return out
+
+
+@pytest.mark.task12_1
+def test_compress_hook_averages_over_its_process_group(impl):
+    for rank, out in enumerate(run_ranks(_in_a_subgroup, 3, impl, "12.1", timeout=30)):
+        for step, (ours, theirs) in enumerate(out or []):
+            assert torch.equal(ours, theirs), (
+                f"{T121}: rank {rank}, step {step}, in a process group of ranks 0 and 2 out of 3: differs from "
+                f"PyTorch's bf16_compress_hook by {(ours - theirs).abs().max().item():.3g}: all-reduce over "
+                "process_group and divide by its size (None: the whole world)")
+
+
+@pytest.mark.task12_3
+def test_powersgd_averages_over_its_process_group(impl):
+    for rank, out in enumerate(run_ranks(_in_a_subgroup, 3, impl, "12.3", timeout=30)):
+        for step, (ours, theirs) in enumerate(out or []):
+            assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5), (
+                f"{T123}: rank {rank}, step {step}, in a process group of ranks 0 and 2 out of 3: differs from "
+                f"PyTorch's powerSGD_hook by {(ours - theirs).abs().max().item():.3g}: every all-reduce over "
+                "state.process_group, divided by its size (None: the whole world)")
+
+
+# --------------------------------------------------------------------------- train_ddp.py --compress
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "128", "--batch-size", "128"]
+
+
+def _run(args, timeout=240):
+    """A command in its own process group, all of it killed on timeout (torchrun's ranks too)."""
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s (a hang?); its output:\n{out}")
+    return proc.returncode, out
+
+
+@pytest.mark.e2e
+@pytest.mark.repo
+@pytest.mark.parametrize("flags", [
+    # slow, all three: a torchrun run costs 15-45 s, and the default suite must stay near a minute
+    pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "powersgd", "--powersgd-rank", "2"],
+                 marks=pytest.mark.slow),
+    pytest.param(["--impl", "ddp", "--compress", "powersgd", "--powersgd-rank", "2"], marks=pytest.mark.slow),
+    pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
+], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
+def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
+    code, out = _run(TORCHRUN + ["train_ddp.py", *flags, *SMALL])
+    assert code == 0, out
+    assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    assert re.search(r"compression \d+\.\dx fewer (numbers|bytes)", out), out
+    if "powersgd" in flags:  # 8 steps: plain averages for 2, then compressed
+        assert "fewer numbers (PowerSGD rank 2: " in out, out
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,says", [
+    (["--compress", "bf16"], "add --sync overlap"),
+    (["--powersgd-rank", "2"], "add --compress powersgd"),
+    (["--compress", "powersgd", "--powersgd-rank", "0"], "1 or more"),
+    (["--compress", "fp16", "--shard", "full"], "cannot be combined"),
+    (["--compress", "fp16", "--sync", "overlap", "--tp", "2"], "cannot be combined"),
+])
+def test_train_ddp_refuses_what_cannot_compress_in_one_line(flags, says):
+    import train_ddp
+
+    with pytest.raises(ValueError) as refused:
+        train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *SMALL, *flags]))
+    assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+
+
+@pytest.mark.repo
+def test_a_refused_compression_stops_train_ddp_with_one_line_and_exit_2():
+    code, out = _run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, "--compress", "bf16"], timeout=120)
+    assert code == 2 and out.count("\n") == 1 and "--compress bf16 hooks into DDP's gradient buckets" in out, (code, out)

@@ -1,0 +1,828 @@
+"""Task 13: parameter averaging, local SGD and DiLoCo (template_local_sgd.py).
+
+    pytest --impl template -m task13_2      # one task; see conftest.py
+
+Real gloo ranks (tests/harness.py), float64, every rank's result checked after every step.
+The references are independent of the code under test: single-process training on the global
+batch (what gradient averaging computes), PyTorch's PeriodicModelAverager, torchft's DiLoCo
+(where torchft is installed), and `simulate` below, which runs the N replicas of local SGD or
+DiLoCo one after the other in one process, with plain tensor arithmetic for the averages. A
+wrong answer that equals `simulate` with one typical mistake is told that mistake.
+"""
+import copy
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+from conftest import load, load_with_reference
+from harness import run_ranks
+
+T131 = "Task 13.1 (template_local_sgd.py, all_reduce_mean / average_parameters)"
+T132 = "Task 13.2 (template_local_sgd.py, LocalSGD.step)"
+T133 = "Task 13.3 (template_local_sgd.py, DiLoCo.step)"
+FILE = "template_local_sgd"
+# float64 throughout: the exact equalities hold to the last bits (2e-16 measured); each mistake
+# in tests/mistakes.py is off by 1e-4 or more
+CLOSE = dict(rtol=0.0, atol=1e-12)
+
+try:
+    import torchft  # noqa: F401  (optional: requirements-extras.txt)
+    HAS_TORCHFT = True
+except ImportError:
+    HAS_TORCHFT = False
+
+
+def judging(impl, task):
+    """The module with solutions/' answers to the other tasks of this file, so that each task is judged alone."""
+    if task == "13.1":
+        return load(impl, FILE)
+    return load_with_reference(impl, FILE, "all_reduce_mean", "average_parameters")
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+# --------------------------------------------------------------------------- models, data, the wire
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Net(nn.Module):
+    """BatchNorm (floating running statistics, an integer num_batches_tracked), a frozen parameter and
+    one that forward never uses (its .grad stays None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(5, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 3)
+        self.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+        self.unused = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        # BatchNorm after the tanh: a bias right before it would get a gradient of rounding noise alone,
+        # which AdamW blows up to full steps (its update divides by the gradient's own size)
+        return self.out(self.norm(torch.tanh(self.hidden(x)))) + self.frozen
+
+
+def make(cls):
+    torch.manual_seed(0)  # the same start on every rank and in the reference (Task 2.1's broadcast)
+    return cls().double()
+
+
+def batch(rank, step, n=6):
+    """This rank's local batch at this step: different on every rank."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randn(n, 3, generator=g, dtype=torch.float64)
+
+
+def backward(model, rank, step):
+    F.mse_loss(model(batch(rank, step)[0]), batch(rank, step)[1]).backward()
+
+
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, dict(lr=0.1)),
+    "momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+    "nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    "weight-decay": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.05)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+}
+
+
+def optimizer(name, params):
+    cls, kwargs = OPTIMIZERS[name]
+    return cls(params, **kwargs)
+
+
+def averaged(model):
+    """What averaging replaces: the parameters, then the floating-point buffers (detached copies)."""
+    return [t.detach().clone() for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]]
+
+
+class Wire:
+    """Every collective a rank runs, as (step, kind, dtype, numel, group size): torch.distributed's
+    functions wrapped in the rank's own process (PeriodicModelAverager calls them too)."""
+
+    KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+             "broadcast", "reduce", "all_to_all", "send", "recv", "isend", "irecv", "all_gather_object",
+             "broadcast_object_list")
+
+    def __init__(self):
+        self.calls, self.step = [], None
+        for kind in self.KINDS:
+            if hasattr(dist, kind):
+                setattr(dist, kind, self._wrap(kind, getattr(dist, kind)))
+
+    def _wrap(self, kind, collective):
+        def recorded(*args, **kwargs):
+            first = args[0] if args else next(iter(kwargs.values()))
+            tensor = first[0] if isinstance(first, (list, tuple)) and first and torch.is_tensor(first[0]) else first
+            group = kwargs.get("group", args[2] if kind == "all_reduce" and len(args) > 2 else None)
+            self.calls.append((self.step, kind, str(getattr(tensor, "dtype", "object")).replace("torch.", ""),
+                               tensor.numel() if torch.is_tensor(tensor) else 0, dist.get_world_size(group)))
+            return collective(*args, **kwargs)
+        return recorded
+
+
+def groups_of(rank, world_size, sub):
+    """(group, the global ranks in it): the default group, or on 3 ranks the groups [0, 2] and [1]
+    (dist.new_group is a collective: every rank creates both, in the same order)."""
+    if not sub:
+        return None, list(range(world_size))
+    pairs = [dist.new_group([0, 2]), dist.new_group([1])]
+    return (pairs[0], [0, 2]) if rank in (0, 2) else (pairs[1], [1])
+
+
+# --------------------------------------------------------------------------- the reference: N replicas in one process
+def simulate(cls, name, ranks, steps, sync_every, diloco=None, mistake=None):
+    """Local SGD (diloco None) or DiLoCo (diloco = (outer_lr, outer_momentum)) of len(ranks) replicas, one
+    after the other in this process, with rank r's batches; plain tensor arithmetic for every average.
+    mistake: None, or one of MISTAKES below, done on purpose. One thread, as the ranks (the same sums in
+    the same order).
+
+    Returns [after step 1, after step 2, ...], each a list (one per replica) of `averaged(model)`, and
+    at the end the replicas' inner optimizers' states and the outer momentum buffers (DiLoCo)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _simulate(cls, name, ranks, steps, sync_every, diloco, mistake)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake):
+    models = [make(cls) for _ in ranks]
+    inner = [optimizer(name, m.parameters()) for m in models]
+    synced = averaged(models[0])[:len(list(models[0].parameters()))]
+    outer_model = make(cls)
+    outer_params = list(outer_model.parameters())
+    outer_lr, outer_momentum = diloco or (None, None)
+
+    def new_outer():
+        return torch.optim.SGD(outer_params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+
+    outer = new_outer() if diloco else None
+    history = []
+    for step in range(steps):
+        for model, opt, rank in zip(models, inner, ranks):
+            opt.zero_grad()
+            backward(model, rank, step)
+        if mistake == "grads-averaged":
+            for params in zip(*(m.parameters() for m in models)):
+                if params[0].grad is not None:
+                    mean = sum(p.grad for p in params) / len(params)
+                    for p in params:
+                        p.grad = mean.clone()
+        for opt in inner:
+            opt.step()
+        due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
+        if mistake == "never-resets" and step + 1 > sync_every:
+            due = False
+        if due:
+            _synchronise(models, inner, diloco, mistake, synced, outer_params,
+                         outer if mistake != "outer-reset" else new_outer())
+        history.append([averaged(m) for m in models])
+    outer_state = [outer.state[p].get("momentum_buffer") for p in outer_params] if diloco else None
+    return history, [opt.state_dict()["state"] for opt in inner], outer_state
+
+
+def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer):
+    n_params = len(synced)
+    current = [averaged(m) for m in models]
+    div = 1 if mistake == "sum" else len(models)
+    mean = [sum(ts) / div for ts in zip(*current)]
+    if mistake == "no-buffers":
+        mean = mean[:n_params] + [None] * (len(mean) - n_params)
+    if not diloco:
+        new = mean
+    else:
+        sign = -1 if mistake == "wrong-sign" else 1
+        pseudo = [sign * sum(s - c[i] for c in current) / div for i, s in enumerate(synced)]
+        start = mean[:n_params] if mistake == "from-average" else synced
+        with torch.no_grad():
+            for p, s, g in zip(outer_params, start, pseudo):
+                p.copy_(s)
+                p.grad = g.clone()
+        outer.step()
+        outer.zero_grad()
+        if mistake != "synced-stale":
+            for s, p in zip(synced, outer_params):
+                s.copy_(p.detach())
+        new = [p.detach().clone() for p in outer_params] + mean[n_params:]
+    with torch.no_grad():
+        for model in models:
+            for t, value in zip(list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()], new):
+                if value is not None:
+                    t.copy_(value)
+    if mistake == "inner-reset":
+        for opt in inner:
+            opt.state.clear()
+    if mistake == "inner-averaged":
+        for states in zip(*(opt.state.values() for opt in inner)):
+            for key in states[0]:
+                if key != "step":
+                    mean_state = sum(s[key] for s in states) / len(states)
+                    for s in states:
+                        s[key] = mean_state.clone()
+
+
+# the mistakes `simulate` can make, and what a student whose results equal it is told
+MISTAKES = {
+    "sum": (T131, "summed, not averaged: divide the all-reduced SUM by the group's size (dist.get_world_size(group))"),
+    "no-buffers": (T131, "the floating-point buffers (BatchNorm's running_mean and running_var) were not averaged: "
+                         "average every floating-point buffer with the parameters"),
+    "first-step": (T132, "averaged after step 1, then every H steps (as PeriodicModelAverager counts): average after "
+                         "steps H, 2H, 3H, ... (count the step first, then compare with sync_every)"),
+    "never-resets": (T132, "averaged after step H only: after steps H, 2H, 3H, ... (set self.local_step back to 0)"),
+    "grads-averaged": (T132, "the gradients were averaged as well: local SGD averages no gradients, only the "
+                             "parameters, every H steps"),
+    "wrong-sign": (T133, "the pseudo-gradient has the wrong sign: it is synced - param (where the round started minus "
+                         "where this rank is), pointing uphill as a gradient does"),
+    "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
+                           "synced ones (self.synced) first, then step"),
+    "synced-stale": (T133, "self.synced was copied before the outer step (so it never moves): copy the parameters into "
+                           "self.synced after self.outer_optimizer.step()"),
+    "outer-reset": (T133, "the outer optimizer's state (its momentum) was reset: build it once (it is, in __init__) "
+                          "and keep stepping that one"),
+    "inner-reset": (T133, "the inner optimizer's state was reset at the synchronisation: it stays as it is, this "
+                          "rank's own"),
+    "inner-averaged": (T133, "the inner optimizer's state was averaged: it stays this rank's own; only the "
+                             "pseudo-gradients (and the floating-point buffers) are averaged"),
+}
+
+
+def _matches(got, history, ranks):
+    """Whether the ranks' histories (got[i] for ranks[i]) equal a simulation's."""
+    for per_rank, step_values in zip(zip(*got), history):
+        for values, expected in zip(per_rank, step_values):
+            if len(values) != len(expected) or not all(
+                    torch.allclose(a, b, **CLOSE) for a, b in zip(values, expected)):
+                return False
+    return True
+
+
+def _first_difference(got, history, ranks):
+    for step, (per_rank, step_values) in enumerate(zip(zip(*got), history), start=1):
+        for rank, values, expected in zip(ranks, per_rank, step_values):
+            for index, (a, b) in enumerate(zip(values, expected)):
+                if not torch.allclose(a, b, **CLOSE):
+                    return (f"after step {step}, rank {rank}'s tensor {index} (parameters then floating buffers) is "
+                            f"off by {(a - b).abs().max().item():.3g}")
+    return "the number of steps or tensors differs"
+
+
+def check_against_simulation(task, got, cls, name, ranks, steps, sync_every, diloco=None, candidates=()):
+    """got[i]: the history of ranks[i]. Fails naming the mistake whose simulation the results equal."""
+    history, _, _ = simulate(cls, name, ranks, steps, sync_every, diloco)
+    if _matches(got, history, ranks):
+        return
+    for mistake in candidates:
+        owner, hint = MISTAKES[mistake]
+        if _matches(got, simulate(cls, name, ranks, steps, sync_every, diloco, mistake)[0], ranks):
+            pytest.fail(f"{owner}: {hint} (with {name}, sync_every={sync_every}, ranks {ranks})")
+    what = f"DiLoCo(outer_lr={diloco[0]}, outer_momentum={diloco[1]})" if diloco else "local SGD"
+    pytest.fail(f"{task}: {what} with {name} inside, sync_every={sync_every}, on ranks {ranks}, does not train as the "
+                f"replicas of the reference do: {_first_difference(got, history, ranks)}")
+
+
+def check_wire(task, calls, sync_steps, sizes, rank, what):
+    """One all-reduce per dtype (sizes: [(dtype, numel)]) after each step in sync_steps, nothing else, ever."""
+    expected = [(step, "all_reduce", dtype, numel) for step in sync_steps for dtype, numel in sizes]
+    got = [call[:4] for call in calls]
+    if got == expected:
+        return
+    between = [c for c in got if c[0] not in sync_steps]
+    if between:
+        pytest.fail(f"{task}: rank {rank} sent {between[0][1]} of {between[0][3]} {between[0][2]} elements during step "
+                    f"{between[0][0]}, between two synchronisations (after steps {sync_steps}): {what} sends nothing "
+                    f"between them, no gradient is averaged ({len(between)} such collectives in all)")
+    if len(got) > len(expected) and all(c[1] == "all_reduce" for c in got):
+        if task == T131:
+            pytest.fail(f"{task}: rank {rank} sent {len(got)} all-reduces where {len(expected)} do "
+                        f"({', '.join(f'{n} {d}' for d, n in sizes)} elements): put every tensor of a dtype into "
+                        f"one flat buffer and all-reduce it once. Sent: {got[:6]}...")
+        pytest.fail(f"{task}: rank {rank} sent {len(got)} all-reduces where {len(expected)} do: one at each "
+                    "synchronisation (average_parameters or all_reduce_mean), nothing more: no gradient and no "
+                    f"optimizer state is averaged. Sent (step, kind, dtype, elements): {got[:6]}...")
+    pytest.fail(f"{task}: rank {rank} should send exactly {expected} (step, kind, dtype, elements); it sent {got}")
+
+
+# --------------------------------------------------------------------------- Task 13.1
+class Mixed(nn.Module):
+    """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 4).double()
+        self.norm = nn.BatchNorm1d(4).double()
+        self.b = nn.Linear(4, 3)  # float32
+        self.c = nn.Linear(3, 2).double()
+
+
+def _rank_valued(model, rank):
+    """Different values on every rank in every float tensor; num_batches_tracked = 5 + rank."""
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64) * (1 + rank))
+            else:
+                t.fill_(5 + rank)
+
+
+def _average(rank, world_size, impl, sub):
+    lib = judging(impl, "13.1")
+    group, members = groups_of(rank, world_size, sub)
+    model = Mixed()
+    _rank_valued(model, rank)
+    wire = Wire()
+    lib.average_parameters(model, group)
+    # all_reduce_mean alone: a transposed (non-contiguous) tensor, and an empty list that sends nothing
+    wire.step = "all_reduce_mean"
+    g = torch.Generator().manual_seed(10 + rank)
+    loose = [torch.randn(4, 3, generator=g, dtype=torch.float64).t(), torch.randn(2, generator=g, dtype=torch.float64)]
+    before = [t.clone() for t in loose]
+    error = None
+    try:
+        lib.all_reduce_mean(loose, group)
+        wire.step = "empty"
+        lib.all_reduce_mean([], group)
+    except RuntimeError as raised:  # gloo refuses a non-contiguous tensor: said by the test, after the rest
+        error = f"{type(raised).__name__}: {raised}"
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error)
+
+
+def _expected_mean(rank, members):
+    models = []
+    for r in members:
+        m = Mixed()
+        _rank_valued(m, r)
+        models.append(m.state_dict())
+    return {k: (sum(sd[k].double() for sd in models) / len(members)).to(models[0][k].dtype) for k in models[0]}
+
+
+@pytest.mark.task13_1
+@pytest.mark.parametrize("world_size,sub", [(2, False), slow(3, False), (3, True)], ids=["2-ranks", "3-ranks", "sub-group"])
+def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dtype(impl, world_size, sub):
+    results = run_ranks(_average, world_size, impl, sub, timeout=30)
+    for rank, out in enumerate(results):
+        members = out["members"]
+        where = f"rank {rank} of {world_size}" + (f", group {members}" if sub else "")
+        own = Mixed()
+        _rank_valued(own, rank)
+        own = own.state_dict()
+        expected = _expected_mean(rank, members)
+        for key, value in out["state"].items():
+            if not value.is_floating_point():
+                assert torch.equal(value, own[key]), (
+                    f"{T131}: {where}: the integer buffer {key} changed from {own[key].item()} to {value.item()}: "
+                    "integer buffers (a count) are left as they are; average only the floating-point ones")
+                continue
+            tol = dict(rtol=1e-5, atol=1e-5) if value.dtype == torch.float32 else CLOSE
+            if torch.allclose(value, expected[key], **tol):
+                continue
+            if "running" in key and torch.equal(value, own[key]):
+                pytest.fail(f"{T131}: {where}: {key} kept this rank's value: {MISTAKES['no-buffers'][1]}")
+            total = expected[key].double() * len(members)
+            if torch.allclose(value.double(), total, rtol=1e-6, atol=1e-6):
+                pytest.fail(f"{T131}: {where}: {key} is the sum over the group: {MISTAKES['sum'][1]}")
+            if torch.allclose(value.double(), total / world_size, rtol=1e-5, atol=1e-5) and sub:
+                pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by the world's size: divide by the "
+                            "group's size, dist.get_world_size(group)")
+            if sub:
+                everyone = _expected_mean(rank, list(range(world_size)))[key]
+                if torch.allclose(value.double(), everyone.double(), rtol=1e-6, atol=1e-6) or torch.allclose(
+                        value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6):
+                    pytest.fail(f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
+                                "pass group=group to dist.all_reduce and divide by dist.get_world_size(group)")
+            pytest.fail(f"{T131}: {where}: {key} should be the mean over ranks {members}, off by "
+                        f"{(value.double() - expected[key].double()).abs().max().item():.3g}")
+        for same in (r for r in members if r != rank):
+            for key, value in out["state"].items():
+                assert not value.is_floating_point() or torch.equal(value, results[same]["state"][key]), (
+                    f"{T131}: {where}: {key} differs from rank {same}'s after averaging: every rank of the group must "
+                    "end with bit-identical values (all-reduce, then the same division on every rank)")
+        n64 = sum(v.numel() for k, v in own.items() if v.dtype == torch.float64)
+        n32 = sum(v.numel() for v in own.values() if v.dtype == torch.float32)
+        calls = [c for c in out["calls"] if c[0] is None]
+        check_wire(T131, calls, [None], [("float64", n64), ("float32", n32)], rank, "average_parameters")
+        assert calls[0][4] == len(members), (
+            f"{T131}: {where}: the all-reduce went over {calls[0][4]} ranks, the group has {len(members)}: "
+            "pass group=group to dist.all_reduce")
+        assert out["error"] is None, (
+            f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector raised "
+            f"{out['error']}: copy the tensors into a flat buffer (torch.cat of .reshape(-1)) and back")
+        mean_loose = [sum(results[r]["before"][i] for r in members) / len(members) for i in range(2)]
+        for got, want in zip(out["loose"], mean_loose):
+            assert torch.allclose(got, want, **CLOSE), (
+                f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector should leave "
+                f"their means in them, in place; off by {(got - want).abs().max().item():.3g}")
+        check_wire(T131, [c for c in out["calls"] if c[0] == "all_reduce_mean"], ["all_reduce_mean"],
+                   [("float64", 14)], rank, "all_reduce_mean")
+        empty = [c for c in out["calls"] if c[0] == "empty"]
+        assert not empty, f"{T131}: {where}: all_reduce_mean([]) sent {empty}: with no tensor, send nothing"
+
+
+# --------------------------------------------------------------------------- Task 13.2
+def _every_step(rank, world_size, impl, names, steps):
+    lib = judging(impl, "13.2")
+    out = {}
+    wire = Wire()
+    for name in names:
+        model = make(MLP)
+        local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every=1)
+        wire.calls = []
+        history = []
+        for step in range(steps):
+            wire.step = step + 1
+            local_sgd.zero_grad()
+            backward(model, rank, step)
+            local_sgd.step()
+            history.append(averaged(model))
+        out[name] = (history, wire.calls)
+    return out
+
+
+def _gradient_averaging(name, world_size, steps):
+    """Data parallelism's result, independently: one process, the mean loss over the global batch."""
+    model = make(MLP)
+    opt = optimizer(name, model.parameters())
+    history = []
+    for step in range(steps):
+        opt.zero_grad()
+        xs, ys = zip(*(batch(rank, step) for rank in range(world_size)))
+        F.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+        history.append(averaged(model))
+    return history
+
+
+@pytest.mark.task13_2
+@pytest.mark.parametrize("world_size", [2, slow(3)])
+def test_averaging_parameters_every_step_is_averaging_gradients_for_sgd_but_not_adamw(impl, world_size):
+    steps = 8
+    names = ["sgd", "momentum", "nesterov", "weight-decay", "adamw"]
+    results = run_ranks(_every_step, world_size, impl, names, steps, timeout=40)
+    n = sum(t.numel() for t in averaged(make(MLP)))
+    for name in names:
+        got = [results[rank][name][0] for rank in range(world_size)]
+        check_against_simulation(T132, got, MLP, name, list(range(world_size)), steps, 1,
+                                 candidates=["grads-averaged", "first-step", "never-resets"])
+        reference = _gradient_averaging(name, world_size, steps)
+        gap = max((a - b).abs().max().item() for a, b in zip(got[0][-1], reference[-1]))
+        if name == "adamw":
+            # the counter-example: Adam's update divides by the root of the squared gradients' average
+            assert gap > 1e-4, (f"{T132}: with AdamW, averaging the parameters after every step should differ from "
+                                f"averaging the gradients (its update is not linear in the gradients); off by {gap:.3g}")
+        else:
+            assert gap < 1e-12, (f"{T132}: with {name}, averaging the parameters after every step must give what "
+                                 f"averaging the gradients gives (the update is linear in them); off by {gap:.3g}")
+    for name in names:  # after the values, which name a mistake more precisely
+        for rank in range(world_size):
+            check_wire(T132, results[rank][name][1], list(range(1, steps + 1)), [("float64", n)], rank,
+                       "local SGD with sync_every=1")
+
+
+def _against_pytorch(rank, world_size, impl, name, sync_every, steps):
+    lib = judging(impl, "13.2")
+    ours, theirs, default = make(MLP), make(MLP), make(MLP)
+    local_sgd = lib.LocalSGD(ours, optimizer(name, ours.parameters()), sync_every)
+    wire = Wire()
+    their_opt, default_opt = optimizer(name, theirs.parameters()), optimizer(name, default.parameters())
+    # PeriodicModelAverager averages at its first call, then every `period` calls: with warmup_steps = H - 1
+    # its first average comes after step H, as LocalSGD's
+    averager = PeriodicModelAverager(period=sync_every, warmup_steps=sync_every - 1)
+    default_averager = PeriodicModelAverager(period=sync_every)
+    history, default_steps = [], []
+    for step in range(steps):
+        wire.step = step + 1
+        local_sgd.zero_grad()
+        backward(ours, rank, step)
+        local_sgd.step()
+        mine = len(wire.calls)
+        for model, opt, avg in ((theirs, their_opt, averager), (default, default_opt, default_averager)):
+            opt.zero_grad()
+            backward(model, rank, step)
+            opt.step()
+            before = len(wire.calls)
+            avg.average_parameters(model.parameters())
+            if avg is default_averager and len(wire.calls) > before:
+                default_steps.append(step + 1)
+        wire.calls = wire.calls[:mine]
+        history.append((averaged(ours), averaged(theirs)))
+    return history, wire.calls, default_steps
+
+
+@pytest.mark.task13_2
+@pytest.mark.parametrize("name", [slow("momentum"), "adamw"])
+def test_local_sgd_equals_pytorchs_periodic_model_averager_shifted_by_its_first_call(impl, name):
+    sync_every, steps = 3, 8
+    results = run_ranks(_against_pytorch, 2, impl, name, sync_every, steps, timeout=30)
+    n = sum(t.numel() for t in averaged(make(MLP)))
+    got = [[mine for mine, _ in r[0]] for r in results]
+    check_against_simulation(T132, got, MLP, name, [0, 1], steps, sync_every,
+                             candidates=["first-step", "never-resets", "grads-averaged"])
+    for rank, (history, calls, default_steps) in enumerate(results):
+        # PyTorch's own counting, which the pages quote: after steps 1, 4, 7 with period 3
+        assert default_steps == [1, 4, 7], f"PeriodicModelAverager(period=3) averaged after steps {default_steps}"
+        for step, (mine, theirs) in enumerate(history, start=1):
+            gap = max((a - b).abs().max().item() for a, b in zip(mine, theirs))
+            assert gap < 1e-12, (f"{T132}: rank {rank}, after step {step}: LocalSGD(sync_every=3) should equal "
+                                 f"PeriodicModelAverager(period=3, warmup_steps=2) with {name}; off by {gap:.3g}")
+        check_wire(T132, calls, [3, 6], [("float64", n)], rank, "local SGD")
+
+
+def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
+    lib = judging(impl, "13.2")
+    group, members = groups_of(rank, world_size, sub)
+    model = make(Net)
+    wire = Wire()
+    local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
+    built = list(wire.calls)
+    history, counts = [], []
+    for step in range(steps):
+        wire.step = step + 1
+        local_sgd.zero_grad()
+        backward(model, rank, step)
+        local_sgd.step()
+        history.append(averaged(model))
+        counts.append(local_sgd.local_step)
+    return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
+                tracked=model.norm.num_batches_tracked.item(), counts=counts)
+
+
+@pytest.mark.task13_2
+@pytest.mark.parametrize("world_size,sub,name", [slow(2, False, "momentum"), (2, False, "adamw"), (3, True, "adamw")],
+                         ids=["2-ranks-momentum", "2-ranks-adamw", "3-ranks-sub-group-adamw"])
+def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(impl, world_size, sub, name):
+    sync_every, steps = 3, 7
+    results = run_ranks(_local_sgd, world_size, impl, name, sync_every, steps, sub, timeout=30)
+    n = sum(t.numel() for t in averaged(make(Net)))
+    for rank, out in enumerate(results):
+        assert not out["built"], f"{T132}: LocalSGD(...) sent {out['built']}: the constructor sends nothing"
+        assert out["tracked"] == steps, (
+            f"{T132}: rank {rank}: BatchNorm's num_batches_tracked is {out['tracked']} after {steps} steps: "
+            "integer buffers are left as they are")
+    for members in {tuple(out["members"]) for out in results}:
+        got = [results[r]["history"] for r in members]
+        check_against_simulation(T132, got, Net, name, list(members), steps, sync_every,
+                                 candidates=["first-step", "never-resets", "grads-averaged", "no-buffers", "sum"])
+        if len(members) > 1:
+            for step in (3, 6):
+                for r in members[1:]:
+                    assert all(torch.equal(a, b) for a, b in zip(got[0][step - 1], results[r]["history"][step - 1])), (
+                        f"{T132}: after step {step} (a synchronisation), rank {r} differs from rank {members[0]}: "
+                        "every rank of the group must hold bit-identical parameters")
+    for rank, out in enumerate(results):
+        check_wire(T132, out["calls"], [3, 6], [("float64", n)], rank, "local SGD")
+        assert out["counts"] == [(step + 1) % sync_every for step in range(steps)], (
+            f"{T132}: rank {rank}: self.local_step after each step was {out['counts']}: count the steps since the "
+            "last average there (0 after an average); train_ddp.py reads it to end a round at an epoch's end")
+        assert all(c[4] == len(out["members"]) for c in out["calls"]), (
+            f"{T132}: rank {rank} all-reduced over {[c[4] for c in out['calls']]} ranks; its group has "
+            f"{len(out['members'])}: pass self.group on")
+
+
+# --------------------------------------------------------------------------- Task 13.3
+def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
+    lib = judging(impl, "13.3")
+    group, members = groups_of(rank, world_size, sub)
+    model = make(cls)
+    wire = Wire()
+    inner = optimizer(name, model.parameters())
+    diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
+    built = list(wire.calls)
+    history, synced_ok, counts = [], [], []
+    for step in range(steps):
+        wire.step = step + 1
+        diloco.zero_grad()
+        backward(model, rank, step)
+        diloco.step()
+        history.append(averaged(model))
+        counts.append(diloco.local_step)
+        if (step + 1) % sync_every == 0:
+            synced_ok.append(all(torch.equal(s, p.detach().cpu()) and s.device.type == "cpu"
+                                 for s, p in zip(diloco.synced, model.parameters())))
+    outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
+    return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
+                inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts)
+
+
+def _same_state(a, b):
+    if a.keys() != b.keys():
+        return False
+    return all(s.keys() == t.keys() and all(torch.allclose(torch.as_tensor(s[k]).double(),
+                                                            torch.as_tensor(t[k]).double(), **CLOSE) for k in s)
+               for s, t in (zip(a.values(), b.values())))
+
+
+@pytest.mark.task13_3
+@pytest.mark.parametrize("world_size,sub", [(2, False), (3, True)], ids=["2-ranks", "3-ranks-sub-group"])
+def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(impl, world_size, sub):
+    sync_every, steps, outer = 3, 9, (0.7, 0.9)
+    results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
+    n = sum(t.numel() for t in averaged(make(Net)))
+    candidates = ["wrong-sign", "from-average", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
+                  "first-step", "never-resets", "no-buffers", "sum"]
+    for rank, out in enumerate(results):
+        assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
+    for members in {tuple(out["members"]) for out in results}:
+        got = [results[r]["history"] for r in members]
+        check_against_simulation(T133, got, Net, "adamw", list(members), steps, sync_every, outer, candidates)
+        _, inner, outer_state = simulate(Net, "adamw", list(members), steps, sync_every, outer)
+        for i, r in enumerate(members):
+            where = f"rank {r}" + (f" (group {list(members)})" if sub else "")
+            assert _same_state(results[r]["inner"], inner[i]), f"{T133}: {where}: {MISTAKES['inner-reset'][1]}"
+            for got_buf, want in zip(results[r]["outer"], outer_state):
+                assert got_buf is not None and torch.allclose(got_buf, want, **CLOSE), (
+                    f"{T133}: {where}: the outer optimizer's momentum buffers are not those of SGD(lr=0.7, "
+                    "momentum=0.9, nesterov=True) stepped once per round on the averaged pseudo-gradients")
+            assert all(results[r]["synced_ok"]), (
+                f"{T133}: {where}: after each outer step self.synced must hold the new parameters (on the CPU); "
+                f"it did not after rounds {[k + 1 for k, ok in enumerate(results[r]['synced_ok']) if not ok]}")
+            for step in (3, 6, 9):
+                assert all(torch.equal(a, b) for a, b in zip(got[0][step - 1], got[i][step - 1])), (
+                    f"{T133}: after step {step} (an outer step), rank {r} differs from rank {members[0]}: every rank "
+                    "of the group must end the outer step bit-identical")
+    for rank, out in enumerate(results):
+        check_wire(T133, out["calls"], [3, 6, 9], [("float64", n)], rank, "DiLoCo")
+        assert out["counts"] == [(step + 1) % sync_every for step in range(steps)], (
+            f"{T133}: rank {rank}: self.local_step after each step was {out['counts']}: count the inner steps since "
+            "the last outer step there (0 after it); train_ddp.py reads it to end a round at an epoch's end")
+
+
+def _diloco_h1(rank, world_size, impl):
+    lib = judging(impl, "13.3")
+    ours, theirs = make(MLP), make(MLP)
+    diloco = lib.DiLoCo(ours, optimizer("adamw", ours.parameters()), 1, outer_lr=1.0, outer_momentum=0.0)
+    their_opt = optimizer("adamw", theirs.parameters())
+    averager = PeriodicModelAverager(period=1)  # every step
+    history = []
+    for step in range(5):
+        diloco.zero_grad()
+        backward(ours, rank, step)
+        diloco.step()
+        their_opt.zero_grad()
+        backward(theirs, rank, step)
+        their_opt.step()
+        averager.average_parameters(theirs.parameters())
+        history.append((averaged(ours), averaged(theirs)))
+    return history
+
+
+@pytest.mark.task13_3
+def test_diloco_with_h_1_outer_lr_1_and_no_momentum_is_plain_parameter_averaging(impl):
+    results = run_ranks(_diloco_h1, 2, impl, timeout=30)
+    for rank, history in enumerate(results):
+        for step, (mine, theirs) in enumerate(history, start=1):
+            gap = max((a - b).abs().max().item() for a, b in zip(mine, theirs))
+            if gap >= 1e-12:
+                pytest.fail(f"{T133}: rank {rank}, after step {step}: DiLoCo(sync_every=1, outer_lr=1, "
+                            "outer_momentum=0) must equal averaging the parameters after every step "
+                            f"(PeriodicModelAverager(period=1)), off by {gap:.3g}: the outer step is synced - "
+                            "mean(synced - param), from the synced parameters, with the pseudo-gradient's sign as "
+                            "a gradient's")
+
+
+def _torchft_diloco(rank, world_size, sync_every, steps, outer):
+    """torchft's DiLoCo on this rank, as one replica group of one process; its own Manager, and a
+    LighthouseServer on rank 0 whose address the course's process group hands around."""
+    from torchft._torchft import LighthouseServer
+    from torchft.local_sgd import DiLoCo
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=world_size) if rank == 0 else None
+    address = [lighthouse.address() if lighthouse else None]
+    dist.broadcast_object_list(address, src=0)
+    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    model = make(MLP)
+    inner = optimizer("adamw", model.parameters())
+    outer_opt = torch.optim.SGD(model.parameters(), lr=outer[0], momentum=outer[1], nesterov=outer[1] > 0)
+    manager = Manager(pg=ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=world_size,
+                      use_async_quorum=False, replica_id=f"replica{rank}", store_addr="localhost",
+                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=address[0], init_sync=False,
+                      timeout=datetime.timedelta(seconds=20))
+    history = []
+    try:
+        with DiLoCo(manager, [model], inner, outer_opt, sync_every=sync_every, pin_memory=False):
+            for step in range(steps):
+                inner.zero_grad()
+                backward(model, rank, step)
+                inner.step()
+                history.append(averaged(model))
+    finally:
+        manager.shutdown(wait=False)
+        dist.barrier()  # the other replica is done with this one's manager too
+        if lighthouse:
+            lighthouse.shutdown()
+    return history
+
+
+def _against_torchft(rank, world_size, impl, sync_every, steps, outer):
+    lib = judging(impl, "13.3")  # ours first: an unfilled TODO fails before torchft starts its servers
+    model = make(MLP)
+    diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), sync_every, outer_lr=outer[0],
+                        outer_momentum=outer[1])
+    ours = []
+    for step in range(steps):
+        diloco.zero_grad()
+        backward(model, rank, step)
+        diloco.step()
+        ours.append(averaged(model))
+    return ours, _torchft_diloco(rank, world_size, sync_every, steps, outer)
+
+
+@pytest.mark.task13_3
+@pytest.mark.skipif(not HAS_TORCHFT, reason="torchft is not installed (optional: pip install -r requirements-extras.txt)")
+def test_diloco_equals_torchfts_diloco(impl):
+    sync_every, steps, outer = 3, 7, (0.7, 0.9)
+    results = run_ranks(_against_torchft, 2, impl, sync_every, steps, outer, timeout=60)
+    theirs_all = [r[1] for r in results]
+    # torchft itself against the simulation first: if this fails, torchft changed, not the code under test
+    history, _, _ = simulate(MLP, "adamw", [0, 1], steps, sync_every, outer)
+    assert _matches(theirs_all, history, [0, 1]), (
+        f"torchft's DiLoCo no longer matches this test's simulation: {_first_difference(theirs_all, history, [0, 1])}")
+    for rank, (ours, theirs) in enumerate(results):
+        for step, (mine, its) in enumerate(zip(ours, theirs), start=1):
+            gap = max((a - b).abs().max().item() for a, b in zip(mine, its))
+            assert gap < 1e-12, (f"{T133}: rank {rank}, after step {step}: DiLoCo(sync_every=3, outer_lr=0.7, "
+                                 f"outer_momentum=0.9) should equal torchft.local_sgd.DiLoCo; off by {gap:.3g}")
+
+
+# --------------------------------------------------------------------------- train_ddp.py --local-sgd, --diloco
+def _train_ddp(tmp_path, name, *flags, impl="solutions"):
+    """torchrun train_ddp.py on 2 ranks, 2 short epochs: (its output, [(train loss, test loss)] per epoch)."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    metrics = tmp_path / f"{name}.csv"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
+               "--impl", impl, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
+               "--test-samples", "500", "--batch-size", "128", "--metrics", str(metrics), "--no-plot", *flags]
+    try:
+        proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"train_ddp.py {' '.join(flags)} did not finish in 150 s (a hang?): {error.stdout}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out[-3000:]
+    with open(metrics) as f:
+        return out, [(float(r["train_loss"]), float(r["test_loss"])) for r in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+@pytest.mark.e2e
+@pytest.mark.parametrize("impl", ["solutions", "ddp"])
+def test_train_ddp_local_sgd_1_with_sgd_trains_as_data_parallelism(impl, tmp_path):
+    """--local-sgd 1 with SGD and momentum: the parameters averaged after every step, no gradient
+    averaged, train to data parallelism's losses (ours, and PyTorch's PeriodicModelAverager against DDP)."""
+    # --lr 0.01: at the default 0.05 this short run is so unstable that float32 rounding (the same sums in
+    # another order) grew to a test loss of 0.906 against 0.977 after 32 steps; at 0.01, equal to 4 digits
+    _, plain = _train_ddp(tmp_path, "plain", "--lr", "0.01", impl=impl)
+    out, local = _train_ddp(tmp_path, "local", "--local-sgd", "1", "--lr", "0.01", impl=impl)
+    assert "all-reduced 1.11 MB a step on average (plain data parallel: 1.11 MB" in out, out[-3000:]
+    assert torch.allclose(torch.tensor(local), torch.tensor(plain), rtol=1e-4), (plain, local)
+
+
+@pytest.mark.slow
+@pytest.mark.repo
+@pytest.mark.e2e
+def test_train_ddp_diloco_trains_with_consistent_ranks_and_says_what_it_sent(tmp_path):
+    out, losses = _train_ddp(tmp_path, "diloco", "--diloco", "16")
+    assert "sync=diloco H=16 inner=AdamW(lr=0.001) outer=SGD(lr=0.7, momentum=0.9, nesterov=True)" in out, out[-3000:]
+    # 16 steps an epoch (2048 images, 128 a step): one sync after step 16, the epoch's last (1.11 MB / 16)
+    assert out.count("all-reduced 69.4 kB a step on average (plain data parallel: 1.11 MB, 16x more)") == 2, out
+    assert losses[1][0] < losses[0][0], losses
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,message", [
+    (["--local-sgd", "4", "--diloco", "4"], "choose one"),
+    (["--outer-lr", "0.5"], "add --diloco H"),
+    (["--local-sgd", "-1"], "1 or more"),
+    (["--local-sgd", "4", "--shard", "optimizer"], "cannot be combined with --shard optimizer"),
+    (["--diloco", "4", "--sync", "overlap"], "cannot be combined with --sync overlap"),
+    (["--impl", "ddp", "--diloco", "4"], "no PyTorch implementation"),
+    (["--local-sgd", "4", "--compress", "bf16"], "cannot be combined with --compress bf16"),
+])
+def test_train_ddp_refuses_local_sgd_flags_that_cannot_work(flags, message):
+    import train_ddp
+
+    with pytest.raises(ValueError, match=message):
+        train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *flags]))
