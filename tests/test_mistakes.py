@@ -1,41 +1,44 @@
 """The tests themselves: every typical wrong answer in mistakes.py must fail its task's tests.
 
-    pytest -m slow        # about 5 s a mistake: each runs the task's tests in a fresh copy
+    pytest -m slow        # about 2 s of CPU a mistake: each runs the task's tests in a fresh copy
+
+Each run is `pytest` in a fresh copy of the course, forked from a server that has imported torch and
+pytest and started the ranks' forkserver once (warm_pytest.py): a new `python -m pytest` spent some
+5 s of CPU a mistake on those imports alone.
 
 A test that passes a wrong answer teaches a wrong thing, so each mistake must fail, and
 the failure must say what is likely wrong (the mistake's hint).
 """
-import os
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from grading.checker import task_test_files
 from grading.course import copy_course
-from mistakes import MISTAKES, make_submission
+from mistakes import MISTAKES, REPO, make_submission
+from warm_pytest import WarmPytest
+
+
+@pytest.fixture(scope="module")
+def warm():
+    with WarmPytest() as server:
+        yield server
 
 
 def files_with(marker):
     """The test files that name this task's marker: collecting only them saves seconds a mistake."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    names = sorted(name for name in os.listdir(tests) if name.startswith("test_") and name.endswith(".py"))
-    found = [os.path.join("tests", name) for name in names if marker in open(os.path.join(tests, name)).read()]
-    return found or ["tests"]
+    return task_test_files(REPO, [marker])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.task}-{m.name}")
-def test_the_tests_catch_this_mistake(mistake, tmp_path):
+def test_the_tests_catch_this_mistake(mistake, tmp_path, warm):
     repo = make_submission(str(tmp_path / "repo"), [mistake])
     report = tmp_path / "report.xml"
-    command = [sys.executable, "-m", "pytest", "--impl", "template", "-m", mistake.marker, "-x", "-q",
-               "-p", "no:cacheprovider", f"--junitxml={report}", *files_with(mistake.marker)]
-    proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, f"the Task {mistake.task} tests let '{mistake.name}' through:\n{out[-3000:]}"
+    returncode, out = warm.run(["--impl", "template", "-m", mistake.marker, "-x", "-q", "-p", "no:cacheprovider",
+                                f"--junitxml={report}", *files_with(mistake.marker)], cwd=repo, timeout=110)
+    assert returncode == 1, f"the Task {mistake.task} tests let '{mistake.name}' through:\n{out[-3000:]}"
     failures = [case.find("failure") for case in ElementTree.parse(report).getroot().iter("testcase")]
     messages = [f.get("message", "") for f in failures if f is not None]
     assert messages, out[-3000:]
@@ -49,15 +52,14 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)  # the run below may take its whole 300 s under load: not pytest.ini's 120 s backstop
-def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path):
+def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path, warm):
     """What a student sees on day one: every task test fails, quickly, saying which task to fill in."""
     repo = copy_course(str(tmp_path / "repo"))  # the committed templates, even if yours are filled in
     report = tmp_path / "report.xml"
     tasks = " or ".join(sorted({m.marker for m in MISTAKES}))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", tasks, "-q",
-                           "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
-                          # every task's tests, 44 tasks: 100 s here under load, so the backstop is wider
-                          cwd=repo, capture_output=True, text=True, timeout=300, start_new_session=True)
+    _, out = warm.run(["--impl", "template", "-m", tasks, "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                       "tests"], cwd=repo,
+                      timeout=300)  # every task's tests, 44 tasks: 100 s here under load, so the backstop is wider
     cases = ElementTree.parse(report).getroot().iter("testcase")
     outcomes = {}
     for case in cases:
@@ -66,23 +68,21 @@ def test_untouched_templates_fail_every_task_test_with_not_implemented(tmp_path)
         outcomes[case.get("name")] = ("skipped" if skipped is not None else
                                       "passed" if failure is None else failure.get("message", ""))
     ran = {name: o for name, o in outcomes.items() if o != "skipped"}
-    assert len(ran) > 20, proc.stdout[-2000:]
+    assert len(ran) > 20, out[-2000:]
     wrong = {name: o[:120] for name, o in ran.items() if not o.startswith("NotImplementedError: Task")}
     assert not wrong, f"these task tests did not fail with the task's NotImplementedError: {wrong}"
 
 
 @pytest.mark.slow
-def test_task_4_4_is_judged_alone(tmp_path):
+def test_task_4_4_is_judged_alone(tmp_path, warm):
     """The grader gives points per task: wrong answers to Tasks 4.1-4.3 must not fail 4.4's tests too
     (a plain mean in reduce_gradients once cost Task 4.4's points as well)."""
     wrong = [next(m for m in MISTAKES if m.task == task) for task in ("4.1", "4.2", "4.3")]
     repo = make_submission(str(tmp_path / "repo"), wrong)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", "task4_4", "-q",
-                           "-p", "no:cacheprovider", "tests/test_replicas.py"],
-                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    assert proc.returncode == 0, (f"wrong answers to Tasks 4.1-4.3 ({', '.join(m.name for m in wrong)}) fail "
-                                  f"Task 4.4's tests: swap in solutions/ for the other tasks\n{proc.stdout[-3000:]}")
+    returncode, out = warm.run(["--impl", "template", "-m", "task4_4", "-q", "-p", "no:cacheprovider",
+                                "tests/test_replicas.py"], cwd=repo, timeout=110)
+    assert returncode == 0, (f"wrong answers to Tasks 4.1-4.3 ({', '.join(m.name for m in wrong)}) fail "
+                             f"Task 4.4's tests: swap in solutions/ for the other tasks\n{out[-3000:]}")
 
 
 # (a wrong answer to one task, the marker of a later task whose tests run that task's code):
@@ -112,15 +112,12 @@ BUILT_ON_OTHERS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task,name,marker", BUILT_ON_OTHERS, ids=lambda value: str(value))
-def test_tasks_built_on_others_are_judged_alone(task, name, marker, tmp_path):
+def test_tasks_built_on_others_are_judged_alone(task, name, marker, tmp_path, warm):
     """The grader gives points per task: a wrong answer to one task must cost that task's points
     only, not also those of every later task that runs its code (conftest.load_with_reference)."""
     mistake = next(m for m in MISTAKES if (m.task, m.name) == (task, name))
     repo = make_submission(str(tmp_path / "repo"), [mistake])
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "template", "-m", marker, "-q",
-                           "-p", "no:cacheprovider", *files_with(marker)],
-                          cwd=repo, capture_output=True, text=True, timeout=110, start_new_session=True,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    assert proc.returncode == 0, (f"a wrong answer to Task {task} ({name}) fails the tests of {marker} too: judge "
-                                  f"that task with solutions/' answers to the others (judging(impl, task))\n"
-                                  f"{proc.stdout[-3000:]}")
+    returncode, out = warm.run(["--impl", "template", "-m", marker, "-q", "-p", "no:cacheprovider",
+                                *files_with(marker)], cwd=repo, timeout=110)
+    assert returncode == 0, (f"a wrong answer to Task {task} ({name}) fails the tests of {marker} too: judge "
+                             f"that task with solutions/' answers to the others (judging(impl, task))\n{out[-3000:]}")
