@@ -48,7 +48,7 @@ TIMEOUT = 300  # seconds a command may run before it counts as a hang
 # (pattern, what it becomes) for --check: what a run on another machine, or at another time, prints differently
 MASKS = [
     (r"[\d,]+ images/s", "N images/s"),
-    (r"sync \d+% of step time", "sync N% of step time"),
+    (r"(sync|all-reduces) \d+% of step time", r"\1 N% of step time"),  # --local-sgd/--diloco say all-reduces
     (r"\(\d+\.\d s\)", "(N s)"),
     (r" in \d+ s\b", " in N s"),  # check.py's "1 of 4 tasks done in 51 s"
     (r"^([\w\[\]:]*)([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ", r"\1\2MMDD hh:mm:ss PID "),  # torch's log lines
