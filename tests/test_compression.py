@@ -13,7 +13,6 @@ before its all-reduce is. Each rank is a real gloo process (tests/harness.py); n
 """
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -27,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, run_ranks
+from test_train_ddp import TORCHRUN, run  # a command killed whole on timeout, torchrun's ranks too
 from support.comm_hooks import GradBucket
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -489,21 +489,7 @@ def test_powersgd_averages_over_its_process_group(impl):
 
 
 # --------------------------------------------------------------------------- train_ddp.py --compress
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--test-samples", "128", "--batch-size", "128"]
-
-
-def _run(args, timeout=240):
-    """A command in its own process group, all of it killed on timeout (torchrun's ranks too)."""
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s (a hang?); its output:\n{out}")
-    return proc.returncode, out
 
 
 @pytest.mark.e2e
@@ -516,7 +502,7 @@ def _run(args, timeout=240):
     pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
 ], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
 def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
-    code, out = _run(TORCHRUN + ["train_ddp.py", *flags, *SMALL])
+    code, out = run(TORCHRUN + ["train_ddp.py", *flags, *SMALL], timeout=240)
     assert code == 0, out
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
     assert re.search(r"compression \d+\.\dx fewer (numbers|bytes)", out), out
@@ -542,5 +528,5 @@ def test_train_ddp_refuses_what_cannot_compress_in_one_line(flags, says):
 
 @pytest.mark.repo
 def test_a_refused_compression_stops_train_ddp_with_one_line_and_exit_2():
-    code, out = _run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, "--compress", "bf16"], timeout=120)
+    code, out = run([sys.executable, "train_ddp.py", "--impl", "solutions", *SMALL, "--compress", "bf16"], timeout=120)
     assert code == 2 and out.count("\n") == 1 and "--compress bf16 hooks into DDP's gradient buckets" in out, (code, out)
