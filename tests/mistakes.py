@@ -894,6 +894,61 @@ MISTAKES = [
             "    dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True)\n"
             "    future = torch.futures.Future()\n    future.set_result(None)\n    return future.then(decompress)\n",
             "before the all-reduce finished"),
+    # Task 12, held-out trial (issue 34; issue 32's classes): blocking, dtypes, signs, counting, aliasing
+    Mistake("12.1", "blocking-all-reduce", "template_compression.py",  # right values, nothing overlaps
+            "    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)\n",
+            "    dist.all_reduce(compressed, group=group)\n    buffer.copy_(compressed)\n"
+            "    future = torch.futures.Future()\n    future.set_result(buffer)\n    return future\n",
+            "was blocking (async_op=False)"),
+    Mistake("12.1", "casts-back-to-float32", "template_compression.py",  # right on float32 models only
+            "        buffer.copy_(future.value()[0])\n        return buffer\n",
+            "        return future.value()[0].float()\n", "on a torch.float64 bucket the Future held torch.float32"),
+    Mistake("12.2", "qr-signs", "template_compression.py",  # the same span, columns of either sign
+            "    num_cols = matrix.shape[1]\n    for i in range(num_cols):\n",
+            "    matrix.copy_(torch.linalg.qr(matrix).Q)\n    num_cols = 0\n    for i in range(num_cols):\n",
+            "up to their SIGNS"),
+    Mistake("12.2", "ignores-epsilon", "template_compression.py",
+            "keepdim=True) + epsilon", "keepdim=True)", "add epsilon to the norm"),
+    Mistake("12.2", "column-copied", "template_compression.py",  # the division never reaches the matrix
+            "        col = matrix[:, i:i + 1]\n", "        col = matrix[:, i:i + 1].clone()\n", "not a copy"),
+    Mistake("12.3", "starts-one-step-late", "template_compression.py",  # off by one in counting the steps
+            "    if state.iter < state.start_powerSGD_iter:", "    if state.iter <= state.start_powerSGD_iter:",
+            "compression starts at step start_powerSGD_iter"),
+    Mistake("12.3", "one-all-reduce-per-whole-tensor", "template_compression.py",  # right values, more messages
+            "        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n"
+            "        dist.all_reduce(flat, group=group)\n"
+            "        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):\n"
+            "            tensor.copy_(mean.view_as(tensor))\n",
+            "        for tensor in whole:\n            dist.all_reduce(tensor, group=group)\n"
+            "            tensor.div_(world_size)\n", "one flat tensor, one all-reduce"),
+    Mistake("12.3", "p-all-reduce-not-waited", "template_compression.py",  # P used before it is summed
+            "    dist.all_reduce(state.p_memory_dict[index], group=group)  #",
+            "    dist.all_reduce(state.p_memory_dict[index], group=group, async_op=True)  #", "not waited for"),
+    Mistake("12.3", "q-sum-not-mean", "template_compression.py",
+            "        state.q_memory_dict[index].div_(world_size)\n", "", "divide Q's sum by N"),
+    Mistake("12.3", "no-fork-rng", "template_compression.py",  # reseeds the training's random numbers
+            "        with torch.random.fork_rng(devices=[]):\n", "        if True:\n", "fork_rng"),
+    Mistake("12.3", "float32-p-and-q", "template_compression.py",  # fails on a float64 model
+            "        state.p_memory_dict[index] = torch.empty(sum(mat.shape[0] * r for mat, r in matrices), dtype=dtype,",
+            "        state.p_memory_dict[index] = torch.empty(sum(mat.shape[0] * r for mat, r in matrices), "
+            "dtype=torch.float32,", "the bucket's dtype"),
+    Mistake("12.3", "compresses-at-the-boundary", "template_compression.py",
+            "        if n * m > r * (n + m) * state.min_compression_rate:",
+            "        if n * m >= r * (n + m) * state.min_compression_rate:", "strictly"),
+    Mistake("12.3", "rank-not-capped-by-the-shape", "template_compression.py",
+            "        r = min(n, m, state.matrix_approximation_rank)", "        r = state.matrix_approximation_rank",
+            "rank at most min(n, m)"),
+    Mistake("12.3", "ignores-use-error-feedback", "template_compression.py",
+            "    if state.use_error_feedback:\n        if index in state.error_dict:",
+            "    if True:\n        if index in state.error_dict:", "use_error_feedback=False, but"),
+    Mistake("12.3", "ignores-warm-start-false", "template_compression.py",  # reuses Qs it was told to redraw
+            "    new_qs = not state.warm_start or index not in state.p_memory_dict",
+            "    new_qs = index not in state.p_memory_dict", "draw new first Qs"),
+    Mistake("12.3", "matrices-copied", "template_compression.py",  # M' written into a copy, not the buffer
+            "            matrices.append((matrix, r))", "            matrices.append((matrix.clone(), r))",
+            "still hold this rank's own gradients"),
+    Mistake("12.3", "wanted-aliases-the-buffer", "template_compression.py",  # the residual is always zero
+            "        wanted = buffer.detach().clone()", "        wanted = buffer", "must be a copy"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),
