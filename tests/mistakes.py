@@ -941,9 +941,6 @@ MISTAKES = [
     Mistake("12.3", "ignores-use-error-feedback", "template_compression.py",
             "    if state.use_error_feedback:\n        if index in state.error_dict:",
             "    if True:\n        if index in state.error_dict:", "use_error_feedback=False, but"),
-    Mistake("12.3", "ignores-warm-start-false", "template_compression.py",  # reuses Qs it was told to redraw
-            "    new_qs = not state.warm_start or index not in state.p_memory_dict",
-            "    new_qs = index not in state.p_memory_dict", "draw new first Qs"),
     Mistake("12.3", "matrices-copied", "template_compression.py",  # M' written into a copy, not the buffer
             "            matrices.append((matrix, r))", "            matrices.append((matrix.clone(), r))",
             "still hold this rank's own gradients"),

@@ -423,6 +423,10 @@ def _parts(shapes, rank_r, min_rate):
     return parts
 
 
+_LOCAL_LEFT = ("the compressed matrices still hold this rank's own gradients: M' = P Q^T must be written into "
+               "bucket.buffer(), through the views (tensor.view(n, -1) is a view; .clone() or a new tensor is not)")
+
+
 def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
     """Why a compressed step's result differs from PyTorch's, where the numbers say it."""
     for part, compressed in _parts(shapes, rank_r, min_rate):
@@ -431,9 +435,6 @@ def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
             return (f"the {'compressed matrices are' if compressed else 'tensors sent whole are'} {world_size} times "
                     "PyTorch's: the SUM over the ranks, not the mean: divide " +
                     ("Q's sum by N before M' = P Q^T" if compressed else "their sum by N"))
-        if compressed and got["step"] == start and torch.equal(ours, got["local"][part]):
-            return ("the compressed matrices still hold this rank's own gradients: M' = P Q^T must be written into "
-                    "bucket.buffer(), through the views (tensor.view(n, -1) is a view; .clone() or a new tensor is not)")
     if got["step"] == start:
         return ("at the first compressed step: the first Qs (state.rng's seed, torch.randn in the bucket's order), "
                 "orthogonalised; P = M Q summed, orthogonalised; Q = M^T P averaged; M' = P Q^T")
@@ -480,6 +481,10 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             if _expected_sizes(SHAPES[got["index"]], 2, 2)[1] and not got["q_inputs"]:
                 pytest.fail(f"{T123}: {where}: Q was not orthogonalised before P = M Q: call orthogonalize on "
                             "each Q (a random one, or last step's) first")
+            untouched = [part for part, compressed in _parts(SHAPES[got["index"]], 2, 2)
+                         if compressed and got["step"] == start and torch.equal(got["ours"][part], got["local"][part])]
+            if untouched:
+                pytest.fail(f"{T123}: {where}: {_LOCAL_LEFT}")
             assert got["random_state_kept"], (
                 f"{T123}: {where}: the hook changed torch's global random state (torch.manual_seed for the first Qs "
                 "reseeds every later torch.rand* of the training, the same on every rank): draw the first Qs "
