@@ -58,14 +58,16 @@ def _batches(rank, steps):
 
 
 class Wire:
-    """Replaces dist.all_reduce in a rank and records every call: (numel, dtype, async_op). With
-    defer=True, an async all-reduce does not run until flush(): a Future that is complete before
-    flush() was completed by hand, not by the all-reduce. `task` names the task judged. With a `group`,
+    """Replaces dist.all_reduce in a rank and records every call: (numel, dtype, async_op), and in
+    `waited` whether the hook then called the work's wait(). With defer=True, an async all-reduce
+    does not run until flush() (or its wait()): a Future that is complete before flush() was
+    completed by hand, not by the all-reduce. `task` names the task judged. With a `group`,
     an all-reduce over any other group fails at once, in every rank (rather than waiting for ranks that
     never join it)."""
 
     def __init__(self, task, defer=False, group=None):
         self.records, self.ops, self.pending, self.defer, self.task, self.group = [], [], [], defer, task, group
+        self.waited = []
         self.real = dist.all_reduce
         dist.all_reduce = self.all_reduce
 
@@ -78,18 +80,24 @@ class Wire:
                 "join, and the others would wait for them forever")
         self.records.append((tensor.numel(), tensor.dtype, bool(async_op)))
         self.ops.append(op)
+        self.waited.append(False)
         if not (async_op and self.defer):
             return self.real(tensor, op=op, group=group, async_op=async_op)
         future = torch.futures.Future()
         self.pending.append((tensor, op, group, future))
-        return _DeferredWork(future, self.task)
+        return _DeferredWork(self, future, len(self.records) - 1)
+
+    def run_until(self, future):
+        """Run the deferred all-reduces, in their order, up to the one of `future`."""
+        while any(f is future for *_, f in self.pending):
+            tensor, op, group, done = self.pending.pop(0)
+            self.real(tensor, op=op, group=group)
+            done.set_result([tensor])
 
     def flush(self):
         self.defer = False  # what the callbacks start now runs at once
         while self.pending:
-            tensor, op, group, future = self.pending.pop(0)
-            self.real(tensor, op=op, group=group)
-            future.set_result([tensor])
+            self.run_until(self.pending[-1][-1])
 
     def restore(self):
         self.flush()
@@ -97,16 +105,16 @@ class Wire:
 
 
 class _DeferredWork:
-    def __init__(self, future, task):
-        self.future, self.task = future, task
+    def __init__(self, wire, future, record):
+        self.wire, self.future, self.record = wire, future, record
 
     def get_future(self):
         return self.future
 
     def wait(self, *args):
-        raise AssertionError(f"{self.task}: the hook waited for its own all-reduce (work.wait()): it blocks until the "
-                             "bucket has travelled, so backward cannot go on meanwhile; return "
-                             "work.get_future().then(...) instead")
+        self.wire.waited[self.record] = True
+        self.wire.run_until(self.future)
+        return True
 
     def is_completed(self):
         return self.future.done()
@@ -146,7 +154,8 @@ def _compress_direct(rank, world_size, impl, name):
             ours, early = _call(getattr(comp, f"{name}_compress_hook"), None, _grad_bucket(td, tensors, 0, True), wire)
         finally:
             wire.restore()
-        out.append(dict(ours=ours, theirs=theirs.clone(), early=early, records=wire.records, ops=wire.ops))
+        out.append(dict(ours=ours, theirs=theirs.clone(), early=early, records=wire.records, ops=wire.ops,
+                        waited=wire.waited))
     return out
 
 
@@ -164,10 +173,11 @@ def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
         assert sent == [(got["ours"].numel(), dtype)], (
             f"{T121} ({name}): the hook sent {sent} (elements, dtype); expected one all-reduce of the whole "
             f"bucket in {dtype}, 2 bytes an element: cast before sending, that is the compression")
-        assert got["records"][0][2], (
-            f"{T121} ({name}): the hook's all-reduce was blocking (async_op=False): the hook waits for it, and "
-            "backward cannot go on while the bucket travels. Start it with async_op=True and return "
-            "work.get_future().then(decompress)")
+        assert got["records"][0][2] and not got["waited"][0], (
+            f"{T121} ({name}): the hook's all-reduce was " + ("waited for in the hook (work.wait())" if got["waited"][0]
+                                                             else "blocking (async_op=False)") +
+            ": the hook waits until the bucket has travelled, and backward cannot go on meanwhile. Start it with "
+            "async_op=True and return work.get_future().then(decompress)")
         ours, theirs = got["ours"], got["theirs"]
         assert got["ops"] == [dist.ReduceOp.SUM], (
             f"{T121} ({name}): the all-reduce used {got['ops'][0]}, PyTorch's hook ReduceOp.SUM of the tensor already "
@@ -347,7 +357,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
             out.append(dict(step=step, index=index, local=torch.cat([t.reshape(-1) for t in tensors]),
                             ours=got, theirs=reference.clone(), plain=plain.clone(), early=early,
                             records=[numel for numel, _, _ in wire.records if numel],  # empty ones: no matter
-                            started=[started for numel, _, started in wire.records if numel],  # async_op
+                            started=[started and not waited  # async_op=True, not waited for in the hook
+                                     for (numel, _, started), waited in zip(wire.records, wire.waited) if numel],
                             random_state_kept=torch.equal(random_state, torch.get_rng_state()),
                             q_inputs=[m for ptr, m in ortho_calls if q_range[0] <= ptr < q_range[1]],
                             residual=ours.error_dict.get(index, torch.zeros(0)).clone(),
@@ -389,8 +400,9 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
                     "sent whole) must be summed before they are used, so those all-reduces block; only Q's is "
                     "returned as a Future")
         if p and not got["started"][-1]:
-            return ("the last all-reduce blocked (async_op=False): start it with async_op=True and return "
-                    "work.get_future().then(decompress), so that backward goes on while it travels")
+            return ("the hook waited for the last all-reduce, Q's (async_op=False, or work.wait()): start it with "
+                    "async_op=True and return work.get_future().then(decompress), so that backward goes on while it "
+                    "travels")
         return None
     if p and sent == [got["local"].numel()]:
         return (f"the whole bucket was sent uncompressed, at step {got['step']}: compression starts at step "
