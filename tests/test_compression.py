@@ -293,17 +293,24 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
             pytest.fail(f"{T122}: {where}: columns equal PyTorch's Gram-Schmidt up to their SIGNS: Gram-Schmidt "
                         "divides each column by its (positive) norm; a QR decomposition (torch.linalg.qr) may flip them")
         gram = ours.T @ ours
-        off_diagonal = gram - torch.diag(torch.diagonal(gram))
-        if off_diagonal.abs().max() < 1e-4 and not torch.allclose(torch.diagonal(gram), torch.ones(gram.shape[0]),
-                                                                    atol=1e-4) and epsilon == 0:
-            pytest.fail(f"{T122}: {where}: the columns are orthogonal, but their norms are "
-                        f"{torch.diagonal(gram).sqrt().tolist()}, not 1: the division by the norm did not reach the "
-                        "matrix. Divide in place through a view of it (col = matrix[:, i:i + 1]; col /= ...), not a copy")
-        if epsilon == 0:
-            assert torch.allclose(gram, torch.eye(matrix.shape[1]), atol=1e-5), (
-                f"{T122}: {where}: the columns are not orthonormal (Q^T Q differs from I by "
-                f"{(gram - torch.eye(matrix.shape[1])).abs().max().item():.3g}): normalise each column, and "
-                "subtract its component from every later column")
+        norms, off_diagonal = torch.diagonal(gram).sqrt(), gram - torch.diag(torch.diagonal(gram))
+        if epsilon == 0 and not torch.allclose(gram, torch.eye(matrix.shape[1]), atol=1e-5):
+            if (norms < 1e-6).any():
+                hint = (f"column {int((norms < 1e-6).nonzero()[0])} became all zeros: subtract the component along "
+                        "column i from the LATER columns only (matrix[:, i + 1:]), not from column i itself")
+            elif off_diagonal.abs().max() < 1e-4:
+                hint = (f"the columns are orthogonal, but their norms are {norms.tolist()}, not 1: the division by the "
+                        "norm did not reach the matrix. Divide in place through a view of it (col = matrix[:, i:i + 1]; "
+                        "col /= ...), not a copy")
+            elif not torch.allclose(norms, torch.ones_like(norms), atol=1e-4):
+                hint = (f"the columns' norms are {[round(n, 3) for n in norms.tolist()]}, not 1: divide each column by "
+                        "its own norm, torch.linalg.vector_norm(col, dim=0) (over its n entries)")
+            else:
+                hint = ("the columns have norm 1 but are not orthogonal: normalise column i FIRST, then subtract its "
+                        "component from every later column, col_j -= (col_i . col_j) col_i (that projection needs a "
+                        "column of norm 1)")
+            pytest.fail(f"{T122}: {where}: the columns are not orthonormal (Q^T Q differs from I by "
+                        f"{(gram - torch.eye(matrix.shape[1])).abs().max().item():.3g}): {hint}")
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (
             f"{T122}: {where} differs from PyTorch's Gram-Schmidt by {(ours - theirs).abs().max().item():.3g}: "
             "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only")
