@@ -299,7 +299,7 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
                 hint = (f"column {int((norms < 1e-6).nonzero()[0])} became all zeros: subtract the component along "
                         "column i from the LATER columns only (matrix[:, i + 1:]), not from column i itself")
             elif off_diagonal.abs().max() < 1e-4:
-                hint = (f"the columns are orthogonal, but their norms are {norms.tolist()}, not 1: the division by the "
+                hint = (f"the columns are orthogonal, but their norms are {[round(n, 3) for n in norms.tolist()]}, not 1: the division by the "
                         "norm did not reach the matrix. Divide in place through a view of it (col = matrix[:, i:i + 1]; "
                         "col /= ...), not a copy")
             elif not torch.allclose(norms, torch.ones_like(norms), atol=1e-4):
