@@ -945,7 +945,7 @@ MISTAKES = [
             "            matrices.append((matrix, r))", "            matrices.append((matrix.clone(), r))",
             "still hold this rank's own gradients"),
     Mistake("12.3", "wanted-aliases-the-buffer", "template_compression.py",  # the residual is always zero
-            "        wanted = buffer.detach().clone()", "        wanted = buffer", "must be a copy"),
+            "        wanted = buffer.detach().clone()", "        wanted = buffer", "(a copy, buffer.clone()"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),

@@ -466,8 +466,9 @@ def _residual_hint(got):
     if ours.numel() != theirs.numel():
         return f"it holds {ours.numel()} numbers, PyTorch's {theirs.numel()}: one residual per bucket, the buffer's size"
     if not ours.any():
-        return ("it is all zeros, though compression left something out: \"what we wanted to send\" must be a copy "
-                "(buffer.clone(), after adding the old residual), not the buffer itself, which M' then overwrites")
+        return ("it is all zeros, though compression left something out: after decompress, keep state.error_dict[i] "
+                "= \"what we wanted to send\" (a copy, buffer.clone(), after adding the old residual; not the buffer "
+                "itself, which M' then overwrites) minus the buffer")
     if torch.allclose(ours, -theirs, rtol=1e-4, atol=1e-5):
         return "it has the wrong sign: the residual is what we wanted to send minus what was sent (wanted - buffer)"
     return ("the residual is the copy of step 1 (the buffer plus the old residual) minus the buffer AFTER decompress "
@@ -536,7 +537,7 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
         same_residual = got["residual"].shape == got["their_residual"].shape and torch.allclose(
             got["residual"], got["their_residual"], rtol=1e-4, atol=1e-5)
         assert same_residual, (
-            f"{T123}: after step {got['step']}, bucket {got['index']}: the error-feedback residual "
+            f"{T123}: after step {got['step']}, bucket {got['index']}: the residual of error feedback "
             f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got)}")
 
 
