@@ -97,7 +97,7 @@ def from_torchrun(env):
     me = Launch("torchrun" if "TORCHELASTIC_RUN_ID" in env else "RANK and WORLD_SIZE", rank, local_rank, world_size,
                 local_size, *meeting_point(env, None, None))
     if me.launcher == "torchrun":
-        check_torchrun_inside_srun(me, env)
+        check_torchrun_inside(me, env)
     else:
         check_exported_rank(me, env)
     return me
@@ -116,20 +116,18 @@ def check_exported_rank(me, env):
                           "which tells each process its own")
 
 
-def check_torchrun_inside_srun(me, env):
-    """torchrun inside srun is submit.sh's way: ONE srun task per node, each a torchrun, and the
-    torchruns meet (torchrun's GROUP_WORLD_SIZE counts them). Several tasks on a node each
-    starting a torchrun is a double launch: with --standalone every torchrun trains alone, as
-    its own world, and writes the same files as the others."""
-    if not is_srun_task(env) or "GROUP_WORLD_SIZE" not in env:
-        return
-    srun_tasks = integer(env, "SLURM_STEP_NUM_TASKS", integer(env, "SLURM_NTASKS", 1))
-    here = srun_tasks_here(env)
-    if here > 1 and integer(env, "GROUP_WORLD_SIZE") < srun_tasks:
-        raise LaunchError(f"srun started {here} tasks on this machine and each ran torchrun, which starts "
-                          f"processes of its own ({me.world_size} in its world): start one torchrun per machine "
-                          "(srun --ntasks-per-node=1, as submit.sh does) or no torchrun (srun python train_ddp.py, "
-                          "as submit_srun.sh does)")
+def check_torchrun_inside(me, env):
+    """torchrun inside srun is submit.sh's way: ONE srun task per machine, each a torchrun, and
+    the torchruns meet (torchrun's GROUP_WORLD_SIZE counts them). Several srun tasks or mpirun
+    processes on a machine each starting a torchrun is a double launch: with --standalone every
+    torchrun trains alone, as its own world, and writes the same files as the others."""
+    outer = from_mpirun(env) if mpi_names(env) else from_srun(env) if is_srun_task(env) else None
+    torchruns = integer(env, "GROUP_WORLD_SIZE", 0)  # how many met in torchrun's rendezvous
+    if outer and outer.local_world_size > 1 and 0 < torchruns < outer.world_size:
+        name = outer.launcher.split()[0]
+        raise LaunchError(f"{name} started {outer.local_world_size} processes on this machine and each ran torchrun, "
+                          f"which starts processes of its own: start one torchrun per machine, or none ({name} python "
+                          "train_ddp.py starts every process itself; on SLURM: submit.sh or submit_srun.sh)")
 
 
 def mpi_names(env):

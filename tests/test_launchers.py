@@ -131,7 +131,11 @@ def test_a_plain_python_in_a_batch_script_is_a_world_of_one():
     ({**OPEN_MPI, "RANK": "0", "WORLD_SIZE": "2"}, "RANK=0 is exported, but mpirun (Open MPI) started this process "
                                                    "as rank 1 of 2: unset RANK (and LOCAL_RANK) before mpirun"),
     # torchrun inside srun with 2 tasks on the node (a double launch): two torchruns, two worlds
-    ({**SRUN, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "srun started 2 tasks on this machine and each ran torchrun"),
+    ({**SRUN, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "srun started 2 processes on this machine and each ran torchrun, "
+                                                    "which starts processes of its own: start one torchrun per machine, "
+                                                    "or none (srun python train_ddp.py starts every process itself"),
+    ({**OPEN_MPI, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "mpirun started 2 processes on this machine and each ran "
+                                                        "torchrun"),
 ])
 def test_variables_that_cannot_work_are_one_clear_line(env, says):
     with pytest.raises(LaunchError) as error:
