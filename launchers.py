@@ -16,7 +16,9 @@ reads one set of names whatever started the process.
 Which variables win, and why:
 1. RANK (torchrun, Ray Train, torchrunx, or you): the launcher closest to the process. Under
    submit.sh torchrun runs inside an srun task: SLURM_PROCID is then the node's task number,
-   and torchrun's RANK is the process's rank.
+   and torchrun's RANK is the process's rank. Two mistakes are told apart from that: a RANK
+   exported by hand that srun or mpirun, starting every process itself, contradicts; and
+   several torchruns on one machine started by srun or mpirun (a double launch).
 2. OMPI_COMM_WORLD_RANK, then PMI_RANK with MPI_LOCALRANKID: mpirun sets them for its own
    processes. Inside a SLURM job, mpirun's processes also carry SLURM_PROCID: the batch script's
    0, or the node's number when mpirun starts its per-node daemons with srun. (srun --mpi=pmi2
@@ -109,7 +111,7 @@ def check_exported_rank(me, env):
     WORLD_SIZE processes itself, its own rank is the true one. (A launcher that starts one
     process per node and sets RANK itself, or Ray inside an srun task, leaves the two apart
     rightly: their processes outnumber srun's tasks, or the group is made already.)"""
-    under = from_mpirun(env) if mpi_names(env) else from_srun(env) if is_srun_task(env) else None
+    under = srun_or_mpirun(env)
     if under and under.world_size == me.world_size and under.rank != me.rank and not group_exists():
         raise LaunchError(f"RANK={me.rank} is exported, but {under.launcher} started this process as rank {under.rank} "
                           f"of {under.world_size}: unset RANK (and LOCAL_RANK) before {under.launcher.split()[0]}, "
@@ -121,13 +123,18 @@ def check_torchrun_inside(me, env):
     the torchruns meet (torchrun's GROUP_WORLD_SIZE counts them). Several srun tasks or mpirun
     processes on a machine each starting a torchrun is a double launch: with --standalone every
     torchrun trains alone, as its own world, and writes the same files as the others."""
-    outer = from_mpirun(env) if mpi_names(env) else from_srun(env) if is_srun_task(env) else None
+    outer = srun_or_mpirun(env)
     torchruns = integer(env, "GROUP_WORLD_SIZE", 0)  # how many met in torchrun's rendezvous
     if outer and outer.local_world_size > 1 and 0 < torchruns < outer.world_size:
         name = outer.launcher.split()[0]
         raise LaunchError(f"{name} started {outer.local_world_size} processes on this machine and each ran torchrun, "
                           f"which starts processes of its own: start one torchrun per machine, or none ({name} python "
                           "train_ddp.py starts every process itself; on SLURM: submit.sh or submit_srun.sh)")
+
+
+def srun_or_mpirun(env):
+    """What mpirun or srun says of this process when RANK is set too (torchrun or you), or None."""
+    return from_mpirun(env) if mpi_names(env) else from_srun(env) if is_srun_task(env) else None
 
 
 def mpi_names(env):
