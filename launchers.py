@@ -75,6 +75,11 @@ def who_am_i(environ=None):
             raise LaunchError(f"WORLD_SIZE={me.world_size} is set, but nothing says which rank this process is "
                               "(no RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK): start it with torchrun, "
                               "srun, mpirun or ray_train.py, which set one (docs/launchers.md)")
+        mpi = next((names for names in MPI_NAMES if integer(env, names[3], 1) > 1), None)
+        if mpi:  # an MPI that says the rank but not the local rank: each process would train alone
+            raise LaunchError(f"{mpi[3]}={env[mpi[3]]} says an MPI launcher started several processes, but {mpi[2]} "
+                              "is not set, so nothing says which GPU is this process's: start with torchrun, srun, "
+                              "Open MPI's or MPICH's mpirun, or set RANK, LOCAL_RANK and WORLD_SIZE yourself")
     check(me, env)
     return me
 

@@ -98,6 +98,7 @@ def test_a_plain_python_in_a_batch_script_is_a_world_of_one():
     """The batch script has SLURM_PROCID=0 and SLURM_NTASKS=4 but is no srun task (no SLURM_STEP_ID)."""
     assert numbers(who_am_i(BATCH))[:5] == ("none", 0, 0, 1, 1)
     assert numbers(who_am_i({}))[:5] == ("none", 0, 0, 1, 1)
+    assert numbers(who_am_i({"PMI_RANK": "0", "PMI_SIZE": "1"}))[:5] == ("none", 0, 0, 1, 1)  # an MPI singleton
 
 
 # ------------------------------------------------------------------ mistakes: one line each
@@ -131,6 +132,9 @@ def test_a_plain_python_in_a_batch_script_is_a_world_of_one():
     ({**OPEN_MPI, "RANK": "0", "WORLD_SIZE": "2"}, "RANK=0 is exported, but mpirun (Open MPI) started this process "
                                                    "as rank 1 of 2: unset RANK (and LOCAL_RANK) before mpirun"),
     # torchrun inside srun with 2 tasks on the node (a double launch): two torchruns, two worlds
+    # an MPI that gives no local rank (PMI_RANK, PMI_SIZE alone): each process was a world of one
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "PMI_SIZE=2 says an MPI launcher started several processes, but "
+                                         "MPI_LOCALRANKID is not set"),
     ({**SRUN, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "srun started 2 processes on this machine and each ran torchrun, "
                                                     "which starts processes of its own: start one torchrun per machine, "
                                                     "or none (srun python train_ddp.py starts every process itself"),
