@@ -1,7 +1,8 @@
 """Communicate less often (Task 13): loss against bytes sent and against steps, for data parallelism,
-Task 12's compressed gradients (bf16, PowerSGD), local SGD and DiLoCo; and the counter-example to "averaging the weights is averaging the gradients".
+Task 12's compressed gradients (bf16, PowerSGD), local SGD and DiLoCo; and the counter-example to
+"averaging the weights is averaging the gradients".
 
-    python benchmarks/local_sgd_bench.py                   # 2 gloo ranks, 3 repeats: a few minutes
+    python benchmarks/local_sgd_bench.py                   # 2 gloo ranks, 3 repeats: 10 min (25 under load)
     python benchmarks/local_sgd_bench.py --split iid       # each rank's half drawn at random (default: skewed)
     python benchmarks/local_sgd_bench.py --quick           # 1 repeat, fewer steps: to see it run
     python benchmarks/local_sgd_bench.py --update-results  # rewrite benchmarks/results/local_sgd*
@@ -281,7 +282,9 @@ def main(argv=None):
     write_csv(os.path.join(out, "local_sgd_counterexample.csv"),
               [dict(optimizer=name, seed=seed, max_abs_difference=gap)
                for name, gaps in counter.items() for seed, gap in enumerate(gaps)])
-    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats, args.split)
+    # run_ranks waits 15 minutes by default: under load 30 a run of 1536 steps took up to 90 s here
+    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats, args.split,
+                     timeout=max(900, 120 * len(METHODS) * args.repeats * args.steps // 1536))
     name = f"local_sgd_{args.split}"
     write_csv(os.path.join(out, f"{name}.csv"), rows)
     plot(rows, os.path.join(out, f"{name}.png"), args.world_size, args.split)
