@@ -1,8 +1,8 @@
 """Task 12: what gradient compression saves on the wire, what it costs in loss and in time.
 
     python benchmarks/compression_bench.py --quick          # the CNN, 2 ranks, 2 repeats: a few minutes
-    python benchmarks/compression_bench.py                  # CNN and ResNet-18, 3 repeats: ~20 minutes
-    python benchmarks/compression_bench.py --times-only     # only the step times, CNN and ResNet-18: ~3 minutes
+    python benchmarks/compression_bench.py                  # CNN and ResNet-18, 3 repeats: ~30 minutes (load 30)
+    python benchmarks/compression_bench.py --times-only     # only the step times, CNN and ResNet-18: ~7 minutes (load 35)
 
 Two gloo ranks on this machine (bench_common.run_ranks), Task 5's DDP (solutions/) with Task 12's
 hooks (solutions/), one variant after the other, in a rotated order in every repeat:
