@@ -16,7 +16,9 @@ reads one set of names whatever started the process.
 Which variables win, and why:
 1. RANK (torchrun, Ray Train, torchrunx, or you): the launcher closest to the process. Under
    submit.sh torchrun runs inside an srun task: SLURM_PROCID is then the node's task number,
-   and torchrun's RANK is the process's rank.
+   and torchrun's RANK is the process's rank. Two mistakes are told apart from that: a RANK
+   exported by hand that srun or mpirun, starting every process itself, contradicts; and
+   several torchruns on one machine started by srun or mpirun (a double launch).
 2. OMPI_COMM_WORLD_RANK, then PMI_RANK with MPI_LOCALRANKID: mpirun sets them for its own
    processes. Inside a SLURM job, mpirun's processes also carry SLURM_PROCID: the batch script's
    0, or the node's number when mpirun starts its per-node daemons with srun. (srun --mpi=pmi2
@@ -65,7 +67,7 @@ def who_am_i(environ=None):
         me = from_torchrun(env)
     elif mpi_names(env):
         me = from_mpirun(env)
-    elif "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+    elif is_srun_task(env):
         me = from_srun(env)
     else:
         me = Launch("none", 0, 0, integer(env, "WORLD_SIZE", 1), 1, *meeting_point(env, None, None))
@@ -73,6 +75,11 @@ def who_am_i(environ=None):
             raise LaunchError(f"WORLD_SIZE={me.world_size} is set, but nothing says which rank this process is "
                               "(no RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK): start it with torchrun, "
                               "srun, mpirun or ray_train.py, which set one (docs/launchers.md)")
+        mpi = next((names for names in MPI_NAMES if integer(env, names[3], 1) > 1), None)
+        if mpi:  # an MPI that says the rank but not the local rank: each process would train alone
+            raise LaunchError(f"{mpi[3]}={env[mpi[3]]} says an MPI launcher started several processes, but {mpi[2]} "
+                              "is not set, so nothing says which GPU is this process's: start with torchrun, srun, "
+                              "Open MPI's or MPICH's mpirun, or set RANK, LOCAL_RANK and WORLD_SIZE yourself")
     check(me, env)
     return me
 
@@ -80,9 +87,59 @@ def who_am_i(environ=None):
 def from_torchrun(env):
     if "WORLD_SIZE" not in env:
         raise LaunchError(f"RANK={env['RANK']} is set but WORLD_SIZE is not: set both, or start with torchrun")
-    return Launch("torchrun" if "TORCHELASTIC_RUN_ID" in env else "RANK and WORLD_SIZE", integer(env, "RANK"),
-                  integer(env, "LOCAL_RANK", 0), integer(env, "WORLD_SIZE"), integer(env, "LOCAL_WORLD_SIZE", 1),
-                  *meeting_point(env, None, None))
+    rank, world_size = integer(env, "RANK"), integer(env, "WORLD_SIZE")
+    # torchrun, Ray and torchrunx set all four. Set by hand (PyTorch's env:// example exports
+    # RANK and WORLD_SIZE only), the local numbers may be missing: without LOCAL_WORLD_SIZE
+    # the processes are taken to share one machine, so the local rank is the rank. With it
+    # below WORLD_SIZE they do not, and only LOCAL_RANK can say which GPU is this process's.
+    if "LOCAL_RANK" in env:
+        local_rank = integer(env, "LOCAL_RANK")
+        local_size = integer(env, "LOCAL_WORLD_SIZE", local_rank + 1)  # unknown: at least this many here
+    elif integer(env, "LOCAL_WORLD_SIZE", world_size) == world_size:
+        local_rank, local_size = rank, world_size
+    else:
+        raise LaunchError(f"LOCAL_WORLD_SIZE={env['LOCAL_WORLD_SIZE']} of WORLD_SIZE={world_size} says the processes "
+                          "are on several machines, but LOCAL_RANK is not set: export LOCAL_RANK (this process's "
+                          "number on its machine, which picks its GPU), or start with torchrun")
+    me = Launch("torchrun" if "TORCHELASTIC_RUN_ID" in env else "RANK and WORLD_SIZE", rank, local_rank, world_size,
+                local_size, *meeting_point(env, None, None))
+    if me.launcher == "torchrun":
+        check_torchrun_inside(me, env)
+    else:
+        check_exported_rank(me, env)
+    return me
+
+
+def check_exported_rank(me, env):
+    """RANK exported by hand before srun or mpirun (a copied recipe, a shell that ran a test)
+    reaches every process alike, and every one would take that rank. When the launcher started
+    WORLD_SIZE processes itself, its own rank is the true one. (A launcher that starts one
+    process per node and sets RANK itself, or Ray inside an srun task, leaves the two apart
+    rightly: their processes outnumber srun's tasks, or the group is made already.)"""
+    under = srun_or_mpirun(env)
+    if under and under.world_size == me.world_size and under.rank != me.rank and not group_exists():
+        raise LaunchError(f"RANK={me.rank} is exported, but {under.launcher} started this process as rank {under.rank} "
+                          f"of {under.world_size}: unset RANK (and LOCAL_RANK) before {under.launcher.split()[0]}, "
+                          "which tells each process its own")
+
+
+def check_torchrun_inside(me, env):
+    """torchrun inside srun is submit.sh's way: ONE srun task per machine, each a torchrun, and
+    the torchruns meet (torchrun's GROUP_WORLD_SIZE counts them). Several srun tasks or mpirun
+    processes on a machine each starting a torchrun is a double launch: with --standalone every
+    torchrun trains alone, as its own world, and writes the same files as the others."""
+    outer = srun_or_mpirun(env)
+    torchruns = integer(env, "GROUP_WORLD_SIZE", 0)  # how many met in torchrun's rendezvous
+    if outer and outer.local_world_size > 1 and 0 < torchruns < outer.world_size:
+        name = outer.launcher.split()[0]
+        raise LaunchError(f"{name} started {outer.local_world_size} processes on this machine and each ran torchrun, "
+                          f"which starts processes of its own: start one torchrun per machine, or none ({name} python "
+                          "train_ddp.py starts every process itself; on SLURM: submit.sh or submit_srun.sh)")
+
+
+def srun_or_mpirun(env):
+    """What mpirun or srun says of this process when RANK is set too (torchrun or you), or None."""
+    return from_mpirun(env) if mpi_names(env) else from_srun(env) if is_srun_task(env) else None
 
 
 def mpi_names(env):
@@ -110,9 +167,7 @@ def from_srun(env):
     # The step's tasks, not the job's (SLURM_NTASKS): `srun -n 2` in a 4-task job starts 2.
     # (Lightning reads SLURM_NTASKS, the same number when srun starts every task of the job.)
     size = integer(env, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in env else integer(env, "SLURM_NTASKS")
-    per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1"))
-    node = min(integer(env, "SLURM_NODEID", 0), len(per_node) - 1)
-    me = Launch("srun", integer(env, "SLURM_PROCID"), integer(env, "SLURM_LOCALID", 0), size, per_node[node])
+    me = Launch("srun", integer(env, "SLURM_PROCID"), integer(env, "SLURM_LOCALID", 0), size, srun_tasks_here(env))
     # The job's first host and a port from the job id, as submit.sh picks them for torchrun's
     # rendezvous: every task works them out alike, and two jobs on one node differ. (Lightning
     # takes 15000 + the job id's last four digits; this stays below the ephemeral ports too.)
@@ -126,6 +181,8 @@ def meeting_point(env, default_addr, default_port):
     """(MASTER_ADDR, MASTER_PORT): the exported ones win over a launcher's defaults."""
     addr = env.get("MASTER_ADDR") or default_addr
     port = integer(env, "MASTER_PORT") if env.get("MASTER_PORT") else default_port
+    if port is not None and not 1 <= port <= 65535:
+        raise LaunchError(f"MASTER_PORT={port} is not a port (1-65535): export MASTER_PORT=<a free port, 15000-32767>")
     return addr, port
 
 
@@ -182,24 +239,40 @@ def launcher_name(environ=None):
         return "torchrun"
     if mpi_names(env):
         return mpi_names(env)[0]
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+    if is_srun_task(env):
         return "srun"
     return None
 
 
 @contextlib.contextmanager
 def port_taken_explained(me):
-    """Around init_process_group: rank 0 failing to listen on MASTER_PORT (EADDRINUSE, another
-    run or job has it) becomes one line naming the port, not a traceback from the C++ store."""
+    """Around init_process_group: the ranks failing to meet at MASTER_ADDR:MASTER_PORT becomes one
+    line saying what to change, not a traceback from the C++ store. Three ways it fails:
+    - rank 0 cannot listen on the port (EADDRINUSE): another run or job has it;
+    - rank 0 waited the whole timeout and not every rank came: the launcher started fewer
+      processes than the world size, or the others were told another meeting point;
+    - another rank found no rank 0 there in time: rank 0 is not running, or MASTER_ADDR is not
+      a name of rank 0's machine that this machine reaches."""
     import torch.distributed as dist
 
     try:
         yield
-    except dist.DistNetworkError as error:
-        if "EADDRINUSE" not in str(error) and "ddress already in use" not in str(error):
-            raise
-        raise LaunchError(f"port {me.master_port} on {me.master_addr} is taken (another run or job listens on it): "
-                          "export MASTER_PORT=<another free port, 15000-32767> and start again") from None
+    except dist.DistError as error:  # DistNetworkError, DistStoreError
+        text = str(error)
+        where = f"{me.master_addr}:{me.master_port}"
+        came = re.search(r"(\d+)/(\d+) clients joined", text)
+        if "EADDRINUSE" in text or "ddress already in use" in text:
+            raise LaunchError(f"port {me.master_port} on {me.master_addr} is taken (another run or job listens on it): "
+                              "export MASTER_PORT=<another free port, 15000-32767> and start again") from None
+        if came:
+            raise LaunchError(f"rank 0 waited at {where}, but only {came.group(1)} of {me.world_size} processes came "
+                              f"({me.launcher}): did the launcher start {me.world_size}, and were all of them given "
+                              "this MASTER_ADDR and MASTER_PORT?") from None
+        if "trying to connect" in text:
+            raise LaunchError(f"rank {me.rank} found no rank 0 at {where} ({me.launcher}): is rank 0 running, and is "
+                              f"MASTER_ADDR a name of its machine that this one reaches (getent hosts "
+                              f"{me.master_addr})?") from None
+        raise
 
 
 # ------------------------------------------------------------------ helpers
@@ -222,6 +295,17 @@ def port_from(job_id):
     the kernel hands out to outgoing connections and could have given away already."""
     digits = re.sub(r"\D", "", job_id) or "0"
     return 15000 + int(digits) % 15000
+
+
+def is_srun_task(env):
+    """A task that srun started (SLURM_STEP_ID is set), not the batch script, which has SLURM_PROCID too."""
+    return "SLURM_PROCID" in env and "SLURM_STEP_ID" in env
+
+
+def srun_tasks_here(env):
+    """How many tasks of this srun step run on this node."""
+    per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1"))
+    return per_node[min(integer(env, "SLURM_NODEID", 0), len(per_node) - 1)]
 
 
 def tasks_per_node(text):

@@ -65,6 +65,18 @@ def train_loop_per_worker(config):
         raise RuntimeError(f"train_ddp.main ended with code {code}")
 
 
+def check_room(args, resources):
+    """Workers that the Ray cluster has no room for: Ray Train would wait for them, give up after
+    a minute and try again, forever. (An autoscaling cluster, which Ray can grow, is not the
+    course's case: start its nodes first.)"""
+    need = {"CPU": args.ray_workers * args.cpus_per_worker, **({"GPU": args.ray_workers} if args.use_gpu else {})}
+    short = [f"{need[name]:g} {name}s but this Ray cluster has {resources.get(name, 0):g}" for name in need
+             if need[name] > resources.get(name, 0)]
+    if short:
+        raise ValueError(f"--workers {args.ray_workers} need {' and '.join(short)}: use fewer --workers, a smaller "
+                         "--cpus-per-worker (it may be below 1), or more nodes (ray start)")
+
+
 def main(args):
     if args.ray_workers < 1:
         raise ValueError(f"--workers {args.ray_workers}: at least one training process")
@@ -85,6 +97,11 @@ def main(args):
     # sends a worker's print() to its logger as well as to stdout: every line would come twice.
     path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
     ray.init(address=args.address, runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
+    try:
+        check_room(args, ray.cluster_resources())
+    except ValueError:
+        ray.shutdown()
+        raise
     trainer = TorchTrainer(
         train_loop_per_worker,
         # train_ddp.py's arguments alone: its checkpoints then resume under torchrun and Ray alike

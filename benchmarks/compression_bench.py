@@ -1,7 +1,8 @@
 """Task 12: what gradient compression saves on the wire, what it costs in loss and in time.
 
     python benchmarks/compression_bench.py --quick          # the CNN, 2 ranks, 2 repeats: a few minutes
-    python benchmarks/compression_bench.py                  # + ResNet-18's bytes per step, 3 repeats
+    python benchmarks/compression_bench.py                  # CNN and ResNet-18, 3 repeats: ~30 minutes (load 30)
+    python benchmarks/compression_bench.py --times-only     # only the step times, CNN and ResNet-18: ~7 minutes (load 35)
 
 Two gloo ranks on this machine (bench_common.run_ranks), Task 5's DDP (solutions/) with Task 12's
 hooks (solutions/), one variant after the other, in a rotated order in every repeat:
@@ -11,19 +12,24 @@ hooks (solutions/), one variant after the other, in a rotated order in every rep
     powersgd r=R [no EF] powersgd_hook, matrix_approximation_rank R (1, 2, 4), start_powerSGD_iter 2,
                          with error feedback, or without it ("no EF")
 
-Each variant trains the course CNN from the same initial weights on the same synthetic images
-(data.synthetic_cifar, a different order in each repeat) for --steps steps of SGD (lr 0.05,
-momentum 0.9). Measured per variant: the bytes that rank 0's all-reduces carried in one compressed
-step (a wrapper around dist.all_reduce counts numel * element_size), the loss at the end (mean of
-the last 10 steps), and the median step time on this machine (loopback: communication is nearly
-free here, so this is mostly what compression costs, not what it saves). Repeats give the spread.
-ResNet-18 (with torchvision): the bytes of one compressed step only, no training.
+Each variant trains the model (the course CNN; torchvision's ResNet-18 for 10 classes, as
+models.benchmark_model builds it) from the same initial weights on the same synthetic images
+(data.synthetic_cifar, a different order in each repeat) for a fixed number of steps of SGD (lr
+0.05, momentum 0.9). Measured per variant: the bytes that rank 0's all-reduces carried in one
+compressed step (a wrapper around dist.all_reduce counts numel * element_size), and the loss at the
+end (mean of the last 10 steps; mean, std, min and max over the repeats).
 
-Rank 0 prints the table, the alpha-beta estimate of the communication time per step at 10 and
+Step times are measured apart, with the variants taking turns inside every round (in a rotated
+order), so that a burst of load from elsewhere hits them all alike: the median per variant and its
+ratio to "none" from the same run. On loopback gloo the communication is nearly free, so this is
+mostly what compression costs, not what it saves. --times-only runs only this part.
+
+Rank 0 prints the tables, the alpha-beta estimate of the communication time per step at 10 and
 100 Gb/s (docs/communication-cost.md's ring: 2(N-1) alpha + 2(N-1)/N S beta per all-reduce), and
-writes compression_bench.csv, compression_bytes.json (bytes per step by model and variant, for
-other benchmarks) and compression_bench.png under --out (runs/benchmarks/, or benchmarks/results/
-with --update-results).
+writes under --out (runs/benchmarks/, or benchmarks/results/ with --update-results):
+compression_bench.csv (bytes, losses, alpha-beta), compression_bytes.json (bytes per step by model
+and variant, for other benchmarks) and compression_bench.png; compression_times.csv (step times,
+with the load average and date) in every mode.
 """
 import argparse
 import csv
@@ -35,24 +41,32 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench_common import add_output_arguments, output_folder, run_ranks  # noqa: E402  (beside this file)
+from bench_common import RESULTS, add_output_arguments, output_folder, run_ranks  # noqa: E402  (beside this file)
 
 VARIANTS = ["none", "bf16", "powersgd r=1", "powersgd r=2", "powersgd r=4",
             "powersgd r=1 no EF", "powersgd r=2 no EF", "powersgd r=4 no EF"]
+TIMED = ["none", "bf16", "powersgd r=1", "powersgd r=2", "powersgd r=4"]  # the step-time comparison
 LINKS = {"10 Gb/s": 10e9 / 8, "100 Gb/s": 100e9 / 8}  # bytes per second
 ALPHA = 20e-6  # seconds per message on a network (an assumption; gloo over loopback here pays 0.3-0.8 ms)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=60, help="training steps per variant (default: 60)")
+    parser.add_argument("--steps", type=int, default=60, help="the CNN's training steps per variant (default: 60)")
+    parser.add_argument("--batch", type=int, default=32, help="the CNN's images per rank per step (default: 32)")
+    parser.add_argument("--resnet-steps", type=int, default=20,
+                        help="ResNet-18's training steps per variant (default: 20)")
+    parser.add_argument("--resnet-batch", type=int, default=16,
+                        help="ResNet-18's images per rank per step, in training and timing (default: 16)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats, each with another data order (default: 3)")
-    parser.add_argument("--batch", type=int, default=32, help="images per rank per step (default: 32)")
-    parser.add_argument("--no-resnet", action="store_true", help="leave out ResNet-18's bytes per step")
+    parser.add_argument("--no-resnet", action="store_true", help="leave ResNet-18 out")
     parser.add_argument("--rounds", type=int, default=20,
                         help="timed rounds of the step-time comparison, every variant once a round (default: 20)")
-    parser.add_argument("--quick", action="store_true", help="--repeats 2 --steps 40 --no-resnet")
-    add_output_arguments(parser, "compression_bench.csv, compression_bytes.json and compression_bench.png")
+    parser.add_argument("--times-only", action="store_true",
+                        help="only the step-time comparison (CNN and ResNet-18): writes compression_times.csv")
+    parser.add_argument("--quick", action="store_true", help="--repeats 2 --steps 40 --rounds 5 --no-resnet")
+    add_output_arguments(parser, "compression_bench.csv, compression_bytes.json, compression_bench.png and "
+                         "compression_times.csv")
     args = parser.parse_args(argv)
     args.out = output_folder(args)
     if args.quick:
@@ -92,7 +106,7 @@ def _wrap(model, variant, seed):
     return ddp, state
 
 
-def _train(rank, world_size, variants, repeat, steps, batch):
+def _train(rank, world_size, model_name, variants, repeat, steps, batch):
     """Each of `variants` in turn, on the same two ranks: fresh model, DDP and hook for each."""
     import torch
     import torch.distributed as dist
@@ -105,54 +119,28 @@ def _train(rank, world_size, variants, repeat, steps, batch):
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(repeat))
     rows = []
     for variant in variants:
-        model = benchmark_model("cnn")
+        model = benchmark_model(model_name)
         ddp, state = _wrap(model, variant, repeat)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses, times, step_bytes, step_calls = [], [], 0, 0
+        losses, step_bytes, step_calls = [], 0, 0
         for step in range(steps):
             at = (step * world_size + rank) * batch % (len(images) - batch)
             index = order[at:at + batch]
             counter = ByteCounter(dist)
-            start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(images[index]), labels[index])
             loss.backward()
             ddp.finish_gradient_synchronization()
             optimizer.step()
-            times.append(time.perf_counter() - start)
             counter.restore()
             if step == 2:  # the first compressed step (start_powerSGD_iter=2)
                 step_bytes, step_calls = counter.bytes, counter.calls
             summed = loss.detach().clone()
             dist.all_reduce(summed)
             losses.append(summed.item() / world_size)
-        rows.append(dict(model="cnn", variant=variant, repeat=repeat, loss=statistics.mean(losses[-10:]),
-                         step_ms=1000 * statistics.median(times[3:]), bytes=step_bytes, calls=step_calls,
+        rows.append(dict(model=model_name, variant=variant, repeat=repeat, loss=statistics.mean(losses[-10:]),
+                         bytes=step_bytes, calls=step_calls,
                          ratio=(state.compression_stats()[0] if state else None)))
-    return rows
-
-
-def _bytes_only(rank, world_size, model_name, variants):
-    """Bytes of one compressed step (the third) of each variant, no training: for models too slow to
-    train here."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from models import benchmark_model
-
-    g = torch.Generator().manual_seed(rank)
-    images, labels = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
-    rows = []
-    for variant in variants:
-        model = benchmark_model(model_name)
-        ddp, _ = _wrap(model, variant, 0)
-        for step in range(3):
-            counter = ByteCounter(dist)
-            F.cross_entropy(ddp(images), labels).backward()
-            ddp.finish_gradient_synchronization()
-            counter.restore()
-        rows.append(dict(model=model_name, variant=variant, bytes=counter.bytes, calls=counter.calls))
     return rows
 
 
@@ -181,7 +169,8 @@ def _time_steps(rank, world_size, model_name, variants, rounds, batch):
             optimizer.step()
             if round_ >= 3:
                 times[variant].append(time.perf_counter() - start)
-    return {variant: 1000 * statistics.median(t) for variant, t in times.items()}
+    return {variant: [1000 * q for q in statistics.quantiles(t, n=4)] if len(t) > 1 else [1000 * t[0]] * 3
+            for variant, t in times.items()}  # quartiles: [first, median, third]
 
 
 def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
@@ -191,43 +180,62 @@ def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
 
 def main():
     args = parse_args()  # no torch operation here: bench_common.run_ranks forks the ranks from this process
-    rows = []
     started, load_at_start = time.time(), os.getloadavg()[0]
-    for repeat in range(args.repeats):
-        order = VARIANTS[repeat % len(VARIANTS):] + VARIANTS[:repeat % len(VARIANTS)]
-        for row in run_ranks(2, _train, order, repeat, args.steps, args.batch):
-            rows.append(row)
-            print(f"repeat {repeat} {row['variant']:20s} loss {row['loss']:.3f}  {row['step_ms']:.1f} ms/step  "
-                  f"{row['bytes']} bytes/step", flush=True)
-    summary = {}
-    for variant in VARIANTS:
-        mine = [row for row in rows if row["variant"] == variant]
-        summary[("cnn", variant)] = dict(
-            bytes=mine[0]["bytes"], calls=mine[0]["calls"],
-            loss=statistics.median(r["loss"] for r in mine), loss_min=min(r["loss"] for r in mine),
-            loss_max=max(r["loss"] for r in mine), step_ms=statistics.median(r["step_ms"] for r in mine))
-    timed = ["none", "bf16", "powersgd r=1", "powersgd r=2", "powersgd r=4"]
-    for model_name, batch in [("cnn", args.batch)] + ([] if args.no_resnet else [("resnet18", 8)]):
-        for variant, ms in run_ranks(2, _time_steps, model_name, timed, args.rounds, batch).items():
-            summary.setdefault((model_name, variant), {})["step_ms_alternating"] = ms
-            print(f"{model_name} {variant:20s} {ms:.1f} ms/step (alternating, batch {batch}/rank)", flush=True)
+    models = [("cnn", args.steps, args.batch)]
     if not args.no_resnet:
-        for row in run_ranks(2, _bytes_only, "resnet18", ["none", "bf16", "powersgd r=1", "powersgd r=2",
-                                                              "powersgd r=4"]):
-            summary[("resnet18", row["variant"])].update(bytes=row["bytes"], calls=row["calls"])
+        models.append(("resnet18", args.resnet_steps, args.resnet_batch))
+    os.makedirs(args.out, exist_ok=True)
+    summary = None
+    if not args.times_only:
+        rows = []
+        for model_name, steps, batch in models:
+            for repeat in range(args.repeats):
+                order = VARIANTS[repeat % len(VARIANTS):] + VARIANTS[:repeat % len(VARIANTS)]
+                for row in run_ranks(2, _train, model_name, order, repeat, steps, batch, timeout=1800):
+                    rows.append(row)
+                    print(f"{model_name} repeat {repeat} {row['variant']:20s} loss after {steps} steps "
+                          f"{row['loss']:.3f}  {row['bytes']} bytes/step", flush=True)
+        summary = {}
+        for model_name, steps, batch in models:
+            for variant in VARIANTS:
+                losses = [r["loss"] for r in rows if r["model"] == model_name and r["variant"] == variant]
+                first = next(r for r in rows if r["model"] == model_name and r["variant"] == variant)
+                summary[(model_name, variant)] = dict(
+                    bytes=first["bytes"], calls=first["calls"], steps=steps, batch=batch, repeats=len(losses),
+                    loss=statistics.mean(losses), loss_std=statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                    loss_min=min(losses), loss_max=max(losses))
+    steps_timed = {}
+    for model_name, _, batch in models:
+        quartiles = run_ranks(2, _time_steps, model_name, TIMED, args.rounds, batch)
+        for variant in TIMED:
+            steps_timed[(model_name, variant)] = dict(batch=batch, quartiles=quartiles[variant])
     import torch
 
-    report(summary, args, (load_at_start, os.getloadavg()[0]), time.time() - started, torch.__version__)
+    load = (load_at_start, os.getloadavg()[0])
+    seconds = time.time() - started
+    if summary is not None:
+        report(summary, args, load, seconds, torch.__version__)
+    step_bytes = summary or _committed_bytes()
+    report_times(steps_timed, step_bytes, args, load, seconds, torch.__version__)
+
+
+def _committed_bytes():
+    """Bytes per step from the committed compression_bytes.json (for --times-only's alpha-beta column)."""
+    try:
+        with open(os.path.join(RESULTS, "compression_bytes.json")) as f:
+            models = json.load(f)["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {(model, variant): dict(bytes=row["bytes"], calls=row["all_reduces"])
+            for model, variants in models.items() for variant, row in variants.items()}
 
 
 def report(summary, args, load, seconds, version):
-    os.makedirs(args.out, exist_ok=True)
-    print(f"\n2 gloo ranks, torch {version}, {args.repeats} repeats of {args.steps} steps, batch {args.batch}/rank; "
+    print(f"\n2 gloo ranks, torch {version}, {args.repeats} repeats (each another data order); "
           f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; {seconds:.0f} s")
-    print(f"comm: the ring's alpha-beta time of the step's all-reduces at N ranks, alpha {ALPHA * 1e6:.0f} us; "
-          "saves: comm(none) - comm(variant); costs: measured step time minus none's, here (loopback)")
-    header = (f"{'model':9s} {'variant':19s} {'bytes/step':>10s} {'fewer':>6s} {'loss (min-max)':>19s} {'ms/step':>8s} "
-              f"{'costs':>6s}")
+    print(f"loss: mean of the last 10 steps, mean of the repeats (min-max); comm: the ring's alpha-beta time of "
+          f"the step's all-reduces at N ranks, alpha {ALPHA * 1e6:.0f} us; saves: comm(none) - comm(variant)")
+    header = f"{'model':9s} {'variant':19s} {'steps':>5s} {'bytes/step':>10s} {'fewer':>6s} {'loss (min-max)':>19s}"
     for link in LINKS:
         header += f" | {link + ' N=2 saves':>19s} {'N=8 saves':>9s}"
     print(header)
@@ -235,14 +243,12 @@ def report(summary, args, load, seconds, version):
     for (model, variant), row in summary.items():
         base = summary[(model, "none")]
         fewer = base["bytes"] / row["bytes"]
-        costs = row["step_ms_alternating"] - base["step_ms_alternating"] if "step_ms_alternating" in row else None
-        record = dict(model=model, variant=variant, bytes_per_step=row["bytes"], all_reduces_per_step=row["calls"],
-                      fewer_bytes=round(fewer, 2), loss=row.get("loss"), loss_min=row.get("loss_min"),
-                      loss_max=row.get("loss_max"), step_ms_sequential=row.get("step_ms"),
-                      step_ms=row.get("step_ms_alternating"), costs_ms=None if costs is None else round(costs, 2))
-        line = f"{model:9s} {variant:19s} {row['bytes']:10d} {fewer:6.1f}"
-        line += (f" {row['loss']:6.3f} ({row['loss_min']:.3f}-{row['loss_max']:.3f})" if "loss" in row else f" {'':19s}")
-        line += f" {row['step_ms_alternating']:8.1f} {costs:6.1f}" if costs is not None else f" {'':8s} {'':6s}"
+        record = dict(model=model, variant=variant, steps=row["steps"], batch_per_rank=row["batch"],
+                      repeats=row["repeats"], bytes_per_step=row["bytes"], all_reduces_per_step=row["calls"],
+                      fewer_bytes=round(fewer, 2), loss_mean=round(row["loss"], 4), loss_std=round(row["loss_std"], 4),
+                      loss_min=round(row["loss_min"], 4), loss_max=round(row["loss_max"], 4))
+        line = (f"{model:9s} {variant:19s} {row['steps']:5d} {row['bytes']:10d} {fewer:6.1f}"
+                f" {row['loss']:6.3f} ({row['loss_min']:.3f}-{row['loss_max']:.3f})")
         for link, bandwidth in LINKS.items():
             key = link.split()[0] + "gbps"
             for n in (2, 8):
@@ -264,7 +270,42 @@ def report(summary, args, load, seconds, version):
                                       for (m, variant), row in summary.items() if m == model}
                               for model in sorted({m for m, _ in summary})}}, f, indent=1)
     plot(summary, os.path.join(args.out, "compression_bench.png"))
-    print(f"\nwrote {args.out}/compression_bench.csv, compression_bytes.json and compression_bench.png")
+    print(f"wrote {args.out}/compression_bench.csv, compression_bytes.json and compression_bench.png")
+
+
+def report_times(steps_timed, step_bytes, args, load, seconds, version):
+    """The step-time table: median (quartiles) per variant, its ratio to none's from the same run, and
+    what the alpha-beta model says the variant would save on a network, for comparison."""
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"\nstep times: 2 gloo ranks, torch {version}, {args.rounds} rounds, the variants taking turns; "
+          f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; {date}")
+    print(f"{'model':9s} {'variant':14s} {'batch':>5s} {'ms/step (quartiles)':>24s} {'vs none':>8s} {'costs':>8s}"
+          f" | alpha-beta saves, N=2: {'10 Gb/s':>8s} {'100 Gb/s':>8s}")
+    records = []
+    for (model, variant), row in steps_timed.items():
+        low, median, high = row["quartiles"]
+        base = steps_timed[(model, "none")]["quartiles"][1]
+        record = dict(model=model, variant=variant, batch_per_rank=row["batch"], rounds=args.rounds,
+                      step_ms=round(median, 2), step_ms_q1=round(low, 2), step_ms_q3=round(high, 2),
+                      vs_none=round(median / base, 3), costs_ms=round(median - base, 2))
+        line = (f"{model:9s} {variant:14s} {row['batch']:5d} {median:8.1f} ({low:6.1f}-{high:6.1f}) "
+                f"{median / base:7.2f}x {median - base:+7.1f} |{'':23s}")
+        for link, bandwidth in LINKS.items():
+            key = f"saves_ms_{link.split()[0]}gbps_n2"
+            mine, none = step_bytes.get((model, variant)), step_bytes.get((model, "none"))
+            record[key] = None
+            if mine and none:
+                record[key] = round(1000 * (comm_seconds(none["bytes"], none["calls"], 2, bandwidth)
+                                            - comm_seconds(mine["bytes"], mine["calls"], 2, bandwidth)), 3)
+            line += f" {record[key]:+8.2f}" if record[key] is not None else f" {'':8s}"
+        record.update(load_start=round(load[0], 1), load_end=round(load[1], 1), date=date, torch=version)
+        print(line)
+        records.append(record)
+    with open(os.path.join(args.out, "compression_times.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    print(f"wrote {args.out}/compression_times.csv ({seconds:.0f} s in all)")
 
 
 def plot(summary, path):
@@ -273,19 +314,27 @@ def plot(summary, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cnn = [(variant, row) for (model, variant), row in summary.items() if model == "cnn"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    names = [variant for variant, _ in cnn]
-    left.bar(names, [row["bytes"] / 1e6 for _, row in cnn], color="tab:blue")
-    left.set_yscale("log")
-    left.set_ylabel("MB per step (one rank's all-reduces)")
-    left.set_title("CNN: bytes on the wire per step")
-    losses = [row["loss"] for _, row in cnn]
-    errors = [[row["loss"] - row["loss_min"] for _, row in cnn], [row["loss_max"] - row["loss"] for _, row in cnn]]
-    right.bar(names, losses, yerr=errors, capsize=4, color="tab:orange")
-    right.set_ylabel("training loss after the last steps")
-    right.set_title("CNN: loss (median; whiskers: min and max of the repeats)")
-    for axis in (left, right):
+    models = sorted({model for model, _ in summary})
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(6 * (1 + len(models)), 4.5))
+    names = VARIANTS
+    width = 0.8 / len(models)
+    for i, model in enumerate(models):
+        axes[0].bar([x + i * width for x in range(len(names))], [summary[(model, v)]["bytes"] / 1e6 for v in names],
+                    width, label=model)
+    axes[0].set_xticks([x + width * (len(models) - 1) / 2 for x in range(len(names))], names)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("MB per step (one rank's all-reduces)")
+    axes[0].set_title("bytes on the wire per step")
+    axes[0].legend()
+    for axis, model in zip(axes[1:], models):
+        rows = [summary[(model, v)] for v in names]
+        means = [row["loss"] for row in rows]
+        errors = [[row["loss"] - row["loss_min"] for row in rows], [row["loss_max"] - row["loss"] for row in rows]]
+        axis.bar(names, means, yerr=errors, capsize=4, color="tab:orange")
+        axis.axhline(means[0], color="gray", linewidth=0.8, linestyle="--")  # none's
+        axis.set_ylabel(f"training loss after {rows[0]['steps']} steps")
+        axis.set_title(f"{model}: loss (mean of {rows[0]['repeats']}; whiskers: min, max)")
+    for axis in axes:
         axis.tick_params(axis="x", rotation=45)
         for label in axis.get_xticklabels():
             label.set_horizontalalignment("right")

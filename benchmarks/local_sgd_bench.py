@@ -1,7 +1,8 @@
 """Communicate less often (Task 13): loss against bytes sent and against steps, for data parallelism,
-local SGD and DiLoCo; and the counter-example to "averaging the weights is averaging the gradients".
+Task 12's compressed gradients (bf16, PowerSGD), local SGD and DiLoCo; and the counter-example to
+"averaging the weights is averaging the gradients".
 
-    python benchmarks/local_sgd_bench.py                   # 2 gloo ranks, 3 repeats: a few minutes
+    python benchmarks/local_sgd_bench.py                   # 2 gloo ranks, 3 repeats: 10 min (25 under load)
     python benchmarks/local_sgd_bench.py --split iid       # each rank's half drawn at random (default: skewed)
     python benchmarks/local_sgd_bench.py --quick           # 1 repeat, fewer steps: to see it run
     python benchmarks/local_sgd_bench.py --update-results  # rewrite benchmarks/results/local_sgd*
@@ -16,15 +17,16 @@ half that is mostly its own classes (on 2 ranks, 90% of rank 0's half are classe
 the methods; --split iid draws each half at random. Every method starts from the same weights and
 sees the same batches (per repeat); AdamW (lr 1e-3) is the optimizer of every rank:
 - dp: data parallelism, the gradients averaged every step (one flat all-reduce);
+- bf16, powersgd r: Task 12's communication hooks (solutions/template_compression.py) on the
+  gradients every step, as Task 5's DDP runs them with one bucket (the model is 307 kB, under DDP's
+  25 MB): bf16_compress_hook, or powersgd_hook with a PowerSGDState of rank r (error feedback and
+  warm start on, compression from step 3: start_powerSGD_iter=2, the course's default);
 - local H: local SGD (Task 13.2) with AdamW inside, the parameters averaged every H steps;
 - diloco H: DiLoCo (Task 13.3), AdamW inside, outer SGD lr 0.7, Nesterov momentum 0.9.
 Bytes are measured, not computed: every dist.all_reduce a rank calls is counted with its tensor's
 size (what a rank puts into the all-reduce; a ring all-reduce sends 2(N-1)/N of it per rank). The
-test loss is that of rank 0's model every 64 steps, when every method has just synchronised.
-
-Task 12's compressed gradients (bf16, PowerSGD; template_compression.py) belong in the same figure
-and are not in it yet: add them to METHODS (a name, and in _train the gradients averaged the
-compressed way in place of the "dp" branch's all_reduce_mean).
+test loss is that of rank 0's model every 64 steps, when every method has just synchronised. So
+PowerSGD's P and Q, and bf16's 2-byte elements, count as they go on the wire.
 """
 import argparse
 import csv
@@ -39,12 +41,15 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from solutions.template_compression import PowerSGDState, bf16_compress_hook, powersgd_hook  # noqa: E402
+from solutions.template_ddp import Bucket, launch_all_reduce  # noqa: E402
 from solutions.template_local_sgd import DiLoCo, LocalSGD, all_reduce_mean  # noqa: E402
 from bench_common import add_output_arguments, output_folder, run_ranks  # noqa: E402  (beside this file)
 
 EVAL_EVERY = 64  # a multiple of every H: all methods have just synchronised there
-# (name, kind, H): the lines of the figure
-METHODS = [("dp", "dp", 1), ("local 1", "local", 1), ("local 4", "local", 4), ("local 16", "local", 16),
+# (name, kind, n): the lines of the figure; n is H for local and diloco, the rank for powersgd
+METHODS = [("dp", "dp", 1), ("bf16", "bf16", 1), ("powersgd 1", "powersgd", 1), ("powersgd 4", "powersgd", 4),
+           ("local 1", "local", 1), ("local 4", "local", 4), ("local 16", "local", 16),
            ("local 64", "local", 64), ("diloco 16", "diloco", 16), ("diloco 64", "diloco", 64)]
 
 
@@ -118,14 +123,28 @@ def shard(y, rank, world_size, split, own=0.8):
     return torch.tensor(shares[rank])
 
 
-def _train(rank, world_size, kind, sync_every, seed, steps, data, counter, split):
+def compressed_mean(bucket):
+    """The gradients of bucket.params replaced by their average over the ranks, the way Task 5's DDP
+    does it with a communication hook (Task 12): the hook gets the local gradients flat, its Future
+    holds the average, which goes back into each .grad."""
+    launch_all_reduce(bucket)  # with bucket.comm_hook set: support.comm_hooks.launch_comm_hook
+    bucket.handle.wait()
+    for param, mean in zip(bucket.params, bucket.buffer.split([p.numel() for p in bucket.params])):
+        param.grad.copy_(mean.view_as(param))
+
+
+def _train(rank, world_size, kind, n, seed, steps, data, counter, split):
     x, y, x_test, y_test = data
     mine = shard(y, rank, world_size, split)  # this rank's half (a third, ...) of the training set
     torch.manual_seed(seed)
     model = student()  # the same start on every rank: the same seed
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    stepper = (inner if kind == "dp" else LocalSGD(model, inner, sync_every) if kind == "local"
-               else DiLoCo(model, inner, sync_every, outer_lr=0.7, outer_momentum=0.9))
+    stepper = (LocalSGD(model, inner, n) if kind == "local"
+               else DiLoCo(model, inner, n, outer_lr=0.7, outer_momentum=0.9) if kind == "diloco" else inner)
+    if kind in ("bf16", "powersgd"):  # one bucket of every parameter, in backward's order, as DDP builds it
+        bucket = Bucket(list(reversed(list(model.parameters()))))
+        bucket.comm_hook = ((None, bf16_compress_hook) if kind == "bf16"
+                            else (PowerSGDState(matrix_approximation_rank=n), powersgd_hook)) + (0, True)
     order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(seed * 1000 + rank))]
     start, rows = counter.bytes, []
     for step in range(1, steps + 1):
@@ -134,6 +153,8 @@ def _train(rank, world_size, kind, sync_every, seed, steps, data, counter, split
         F.cross_entropy(model(x[batch]), y[batch]).backward()
         if kind == "dp":
             all_reduce_mean([p.grad for p in model.parameters()])
+        elif kind in ("bf16", "powersgd"):
+            compressed_mean(bucket)
         stepper.step()
         if step % EVAL_EVERY == 0:
             with torch.no_grad():
@@ -150,10 +171,9 @@ def _all_runs(rank, world_size, steps, repeats, split):
     counter = Counted()
     rows = []
     for seed in range(repeats):
-        for name, kind, sync_every in METHODS:  # alternating: load on the machine hits every method alike
+        for name, kind, n in METHODS:  # alternating: load on the machine hits every method alike
             began = time.perf_counter()
-            for step, sent, loss, accuracy in _train(rank, world_size, kind, sync_every, seed, steps, data, counter,
-                                                         split):
+            for step, sent, loss, accuracy in _train(rank, world_size, kind, n, seed, steps, data, counter, split):
                 rows.append(dict(method=name, seed=seed, step=step, bytes=sent, test_loss=loss, test_accuracy=accuracy))
             if rank == 0:
                 print(f"  {name:<10} seed {seed}: test loss {rows[-1]['test_loss']:.4f}, "
@@ -174,32 +194,35 @@ COUNTER = {  # name: (optimizer, kwargs, max gradient norm or None)
 }
 
 
-def _counter_example(rank, world_size, steps=12):
-    """Per optimizer: the largest difference of any parameter after `steps` steps between averaging the
-    parameters after every step and averaging the gradients (data parallelism), float64."""
+def _counter_example(rank, world_size, repeats, steps=12):
+    """Per optimizer, one per repeat (its seed draws the weights and the batches): the largest difference
+    of any parameter after `steps` steps between averaging the parameters after every step and
+    averaging the gradients (data parallelism), float64."""
     torch.set_num_threads(1)
-    out = {}
-    for name, (cls, kwargs, clip) in COUNTER.items():
-        final = []
-        for averaging in ("gradients", "parameters"):
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
-            opt = cls(model.parameters(), **kwargs)
-            stepper = opt if averaging == "gradients" else LocalSGD(model, opt, sync_every=1)
-            for step in range(steps):
-                g = torch.Generator().manual_seed(1000 * step + rank)
-                x, y = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g,
-                                                                                       dtype=torch.float64)
-                stepper.zero_grad()
-                F.mse_loss(model(x), y).backward()
-                if averaging == "gradients":
-                    all_reduce_mean([p.grad for p in model.parameters()])
-                if clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                stepper.step()
-            final.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
-        out[name] = (final[0] - final[1]).abs().max().item()
-    return out
+    return {name: [_counter_gap(rank, seed, steps, *setting) for seed in range(repeats)]
+            for name, setting in COUNTER.items()}
+
+
+def _counter_gap(rank, seed, steps, cls, kwargs, clip):
+    final = []
+    for averaging in ("gradients", "parameters"):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+        opt = cls(model.parameters(), **kwargs)
+        stepper = opt if averaging == "gradients" else LocalSGD(model, opt, sync_every=1)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(100000 * seed + 1000 * step + rank)
+            x, y = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g,
+                                                                                   dtype=torch.float64)
+            stepper.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            if averaging == "gradients":
+                all_reduce_mean([p.grad for p in model.parameters()])
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            stepper.step()
+        final.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return (final[0] - final[1]).abs().max().item()
 
 
 # --------------------------------------------------------------------------- output
@@ -224,7 +247,8 @@ def plot(rows, path, world_size, split):
         low = [min(r["test_loss"] for r in rs) for rs in by_step]
         high = [max(r["test_loss"] for r in rs) for rs in by_step]
         sent = [statistics.fmean(r["bytes"] for r in rs) / 2**20 for rs in by_step]
-        style = "-" if name == "dp" else "--" if name.startswith("local") else ":"
+        style = ("-" if name == "dp" else "-." if name.startswith(("bf16", "powersgd"))
+                 else "--" if name.startswith("local") else ":")
         for ax, xs in ((axes[0], steps), (axes[1], sent)):
             line, = ax.plot(xs, mean, style, label=name, linewidth=2 if name == "dp" else 1.5)
             ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2)
@@ -250,13 +274,17 @@ def main(argv=None):
           f"{args.repeats} repeats; "
           f"load average {load:.1f} at the start")
     began = time.perf_counter()
-    counter = run_ranks(args.world_size, _counter_example)
-    print("parameters averaged every step vs gradients averaged, 12 steps, float64, largest difference:")
-    for name, gap in counter.items():
-        print(f"  {name:<36} {gap:.2g}")
+    counter = run_ranks(args.world_size, _counter_example, args.repeats)
+    print(f"parameters averaged every step vs gradients averaged, 12 steps, float64, largest difference "
+          f"(median, min-max over {args.repeats} repeats):")
+    for name, gaps in counter.items():
+        print(f"  {name:<36} {statistics.median(gaps):.2g} ({min(gaps):.2g}-{max(gaps):.2g})")
     write_csv(os.path.join(out, "local_sgd_counterexample.csv"),
-              [dict(optimizer=name, max_abs_difference=gap) for name, gap in counter.items()])
-    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats, args.split)
+              [dict(optimizer=name, seed=seed, max_abs_difference=gap)
+               for name, gaps in counter.items() for seed, gap in enumerate(gaps)])
+    # run_ranks waits 15 minutes by default: under load 30 a run of 1536 steps took up to 90 s here
+    rows = run_ranks(args.world_size, _all_runs, args.steps, args.repeats, args.split,
+                     timeout=max(900, 120 * len(METHODS) * args.repeats * args.steps // 1536))
     name = f"local_sgd_{args.split}"
     write_csv(os.path.join(out, f"{name}.csv"), rows)
     plot(rows, os.path.join(out, f"{name}.png"), args.world_size, args.split)

@@ -98,6 +98,7 @@ def test_a_plain_python_in_a_batch_script_is_a_world_of_one():
     """The batch script has SLURM_PROCID=0 and SLURM_NTASKS=4 but is no srun task (no SLURM_STEP_ID)."""
     assert numbers(who_am_i(BATCH))[:5] == ("none", 0, 0, 1, 1)
     assert numbers(who_am_i({}))[:5] == ("none", 0, 0, 1, 1)
+    assert numbers(who_am_i({"PMI_RANK": "0", "PMI_SIZE": "1"}))[:5] == ("none", 0, 0, 1, 1)  # an MPI singleton
 
 
 # ------------------------------------------------------------------ mistakes: one line each
@@ -121,12 +122,90 @@ def test_a_plain_python_in_a_batch_script_is_a_world_of_one():
     ({"RANK": "1", "WORLD_SIZE": "2"}, "says rank 1 of 2, but not where to meet: export MASTER_ADDR"),
     # MPICH's port comes from its per-node proxy: another on each node
     ({**MPICH, "PMI_SIZE": "4", "MASTER_ADDR": "node007"}, "MASTER_ADDR=node007 is set but MASTER_PORT is not"),
+    # found in the held-out trial (launchtrial): each was a hang, a raw traceback, a misleading line or a silent wrong run
+    ({**TORCHRUN, "MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a port (1-65535)"),
+    ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node007", "MASTER_PORT": "23456"},
+     "LOCAL_WORLD_SIZE=2 of WORLD_SIZE=4 says the processes are on several machines, but LOCAL_RANK is not set"),
+    # `export RANK=0` left in a batch script: every srun task would take rank 0
+    ({**SRUN, "RANK": "0", "WORLD_SIZE": "2"}, "RANK=0 is exported, but srun started this process as rank 1 of 2: "
+                                               "unset RANK (and LOCAL_RANK) before srun"),
+    ({**OPEN_MPI, "RANK": "0", "WORLD_SIZE": "2"}, "RANK=0 is exported, but mpirun (Open MPI) started this process "
+                                                   "as rank 1 of 2: unset RANK (and LOCAL_RANK) before mpirun"),
+    # torchrun inside srun with 2 tasks on the node (a double launch): two torchruns, two worlds
+    # an MPI that gives no local rank (PMI_RANK, PMI_SIZE alone): each process was a world of one
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "PMI_SIZE=2 says an MPI launcher started several processes, but "
+                                         "MPI_LOCALRANKID is not set"),
+    ({**SRUN, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "srun started 2 processes on this machine and each ran torchrun, "
+                                                    "which starts processes of its own: start one torchrun per machine, "
+                                                    "or none (srun python train_ddp.py starts every process itself"),
+    ({**OPEN_MPI, **TORCHRUN, "GROUP_WORLD_SIZE": "1"}, "mpirun started 2 processes on this machine and each ran "
+                                                        "torchrun"),
 ])
 def test_variables_that_cannot_work_are_one_clear_line(env, says):
     with pytest.raises(LaunchError) as error:
         who_am_i(env)
     assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
     assert isinstance(error.value, ValueError), "train_ddp.py prints a ValueError as one line and exits with 2"
+
+
+def test_rank_and_world_size_set_by_hand_are_accepted():
+    """PyTorch's env:// example exports RANK and WORLD_SIZE only: one machine, the local rank is
+    the rank (so that two GPUs are two GPUs). LOCAL_RANK without LOCAL_WORLD_SIZE was refused."""
+    meet = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456"}
+    assert numbers(who_am_i({"RANK": "1", "WORLD_SIZE": "2", **meet}))[:5] == ("RANK and WORLD_SIZE", 1, 1, 2, 2)
+    assert numbers(who_am_i({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", **meet}))[:4] == (
+        "RANK and WORLD_SIZE", 1, 1, 2)
+    assert numbers(who_am_i({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **meet}))[
+        :5] == ("RANK and WORLD_SIZE", 3, 1, 4, 2)
+
+
+def test_a_rank_that_rightly_differs_from_sruns_is_accepted(monkeypatch):
+    """What the exported-RANK and double-launch checks must let through: RANK equal to srun's;
+    a launcher that starts one process per node under srun (its world outnumbers srun's tasks);
+    Ray workers inside an srun task (the group is made already); submit.sh's torchrun, one per
+    node, and an elastic job that went on after losing a node (fewer torchruns than srun tasks)."""
+    meet = {"MASTER_ADDR": "node007", "MASTER_PORT": "23456"}
+    assert who_am_i({**SRUN, "RANK": "1", "WORLD_SIZE": "2", **meet}).rank == 1
+    per_node = {**SRUN, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NODELIST": "node[007-008]",
+                "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node007", "MASTER_PORT": "23456"}
+    assert who_am_i(per_node).rank == 3
+    assert who_am_i({**per_node, "TORCHELASTIC_RUN_ID": "7", "GROUP_WORLD_SIZE": "2"}).launcher == "torchrun"
+    assert who_am_i({**per_node, "TORCHELASTIC_RUN_ID": "7", "GROUP_WORLD_SIZE": "1", "WORLD_SIZE": "2",
+                     "RANK": "1"}).rank == 1
+    monkeypatch.setattr(launchers, "group_exists", lambda: True)
+    assert who_am_i({**SRUN, "RANK": "0", "WORLD_SIZE": "2", **meet}).rank == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rank, says", [
+    (0, "rank 0 waited at 127.0.0.1:{port}, but only 1 of 2 processes came (srun): did the launcher start 2, and were "
+        "all of them given this MASTER_ADDR and MASTER_PORT?"),
+    (1, "rank 1 found no rank 0 at 127.0.0.1:{port} (srun): is rank 0 running, and is MASTER_ADDR a name of its "
+        "machine that this one reaches (getent hosts 127.0.0.1)?"),
+])
+def test_ranks_that_do_not_meet_are_one_line(rank, says):
+    """Rank 0 alone (the others never started, or meet elsewhere) and a rank with no rank 0 at
+    MASTER_ADDR:MASTER_PORT were DistStoreError / DistNetworkError tracebacks after the timeout."""
+    port = free_port()
+    me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", port)
+    with pytest.raises(LaunchError) as error:
+        with launchers.port_taken_explained(me):  # the store init_process_group makes, with a 1 s timeout
+            dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=1))
+    assert str(error.value) == says.format(port=port)
+
+
+def test_ray_train_refuses_workers_its_cluster_has_no_room_for():
+    """Ray Train waits a minute for workers that do not fit, gives up and tries again, forever."""
+    ray_train = pytest.importorskip("ray_train")
+    args = ray_train.parse_args(["--workers", "4"])
+    with pytest.raises(ValueError) as error:
+        ray_train.check_room(args, {"CPU": 2.0, "memory": 1e9})
+    assert str(error.value) == ("--workers 4 need 4 CPUs but this Ray cluster has 2: use fewer --workers, a smaller "
+                                "--cpus-per-worker (it may be below 1), or more nodes (ray start)")
+    ray_train.check_room(ray_train.parse_args(["--workers", "4", "--cpus-per-worker", "0.5"]), {"CPU": 2.0})
+    with pytest.raises(ValueError, match="need 2 GPUs but this Ray cluster has 0"):
+        ray_train.check_room(ray_train.parse_args(["--workers", "2", "--use-gpu"]), {"CPU": 2.0})
 
 
 def test_several_nodes_under_mpirun_with_master_addr():
@@ -245,6 +324,14 @@ def test_the_seeds_world_size_in_a_smaller_job_is_one_line():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr == ("error: WORLD_SIZE=8 is exported but srun started 2 processes: unset WORLD_SIZE (srun "
                            "says how many), or start 8 processes\n"), proc.stderr
+
+
+@pytest.mark.slow  # the message itself is checked above, in two seconds
+def test_rank_0_alone_ends_with_one_line_after_the_timeout():
+    proc = run_train_ddp({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("[rank 0] error: rank 0 waited at 127.0.0.1:") and "Traceback" not in proc.stderr, \
+        proc.stderr
 
 
 def test_submit_srun_sh_outside_slurm_says_use_sbatch():
