@@ -3,7 +3,7 @@
     python benchmarks/compression_bench.py --quick          # the CNN, 2 ranks, 2 repeats: a few minutes
     python benchmarks/compression_bench.py                  # CNN and ResNet-18, 3 repeats: ~30 minutes (load 30)
     python benchmarks/compression_bench.py --times-only     # only the step times, CNN and ResNet-18: ~7 minutes (load 35)
-    python benchmarks/compression_bench.py --models resnet18 --losses-only  # ResNet-18's losses: ~20 minutes (load 20)
+    python benchmarks/compression_bench.py --models resnet18 --losses-only  # ResNet-18's losses: 5-20 minutes
 
 Two gloo ranks on this machine (bench_common.run_ranks), Task 5's DDP (solutions/) with Task 12's
 hooks (solutions/), one variant after the other, in a rotated order in every repeat:
@@ -19,8 +19,8 @@ models.benchmark_model builds it) from the same initial weights on the same synt
 momentum 0.9: lr 0.05 for the CNN, --resnet-lr 0.01 for ResNet-18. At lr 0.05 ResNet-18's first
 steps overshoot (after 20 steps every variant's loss was above the 2.30 of a uniform guess); at
 0.01 "none" passes below 2.30 after about 10 steps and averages 0.77 over steps 21-30 (lr 0.02:
-1.16, noisier), so 25 steps show learning and fit ~20 minutes for 8 variants x 3 repeats on this
-machine. Measured per variant: the bytes that rank 0's all-reduces carried in one
+1.16, noisier), so 25 steps show learning; 8 variants x 3 repeats took 5 minutes at load 19 falling
+to 8, and would take ~18 at load 28 (1.3 s a step for none, 2.1 s for PowerSGD r = 4 there). Measured per variant: the bytes that rank 0's all-reduces carried in one
 compressed step (a wrapper around dist.all_reduce counts numel * element_size), and the loss at the
 end (mean of the last 10 steps; mean, std, min and max over the repeats).
 
