@@ -3,6 +3,7 @@
     python benchmarks/compression_bench.py --quick          # the CNN, 2 ranks, 2 repeats: a few minutes
     python benchmarks/compression_bench.py                  # CNN and ResNet-18, 3 repeats: ~30 minutes (load 30)
     python benchmarks/compression_bench.py --times-only     # only the step times, CNN and ResNet-18: ~7 minutes (load 35)
+    python benchmarks/compression_bench.py --models resnet18 --losses-only  # ResNet-18's losses: 5-20 minutes
 
 Two gloo ranks on this machine (bench_common.run_ranks), Task 5's DDP (solutions/) with Task 12's
 hooks (solutions/), one variant after the other, in a rotated order in every repeat:
@@ -14,8 +15,12 @@ hooks (solutions/), one variant after the other, in a rotated order in every rep
 
 Each variant trains the model (the course CNN; torchvision's ResNet-18 for 10 classes, as
 models.benchmark_model builds it) from the same initial weights on the same synthetic images
-(data.synthetic_cifar, a different order in each repeat) for a fixed number of steps of SGD (lr
-0.05, momentum 0.9). Measured per variant: the bytes that rank 0's all-reduces carried in one
+(data.synthetic_cifar, a different order in each repeat) for a fixed number of steps of SGD with
+momentum 0.9: lr 0.05 for the CNN, --resnet-lr 0.01 for ResNet-18. At lr 0.05 ResNet-18's first
+steps overshoot (after 20 steps every variant's loss was above the 2.30 of a uniform guess); at
+0.01 "none" passes below 2.30 after about 10 steps and averages 0.77 over steps 21-30 (lr 0.02:
+1.16, noisier), so 25 steps show learning; 8 variants x 3 repeats took 5 minutes at load 19 falling
+to 8, and would take ~18 at load 28 (1.3 s a step for none, 2.1 s for PowerSGD r = 4 there). Measured per variant: the bytes that rank 0's all-reduces carried in one
 compressed step (a wrapper around dist.all_reduce counts numel * element_size), and the loss at the
 end (mean of the last 10 steps; mean, std, min and max over the repeats).
 
@@ -29,7 +34,9 @@ Rank 0 prints the tables, the alpha-beta estimate of the communication time per 
 writes under --out (runs/benchmarks/, or benchmarks/results/ with --update-results):
 compression_bench.csv (bytes, losses, alpha-beta), compression_bytes.json (bytes per step by model
 and variant, for other benchmarks) and compression_bench.png; compression_times.csv (step times,
-with the load average and date) in every mode.
+with the load average and date) in every mode but --losses-only. --models runs one model alone;
+the other model's rows already under --out are kept (read back from the CSVs), so the files and the
+figure still hold both.
 """
 import argparse
 import csv
@@ -54,16 +61,23 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60, help="the CNN's training steps per variant (default: 60)")
     parser.add_argument("--batch", type=int, default=32, help="the CNN's images per rank per step (default: 32)")
-    parser.add_argument("--resnet-steps", type=int, default=20,
-                        help="ResNet-18's training steps per variant (default: 20)")
+    parser.add_argument("--resnet-steps", type=int, default=25,
+                        help="ResNet-18's training steps per variant (default: 25)")
     parser.add_argument("--resnet-batch", type=int, default=16,
                         help="ResNet-18's images per rank per step, in training and timing (default: 16)")
+    parser.add_argument("--resnet-lr", type=float, default=0.01,
+                        help="ResNet-18's SGD learning rate (default: 0.01; the CNN's is 0.05)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats, each with another data order (default: 3)")
+    parser.add_argument("--models", nargs="+", choices=["cnn", "resnet18"], default=["cnn", "resnet18"],
+                        help="the models to run (default: both); the other model's rows in the files under "
+                             "--out are kept")
     parser.add_argument("--no-resnet", action="store_true", help="leave ResNet-18 out")
     parser.add_argument("--rounds", type=int, default=20,
                         help="timed rounds of the step-time comparison, every variant once a round (default: 20)")
     parser.add_argument("--times-only", action="store_true",
                         help="only the step-time comparison (CNN and ResNet-18): writes compression_times.csv")
+    parser.add_argument("--losses-only", action="store_true",
+                        help="only the bytes and losses: leaves compression_times.csv as it is")
     parser.add_argument("--quick", action="store_true", help="--repeats 2 --steps 40 --rounds 5 --no-resnet")
     add_output_arguments(parser, "compression_bench.csv, compression_bytes.json, compression_bench.png and "
                          "compression_times.csv")
@@ -71,6 +85,12 @@ def parse_args(argv=None):
     args.out = output_folder(args)
     if args.quick:
         args.repeats, args.steps, args.no_resnet, args.rounds = 2, 40, True, 5
+    if args.no_resnet:
+        args.models = [model for model in args.models if model != "resnet18"]
+    if not args.models:
+        parser.error("no model left to run: --no-resnet (or --quick) leaves out the only model of --models")
+    if args.times_only and args.losses_only:
+        parser.error("--times-only and --losses-only leave nothing to run: give one of them")
     return args
 
 
@@ -106,7 +126,7 @@ def _wrap(model, variant, seed):
     return ddp, state
 
 
-def _train(rank, world_size, model_name, variants, repeat, steps, batch):
+def _train(rank, world_size, model_name, variants, repeat, steps, batch, lr):
     """Each of `variants` in turn, on the same two ranks: fresh model, DDP and hook for each."""
     import torch
     import torch.distributed as dist
@@ -121,7 +141,7 @@ def _train(rank, world_size, model_name, variants, repeat, steps, batch):
     for variant in variants:
         model = benchmark_model(model_name)
         ddp, state = _wrap(model, variant, repeat)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         losses, step_bytes, step_calls = [], 0, 0
         for step in range(steps):
             at = (step * world_size + rank) * batch % (len(images) - batch)
@@ -181,31 +201,31 @@ def comm_seconds(nbytes, calls, world_size, bandwidth, alpha=ALPHA):
 def main():
     args = parse_args()  # no torch operation here: bench_common.run_ranks forks the ranks from this process
     started, load_at_start = time.time(), os.getloadavg()[0]
-    models = [("cnn", args.steps, args.batch)]
-    if not args.no_resnet:
-        models.append(("resnet18", args.resnet_steps, args.resnet_batch))
+    settings = {"cnn": (args.steps, args.batch, 0.05),
+                "resnet18": (args.resnet_steps, args.resnet_batch, args.resnet_lr)}
+    models = [(model, *settings[model]) for model in ["cnn", "resnet18"] if model in args.models]
     os.makedirs(args.out, exist_ok=True)
     summary = None
     if not args.times_only:
         rows = []
-        for model_name, steps, batch in models:
+        for model_name, steps, batch, lr in models:
             for repeat in range(args.repeats):
                 order = VARIANTS[repeat % len(VARIANTS):] + VARIANTS[:repeat % len(VARIANTS)]
-                for row in run_ranks(2, _train, model_name, order, repeat, steps, batch, timeout=1800):
+                for row in run_ranks(2, _train, model_name, order, repeat, steps, batch, lr, timeout=1800):
                     rows.append(row)
                     print(f"{model_name} repeat {repeat} {row['variant']:20s} loss after {steps} steps "
                           f"{row['loss']:.3f}  {row['bytes']} bytes/step", flush=True)
-        summary = {}
-        for model_name, steps, batch in models:
+        summary = _kept_summary(args)  # the other model's rows of an earlier run, if any
+        for model_name, steps, batch, lr in models:
             for variant in VARIANTS:
                 losses = [r["loss"] for r in rows if r["model"] == model_name and r["variant"] == variant]
                 first = next(r for r in rows if r["model"] == model_name and r["variant"] == variant)
                 summary[(model_name, variant)] = dict(
-                    bytes=first["bytes"], calls=first["calls"], steps=steps, batch=batch, repeats=len(losses),
+                    bytes=first["bytes"], calls=first["calls"], steps=steps, batch=batch, lr=lr, repeats=len(losses),
                     loss=statistics.mean(losses), loss_std=statistics.stdev(losses) if len(losses) > 1 else 0.0,
                     loss_min=min(losses), loss_max=max(losses))
     steps_timed = {}
-    for model_name, _, batch in models:
+    for model_name, _, batch, _ in models if not args.losses_only else []:
         quartiles = run_ranks(2, _time_steps, model_name, TIMED, args.rounds, batch)
         for variant in TIMED:
             steps_timed[(model_name, variant)] = dict(batch=batch, quartiles=quartiles[variant])
@@ -214,9 +234,31 @@ def main():
     load = (load_at_start, os.getloadavg()[0])
     seconds = time.time() - started
     if summary is not None:
+        summary = dict(sorted(summary.items(), key=lambda item: (item[0][0], VARIANTS.index(item[0][1]))))
         report(summary, args, load, seconds, torch.__version__)
-    step_bytes = summary or _committed_bytes()
-    report_times(steps_timed, step_bytes, args, load, seconds, torch.__version__)
+    if not args.losses_only:
+        step_bytes = summary or _committed_bytes()
+        report_times(steps_timed, step_bytes, args, load, seconds, torch.__version__)
+
+
+def _kept_rows(path, args):
+    """The rows of the CSV at `path` (under --out) for the models this run leaves out, so that running
+    one model does not lose the other's figures."""
+    try:
+        with open(path, newline="") as f:
+            return [row for row in csv.DictReader(f) if row["model"] not in args.models]
+    except (OSError, KeyError):
+        return []
+
+
+def _kept_summary(args):
+    """The summary entries of the models this run leaves out, read back from compression_bench.csv."""
+    return {(row["model"], row["variant"]): dict(
+        bytes=int(row["bytes_per_step"]), calls=int(row["all_reduces_per_step"]), steps=int(row["steps"]),
+        batch=int(row["batch_per_rank"]), lr=float(row["lr"]) if row.get("lr") else 0.05,
+        repeats=int(row["repeats"]), loss=float(row["loss_mean"]), loss_std=float(row["loss_std"]),
+        loss_min=float(row["loss_min"]), loss_max=float(row["loss_max"]))
+        for row in _kept_rows(os.path.join(args.out, "compression_bench.csv"), args)}
 
 
 def _committed_bytes():
@@ -243,7 +285,7 @@ def report(summary, args, load, seconds, version):
     for (model, variant), row in summary.items():
         base = summary[(model, "none")]
         fewer = base["bytes"] / row["bytes"]
-        record = dict(model=model, variant=variant, steps=row["steps"], batch_per_rank=row["batch"],
+        record = dict(model=model, variant=variant, steps=row["steps"], batch_per_rank=row["batch"], lr=row["lr"],
                       repeats=row["repeats"], bytes_per_step=row["bytes"], all_reduces_per_step=row["calls"],
                       fewer_bytes=round(fewer, 2), loss_mean=round(row["loss"], 4), loss_std=round(row["loss_std"], 4),
                       loss_min=round(row["loss_min"], 4), loss_max=round(row["loss_max"], 4))
@@ -281,7 +323,7 @@ def report_times(steps_timed, step_bytes, args, load, seconds, version):
           f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; {date}")
     print(f"{'model':9s} {'variant':14s} {'batch':>5s} {'ms/step (quartiles)':>24s} {'vs none':>8s} {'costs':>8s}"
           f" | alpha-beta saves, N=2: {'10 Gb/s':>8s} {'100 Gb/s':>8s}")
-    records = []
+    records = _kept_rows(os.path.join(args.out, "compression_times.csv"), args)  # the other model's
     for (model, variant), row in steps_timed.items():
         low, median, high = row["quartiles"]
         base = steps_timed[(model, "none")]["quartiles"][1]
