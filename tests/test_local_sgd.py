@@ -170,23 +170,24 @@ def groups_of(rank, world_size, sub):
 
 
 # --------------------------------------------------------------------------- the reference: N replicas in one process
-def simulate(cls, name, ranks, steps, sync_every, diloco=None, mistake=None):
+def simulate(cls, name, ranks, steps, sync_every, diloco=None, mistake=None, closures=()):
     """Local SGD (diloco None) or DiLoCo (diloco = (outer_lr, outer_momentum)) of len(ranks) replicas, one
     after the other in this process, with rank r's batches; plain tensor arithmetic for every average.
-    mistake: None, or one of MISTAKES below, done on purpose. One thread, as the ranks (the same sums in
-    the same order).
+    mistake: None, or one of MISTAKES below, done on purpose. closures: the steps taken as step(closure),
+    whose gradients are computed inside step() (where a mistake moves them). One thread, as the ranks (the
+    same sums in the same order).
 
     Returns [after step 1, after step 2, ...], each a list (one per replica) of `averaged(model)`, and
     at the end the replicas' inner optimizers' states and the outer momentum buffers (DiLoCo)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _simulate(cls, name, ranks, steps, sync_every, diloco, mistake)
+        return _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures)
     finally:
         torch.set_num_threads(threads)
 
 
-def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake):
+def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
     models = [make(cls) for _ in ranks]
     inner = [optimizer(name, m.parameters()) for m in models]
     synced = averaged(models[0])[:len(list(models[0].parameters()))]
@@ -214,7 +215,11 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake):
             due = False
         if due and mistake == "sync-before-step":
             _synchronise(models, inner, diloco, mistake, synced, outer_params, outer)
-            if diloco:  # the outer optimizer's zero_grad() set the shared .grad to None: this inner step is lost
+            if step + 1 in closures:  # the inner step runs the closure: gradients at the synchronised parameters
+                for model, rank in zip(models, ranks):
+                    model.zero_grad()
+                    backward(model, rank, step)
+            elif diloco:  # the outer optimizer's zero_grad() set the shared .grad to None: this inner step is lost
                 for model in models:
                     model.zero_grad(set_to_none=True)
         for opt in inner:
@@ -323,7 +328,7 @@ def _first_difference(got, history, ranks):
 
 
 def check_against_simulation(task, got, cls, name, ranks, steps, sync_every, diloco=None, candidates=(),
-                             structure=lambda: None):
+                             structure=lambda: None, closures=()):
     """got[i]: the history of ranks[i]. Fails naming the mistake whose simulation the results equal; where
     none does, `structure()` may name what went wrong on the wire or in the state, before a bare "off by"."""
     history, _, _ = simulate(cls, name, ranks, steps, sync_every, diloco)
@@ -331,12 +336,16 @@ def check_against_simulation(task, got, cls, name, ranks, steps, sync_every, dil
         return
     for mistake in candidates:
         hint = LATER.get(mistake, MISTAKES[mistake][1])  # this task's code made it: Task 13.1's is the reference here
-        if _matches(got, simulate(cls, name, ranks, steps, sync_every, diloco, mistake)[0], ranks):
+        if _matches(got, simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures)[0], ranks):
             pytest.fail(f"{task}: {hint} (with {name}, sync_every={sync_every}, ranks {ranks})")
     structure()
     what = f"DiLoCo(outer_lr={diloco[0]}, outer_momentum={diloco[1]})" if diloco else "local SGD"
+    recipe = ("the pseudo-gradient exactly synced - param (nothing scaled), averaged, the parameters set back to "
+              "self.synced, self.outer_optimizer.step()" if diloco else
+              "the inner step, then after every sync_every-th step average_parameters(model, group), nothing else")
     pytest.fail(f"{task}: {what} with {name} inside, sync_every={sync_every}, on ranks {ranks}, does not train as the "
-                f"replicas of the reference do: {_first_difference(got, history, ranks)}")
+                f"replicas of the reference do: {_first_difference(got, history, ranks)}. Check each part of step() "
+                f"against its docstring: {recipe}")
 
 
 def check_counts(task, rank, counts, sync_every, what):
@@ -707,10 +716,10 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
     n = sum(t.numel() for t in averaged(make(Net)))
     for rank, out in enumerate(results):
         assert not out["built"], f"{T132}: LocalSGD(...) sent {out['built']}: the constructor sends nothing"
+        check_closure(T132, rank, out["closures"], "LocalSGD")  # a closure never run leaves no forward pass either
         assert out["tracked"] == steps, (
             f"{T132}: rank {rank}: BatchNorm's num_batches_tracked is {out['tracked']} after {steps} steps: "
             "integer buffers are left as they are")
-        check_closure(T132, rank, out["closures"], "LocalSGD")
 
     def structure():  # where the values match no typical mistake: what went to the wire, and the count
         for rank, out in enumerate(results):
@@ -721,7 +730,7 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
         got = [results[r]["history"] for r in members]
         check_against_simulation(T132, got, Net, name, list(members), steps, sync_every,
                                  candidates=["first-step", "never-resets", "grads-averaged", "sync-before-step",
-                                             "no-buffers", "sum"], structure=structure)
+                                             "no-buffers", "sum"], structure=structure, closures=CLOSURE_STEPS)
         if len(members) > 1:
             for step in (3, 6):
                 for r in members[1:]:
@@ -799,7 +808,7 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     for members in {tuple(out["members"]) for out in results}:
         got = [results[r]["history"] for r in members]
         check_against_simulation(T133, got, Net, "adamw", list(members), steps, sync_every, outer,
-                                 candidates + ["sync-before-step"], structure=structure)
+                                 candidates + ["sync-before-step"], structure=structure, closures=CLOSURE_STEPS)
         _, inner, outer_state = simulate(Net, "adamw", list(members), steps, sync_every, outer)
         for i, r in enumerate(members):
             where = f"rank {r}" + (f" (group {list(members)})" if sub else "")
