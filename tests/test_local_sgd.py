@@ -201,21 +201,23 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
     outer = new_outer() if diloco else None
     history = []
     for step in range(steps):
+        due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
+        if mistake == "never-resets" and step + 1 > sync_every:
+            due = False
+        late = due and mistake == "sync-before-step" and step + 1 in closures  # the closure runs after the sync
         for model, opt, rank in zip(models, inner, ranks):
             opt.zero_grad()
-            backward(model, rank, step)
+            if not late:
+                backward(model, rank, step)
         if mistake == "grads-averaged":
             for params in zip(*(m.parameters() for m in models)):
                 if params[0].grad is not None:
                     mean = sum(p.grad for p in params) / len(params)
                     for p in params:
                         p.grad = mean.clone()
-        due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
-        if mistake == "never-resets" and step + 1 > sync_every:
-            due = False
         if due and mistake == "sync-before-step":
             _synchronise(models, inner, diloco, mistake, synced, outer_params, outer)
-            if step + 1 in closures:  # the inner step runs the closure: gradients at the synchronised parameters
+            if late:  # the inner step runs the closure: its forward and gradients at the synchronised parameters
                 for model, rank in zip(models, ranks):
                     model.zero_grad()
                     backward(model, rank, step)
