@@ -283,8 +283,8 @@ MISTAKES = {
                          "steps H, 2H, 3H, ... (count the step first, then compare with sync_every)"),
     "never-resets": (T132, "averaged after step H only: after steps H, 2H, 3H, ... (set self.local_step back to 0)"),
     "sync-before-step": (T132, "the synchronisation came before this step's inner optimizer step: take the inner "
-                               "step first (self.optimizer.step(closure)), count it, then synchronise if it was the "
-                               "sync_every-th"),
+                               "step first (the inner optimizer's step(closure)), count it, then synchronise if it "
+                               "was the sync_every-th"),
     "grads-averaged": (T132, "the gradients were averaged as well: local SGD averages no gradients, only the "
                              "parameters, every H steps"),
     "wrong-sign": (T133, "the pseudo-gradient has the wrong sign: it is synced - param (where the round started minus "
