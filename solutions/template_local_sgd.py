@@ -48,7 +48,7 @@ def all_reduce_mean(tensors, group=None):
         for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):  # dicts keep the order of first appearance
             same = [tensor for tensor in tensors if tensor.dtype == dtype]
             flat = torch.cat([tensor.reshape(-1) for tensor in same])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # gloo has no AVG: sum, then divide
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # gloo has AVG only since torch 2.7
             flat /= size
             offset = 0
             for tensor in same:

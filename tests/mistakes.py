@@ -1008,6 +1008,62 @@ MISTAKES = [
             "        all_reduce_mean([value for state in self.inner_optimizer.state.values()\n"
             "                         for key, value in state.items() if key != \"step\"], self.group)\n",
             "inner optimizer's state was averaged"),
+    # Task 13, found by a held-out trial (issue 35): one entry per class of mistake the tests now name
+    Mistake("13.1", "dtypes-in-a-fixed-order", "template_local_sgd.py",  # a set's order is no better
+            "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):  # dicts keep the order of first appearance\n",
+            "        for dtype in (torch.float32, torch.float64):\n"
+            "            if not any(tensor.dtype == dtype for tensor in tensors):\n                continue\n",
+            "in the order the dtypes first appear"),
+    Mistake("13.1", "cat-converts-dtypes", "template_local_sgd.py",  # torch.cat promotes float32 to float64
+            "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):  # dicts keep the order of first appearance\n"
+            "            same = [tensor for tensor in tensors if tensor.dtype == dtype]\n",
+            "        if tensors:  # one buffer for them all\n            same = tensors\n", "torch.cat converted them"),
+    Mistake("13.1", "skips-frozen-parameters", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)",
+            "    all_reduce_mean([param for param in model.parameters() if param.requires_grad] + buffers, group)",
+            "frozen ones too"),
+    Mistake("13.1", "averages-integer-buffers", "template_local_sgd.py",
+            "    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n",
+            "    buffers = list(model.buffers())\n", "integer buffers"),
+    Mistake("13.1", "rebinds-instead-of-copying", "template_local_sgd.py",
+            "                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))\n",
+            "                tensor = flat[offset:offset + tensor.numel()].view_as(tensor)\n", "rebinding a name"),
+    Mistake("13.2", "averages-before-the-step", "template_local_sgd.py",
+            "        loss = self.optimizer.step(closure)\n"
+            "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
+            "        if self.local_step == self.sync_every:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "            self.local_step = 0\n",
+            "        self.local_step += 1\n"
+            "        if self.local_step == self.sync_every:\n"
+            "            average_parameters(self.model, self.group)\n"
+            "            self.local_step = 0\n"
+            "        loss = self.optimizer.step(closure)\n", "came before this step's inner optimizer step"),
+    Mistake("13.2", "one-step-late", "template_local_sgd.py",
+            "        if self.local_step == self.sync_every:\n            average_parameters",
+            "        if self.local_step > self.sync_every:\n            average_parameters", "synchronised after steps"),
+    Mistake("13.2", "ignores-the-closure", "template_local_sgd.py",
+            "        loss = self.optimizer.step(closure)\n", "        loss = self.optimizer.step()\n", "pass the closure"),
+    Mistake("13.2", "group-not-passed", "template_local_sgd.py",
+            "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
+            "            average_parameters(self.model)\n            self.local_step = 0\n", "pass the group on"),
+    Mistake("13.3", "synced-aliases-the-parameters", "template_local_sgd.py",  # on the CPU, detach() is no copy
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "        self.synced = [param.detach() for param in self.params]\n", "shares memory"),
+    Mistake("13.3", "forgets-buffers", "template_local_sgd.py",  # Task 13.3's own code: named as Task 13.3's
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            all_reduce_mean([param.grad for param in self.params], self.group)\n", "floating-point buffers"),
+    Mistake("13.3", "buffers-in-a-second-all-reduce", "template_local_sgd.py",
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            all_reduce_mean([param.grad for param in self.params], self.group)\n"
+            "            all_reduce_mean(buffers, self.group)\n", "ONE all_reduce_mean"),
+    Mistake("13.3", "hand-written-outer-step", "template_local_sgd.py",  # SGD without its momentum
+            "                param.copy_(synced)  # the outer step starts where the round started\n"
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n",
+            "                param.copy_(synced - self.outer_optimizer.defaults[\"lr\"] * param.grad)\n"
+            "                param.grad = None\n", "never stepped"),
 ]
 
 

@@ -91,6 +91,31 @@ def backward(model, rank, step):
     F.mse_loss(model(batch(rank, step)[0]), batch(rank, step)[1]).backward()
 
 
+CLOSURE_STEPS = (2, 3)  # steps taken as step(closure) (torch.optim.LBFGS's way), one of them a synchronisation
+
+
+def step_with_closure(opt, model, rank, step):
+    """opt.step(closure), the closure computing this step's loss: (how often it ran, whether step returned its loss)."""
+    losses = []
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(batch(rank, step)[0]), batch(rank, step)[1])
+        loss.backward()
+        losses.append(loss)
+        return loss
+
+    returned = opt.step(closure)
+    return len(losses), bool(losses) and returned is losses[0]
+
+
+def check_closure(task, rank, closures, what):
+    if any(ran != 1 or not returned for ran, returned in closures):
+        pytest.fail(f"{task}: rank {rank}: {what}.step(closure) ran the closure {[ran for ran, _ in closures]} times "
+                    f"and returned its loss: {[returned for _, returned in closures]} (steps {list(CLOSURE_STEPS)}): "
+                    "pass the closure to the inner optimizer's step (which runs it once) and return what that returns")
+
+
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, dict(lr=0.1)),
     "momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
@@ -145,23 +170,24 @@ def groups_of(rank, world_size, sub):
 
 
 # --------------------------------------------------------------------------- the reference: N replicas in one process
-def simulate(cls, name, ranks, steps, sync_every, diloco=None, mistake=None):
+def simulate(cls, name, ranks, steps, sync_every, diloco=None, mistake=None, closures=()):
     """Local SGD (diloco None) or DiLoCo (diloco = (outer_lr, outer_momentum)) of len(ranks) replicas, one
     after the other in this process, with rank r's batches; plain tensor arithmetic for every average.
-    mistake: None, or one of MISTAKES below, done on purpose. One thread, as the ranks (the same sums in
-    the same order).
+    mistake: None, or one of MISTAKES below, done on purpose. closures: the steps taken as step(closure),
+    whose gradients are computed inside step() (where a mistake moves them). One thread, as the ranks (the
+    same sums in the same order).
 
     Returns [after step 1, after step 2, ...], each a list (one per replica) of `averaged(model)`, and
     at the end the replicas' inner optimizers' states and the outer momentum buffers (DiLoCo)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _simulate(cls, name, ranks, steps, sync_every, diloco, mistake)
+        return _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures)
     finally:
         torch.set_num_threads(threads)
 
 
-def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake):
+def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
     models = [make(cls) for _ in ranks]
     inner = [optimizer(name, m.parameters()) for m in models]
     synced = averaged(models[0])[:len(list(models[0].parameters()))]
@@ -175,21 +201,32 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake):
     outer = new_outer() if diloco else None
     history = []
     for step in range(steps):
+        due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
+        if mistake == "never-resets" and step + 1 > sync_every:
+            due = False
+        late = due and mistake == "sync-before-step" and step + 1 in closures  # the closure runs after the sync
         for model, opt, rank in zip(models, inner, ranks):
             opt.zero_grad()
-            backward(model, rank, step)
+            if not late:
+                backward(model, rank, step)
         if mistake == "grads-averaged":
             for params in zip(*(m.parameters() for m in models)):
                 if params[0].grad is not None:
                     mean = sum(p.grad for p in params) / len(params)
                     for p in params:
                         p.grad = mean.clone()
+        if due and mistake == "sync-before-step":
+            _synchronise(models, inner, diloco, mistake, synced, outer_params, outer)
+            if late:  # the inner step runs the closure: its forward and gradients at the synchronised parameters
+                for model, rank in zip(models, ranks):
+                    model.zero_grad()
+                    backward(model, rank, step)
+            elif diloco:  # the outer optimizer's zero_grad() set the shared .grad to None: this inner step is lost
+                for model in models:
+                    model.zero_grad(set_to_none=True)
         for opt in inner:
             opt.step()
-        due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
-        if mistake == "never-resets" and step + 1 > sync_every:
-            due = False
-        if due:
+        if due and mistake != "sync-before-step":
             _synchronise(models, inner, diloco, mistake, synced, outer_params,
                          outer if mistake != "outer-reset" else new_outer())
         history.append([averaged(m) for m in models])
@@ -245,6 +282,9 @@ MISTAKES = {
     "first-step": (T132, "averaged after step 1, then every H steps (as PeriodicModelAverager counts): average after "
                          "steps H, 2H, 3H, ... (count the step first, then compare with sync_every)"),
     "never-resets": (T132, "averaged after step H only: after steps H, 2H, 3H, ... (set self.local_step back to 0)"),
+    "sync-before-step": (T132, "the synchronisation came before this step's inner optimizer step: take the inner "
+                               "step first (the inner optimizer's step(closure)), count it, then synchronise if it "
+                               "was the sync_every-th"),
     "grads-averaged": (T132, "the gradients were averaged as well: local SGD averages no gradients, only the "
                              "parameters, every H steps"),
     "wrong-sign": (T133, "the pseudo-gradient has the wrong sign: it is synced - param (where the round started minus "
@@ -259,6 +299,13 @@ MISTAKES = {
                           "rank's own"),
     "inner-averaged": (T133, "the inner optimizer's state was averaged: it stays this rank's own; only the "
                              "pseudo-gradients (and the floating-point buffers) are averaged"),
+}
+# said in the words of Task 13.2 or 13.3 when their own code does it (Task 13.1 is the reference there)
+LATER = {
+    "sum": "summed, not averaged: average with all_reduce_mean (Task 13.1's, which divides the SUM by the group's "
+           "size), not a bare dist.all_reduce",
+    "no-buffers": "the floating-point buffers (BatchNorm's running_mean and running_var) were not averaged: put them "
+                  "in the same all_reduce_mean as the parameters (average_parameters does, for local SGD)",
 }
 
 
@@ -282,45 +329,98 @@ def _first_difference(got, history, ranks):
     return "the number of steps or tensors differs"
 
 
-def check_against_simulation(task, got, cls, name, ranks, steps, sync_every, diloco=None, candidates=()):
-    """got[i]: the history of ranks[i]. Fails naming the mistake whose simulation the results equal."""
+def check_against_simulation(task, got, cls, name, ranks, steps, sync_every, diloco=None, candidates=(),
+                             structure=lambda: None, closures=()):
+    """got[i]: the history of ranks[i]. Fails naming the mistake whose simulation the results equal; where
+    none does, `structure()` may name what went wrong on the wire or in the state, before a bare "off by"."""
     history, _, _ = simulate(cls, name, ranks, steps, sync_every, diloco)
     if _matches(got, history, ranks):
         return
     for mistake in candidates:
-        owner, hint = MISTAKES[mistake]
-        if _matches(got, simulate(cls, name, ranks, steps, sync_every, diloco, mistake)[0], ranks):
-            pytest.fail(f"{owner}: {hint} (with {name}, sync_every={sync_every}, ranks {ranks})")
+        hint = LATER.get(mistake, MISTAKES[mistake][1])  # this task's code made it: Task 13.1's is the reference here
+        if _matches(got, simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures)[0], ranks):
+            pytest.fail(f"{task}: {hint} (with {name}, sync_every={sync_every}, ranks {ranks})")
+    structure()
     what = f"DiLoCo(outer_lr={diloco[0]}, outer_momentum={diloco[1]})" if diloco else "local SGD"
+    recipe = ("the pseudo-gradient exactly synced - param (nothing scaled), averaged, the parameters set back to "
+              "self.synced, self.outer_optimizer.step()" if diloco else
+              "the inner step, then after every sync_every-th step average_parameters(model, group), nothing else")
     pytest.fail(f"{task}: {what} with {name} inside, sync_every={sync_every}, on ranks {ranks}, does not train as the "
-                f"replicas of the reference do: {_first_difference(got, history, ranks)}")
+                f"replicas of the reference do: {_first_difference(got, history, ranks)}. Check each part of step() "
+                f"against its docstring: {recipe}")
 
 
-def check_wire(task, calls, sync_steps, sizes, rank, what):
-    """One all-reduce per dtype (sizes: [(dtype, numel)]) after each step in sync_steps, nothing else, ever."""
+def check_counts(task, rank, counts, sync_every, what):
+    expected = [(step + 1) % sync_every for step in range(len(counts))]
+    assert counts == expected, (
+        f"{task}: rank {rank}: self.local_step after each step was {counts}, where {expected}: count the {what} there "
+        "(0 after it); train_ddp.py reads it, and lowers sync_every for one step to end a round at an epoch's end")
+
+
+def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
+    """One all-reduce per dtype (sizes: [(dtype, numel)]) after each step in sync_steps, over the group
+    (group_size ranks, if given), nothing else, ever. A failure says which of those went wrong."""
     expected = [(step, "all_reduce", dtype, numel) for step in sync_steps for dtype, numel in sizes]
     got = [call[:4] for call in calls]
+    if group_size is not None and any(c[4] != group_size for c in calls):
+        wrong = next(c for c in calls if c[4] != group_size)
+        pytest.fail(f"{task}: rank {rank}'s {wrong[1]} of {wrong[3]} elements went over {wrong[4]} ranks, its group "
+                    f"has {group_size}: pass the group on (self.group, group=group) to every collective")
     if got == expected:
         return
+    per_dtype = [("all_reduce", dtype, numel) for dtype, numel in sizes]
+    at = {}
+    for step, *call in got:
+        at.setdefault(step, []).append(tuple(call))
+    if all(step_calls == per_dtype for step_calls in at.values()) and list(at) != list(sync_steps):
+        pytest.fail(f"{task}: rank {rank} synchronised after steps {list(at)}; {what} synchronises after steps "
+                    f"{list(sync_steps)}: after every sync_every-th step (count this step first, then compare with "
+                    "sync_every, and start counting again at 0)")
     between = [c for c in got if c[0] not in sync_steps]
     if between:
         pytest.fail(f"{task}: rank {rank} sent {between[0][1]} of {between[0][3]} {between[0][2]} elements during step "
                     f"{between[0][0]}, between two synchronisations (after steps {sync_steps}): {what} sends nothing "
                     f"between them, no gradient is averaged ({len(between)} such collectives in all)")
-    if len(got) > len(expected) and all(c[1] == "all_reduce" for c in got):
-        if task == T131:
-            pytest.fail(f"{task}: rank {rank} sent {len(got)} all-reduces where {len(expected)} do "
-                        f"({', '.join(f'{n} {d}' for d, n in sizes)} elements): put every tensor of a dtype into "
-                        f"one flat buffer and all-reduce it once. Sent: {got[:6]}...")
-        pytest.fail(f"{task}: rank {rank} sent {len(got)} all-reduces where {len(expected)} do: one at each "
-                    "synchronisation (average_parameters or all_reduce_mean), nothing more: no gradient and no "
-                    f"optimizer state is averaged. Sent (step, kind, dtype, elements): {got[:6]}...")
+    for step in sync_steps:
+        mine = at.get(step, [])
+        if mine == per_dtype:
+            continue
+        sent = {}
+        for kind, dtype, numel in mine:
+            sent[dtype] = sent.get(dtype, 0) + numel
+        want = dict(sizes)
+        if sorted(mine) == sorted(per_dtype):
+            pytest.fail(f"{task}: rank {rank} all-reduced the dtypes in the order {[c[1] for c in mine]}; the tensors "
+                        f"give them in the order {[d for d, _ in sizes]}: one all-reduce per dtype, in the order the "
+                        "dtypes first appear in the list (a set has no such order), so that every rank matches")
+        if len(sizes) > 1 and len(mine) == 1 and mine[0][2] == sum(want.values()):
+            pytest.fail(f"{task}: rank {rank} all-reduced one {mine[0][1]} buffer of {mine[0][2]} elements where the "
+                        f"tensors have {len(sizes)} dtypes ({', '.join(f'{n} {d}' for d, n in sizes)}): torch.cat "
+                        "converted them; make one flat buffer per dtype")
+        if sent == want and all(kind == "all_reduce" for kind, _, _ in mine):
+            if task == T131:
+                pytest.fail(f"{task}: rank {rank} sent {len(mine)} all-reduces where {len(per_dtype)} do "
+                            f"({', '.join(f'{n} {d}' for d, n in sizes)} elements): put every tensor of a dtype into "
+                            f"one flat buffer and all-reduce it once. Sent: {mine[:6]}...")
+            pytest.fail(f"{task}: rank {rank} split a synchronisation into {len(mine)} all-reduces ({mine[:6]}) where "
+                        f"{len(per_dtype)} do: pass everything it averages (parameters or pseudo-gradients, and the "
+                        "floating-point buffers) to ONE all_reduce_mean (or average_parameters) call")
+        if sum(sent.values()) > sum(want.values()) and all(kind == "all_reduce" for kind, _, _ in mine):
+            pytest.fail(f"{task}: rank {rank} all-reduced {sum(sent.values())} elements after step {step} where "
+                        f"{sum(want.values())} do: one all-reduce of the parameters (or pseudo-gradients) and the "
+                        "floating-point buffers at each synchronisation, nothing more: no gradient and no optimizer "
+                        f"state is averaged. Sent (kind, dtype, elements): {mine[:6]}")
+        if sum(sent.values()) < sum(want.values()):
+            pytest.fail(f"{task}: rank {rank} all-reduced {sum(sent.values())} elements after step {step} where "
+                        f"{sum(want.values())} do: every parameter (frozen ones and those without a gradient too) and "
+                        f"every floating-point buffer. Sent (kind, dtype, elements): {mine[:6]}")
     pytest.fail(f"{task}: rank {rank} should send exactly {expected} (step, kind, dtype, elements); it sent {got}")
 
 
 # --------------------------------------------------------------------------- Task 13.1
 class Mixed(nn.Module):
-    """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers."""
+    """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers; a frozen parameter
+    (requires_grad=False: averaged too)."""
 
     def __init__(self):
         super().__init__()
@@ -328,6 +428,7 @@ class Mixed(nn.Module):
         self.norm = nn.BatchNorm1d(4).double()
         self.b = nn.Linear(4, 3)  # float32
         self.c = nn.Linear(3, 2).double()
+        self.frozen = nn.Parameter(torch.zeros(3, dtype=torch.float64), requires_grad=False)
 
 
 def _rank_valued(model, rank):
@@ -347,21 +448,32 @@ def _average(rank, world_size, impl, sub):
     model = Mixed()
     _rank_valued(model, rank)
     wire = Wire()
-    lib.average_parameters(model, group)
-    # all_reduce_mean alone: a transposed (non-contiguous) tensor, and an empty list that sends nothing
+    averaging_error = None
+    try:
+        lib.average_parameters(model, group)
+    except NotImplementedError:  # a RuntimeError too: an unfilled TODO is "not started", said by conftest.py
+        raise
+    except RuntimeError as raised:  # said by the test with what went to the wire (an integer buffer, say)
+        averaging_error = f"{type(raised).__name__}: {raised}"
+    # all_reduce_mean alone: float32 first this time (the model gives float64 first: the order of first
+    # appearance, not a fixed or a set's order), a transposed (non-contiguous) tensor, and an empty list
     wire.step = "all_reduce_mean"
     g = torch.Generator().manual_seed(10 + rank)
-    loose = [torch.randn(4, 3, generator=g, dtype=torch.float64).t(), torch.randn(2, generator=g, dtype=torch.float64)]
+    loose = [torch.randn(2, generator=g), torch.randn(4, 3, generator=g, dtype=torch.float64).t(),
+             torch.randn(2, generator=g, dtype=torch.float64)]
     before = [t.clone() for t in loose]
     error = None
     try:
         lib.all_reduce_mean(loose, group)
         wire.step = "empty"
         lib.all_reduce_mean([], group)
+    except NotImplementedError:
+        raise
     except RuntimeError as raised:  # gloo refuses a non-contiguous tensor: said by the test, after the rest
         error = f"{type(raised).__name__}: {raised}"
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error)
+    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error,
+                averaging_error=averaging_error)
 
 
 def _expected_mean(rank, members):
@@ -384,6 +496,23 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
         _rank_valued(own, rank)
         own = own.state_dict()
         expected = _expected_mean(rank, members)
+        integers = [c for c in out["calls"] if c[0] is None and c[2] in ("int64", "int32", "long", "int")]
+        if integers:
+            pytest.fail(f"{T131}: {where}: average_parameters all-reduced {integers[0][3]} {integers[0][2]} elements: "
+                        "integer buffers (BatchNorm's num_batches_tracked, a count) are left as they are; average "
+                        "only the floating-point ones (buffer.is_floating_point())"
+                        + (f" (then it raised {out['averaging_error']})" if out["averaging_error"] else ""))
+        if out["averaging_error"]:
+            pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}")
+        kept = {key for key, value in out["state"].items() if value.is_floating_point() and len(members) > 1
+                and not torch.allclose(value, expected[key]) and torch.equal(value, own[key])}
+        for dtype in {own[key].dtype for key in kept}:
+            if {k for k in own if own[k].dtype == dtype} <= kept < {k for k in own if own[k].is_floating_point()}:
+                pytest.fail(f"{T131}: {where}: every {str(dtype).replace('torch.', '')} tensor kept this rank's value "
+                            "while the others were averaged: one all-reduce for EACH dtype in the list")
+        if kept == {k for k in own if own[k].is_floating_point()}:
+            pytest.fail(f"{T131}: {where}: every tensor kept this rank's own value: copy the mean back into each "
+                        "tensor, in place (tensor.copy_(...)); rebinding a name to the mean changes nothing")
         for key, value in out["state"].items():
             if not value.is_floating_point():
                 assert torch.equal(value, own[key]), (
@@ -395,6 +524,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                 continue
             if "running" in key and torch.equal(value, own[key]):
                 pytest.fail(f"{T131}: {where}: {key} kept this rank's value: {MISTAKES['no-buffers'][1]}")
+            if key == "frozen" and torch.equal(value, own[key]):
+                pytest.fail(f"{T131}: {where}: the frozen parameter (requires_grad=False) kept this rank's value: "
+                            "average every parameter of model.parameters(), frozen ones too (the ranks may differ "
+                            "there as well)")
             total = expected[key].double() * len(members)
             if torch.allclose(value.double(), total, rtol=1e-6, atol=1e-6):
                 pytest.fail(f"{T131}: {where}: {key} is the sum over the group: {MISTAKES['sum'][1]}")
@@ -407,8 +540,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6):
                     pytest.fail(f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
                                 "pass group=group to dist.all_reduce and divide by dist.get_world_size(group)")
-            pytest.fail(f"{T131}: {where}: {key} should be the mean over ranks {members}, off by "
-                        f"{(value.double() - expected[key].double()).abs().max().item():.3g}")
+            gap = (value.double() - expected[key].double()).abs().max().item()
+            pytest.fail(f"{T131}: {where}: {key} should be the mean over ranks {members}, off by {gap:.3g}: each "
+                        "tensor gets back its own slice of the all-reduced buffer (the offset advancing by its "
+                        "numel), read after the all-reduce finished (with async_op=True, wait() first)")
         for same in (r for r in members if r != rank):
             for key, value in out["state"].items():
                 assert not value.is_floating_point() or torch.equal(value, results[same]["state"][key]), (
@@ -422,15 +557,18 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
             f"{T131}: {where}: the all-reduce went over {calls[0][4]} ranks, the group has {len(members)}: "
             "pass group=group to dist.all_reduce")
         assert out["error"] is None, (
-            f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector raised "
+            f"{T131}: {where}: all_reduce_mean on a float32 vector, a transposed (non-contiguous) tensor and a vector "
+            "raised "
             f"{out['error']}: copy the tensors into a flat buffer (torch.cat of .reshape(-1)) and back")
-        mean_loose = [sum(results[r]["before"][i] for r in members) / len(members) for i in range(2)]
+        mean_loose = [sum(results[r]["before"][i].double() for r in members) / len(members) for i in range(3)]
         for got, want in zip(out["loose"], mean_loose):
-            assert torch.allclose(got, want, **CLOSE), (
-                f"{T131}: {where}: all_reduce_mean on a transposed (non-contiguous) tensor and a vector should leave "
-                f"their means in them, in place; off by {(got - want).abs().max().item():.3g}")
+            tol = dict(rtol=1e-5, atol=1e-6) if got.dtype == torch.float32 else CLOSE
+            assert torch.allclose(got.double(), want, **tol), (
+                f"{T131}: {where}: all_reduce_mean on a float32 vector, a transposed (non-contiguous) tensor and a "
+                f"vector should leave their means in them, in place; off by "
+                f"{(got.double() - want).abs().max().item():.3g}")
         check_wire(T131, [c for c in out["calls"] if c[0] == "all_reduce_mean"], ["all_reduce_mean"],
-                   [("float64", 14)], rank, "all_reduce_mean")
+                   [("float32", 2), ("float64", 14)], rank, "all_reduce_mean")
         empty = [c for c in out["calls"] if c[0] == "empty"]
         assert not empty, f"{T131}: {where}: all_reduce_mean([]) sent {empty}: with no tensor, send nothing"
 
@@ -476,10 +614,17 @@ def test_averaging_parameters_every_step_is_averaging_gradients_for_sgd_but_not_
     names = ["sgd", "momentum", "nesterov", "weight-decay", "adamw"]
     results = run_ranks(_every_step, world_size, impl, names, steps, timeout=40)
     n = sum(t.numel() for t in averaged(make(MLP)))
+
+    def structure(name):
+        for rank in range(world_size):
+            check_wire(T132, results[rank][name][1], list(range(1, steps + 1)), [("float64", n)], rank,
+                       "local SGD with sync_every=1", world_size)
+
     for name in names:
         got = [results[rank][name][0] for rank in range(world_size)]
         check_against_simulation(T132, got, MLP, name, list(range(world_size)), steps, 1,
-                                 candidates=["grads-averaged", "first-step", "never-resets"])
+                                 candidates=["grads-averaged", "first-step", "never-resets", "sync-before-step"],
+                                 structure=lambda: structure(name))
         reference = _gradient_averaging(name, world_size, steps)
         gap = max((a - b).abs().max().item() for a, b in zip(got[0][-1], reference[-1]))
         if name == "adamw":
@@ -533,7 +678,9 @@ def test_local_sgd_equals_pytorchs_periodic_model_averager_shifted_by_its_first_
     n = sum(t.numel() for t in averaged(make(MLP)))
     got = [[mine for mine, _ in r[0]] for r in results]
     check_against_simulation(T132, got, MLP, name, [0, 1], steps, sync_every,
-                             candidates=["first-step", "never-resets", "grads-averaged"])
+                             candidates=["first-step", "never-resets", "grads-averaged", "sync-before-step"],
+                             structure=lambda: [check_wire(T132, calls, [3, 6], [("float64", n)], rank, "local SGD", 2)
+                                                for rank, (_, calls, _) in enumerate(results)])
     for rank, (history, calls, default_steps) in enumerate(results):
         # PyTorch's own counting, which the pages quote: after steps 1, 4, 7 with period 3
         assert default_steps == [1, 4, 7], f"PeriodicModelAverager(period=3) averaged after steps {default_steps}"
@@ -551,16 +698,19 @@ def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     wire = Wire()
     local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
     built = list(wire.calls)
-    history, counts = [], []
+    history, counts, closures = [], [], []
     for step in range(steps):
         wire.step = step + 1
-        local_sgd.zero_grad()
-        backward(model, rank, step)
-        local_sgd.step()
+        if step + 1 in CLOSURE_STEPS:
+            closures.append(step_with_closure(local_sgd, model, rank, step))
+        else:
+            local_sgd.zero_grad()
+            backward(model, rank, step)
+            local_sgd.step()
         history.append(averaged(model))
         counts.append(local_sgd.local_step)
     return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
-                tracked=model.norm.num_batches_tracked.item(), counts=counts)
+                tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures)
 
 
 @pytest.mark.task13_2
@@ -572,27 +722,28 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
     n = sum(t.numel() for t in averaged(make(Net)))
     for rank, out in enumerate(results):
         assert not out["built"], f"{T132}: LocalSGD(...) sent {out['built']}: the constructor sends nothing"
+        check_closure(T132, rank, out["closures"], "LocalSGD")  # a closure never run leaves no forward pass either
         assert out["tracked"] == steps, (
             f"{T132}: rank {rank}: BatchNorm's num_batches_tracked is {out['tracked']} after {steps} steps: "
             "integer buffers are left as they are")
+
+    def structure():  # where the values match no typical mistake: what went to the wire, and the count
+        for rank, out in enumerate(results):
+            check_wire(T132, out["calls"], [3, 6], [("float64", n)], rank, "local SGD", len(out["members"]))
+            check_counts(T132, rank, out["counts"], sync_every, "steps since the last average")
+
     for members in {tuple(out["members"]) for out in results}:
         got = [results[r]["history"] for r in members]
         check_against_simulation(T132, got, Net, name, list(members), steps, sync_every,
-                                 candidates=["first-step", "never-resets", "grads-averaged", "no-buffers", "sum"])
+                                 candidates=["first-step", "never-resets", "grads-averaged", "sync-before-step",
+                                             "no-buffers", "sum"], structure=structure, closures=CLOSURE_STEPS)
         if len(members) > 1:
             for step in (3, 6):
                 for r in members[1:]:
                     assert all(torch.equal(a, b) for a, b in zip(got[0][step - 1], results[r]["history"][step - 1])), (
                         f"{T132}: after step {step} (a synchronisation), rank {r} differs from rank {members[0]}: "
                         "every rank of the group must hold bit-identical parameters")
-    for rank, out in enumerate(results):
-        check_wire(T132, out["calls"], [3, 6], [("float64", n)], rank, "local SGD")
-        assert out["counts"] == [(step + 1) % sync_every for step in range(steps)], (
-            f"{T132}: rank {rank}: self.local_step after each step was {out['counts']}: count the steps since the "
-            "last average there (0 after an average); train_ddp.py reads it to end a round at an epoch's end")
-        assert all(c[4] == len(out["members"]) for c in out["calls"]), (
-            f"{T132}: rank {rank} all-reduced over {[c[4] for c in out['calls']]} ranks; its group has "
-            f"{len(out['members'])}: pass self.group on")
+    structure()
 
 
 # --------------------------------------------------------------------------- Task 13.3
@@ -604,20 +755,27 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     inner = optimizer(name, model.parameters())
     diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
     built = list(wire.calls)
-    history, synced_ok, counts = [], [], []
+    history, synced_ok, counts, closures, shared = [], [], [], [], []
     for step in range(steps):
         wire.step = step + 1
-        diloco.zero_grad()
-        backward(model, rank, step)
-        diloco.step()
+        if step + 1 in CLOSURE_STEPS:
+            closures.append(step_with_closure(diloco, model, rank, step))
+        else:
+            diloco.zero_grad()
+            backward(model, rank, step)
+            diloco.step()
         history.append(averaged(model))
         counts.append(diloco.local_step)
         if (step + 1) % sync_every == 0:
             synced_ok.append(all(torch.equal(s, p.detach().cpu()) and s.device.type == "cpu"
                                  for s, p in zip(diloco.synced, model.parameters())))
+            # a copy, not the parameter itself (on the CPU, param.detach() and .to("cpu") return the same memory)
+            shared.append(any(s.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+                              for s, p in zip(diloco.synced, model.parameters())))
     outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
     return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
-                inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts)
+                inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
+                closures=closures, shared=shared)
 
 
 def _same_state(a, b):
@@ -638,9 +796,25 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
                   "first-step", "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
+        check_closure(T133, rank, out["closures"], "DiLoCo")
+        if any(out["shared"]):
+            pytest.fail(f"{T133}: rank {rank}: after rounds {[k + 1 for k, s in enumerate(out['shared']) if s]} "
+                        "self.synced shares memory with the parameters (the same tensors, or param.data bound to "
+                        "them): keep separate copies and copy values across (synced.copy_(param), param.copy_(synced))")
+
+    def structure():  # where the values match no typical mistake: what went to the wire, the count, the outer state
+        for rank, out in enumerate(results):
+            check_wire(T133, out["calls"], [3, 6, 9], [("float64", n)], rank, "DiLoCo", len(out["members"]))
+            check_counts(T133, rank, out["counts"], sync_every, "inner steps since the last outer step")
+            if any(buf is None for buf in out["outer"]):
+                pytest.fail(f"{T133}: rank {rank}: self.outer_optimizer has no momentum buffer for some parameters: "
+                            "it never stepped them. Put the averaged pseudo-gradient in each param.grad and call "
+                            "self.outer_optimizer.step() (SGD with Nesterov momentum, not a hand-written update)")
+
     for members in {tuple(out["members"]) for out in results}:
         got = [results[r]["history"] for r in members]
-        check_against_simulation(T133, got, Net, "adamw", list(members), steps, sync_every, outer, candidates)
+        check_against_simulation(T133, got, Net, "adamw", list(members), steps, sync_every, outer,
+                                 candidates + ["sync-before-step"], structure=structure, closures=CLOSURE_STEPS)
         _, inner, outer_state = simulate(Net, "adamw", list(members), steps, sync_every, outer)
         for i, r in enumerate(members):
             where = f"rank {r}" + (f" (group {list(members)})" if sub else "")
@@ -656,11 +830,7 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
                 assert all(torch.equal(a, b) for a, b in zip(got[0][step - 1], got[i][step - 1])), (
                     f"{T133}: after step {step} (an outer step), rank {r} differs from rank {members[0]}: every rank "
                     "of the group must end the outer step bit-identical")
-    for rank, out in enumerate(results):
-        check_wire(T133, out["calls"], [3, 6, 9], [("float64", n)], rank, "DiLoCo")
-        assert out["counts"] == [(step + 1) % sync_every for step in range(steps)], (
-            f"{T133}: rank {rank}: self.local_step after each step was {out['counts']}: count the inner steps since "
-            "the last outer step there (0 after it); train_ddp.py reads it to end a round at an epoch's end")
+    structure()
 
 
 def _diloco_h1(rank, world_size, impl):
