@@ -17,22 +17,6 @@ pytestmark = pytest.mark.repo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-GET_DATASETS = """
-import datetime, os, sys, tempfile
-import torch.distributed as dist
-import data
-data.synthetic_cifar = lambda seed=0: ([], [])  # which set, not its images: making them takes seconds
-dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "s"), 1), rank=0, world_size=1)
-for root in sys.argv[2:]:  # one process for several cases: importing torch takes seconds
-    print("CASE", root, flush=True)
-    try:
-        print("NAME", data.get_datasets(sys.argv[1], root)[2], flush=True)
-    except ValueError as error:
-        print("ERROR", error, flush=True)
-dist.destroy_process_group()
-"""
-
-
 @pytest.fixture
 def broken_torchvision(tmp_path):
     """A PYTHONPATH on which `import torchvision` fails as a mismatched build does."""
@@ -42,13 +26,39 @@ def broken_torchvision(tmp_path):
     return str(tmp_path / "site")
 
 
+def _get_datasets_in_rank(rank, world_size, choice, roots, pythonpath):
+    """What get_datasets(choice, root) printed for each root, in a harness rank (torch is imported there
+    already: a subprocess would import it again, seconds of the default run). `pythonpath` goes first on
+    sys.path and torchvision is imported afresh, as in a new process; all is put back after."""
+    import contextlib
+    import io
+
+    import data
+    theirs = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] == "torchvision"}
+    make, sys.path[:0] = data.synthetic_cifar, [pythonpath]
+    data.synthetic_cifar = lambda seed=0: ([], [])  # which set, not its images: making them takes seconds
+    printed = []
+    try:
+        for root in roots:
+            with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(out):
+                try:
+                    print("NAME", data.get_datasets(choice, root)[2])
+                except ValueError as error:
+                    print("ERROR", error)
+            printed.append(out.getvalue())
+    finally:
+        data.synthetic_cifar = make
+        sys.path.remove(pythonpath)
+        for name in [name for name in sys.modules if name.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+        sys.modules.update(theirs)
+    return printed
+
+
 def _get_datasets(choice, roots, pythonpath):
     """What get_datasets(choice, root) printed for each root, in one process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([pythonpath, REPO])}
-    done = subprocess.run([sys.executable, "-c", GET_DATASETS, choice, *roots], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    cases = (done.stdout + done.stderr).split("CASE ")
-    return cases[1:] if len(cases) == len(roots) + 1 else [done.stdout + done.stderr] * len(roots)
+    from harness import run_ranks
+    return run_ranks(_get_datasets_in_rank, 1, choice, roots, pythonpath, timeout=120)[0]
 
 
 def test_a_broken_torchvision_is_named_not_taken_for_a_failed_download(tmp_path, broken_torchvision):

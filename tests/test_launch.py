@@ -1,8 +1,14 @@
 """Launching for real: submit.sh under SLURM, and torchrun across two "nodes".
 
+    pytest tests/test_launch.py   # the shell scripts' syntax, shellcheck, submit.sh outside SLURM
     pytest -m slurm        # sbatch submit.sh: one node, two nodes, a failing run (needs the test cluster:
                            #   sudo tools/slurm_test_cluster.sh start)
     pytest -m multinode    # two torchrun agents on loopback as two nodes would; sbatch --nodes=2
+
+The jobs and the two agents are slow tests (CI runs `pytest -m slow` too): each waits for a scheduler
+or a rendezvous and starts torchrun and ranks that import torch: 174 s of the default run's 1189 s at
+load 10-33. The default run still launches train_ddp.py under torchrun (tests/test_train_ddp.py) and
+checks these scripts' syntax and their message outside SLURM (below).
 
 Each run is a tiny synthetic training on CPUs with 2 processes. Every subprocess has a hard
 deadline and is killed (its whole process group, or scancel) when it passes: nothing hangs.
@@ -163,6 +169,7 @@ def wait_for(jobs, name, deadline=180):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sbatch_submit_sh_trains_on_two_ranks(jobs):
     """sbatch submit.sh on one node with 2 processes: completes, both ranks train."""
@@ -176,6 +183,7 @@ def test_sbatch_submit_sh_trains_on_two_ranks(jobs):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sbatch_job_fails_when_training_fails(jobs):
     """A training error must fail the job with a non-zero exit code, not end it COMPLETED."""
@@ -205,6 +213,7 @@ def agent_ranks(log):
 
 
 @pytest.mark.multinode
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_torchrun_agents_as_two_nodes(tmp_path):
     """Two torchrun agents, one process each, meet through a c10d rendezvous exactly as the
@@ -252,6 +261,7 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.multinode
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sbatch_submit_sh_on_two_nodes(slurm_nodes, jobs):
     """sbatch --nodes=2 submit.sh: srun starts a torchrun on each node, and they meet at the

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import data
+import train_ddp
 from harness import run_ranks
 from mistakes import Mistake, make_submission
 
@@ -41,25 +42,62 @@ QUICK = ["--data", "synthetic", "--epochs", "2", "--train-samples", "3072", "--t
          "--batch-size", "128"]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("which", ["checked", "ddp"])
-def test_torchrun_training_learns_and_keeps_ranks_identical(which, impl, tmp_path):
-    """With the files under test (solutions/, or yours with --impl template) and with DDP."""
-    if which == "ddp" and impl == "template":
-        pytest.skip("--impl ddp uses PyTorch's DDP, not your code (plain pytest runs it)")
-    metrics = tmp_path / "metrics.csv"
-    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl if which == "checked" else "ddp", *QUICK,
-                                "--metrics", str(metrics)])
-    assert code == 0, out
-    assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
-    with open(metrics) as f:
-        rows = list(csv.DictReader(f))
+def _learned(rows, out):
+    """Two epochs in the metrics, the loss falling, the test accuracy well above chance."""
     assert [int(r["epoch"]) for r in rows] == [1, 2], rows
     losses = [float(r["train_loss"]) for r in rows]
     accuracy = float(rows[-1]["test_accuracy"])
     assert losses[1] < losses[0], f"the training loss did not fall: {losses}\n{out}"
     assert accuracy > 0.5, f"test accuracy {accuracy:.2%} is not well above chance (10%)\n{out}"
+
+
+@pytest.mark.e2e
+def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
+    """With the files under test (solutions/, or yours with --impl template), launched by torchrun."""
+    metrics = tmp_path / "metrics.csv"
+    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl, *QUICK, "--metrics", str(metrics)])
+    assert code == 0, out
+    assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    with open(metrics) as f:
+        _learned(list(csv.DictReader(f)), out)
     assert out.count("test accuracy") == 2, "rank 0 alone prints one line per epoch"
+
+
+# What torchrun sets for each of 2 processes on one node (OMP_NUM_THREADS=1: "to avoid your system being overloaded").
+TORCHRUN_ENV = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+
+
+def _train_with_pytorch_ddp(rank, world_size, metrics):
+    """train_ddp.py's training with --impl ddp in a harness rank (in a gloo group of 2 already), with the
+    variables torchrun would set; what it printed. The environment and threads are put back after."""
+    env = {**TORCHRUN_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    saved, threads = {name: os.environ.get(name) for name in env}, torch.get_num_threads()
+    os.environ.update(env)
+    try:
+        args = train_ddp.parse_args(["--impl", "ddp", *QUICK, "--metrics", metrics, "--no-plot"])
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            code = train_ddp.train(args, rank, world_size, torch.device("cpu"))
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.update({name: value})
+        torch.set_num_threads(threads)
+    return code, printed.getvalue()
+
+
+@pytest.mark.e2e
+def test_pytorch_ddp_training_learns_and_keeps_ranks_identical(impl, tmp_path):
+    """The same training with --impl ddp (PyTorch's DDP and DistributedSampler). torchrun and main() are
+    the test above's: here train_ddp.train runs in 2 ranks the harness started (2 starts of torch and
+    torchrun's fewer, the default run's time), as tests/test_checkpoint.py's resumed runs do."""
+    if impl == "template":
+        pytest.skip("--impl ddp uses PyTorch's DDP, not your code (plain pytest runs it)")
+    metrics = tmp_path / "metrics.csv"
+    (code0, out), (code1, out1) = run_ranks(_train_with_pytorch_ddp, 2, str(metrics), timeout=150)
+    assert (code0, code1) == (0, 0), out + out1
+    assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
+    with open(metrics) as f:
+        _learned(list(csv.DictReader(f)), out)
+    assert out.count("test accuracy") == 2 and out1 == "", f"rank 0 alone prints one line per epoch:\n{out1}"
 
 
 @pytest.mark.repo
@@ -76,16 +114,19 @@ def test_an_unfilled_task_stops_training_with_one_clear_message(tmp_path):
 
 
 @pytest.mark.repo
-@pytest.mark.parametrize("args,message", [
-    (["--batch-size", "0"], "smaller than the world size"),
-    (["--backend", "nccl"], "NCCL backend needs GPUs"),
-])
-def test_a_setting_that_cannot_work_gives_one_line(args, message):
-    if "nccl" in args and torch.cuda.is_available():
-        pytest.skip("this machine has a GPU, so NCCL works")
+def test_a_setting_that_cannot_work_gives_one_line():
+    """A refused setting is a ValueError out of main(), which the script's __main__ turns into one
+    line and exit code 2. The script runs once, for that path (a global batch of 0, refused on any
+    machine); the NCCL refusal takes the same path and is checked in this process, one start of
+    torch fewer (the default run's time)."""
     code, out = run([sys.executable, "train_ddp.py", "--impl", "solutions", "--data", "synthetic",
-                     "--train-samples", "64", "--epochs", "1", *args], timeout=60)
-    assert code == 2 and message in out and "Traceback" not in out, out
+                     "--train-samples", "64", "--epochs", "1", "--batch-size", "0"], timeout=60)
+    assert code == 2 and "smaller than the world size" in out and "Traceback" not in out, out
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU, so NCCL works")
+    with pytest.raises(ValueError, match="NCCL backend needs GPUs"):
+        train_ddp.main(train_ddp.parse_args(["--impl", "solutions", "--data", "synthetic", "--train-samples", "64",
+                                             "--epochs", "1", "--backend", "nccl"]))
 
 
 # ------------------------------------------------- CIFAR-10, offline, in its real format

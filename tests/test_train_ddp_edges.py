@@ -241,11 +241,22 @@ def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
             "print(stop_torchrun_restarts())")
     def parent_after(**env):  # the shell waits 2 s after its child unless the child stops it
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
-        return subprocess.run(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 2"], env={**clean, **env},
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 2"], env={**clean, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ended(proc):
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
     restarts = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "3"}
-    plain, last, stopped = (parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
-                            parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1"))
+    # the three shells side by side: their sleeps overlap (the default run's time)
+    started = [parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
+               parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1")]
+    plain, last, stopped = [ended(proc) for proc in started]
     assert plain.returncode == 0 and plain.stdout == "None\n", plain
     assert last.returncode == 0 and last.stdout == "None\n", last
     assert stopped.returncode == -signal.SIGTERM, stopped

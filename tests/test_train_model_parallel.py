@@ -85,34 +85,43 @@ def test_a_split_model_trains_like_one_process(ranks, flags, impl, one_process, 
 
 
 
-def _groups_refused(rank, world_size, tp, dp_is_none):
-    """TensorParallel's check of make_2d_groups' result, on the grid's groups built here (or dp None)."""
+GROUP_CASES = [(4, False), (4, True), (2, True)]  # (tp, dp group None?) on 4 ranks
+
+
+def _groups_refused(rank, world_size):
+    """TensorParallel's check of make_2d_groups' result, on the grid's groups built here (or dp None),
+    for each of GROUP_CASES in turn: one start of 4 ranks for all three (the default run's time)."""
     import types
 
     import torch.distributed as dist
 
     from strategies.tensor_parallel import TensorParallel
-    rows = [dist.new_group(list(range(start, start + tp))) for start in range(0, world_size, tp)]
-    columns = [dist.new_group(list(range(t, world_size, tp))) for t in range(tp)]
-    dp_group, tp_group = columns[rank % tp], rows[rank // tp]
-    strategy = types.SimpleNamespace(args=types.SimpleNamespace(tp=tp))
-    try:
-        TensorParallel.refuse_wrong_groups(strategy, None if dp_is_none else dp_group, tp_group, torch.device("cpu"))
-    except ValueError as error:
-        return str(error)
-    return None
+    refusals = []
+    for tp, dp_is_none in GROUP_CASES:
+        rows = [dist.new_group(list(range(start, start + tp))) for start in range(0, world_size, tp)]
+        columns = [dist.new_group(list(range(t, world_size, tp))) for t in range(tp)]
+        dp_group, tp_group = columns[rank % tp], rows[rank // tp]
+        strategy = types.SimpleNamespace(args=types.SimpleNamespace(tp=tp))
+        try:
+            TensorParallel.refuse_wrong_groups(strategy, None if dp_is_none else dp_group, tp_group,
+                                               torch.device("cpu"))
+        except ValueError as error:
+            refusals.append(str(error))
+        else:
+            refusals.append(None)
+    return refusals
 
 
 @pytest.mark.repo
-@pytest.mark.parametrize("tp,dp_is_none", [(4, False), (4, True), (2, True)])
-def test_wrong_tensor_parallel_groups_stop_train_ddp_on_every_rank(tp, dp_is_none):
+def test_wrong_tensor_parallel_groups_stop_train_ddp_on_every_rank():
     """A dp group of None on --tp 4 of 4 ranks trains a wrong model on which every rank agrees (the end's
     "ranks consistent" cannot see it: the gathered slices agree by construction), so train_ddp checks the
     groups before training, on every rank alike (trial of Task 9, item 8a)."""
     from harness import run_ranks
-    for rank, refused in enumerate(run_ranks(_groups_refused, 4, tp, dp_is_none)):
-        if not dp_is_none:
-            assert refused is None, refused
-        else:
-            assert refused is not None and "make_2d_groups (Task 9.3)" in refused, (rank, refused)
-            assert "dp group None" in refused or "wrong groups on" in refused, refused
+    for rank, refusals in enumerate(run_ranks(_groups_refused, 4)):
+        for (tp, dp_is_none), refused in zip(GROUP_CASES, refusals):
+            if not dp_is_none:
+                assert refused is None, (tp, refused)
+            else:
+                assert refused is not None and "make_2d_groups (Task 9.3)" in refused, (tp, rank, refused)
+                assert "dp group None" in refused or "wrong groups on" in refused, (tp, refused)
