@@ -183,12 +183,13 @@ class Run:
 def task_test_files(repo, markers):
     """The test files of `repo` that name one of `markers` ("task2_2"), relative to `repo`; "tests" if
     none does. Collecting only these, not every test file (which imports every template and solution),
-    takes seconds off each check. A task's marker is always written in its file (tests/conftest.py
-    refuses a test that gets one otherwise)."""
+    takes seconds off each check. A task's marker is always written in its file as `mark.taskX_Y`
+    (tests/conftest.py refuses a test that gets one otherwise); a file that only names the marker in a
+    string (tests/test_mistakes.py's lists, which run other pytests) is not collected."""
     tests = os.path.join(repo, "tests")
     if not os.path.isdir(tests):
         return ["tests"]
-    named = re.compile(r"\b(?:" + "|".join(map(re.escape, markers)) + r")\b")
+    named = re.compile(r"\bmark\.(?:" + "|".join(map(re.escape, markers)) + r")\b")
     found = []
     for name in sorted(os.listdir(tests)):
         if name.startswith("test_") and name.endswith(".py"):

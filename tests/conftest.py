@@ -180,7 +180,7 @@ def pytest_collection_modifyitems(config, items):
                 if path not in texts:
                     with open(path, encoding="utf-8", errors="replace") as f:
                         texts[path] = f.read()
-                if not re.search(rf"\b{mark.name}\b", texts[path]):
+                if not re.search(rf"\bmark\.{mark.name}\b", texts[path]):
                     raise pytest.UsageError(f"{item.nodeid} is marked {mark.name}, which its file does not name: "
                                             f"check.py would not collect it; write pytest.mark.{mark.name} there")
 

@@ -309,3 +309,14 @@ def test_check_runs_a_hang_again_before_blaming_the_task(monkeypatch, tmp_path, 
     assert check.main(["2.1"]) == 1
     out = capsys.readouterr().out
     assert len(asked) == 2 and "nothing to fix in Task 2.1" in out and "could not even start" in out, out
+
+
+def test_a_check_collects_the_files_that_mark_its_task_and_only_those():
+    """check.py collects the files that mark a task (pytest.mark with its marker), not test_mistakes.py, whose lists only
+    name the marker in a string: collecting it cost Task 8.2's check the import of the catalogue."""
+    from grading.checker import task_test_files
+    assert task_test_files(REPO, ["task8_2"]) == ["tests/test_checkpoint.py"]
+    assert task_test_files(REPO, ["task0_1"]) == ["tests/test_collectives.py"]
+    for task in discover_tasks(REPO):
+        files = task_test_files(REPO, [task.marker])
+        assert files != ["tests"] and "tests/test_mistakes.py" not in files, (task.id, files)
