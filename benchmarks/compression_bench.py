@@ -301,10 +301,7 @@ def report(summary, args, load, seconds, version):
             line += f" | {record[f'comm_ms_{key}_n2']:7.2f} {record[f'saves_ms_{key}_n2']:+7.2f} ms {record[f'saves_ms_{key}_n8']:+9.2f}"
         print(line)
         records.append(record)
-    with open(os.path.join(args.out, "compression_bench.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
+    write_csv(os.path.join(args.out, "compression_bench.csv"), records)
     with open(os.path.join(args.out, "compression_bytes.json"), "w") as f:  # for other benchmarks
         json.dump({"what": "bytes that one rank's all-reduces carry in one compressed step (2 ranks, "
                            "Task 5's DDP with 25 MB buckets, Task 12's hooks); all_reduces: how many",
@@ -313,6 +310,13 @@ def report(summary, args, load, seconds, version):
                               for model in sorted({m for m, _ in summary})}}, f, indent=1)
     plot(summary, os.path.join(args.out, "compression_bench.png"))
     print(f"wrote {args.out}/compression_bench.csv, compression_bytes.json and compression_bench.png")
+
+
+def write_csv(path, records):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
 
 
 def report_times(steps_timed, step_bytes, args, load, seconds, version):
@@ -343,10 +347,7 @@ def report_times(steps_timed, step_bytes, args, load, seconds, version):
         record.update(load_start=round(load[0], 1), load_end=round(load[1], 1), date=date, torch=version)
         print(line)
         records.append(record)
-    with open(os.path.join(args.out, "compression_times.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
+    write_csv(os.path.join(args.out, "compression_times.csv"), records)
     print(f"wrote {args.out}/compression_times.csv ({seconds:.0f} s in all)")
 
 
