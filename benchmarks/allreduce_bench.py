@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from bench_common import add_output_arguments, output_folder  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, exit_without_teardown, output_folder  # noqa: E402  (beside this file)
 from solutions.template_allreduce import exchange, naive_all_reduce, ring_all_reduce  # noqa: E402
 
 UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}
@@ -237,3 +237,4 @@ def plot(by, names, sizes, world_size, args, path):
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -48,6 +48,16 @@ def torchvision_or_exit(model_names):
         sys.exit(2)
 
 
+def exit_without_teardown():
+    """Leave a finished torchrun benchmark as train_ddp.py does, without the interpreter's teardown:
+    gloo's background threads can abort it now and then ("terminate called without an active
+    exception", SIGABRT), and torchrun then reports a finished run as failed (seen in the slow suite
+    with ddp_bench.py at load 5, and with reshard_bench.py at load 2)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_ranks(world_size, fn, *args, timeout=900):
     """fn(rank, world_size, *args) on `world_size` gloo processes of this machine, which meet through
     a file store (no port); returns rank 0's result. Forked: the calling process must have run no

@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from models import benchmark_model  # noqa: E402
-from bench_common import add_output_arguments, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, exit_without_teardown, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
 from solutions.template_ddp import DDP  # noqa: E402
 from solutions.template_trainer import average_gradients  # noqa: E402
 
@@ -187,9 +187,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Leave without the interpreter's teardown, as train_ddp.py does: gloo's background threads
-    # can abort it now and then ("terminate called without an active exception", SIGABRT),
-    # which made torchrun fail a finished benchmark (seen once in the slow suite at load 5).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()
