@@ -109,6 +109,17 @@ def step_with_closure(opt, model, rank, step):
     return len(losses), bool(losses) and returned is losses[0]
 
 
+def take_step(opt, model, rank, step, closures):
+    """One step as a training loop takes it: at CLOSURE_STEPS opt.step(closure) (what it did goes to
+    `closures`), otherwise zero_grad, backward and step."""
+    if step + 1 in CLOSURE_STEPS:
+        closures.append(step_with_closure(opt, model, rank, step))
+    else:
+        opt.zero_grad()
+        backward(model, rank, step)
+        opt.step()
+
+
 def check_closure(task, rank, closures, what):
     if any(ran != 1 or not returned for ran, returned in closures):
         pytest.fail(f"{task}: rank {rank}: {what}.step(closure) ran the closure {[ran for ran, _ in closures]} times "
@@ -701,12 +712,7 @@ def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     history, counts, closures = [], [], []
     for step in range(steps):
         wire.step = step + 1
-        if step + 1 in CLOSURE_STEPS:
-            closures.append(step_with_closure(local_sgd, model, rank, step))
-        else:
-            local_sgd.zero_grad()
-            backward(model, rank, step)
-            local_sgd.step()
+        take_step(local_sgd, model, rank, step, closures)
         history.append(averaged(model))
         counts.append(local_sgd.local_step)
     return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
@@ -758,12 +764,7 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     history, synced_ok, counts, closures, shared = [], [], [], [], []
     for step in range(steps):
         wire.step = step + 1
-        if step + 1 in CLOSURE_STEPS:
-            closures.append(step_with_closure(diloco, model, rank, step))
-        else:
-            diloco.zero_grad()
-            backward(model, rank, step)
-            diloco.step()
+        take_step(diloco, model, rank, step, closures)
         history.append(averaged(model))
         counts.append(diloco.local_step)
         if (step + 1) % sync_every == 0:
