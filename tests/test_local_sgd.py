@@ -459,6 +459,7 @@ def _average(rank, world_size, impl, sub):
     model = Mixed()
     _rank_valued(model, rank)
     wire = Wire()
+    unwaited = _count_unwaited_all_reduces()
     averaging_error = None
     try:
         lib.average_parameters(model, group)
@@ -484,7 +485,46 @@ def _average(rank, world_size, impl, sub):
         error = f"{type(raised).__name__}: {raised}"
     state = {k: v.clone() for k, v in model.state_dict().items()}
     return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error,
-                averaging_error=averaging_error)
+                averaging_error=averaging_error, unwaited=sum(unwaited))
+
+
+def _count_unwaited_all_reduces():
+    """[1 for each all_reduce started with async_op=True, 0 once its Work was waited for (wait() or get_future())]:
+    dist.all_reduce wrapped, on top of the Wire's, in this rank's process."""
+    started, all_reduce = [], dist.all_reduce
+
+    class Waited:
+        def __init__(self, work):
+            self.work, self.index = work, len(started)
+            started.append(1)
+
+        def wait(self, *args, **kwargs):
+            started[self.index] = 0
+            return self.work.wait(*args, **kwargs)
+
+        def get_future(self):
+            started[self.index] = 0
+            return self.work.get_future()
+
+        def __getattr__(self, name):
+            return getattr(self.work, name)
+
+    def wrapped(*args, **kwargs):
+        work = all_reduce(*args, **kwargs)
+        return Waited(work) if kwargs.get("async_op", len(args) > 3 and args[3]) else work
+
+    dist.all_reduce = wrapped
+    return started
+
+
+def _offset_not_advanced(value, key, expected):
+    """Whether `value` is the start of its dtype's flat mean (parameters, then floating buffers): what every tensor
+    gets back when the offset into the flat buffer stays at 0."""
+    model = Mixed()
+    names = [name for name, _ in model.named_parameters()] + [
+        name for name, buffer in model.named_buffers() if buffer.is_floating_point()]
+    flat = torch.cat([expected[name].reshape(-1) for name in names if expected[name].dtype == value.dtype])
+    return torch.allclose(value.reshape(-1), flat[:value.numel()], rtol=1e-5, atol=1e-6)
 
 
 def _expected_mean(rank, members):
@@ -515,6 +555,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         + (f" (then it raised {out['averaging_error']})" if out["averaging_error"] else ""))
         if out["averaging_error"]:
             pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}")
+        if out["unwaited"]:
+            pytest.fail(f"{T131}: {where}: {out['unwaited']} all-reduce(s) started with async_op=True were never waited "
+                        "for: the buffer was read (divided, copied back) before the sum had arrived. Call work.wait() "
+                        "before using the buffer (or all-reduce with async_op=False, blocking)")
         kept = {key for key, value in out["state"].items() if value.is_floating_point() and len(members) > 1
                 and not torch.allclose(value, expected[key]) and torch.equal(value, own[key])}
         for dtype in {own[key].dtype for key in kept}:
@@ -551,6 +595,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6):
                     pytest.fail(f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
                                 "pass group=group to dist.all_reduce and divide by dist.get_world_size(group)")
+            if _offset_not_advanced(value, key, expected):
+                pytest.fail(f"{T131}: {where}: {key} holds the first {value.numel()} numbers of the averaged flat "
+                            "buffer, not its own: every tensor was copied from offset 0. Advance the offset by each "
+                            "tensor's numel after copying its slice back")
             gap = (value.double() - expected[key].double()).abs().max().item()
             pytest.fail(f"{T131}: {where}: {key} should be the mean over ranks {members}, off by {gap:.3g}: each "
                         "tensor gets back its own slice of the all-reduced buffer (the offset advancing by its "
