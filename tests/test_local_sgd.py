@@ -11,6 +11,8 @@ wrong answer that equals `simulate` with one typical mistake is told that mistak
 """
 import copy
 import datetime
+import linecache
+import os
 
 import pytest
 import torch
@@ -227,7 +229,7 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
                     for p in params:
                         p.grad = mean.clone()
         if due and mistake == "sync-before-step":
-            _synchronise(models, inner, diloco, mistake, synced, outer_params, outer)
+            _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sync_every)
             if late:  # the inner step runs the closure: its forward and gradients at the synchronised parameters
                 for model, rank in zip(models, ranks):
                     model.zero_grad()
@@ -239,13 +241,13 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
             opt.step()
         if due and mistake != "sync-before-step":
             _synchronise(models, inner, diloco, mistake, synced, outer_params,
-                         outer if mistake != "outer-reset" else new_outer())
+                         outer if mistake != "outer-reset" else new_outer(), sync_every)
         history.append([averaged(m) for m in models])
     outer_state = [outer.state[p].get("momentum_buffer") for p in outer_params] if diloco else None
     return history, [opt.state_dict()["state"] for opt in inner], outer_state
 
 
-def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer):
+def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sync_every):
     n_params = len(synced)
     current = [averaged(m) for m in models]
     div = 1 if mistake == "sum" else len(models)
@@ -256,7 +258,8 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer):
         new = mean
     else:
         sign = -1 if mistake == "wrong-sign" else 1
-        pseudo = [sign * sum(s - c[i] for c in current) / div for i, s in enumerate(synced)]
+        pseudo_div = {"pseudo-summed": 1, "pseudo-divided-by-h": div * sync_every}.get(mistake, div)
+        pseudo = [sign * sum(s - c[i] for c in current) / pseudo_div for i, s in enumerate(synced)]
         start = mean[:n_params] if mistake == "from-average" else synced
         with torch.no_grad():
             for p, s, g in zip(outer_params, start, pseudo):
@@ -300,6 +303,11 @@ MISTAKES = {
                              "parameters, every H steps"),
     "wrong-sign": (T133, "the pseudo-gradient has the wrong sign: it is synced - param (where the round started minus "
                          "where this rank is), pointing uphill as a gradient does"),
+    "pseudo-summed": (T133, "the pseudo-gradients were summed over the ranks, not averaged (a bare dist.all_reduce "
+                            "sums), while the buffers were averaged: pass the pseudo-gradients and the floating-point "
+                            "buffers to ONE all_reduce_mean call, which divides the sum by the group's size"),
+    "pseudo-divided-by-h": (T133, "the pseudo-gradient was divided by sync_every (H): it is the whole change of the "
+                                  "round, synced - param, nothing scaled (the outer learning rate sets the step)"),
     "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
                            "synced ones (self.synced) first, then step"),
     "synced-stale": (T133, "self.synced was copied before the outer step (so it never moves): copy the parameters into "
@@ -812,7 +820,17 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     history, synced_ok, counts, closures, shared = [], [], [], [], []
     for step in range(steps):
         wire.step = step + 1
-        take_step(diloco, model, rank, step, closures)
+        try:
+            take_step(diloco, model, rank, step, closures)
+        except AttributeError as error:
+            line = _template_line(error)
+            if "'NoneType' object" not in str(error) or ".grad" not in line:
+                raise
+            raise AssertionError(
+                f"{T133}: step {step + 1}: DiLoCo.step() raised AttributeError: {error}, at `{line}`: "
+                "some parameters have no gradient to write into (param.grad is None: a frozen one, "
+                "requires_grad=False, and one that forward never uses). Give every parameter its pseudo-gradient "
+                "as a new tensor, param.grad = synced - param") from None
         history.append(averaged(model))
         counts.append(diloco.local_step)
         if (step + 1) % sync_every == 0:
@@ -825,6 +843,17 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
                 inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
                 closures=closures, shared=shared)
+
+
+def _template_line(error):
+    """The source line of the innermost template_*.py frame that `error` went through ("" if none)."""
+    line, tb = "", error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if os.path.basename(code.co_filename).startswith("template_"):
+            line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+        tb = tb.tb_next
+    return line
 
 
 def _same_state(a, b):
@@ -841,7 +870,7 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     sync_every, steps, outer = 3, 9, (0.7, 0.9)
     results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
     n = sum(t.numel() for t in averaged(make(Net)))
-    candidates = ["wrong-sign", "from-average", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
+    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "from-average", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
                   "first-step", "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
