@@ -17,6 +17,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -347,7 +348,7 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
             plain = default_hooks.allreduce_hook(None, _grad_bucket(td, tensors, index, last)).wait()
             del ortho_calls[:]
             wire = Wire(T123)
-            random_state = torch.get_rng_state()
+            random_state, seeds = torch.get_rng_state(), ours.rng.get_state()
             try:
                 got, early = _call(comp.powersgd_hook, ours, _grad_bucket(td, tensors, index, last), wire)
             except Exception as error:
@@ -366,7 +367,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
                             records=[numel for numel, _, _ in wire.records if numel],  # empty ones: no matter
                             started=[started and not waited  # async_op=True, not waited for in the hook
                                      for (numel, _, started), waited in zip(wire.records, wire.waited) if numel],
-                            random_state_kept=torch.equal(random_state, torch.get_rng_state()),
+                            random_state_kept=torch.equal(random_state, torch.get_rng_state()), seeds=seeds,
+                            seeds_after=ours.rng.get_state(),
                             q_inputs=[m for ptr, m in ortho_calls if q_range[0] <= ptr < q_range[1]],
                             residual=ours.error_dict.get(index, torch.zeros(0)).clone(),
                             their_residual=theirs.error_dict.get(index, torch.zeros(0)).clone()))
@@ -461,6 +463,44 @@ def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
             "(state.q_memory_dict), not from P; the error feedback adds the residual once")
 
 
+def _gram_schmidt(matrix):
+    """PyTorch's Gram-Schmidt of one matrix (powerSGD_hook's own, on a copy)."""
+    matrix = matrix.double().clone().unsqueeze(0)
+    torch_powersgd._orthogonalize_gram_schmidt(matrix)
+    return matrix[0]
+
+
+def _seed_skipped(got, start):
+    """Whether, at the first compressed step, a bucket with no matrix to compress left state.rng where it was
+    (PyTorch draws a bucket's seed whether or not it has Qs: the next bucket's Qs come from the next seed)."""
+    before, after = got["seeds"], got["seeds_after"]
+    unchanged = before[2] == after[2] and np.array_equal(before[1], after[1])
+    return got["step"] == start and not got["q_inputs"] and unchanged
+
+
+def _q_from_unorthogonalised_p(ranks, shapes, rank_r, min_rate):
+    """Whether rank 0's compressed matrices, at the first compressed step (no residual yet), are P Q^T with
+    Q = M^T P taken from the summed P BEFORE it was orthogonalised (ranks: every rank's record of the bucket)."""
+    first_qs = iter(ranks[0]["q_inputs"])
+    compared = False
+    for (part, compressed), shape in zip(_parts(shapes, rank_r, min_rate), shapes):
+        q = next(first_qs, None) if compressed else None
+        if not compressed:
+            continue
+        if q is None:
+            return False
+        ms = [got["local"][part].double().view(shape[0], -1) for got in ranks]
+        q = _gram_schmidt(q)
+        p = sum(m @ q for m in ms)
+        q = sum(m.T @ p for m in ms) / len(ms)
+        approximation = _gram_schmidt(p) @ q.T
+        if not torch.allclose(ranks[0]["ours"][part].double().view_as(approximation), approximation,
+                              rtol=1e-4, atol=1e-5):
+            return False
+        compared = True
+    return compared
+
+
 def _residual_hint(got):
     ours, theirs = got["residual"], got["their_residual"]
     if ours.numel() != theirs.numel():
@@ -501,6 +541,11 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             if _expected_sizes(SHAPES[got["index"]], 2, 2)[1] and not got["q_inputs"]:
                 pytest.fail(f"{T123}: {where}: Q was not orthogonalised before P = M Q: call orthogonalize on "
                             "each Q (a random one, or last step's) first")
+            if _seed_skipped(got, start) and not _expected_sizes(SHAPES[got["index"]], 2, 2)[1]:
+                pytest.fail(f"{T123}: {where}: this bucket has no matrix to compress, and state.rng drew no seed for "
+                            "it: draw one (torch.manual_seed(state.rng.randint(1_000_000_000))) for EVERY bucket that "
+                            "needs new Qs, even one without any, once, before its Qs, as PyTorch does; otherwise the "
+                            "next bucket's Qs come from this bucket's seed")
             untouched = [part for part, compressed in _parts(SHAPES[got["index"]], 2, 2)
                          if compressed and got["step"] == start and torch.equal(got["ours"][part], got["local"][part])]
             if untouched:
@@ -527,9 +572,14 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
                 f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks ended with different "
                 "gradients: every rank must draw the same first Qs (torch.manual_seed(state.rng.randint("
                 "1_000_000_000)) before torch.randn), and all-reduce both P and Q")
-    for got in results[0][0]:
+    for ranks in zip(*(out for out, _, _ in results)):
+        got = ranks[0]
         if got["step"] < start:
             continue
+        if got["step"] == start and _q_from_unorthogonalised_p(ranks, SHAPES[got["index"]], 2, 2):
+            pytest.fail(f"{T123}: step {got['step']}, bucket {got['index']}: M' = P Q^T where Q = M^T P was computed "
+                        "from P before P was orthogonalised: all-reduce P, orthogonalise each P, and only then "
+                        "Q = M^T P (with the orthonormal P, P Q^T = P P^T M projects M)")
         if not torch.allclose(got["ours"], got["theirs"], rtol=1e-4, atol=1e-5):
             pytest.fail(f"{T123}: step {got['step']}, bucket {got['index']}: differs from PyTorch's powerSGD_hook by "
                         f"{(got['ours'] - got['theirs']).abs().max().item():.3g}: "
