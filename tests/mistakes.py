@@ -1064,6 +1064,32 @@ MISTAKES = [
             "        self.outer_optimizer.zero_grad()\n",
             "                param.copy_(synced - self.outer_optimizer.defaults[\"lr\"] * param.grad)\n"
             "                param.grad = None\n", "never stepped"),
+    # held-out trials of Tasks 12 and 13 (notes/trial12, trial13): wrong answers once told only a generic cause
+    Mistake("12.3", "q-from-unorthogonalised-p", "template_compression.py",
+            "    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n"
+            "    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix.T, p, out=q)\n",
+            "    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix.T, p, out=q)\n"
+            "    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n", "before P was orthogonalised"),
+    Mistake("12.3", "a-seed-per-q", "template_compression.py",  # a bucket without Qs draws no seed
+            "            torch.manual_seed(state.rng.randint(1_000_000_000))\n            for q in qs:\n",
+            "            for q in qs:\n                torch.manual_seed(state.rng.randint(1_000_000_000))\n",
+            "drew no seed for it"),
+    Mistake("13.1", "offset-not-advanced", "template_local_sgd.py",
+            "                offset += tensor.numel()\n", "", "copied from offset 0"),
+    Mistake("13.1", "async-all-reduce-not-waited", "template_local_sgd.py",
+            "            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)",
+            "            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)",
+            "were never waited for"),
+    Mistake("13.3", "pseudo-gradient-divided-by-h", "template_local_sgd.py",
+            "                param.grad = synced.to(param.device) - param",
+            "                param.grad = (synced.to(param.device) - param) / self.sync_every", "divided by sync_every"),
+    Mistake("13.3", "pseudo-gradients-summed", "template_local_sgd.py",  # a bare dist.all_reduce per gradient
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            for param in self.params:\n                dist.all_reduce(param.grad, group=self.group)\n"
+            "            all_reduce_mean(buffers, self.group)\n", "summed over the ranks, not averaged"),
+    Mistake("13.3", "grad-copied-into-none", "template_local_sgd.py",  # the frozen and unused parameters have none
+            "                param.grad = synced.to(param.device) - param",
+            "                param.grad.copy_(synced.to(param.device) - param)", "no gradient to write into"),
 ]
 
 
