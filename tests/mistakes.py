@@ -1090,6 +1090,10 @@ MISTAKES = [
     Mistake("13.3", "grad-copied-into-none", "template_local_sgd.py",  # the frozen and unused parameters have none
             "                param.grad = synced.to(param.device) - param",
             "                param.grad.copy_(synced.to(param.device) - param)", "no gradient to write into"),
+    Mistake("13.3", "synced-on-the-parameters-device", "template_local_sgd.py",  # a GPU's memory; seen on meta
+            "        for param, synced in zip(self.params, self.synced):\n"
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "        self.synced = [param.detach().clone() for param in self.params]\n", "not on the CPU"),
 ]
 
 
