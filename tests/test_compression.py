@@ -470,12 +470,16 @@ def _gram_schmidt(matrix):
     return matrix[0]
 
 
-def _seed_skipped(got, start):
+def _seed_skipped(got, out, start):
     """Whether, at the first compressed step, a bucket with no matrix to compress left state.rng where it was
-    (PyTorch draws a bucket's seed whether or not it has Qs: the next bucket's Qs come from the next seed)."""
-    before, after = got["seeds"], got["seeds_after"]
-    unchanged = before[2] == after[2] and np.array_equal(before[1], after[1])
-    return got["step"] == start and not got["q_inputs"] and unchanged
+    while the buckets with Qs drew their seeds (out: this rank's records). PyTorch draws a seed for every
+    bucket that needs new Qs, with Qs or not: the next bucket's Qs come from the next seed."""
+    def drew(record):
+        before, after = record["seeds"], record["seeds_after"]
+        return before[2] != after[2] or not np.array_equal(before[1], after[1])
+
+    return (got["step"] == start and not got["q_inputs"] and not drew(got)
+            and any(other["step"] == start and other["q_inputs"] and drew(other) for other in out))
 
 
 def _q_from_unorthogonalised_p(ranks, shapes, rank_r, min_rate):
@@ -541,7 +545,7 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             if _expected_sizes(SHAPES[got["index"]], 2, 2)[1] and not got["q_inputs"]:
                 pytest.fail(f"{T123}: {where}: Q was not orthogonalised before P = M Q: call orthogonalize on "
                             "each Q (a random one, or last step's) first")
-            if _seed_skipped(got, start) and not _expected_sizes(SHAPES[got["index"]], 2, 2)[1]:
+            if _seed_skipped(got, out, start) and not _expected_sizes(SHAPES[got["index"]], 2, 2)[1]:
                 pytest.fail(f"{T123}: {where}: this bucket has no matrix to compress, and state.rng drew no seed for "
                             "it: draw one (torch.manual_seed(state.rng.randint(1_000_000_000))) for EVERY bucket that "
                             "needs new Qs, even one without any, once, before its Qs, as PyTorch does; otherwise the "
