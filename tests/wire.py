@@ -87,7 +87,9 @@ class Wire:
     def __init__(self, kinds=COLLECTIVES + MESSAGES, defer=False, check=None, recv_limit=None, never_came=None):
         self.kinds, self.defer, self.check = kinds, defer, check
         self.recv_limit, self.never_came = recv_limit, never_came
-        self.calls, self.events, self.handles, self.works = [], [], [], []  # works: the messages' own
+        self.calls, self.events = [], []
+        self.handles = []  # what the asynchronous collectives returned, in launch order
+        self.works = []  # the messages' Works, as ProcessGroup.send returned them
         self.on, self.step, self.taken = True, None, 0
         self.pending = []  # deferred collectives: (run, future)
         self.saved = {}
@@ -123,11 +125,6 @@ class Wire:
                 setattr(owner, name, original)
             self.saved = {}
 
-    def _record(self, call):
-        if self.on:
-            self.calls.append(call)
-        return call
-
     def _collective(self, kind, real):
         signature = inspect.signature(real)
 
@@ -139,7 +136,7 @@ class Wire:
             given.apply_defaults()
             group, async_op = given.arguments.get("group"), bool(given.arguments.get("async_op", False))
             every = _tensors(list(args) + list(kwargs.values()))
-            mine = _tensors(args[:2]) or every
+            mine = _tensors(args[:2]) or every  # the tensors it was called with (as every course answer calls it)
             sent = (mine[-1] if kind in GATHERS else mine[0]) if mine else None
             call = Call(kind, None if sent is None else sent.dtype, 0 if sent is None else sent.numel(),
                         () if sent is None else tuple(sent.shape), [(dtype_name(t.dtype), t.numel()) for t in every],
@@ -148,7 +145,7 @@ class Wire:
                 self.check(call, group)
             if not self.on:
                 return real(*args, **kwargs)
-            self._record(call)
+            self.calls.append(call)
             self.events.append(("launch", call.numel, async_op))
             if async_op and self.defer:
                 call.deferred = True
@@ -198,7 +195,8 @@ class Wire:
                             self.step, peer=peer, requires_grad=tensor.requires_grad)
                 if self.check is not None:
                     self.check(call, group)
-                self._record(call)
+                if self.on:
+                    self.calls.append(call)
 
         def send(group, tensors, dst, *args, **kwargs):
             message("send", group, tensors, dst)
