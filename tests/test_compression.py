@@ -63,8 +63,9 @@ def only_over(group, task):
     (rather than waiting for ranks that never join it)."""
     def check(call, used):
         if used is not group:
+            over = "the whole world (group=None)" if used in (None, dist.group.WORLD) else "another group"
             raise AssertionError(
-                f"{task}: an all-reduce over {'the whole world (group=None)' if used in (None, dist.group.WORLD) else 'another group'}, "
+                f"{task}: an all-reduce over {over}, "
                 f"not the process group the hook was given (ranks {dist.get_process_group_ranks(group)} of "
                 f"{dist.get_world_size()}): pass group=... to every collective; the ranks outside the group never "
                 "join, and the others would wait for them forever")

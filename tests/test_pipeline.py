@@ -174,7 +174,8 @@ def never_came(src, tensor):
             "recv_forward": "an activation (recv_forward)",
             "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
     return RecvNeverCame(f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape "
-                         f"{tuple(tensor.shape)} from rank {src}, which never sent it (waiting in {' <- '.join(names)})")
+                         f"{tuple(tensor.shape)} from rank {src}, which never sent it "
+                         f"(waiting in {' <- '.join(names)})")
 
 
 # A receive that waits for a message never sent: the likely cause, by task and by where it waited.

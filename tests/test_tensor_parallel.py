@@ -103,7 +103,8 @@ def _operators(rank, world_size, impl, sub):
             except NotImplementedError:  # an unfilled TODO: the harness reports it as such
                 raise
             except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
-                out[name] = dict(error=f"{type(error).__name__}: {error}",  # the forward's shape explains a backward's error
+                # the forward's shape explains a backward's error
+                out[name] = dict(error=f"{type(error).__name__}: {error}",
                                  y_shape=None if y is None else tuple(y.shape), sent=wire.take())
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),

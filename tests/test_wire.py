@@ -47,7 +47,8 @@ def _everything(rank, world_size, _):
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
         dist.broadcast(torch.zeros(4, dtype=torch.int64), src=0)
         dist.all_gather([torch.zeros(3) for _ in range(world_size)], torch.ones(3))
-        dist.all_gather_into_tensor(torch.zeros(2 * world_size, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+        wide = torch.float64
+        dist.all_gather_into_tensor(torch.zeros(2 * world_size, dtype=wide), torch.ones(2, dtype=wide))
         dist.reduce_scatter_tensor(torch.zeros(5), torch.ones(5 * world_size))
         dist.reduce(torch.ones(7), dst=0)
         dist.all_gather_object([None] * world_size, {"rank": rank})
@@ -126,7 +127,8 @@ def test_the_wire_records_every_kind_its_size_its_handle_and_its_waits():
         if rank:
             blocking = [("messages", "recv", torch.float32, 3, False, peer),
                         ("messages", "send", torch.float64, 2, False, peer)]
-        batched = [("messages", "isend", torch.float32, 4, True, peer), ("messages", "irecv", torch.float32, 4, True, peer)]
+        batched = [("messages", "isend", torch.float32, 4, True, peer),
+                   ("messages", "irecv", torch.float32, 4, True, peer)]
         assert messages == blocking + (batched if rank == 0 else batched[::-1]), messages
         # async: both launched; the kept one waited on twice, the other never (its Future is not its handle)
         assert [c[1:4] + (c[7], c[10]) for c in calls if c[0] == "async"] == [
