@@ -18,7 +18,7 @@
 # on a multi-GPU node the NCCL steps use every GPU (--nproc_per_node=gpu) and pytest -m gpu runs the
 # tests that the summary lists as skipped on one GPU.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 LOG=${1:-runs/gpu_check}
 mkdir -p "$LOG"
 : >"$LOG/summary.txt"
@@ -64,6 +64,7 @@ NCCL=("${TORCHRUN[@]}" --nproc_per_node="$GPUS")  # one rank a GPU: NCCL
 GLOO=("${TORCHRUN[@]}" --nproc_per_node=2)        # two ranks sharing the GPUs: gloo carries CUDA tensors
 # what must be refused in one line rather than abort: `refused PATTERN COMMAND...` fails unless
 # COMMAND fails saying PATTERN (torchrun exits with 1 whatever its ranks' exit codes)
+# shellcheck disable=SC2016  # (expanded by that bash, not this one)
 REFUSED=(bash -c 'out=$("${@:2}" 2>&1); code=$?; echo "$out"; [ $code -ne 0 ] && grep -q "$1" <<<"$out"' refused)
 
 "$PYTHON" - >"$LOG/environment.txt" 2>&1 <<'EOF'
@@ -75,7 +76,7 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs")
 EOF
-cat "$LOG/environment.txt" | tee -a "$LOG/summary.txt"
+tee -a "$LOG/summary.txt" <"$LOG/environment.txt"
 
 # the tests that need a GPU: what a student's check.py and the grader run there
 step gpu-tests 300 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider
@@ -109,7 +110,7 @@ for backend in nccl gloo; do
                  "--impl ddp --batchnorm sync" "--sync overlap --compress bf16" "--sync overlap --compress powersgd" \
                  "--impl ddp --compress powersgd" "--diloco 4" "--impl ddp --local-sgd 4"; do
         name=$(tr -d '-' <<<"$flags" | tr ' ' '-')
-        # shellcheck disable=SC2086  (flags: several words)
+        # shellcheck disable=SC2086  # (flags: several words)
         step "$backend-$name" 150 "${ranks[@]}" "${TRAIN[@]}" "${extra[@]}" $flags
     done
 done
