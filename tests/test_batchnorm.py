@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import gpu  # where the GPU test's ranks run
 from conftest import load_with_reference
 from harness import RankTimeout, run_ranks
 from wire import Wire  # records each collective's kind, dtype and size in a rank
@@ -823,9 +824,11 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
 
 @pytest.mark.gpu
 @pytest.mark.repo
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (PyTorch's SyncBatchNorm runs on GPUs only)")
-def test_solution_equals_pytorchs_syncbatchnorm_on_gpus():
-    results = run_ranks(_ours_and_pytorchs, 2, backend="nccl", timeout=60)
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_solution_equals_pytorchs_syncbatchnorm_on_gpus(backend):
+    """PyTorch's SyncBatchNorm runs on GPUs only: forward, input and weight gradients and running
+    statistics against it, on NCCL with 2 GPUs, and on gloo with both ranks on one."""
+    results = run_ranks(_ours_and_pytorchs, 2, backend=backend, timeout=60)
     for rank, (ours, theirs) in enumerate(results):
         for key in theirs:
             assert torch.allclose(ours[key], theirs[key], rtol=1e-4, atol=1e-5), (rank, key)
@@ -835,7 +838,7 @@ def _ours_and_pytorchs(rank, world_size):
     from conftest import load
 
     lib = load("solutions", "template_batchnorm")
-    torch.cuda.set_device(rank)
+    gpu.use_gpu(rank)
     out = []
     for make in (lambda: lib.SyncBatchNorm(C), lambda: torch.nn.SyncBatchNorm(C)):
         layer = make().cuda()

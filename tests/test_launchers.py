@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import launchers
@@ -310,7 +311,8 @@ def test_setup_distributed_uses_a_group_the_launcher_set_up(impl, monkeypatch):
     group = dist.group.WORLD
     try:
         rank, local_rank, world_size, device = trainer.setup_distributed("gloo")
-        assert (rank, local_rank, world_size, device.type) == (0, 0, 1, "cpu")
+        expected = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU node gloo carries CUDA tensors
+        assert (rank, local_rank, world_size, device.type) == (0, 0, 1, expected)
         assert dist.group.WORLD is group, "setup_distributed replaced the process group the launcher made"
     finally:
         trainer.cleanup()

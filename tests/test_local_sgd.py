@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+import gpu  # where the GPU tests' ranks run
 from conftest import load, load_with_reference
 from harness import run_ranks
 from wire import Wire
@@ -979,3 +980,42 @@ def test_train_ddp_refuses_local_sgd_flags_that_cannot_work(flags, message):
 
     with pytest.raises(ValueError, match=message):
         train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *flags]))
+
+
+# --------------------------------------------------------------------------- on a GPU
+def _diloco_rounds(rank, world_size, impl, device):
+    """Two rounds of DiLoCo (H = 2, AdamW) on `device`: the parameters after each step (on the CPU)
+    and the devices of the synced copy after each outer step."""
+    lib = judging(impl, "13.3")
+    device = gpu.use_gpu(rank) if device == "cuda" else torch.device("cpu")
+    model = make(Net).to(device)
+    diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), 2)
+    history, synced = [], []
+    for step in range(4):
+        diloco.zero_grad()
+        x, y = batch(rank, step)
+        F.mse_loss(model(x.to(device)), y.to(device)).backward()
+        diloco.step()
+        history.append([t.cpu() for t in averaged(model)])
+        if step % 2:
+            synced.append(sorted({s.device.type for s in diloco.synced}))
+    return history, synced
+
+
+@pytest.mark.gpu
+@pytest.mark.task13_3
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_diloco_on_gpus_keeps_the_synced_copy_on_the_cpu(impl, backend):
+    """On a CPU every tensor is on the CPU, so only a GPU shows where the synced copy lives; and the
+    parameters match the same run on CPUs (float64: only the kernels' rounding differs)."""
+    on_gpus = run_ranks(_diloco_rounds, 2, impl, "cuda", backend=backend, timeout=90)
+    on_cpus = run_ranks(_diloco_rounds, 2, impl, "cpu", timeout=60)
+    for rank, ((history, synced), (reference, _)) in enumerate(zip(on_gpus, on_cpus)):
+        assert synced == [["cpu"], ["cpu"]], (
+            f"{T133}, on a GPU: after the outer steps rank {rank}'s synced copy is on {synced}: keep it on the "
+            "CPU, where __init__ put it (self.synced[i].copy_(param.detach()) writes into the CPU tensor; "
+            "param.detach().clone() makes a new one on the GPU, whose memory is for training)")
+        for step, (got, want) in enumerate(zip(history, reference), 1):
+            worst = max((a - b).abs().max().item() for a, b in zip(got, want))
+            assert worst < 1e-9, (f"{T133}, on a GPU: rank {rank}, after step {step} the parameters differ from the "
+                                  f"same run on CPUs by {worst:.3g}")
