@@ -32,6 +32,7 @@ from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, run_ranks
 from test_train_ddp import TORCHRUN, run  # a command killed whole on timeout, torchrun's ranks too
 from support.comm_hooks import GradBucket
+from wire import Wire
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T121 = "Task 12.1 (template_compression.py, compress_hook)"
@@ -67,67 +68,31 @@ def _batches(rank, steps):
     return [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)) for _ in range(steps)]
 
 
-class Wire:
-    """Replaces dist.all_reduce in a rank and records every call: (numel, dtype, async_op), and in
-    `waited` whether the hook then called the work's wait(). With defer=True, an async all-reduce
-    does not run until flush() (or its wait()): a Future that is complete before flush() was
-    completed by hand, not by the all-reduce. `task` names the task judged. With a `group`,
-    an all-reduce over any other group fails at once, in every rank (rather than waiting for ranks that
-    never join it)."""
-
-    def __init__(self, task, defer=False, group=None):
-        self.records, self.ops, self.pending, self.defer, self.task, self.group = [], [], [], defer, task, group
-        self.waited = []
-        self.real = dist.all_reduce
-        dist.all_reduce = self.all_reduce
-
-    def all_reduce(self, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        if self.group is not None and group is not self.group:
+def only_over(group, task):
+    """For Wire(check=...): an all-reduce over any other group than `group` fails at once, in every rank
+    (rather than waiting for ranks that never join it)."""
+    def check(call, used):
+        if used is not group:
+            over = "the whole world (group=None)" if used in (None, dist.group.WORLD) else "another group"
             raise AssertionError(
-                f"{self.task}: an all-reduce over {'the whole world (group=None)' if group in (None, dist.group.WORLD) else 'another group'}, "
-                f"not the process group the hook was given (ranks {dist.get_process_group_ranks(self.group)} of "
+                f"{task}: an all-reduce over {over}, "
+                f"not the process group the hook was given (ranks {dist.get_process_group_ranks(group)} of "
                 f"{dist.get_world_size()}): pass group=... to every collective; the ranks outside the group never "
                 "join, and the others would wait for them forever")
-        self.records.append((tensor.numel(), tensor.dtype, bool(async_op)))
-        self.ops.append(op)
-        self.waited.append(False)
-        if not (async_op and self.defer):
-            return self.real(tensor, op=op, group=group, async_op=async_op)
-        future = torch.futures.Future()
-        self.pending.append((tensor, op, group, future))
-        return _DeferredWork(self, future, len(self.records) - 1)
-
-    def run_until(self, future):
-        """Run the deferred all-reduces, in their order, up to the one of `future`."""
-        while any(f is future for *_, f in self.pending):
-            tensor, op, group, done = self.pending.pop(0)
-            self.real(tensor, op=op, group=group)
-            done.set_result([tensor])
-
-    def flush(self):
-        self.defer = False  # what the callbacks start now runs at once
-        while self.pending:
-            self.run_until(self.pending[-1][-1])
-
-    def restore(self):
-        self.flush()
-        dist.all_reduce = self.real
+    return check
 
 
-class _DeferredWork:
-    def __init__(self, wire, future, record):
-        self.wire, self.future, self.record = wire, future, record
+ALL_REDUCE = ("all_reduce",)  # what a hook sends its bucket with: the wire records it alone
 
-    def get_future(self):
-        return self.future
 
-    def wait(self, *args):
-        self.wire.waited[self.record] = True
-        self.wire.run_until(self.future)
-        return True
+def sent_by(wire):
+    """Every all-reduce as (numel, dtype, async_op)."""
+    return [(call.numel, call.dtype, call.async_op) for call in wire.calls]
 
-    def is_completed(self):
-        return self.future.done()
+
+def waited_in_hook(wire):
+    """For every all-reduce, whether the hook called its work's wait() while the wire deferred it."""
+    return [call.deferred and call.waits > 0 for call in wire.calls]
 
 
 def _grad_bucket(td, tensors, index, is_last, state=None, hook=None):
@@ -159,13 +124,10 @@ def _compress_direct(rank, world_size, impl, name):
     for dtype in (torch.float32, torch.float64):  # a float64 model: the Future holds the buffer's dtype
         tensors = [weight.to(dtype), bias.to(dtype)]
         theirs = getattr(default_hooks, f"{name}_compress_hook")(None, _grad_bucket(td, tensors, 0, True)).wait()
-        wire = Wire(T121)
-        try:
+        with Wire(ALL_REDUCE) as wire:
             ours, early = _call(getattr(comp, f"{name}_compress_hook"), None, _grad_bucket(td, tensors, 0, True), wire)
-        finally:
-            wire.restore()
-        out.append(dict(ours=ours, theirs=theirs.clone(), early=early, records=wire.records, ops=wire.ops,
-                        waited=wire.waited))
+        out.append(dict(ours=ours, theirs=theirs.clone(), early=early, records=sent_by(wire),
+                        ops=[call.op for call in wire.calls], waited=waited_in_hook(wire)))
     return out
 
 
@@ -359,26 +321,25 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
             reference = torch_powersgd.powerSGD_hook(theirs, _grad_bucket(td, tensors, index, last)).wait()
             plain = default_hooks.allreduce_hook(None, _grad_bucket(td, tensors, index, last)).wait()
             del ortho_calls[:]
-            wire = Wire(T123)
             random_state, seeds = torch.get_rng_state(), ours.rng.get_state()
-            try:
-                got, early = _call(comp.powersgd_hook, ours, _grad_bucket(td, tensors, index, last), wire)
-            except Exception as error:
-                if dtype == torch.float32 or isinstance(error, (NotImplementedError, AssertionError)):
-                    raise
-                raise AssertionError(
-                    f"{T123}: on {dtype} gradients (a float64 model), step {step}, bucket {index}, the hook raised "
-                    f"{type(error).__name__}: {' '.join(str(error).split())[:300]}: is something made in a fixed "
-                    "dtype? P, Q and the residual take the bucket's dtype (buffer.dtype)") from None
-            finally:
-                wire.restore()
+            with Wire(ALL_REDUCE) as wire:
+                try:
+                    got, early = _call(comp.powersgd_hook, ours, _grad_bucket(td, tensors, index, last), wire)
+                except Exception as error:
+                    if dtype == torch.float32 or isinstance(error, (NotImplementedError, AssertionError)):
+                        raise
+                    raise AssertionError(
+                        f"{T123}: on {dtype} gradients (a float64 model), step {step}, bucket {index}, the hook raised "
+                        f"{type(error).__name__}: {' '.join(str(error).split())[:300]}: is something made in a fixed "
+                        "dtype? P, Q and the residual take the bucket's dtype (buffer.dtype)") from None
             q = ours.q_memory_dict.get(index)
             q_range = (q.data_ptr(), q.data_ptr() + q.element_size() * q.numel()) if q is not None else (0, 0)
             out.append(dict(step=step, index=index, local=torch.cat([t.reshape(-1) for t in tensors]),
                             ours=got, theirs=reference.clone(), plain=plain.clone(), early=early,
-                            records=[numel for numel, _, _ in wire.records if numel],  # empty ones: no matter
+                            records=[numel for numel, _, _ in sent_by(wire) if numel],  # empty ones: no matter
                             started=[started and not waited  # async_op=True, not waited for in the hook
-                                     for (numel, _, started), waited in zip(wire.records, wire.waited) if numel],
+                                     for (numel, _, started), waited in zip(sent_by(wire), waited_in_hook(wire))
+                                     if numel],
                             random_state_kept=torch.equal(random_state, torch.get_rng_state()), seeds=seeds,
                             seeds_after=ours.rng.get_state(),
                             q_inputs=[m for ptr, m in ortho_calls if q_range[0] <= ptr < q_range[1]],
@@ -723,11 +684,8 @@ def _in_a_subgroup(rank, world_size, impl, task):
                 hook = comp.powersgd_hook
                 state, their_state = comp.PowerSGDState(group, **options), torch_powersgd.PowerSGDState(group, **options)
             theirs = torch_powersgd.powerSGD_hook(their_state, _grad_bucket(td, tensors, 0, True)).wait()
-        wire = Wire(T121 if task == "12.1" else T123, group=group)
-        try:
+        with Wire(ALL_REDUCE, check=only_over(group, T121 if task == "12.1" else T123)):
             ours = hook(state, _grad_bucket(td, tensors, 0, True)).wait()
-        finally:
-            wire.restore()
         out.append((ours.clone(), theirs.clone()))
     return out
 
