@@ -10,7 +10,6 @@ a plain CNN() that the saved model must load into with strict=True (Tasks 6 and 
 rank, last.shards/, glued together here from its index; tests/test_reshard.py resumes them on
 other numbers of ranks).
 """
-import functools
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ import torch
 import train_ddp
 from harness import run_ranks
 from models import CNN
-from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, kill_rank_1_after, read, torchrun
+from test_checkpoint import STEPS_PER_EPOCH, TINY, finish, in_a_rank_like_torchruns, kill_rank_1_after, read, torchrun
 
 pytestmark = pytest.mark.repo  # given code, run with the solutions: a student's Tasks 6-8 have their own tests
 
@@ -51,8 +50,7 @@ def read_checkpoint(folder):
 def _train(impl, extra):
     """train_ddp.py's training in a harness rank, as test_checkpoint._train, with the solutions'
     trainer and loaders also for --impl ddp (as train_ddp.main does); 128 images: 4 steps an epoch."""
-    if not hasattr(train_ddp.get_datasets, "cache_info"):  # the same synthetic data, made once a rank
-        train_ddp.get_datasets = functools.lru_cache(train_ddp.get_datasets)
+    in_a_rank_like_torchruns(128, 32)  # one thread, and only the images the run reads
     args = train_ddp.parse_args(["--impl", impl, *TINY, "--train-samples", "128", "--test-samples", "32", *extra])
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     return train_ddp.train(args, rank, world_size, torch.device("cpu"))

@@ -38,8 +38,10 @@ def run(args, cwd=REPO, timeout=150):
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-QUICK = ["--data", "synthetic", "--epochs", "2", "--train-samples", "3072", "--test-samples", "1000",
-         "--batch-size", "128"]
+# 24 steps an epoch of 32 images a rank: after 2 epochs 92-94% test accuracy (seeds 0 and 1, --impl ddp),
+# far above _learned's 50%; 3072 images in batches of 128 (95-97%) took twice the default run's time.
+QUICK = ["--data", "synthetic", "--epochs", "2", "--train-samples", "1536", "--test-samples", "500",
+         "--batch-size", "64"]
 
 
 def _learned(rows, out):
@@ -173,6 +175,9 @@ def _get_cifar(rank, world_size, choice, root, md5, url):
     import torchvision.datasets.cifar as cifar
 
     _use_tiny_cifar(md5, url)
+    # --data auto's fallback, synthetic_cifar, made smaller: what is tested is which set comes back and what
+    # is said; its 10,000 + 2,000 images cost 1-4 s a rank
+    data.synthetic_cifar = functools.partial(data.synthetic_cifar, 64, 16)
     downloads = []
     fetch = cifar.download_and_extract_archive
     cifar.download_and_extract_archive = lambda *a, **k: downloads.append(a) or fetch(*a, **k)
