@@ -10,8 +10,9 @@ It runs the tests against your template_*.py files (pytest --impl template) once
 prints one line per task: done, not started (its TODO still raises NotImplementedError),
 blocked (it needs an earlier task), failing (with the tests' explanation of the likely
 mistake) or hang (with where each stuck rank was waiting). It never hangs itself: a
-deadlock is caught by the tests' time limits and reported. A task that hangs, or fails in a
-way a busy machine can cause, is run once more before it is reported. Without GPUs the NCCL variants
+deadlock is caught by the tests' time limits and reported. A task that fails in a way a busy
+machine can cause (a hang where no rank finished, a lost connection) is run once more before
+it is reported; a deadlock (a rank finished, the others wait in a collective for it) is not. Without GPUs the NCCL variants
 of the tests are skipped; on a machine with GPUs they run too.
 """
 import argparse

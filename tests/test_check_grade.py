@@ -320,3 +320,35 @@ def test_a_check_collects_the_files_that_mark_its_task_and_only_those():
     for task in discover_tasks(REPO):
         files = task_test_files(REPO, [task.marker])
         assert files != ["tests"] and "tests/test_mistakes.py" not in files, (task.id, files)
+
+
+def test_a_deadlock_costs_one_time_limit_and_a_slow_hang_is_run_again(monkeypatch, capsys):
+    """A Task 13.2 answer that averaged on rank 0 only hung in both of check.py's runs (2 x 45 s, 183 s under
+    load): rank 1 had finished, rank 0 waited in all_reduce for it, which no machine can cause, so it is
+    reported after the first run. A hang where no rank finished, or a stuck rank not in torch.distributed
+    (computing, perhaps slowly), is still run again."""
+    import check
+    from grading.checker import is_deadlock
+
+    deadlock = ("Task 13.2 (template_local_sgd.py, LocalSGD.step()): ranks [0] were still running after 40 s "
+                "(ranks [1] had finished). This is a hang: ...\n  rank 0 was at:\n      File "
+                "\"/x/site-packages/torch/distributed/distributed_c10d.py\", line 3913 in all_reduce\n      File "
+                "\"/x/template_local_sgd.py\", line 51 in all_reduce_mean")
+    assert is_deadlock(deadlock)
+    assert not is_deadlock(deadlock.replace("(ranks [1] had finished)", "(ranks [] had finished)"))
+    assert not is_deadlock(deadlock.replace("/torch/distributed/distributed_c10d.py", "/template_local_sgd.py"))
+    assert not is_deadlock(deadlock.replace("ranks [0] were", "ranks [0, 2] were"))  # rank 2: no stack said
+    assert not is_deadlock("rank 1 raised ValueError: ...")
+
+    runs = [_run(*_test("t::a", "2.1", "failed", "RankTimeout", deadlock))]
+    asked = []
+
+    def fake_run_tests(repo, task_ids, workdir, impl, timeout):
+        asked.append(task_ids)
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(check, "run_tests", fake_run_tests)
+    assert check.main(["2.1"]) == 1
+    out = capsys.readouterr().out
+    assert asked == [["2.1"]] and "running it again" not in out, out
+    assert "hang" in out and "rank 0 waits in all_reduce()" in out, out
