@@ -95,6 +95,10 @@ def _forked_server(path, args, passfds):
 
 
 if not _STARTING_A_RANK and _FORK_THE_SERVER:
+    # The server's preload, here, before the fork: then the server has nothing left to import and the
+    # first rank starts at once. torch._dynamo is no extra cost here: the tests' own process imports it
+    # anyway as soon as it makes an optimizer (torch.optim imports it), as most of them do.
+    import torch._dynamo  # noqa: E402,F401
     multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
     _spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = _forked_server
