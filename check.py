@@ -147,7 +147,8 @@ def run_again_if_uncertain(run, results, workdir, args):
           "again, as a busy machine can cause that ...", flush=True)
     retry_dir = os.path.join(workdir, "again")
     os.makedirs(retry_dir)
-    rerun = run_tests(REPO, ids, retry_dir, impl=args.impl, timeout=args.timeout)
+    rerun = run_tests(REPO, ids, retry_dir, impl=args.impl, timeout=args.timeout,
+                      fast_first=True)
     results = list(results)
     for new in summarize([r.task for r in again], rerun):
         index = next(i for i, r in enumerate(results) if r.task.id == new.task.id)
@@ -183,7 +184,7 @@ def main(argv=None):
     which = "your template_*.py files" if args.impl == "template" else "solutions/"
     print(f"Checking {which}: Task {', '.join(t.id for t in chosen)} ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="check-") as workdir:
-        run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout)
+        run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout, fast_first=True)
         results = summarize(chosen, run)
         if args.verbose or (all(r.status in ("error", "no tests") for r in results)):
             with open(run.log_path, encoding="utf-8", errors="replace") as log:

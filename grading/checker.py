@@ -218,10 +218,12 @@ def task_test_files(repo, markers):
     return found or ["tests"]
 
 
-def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None):
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None,
+              fast_first=False):
     """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s.
     `wrap(command, env, workdir)` -> (command, env): how to run it (grading/sandbox.py); pytest
-    writes only into `workdir`, and the log goes there from outside."""
+    writes only into `workdir`, and the log goes there from outside. `fast_first` (check.py, not the
+    grader, which counts every test): a task's slow tests run last, and not once it failed."""
     results = os.path.join(workdir, "results.jsonl")
     stack = os.path.join(workdir, "stack.txt")
     log_path = os.path.join(workdir, "pytest.log")
@@ -233,7 +235,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     markers = ["task" + task.replace(".", "_") for task in task_ids]
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-m", " or ".join(markers),
                "-p", "grading.pytest_plugin", f"--results-file={results}", f"--stack-file={stack}",
-               "-p", "no:cacheprovider", "-q", "--color=no"]
+               "-p", "no:cacheprovider", "-q", "--color=no"] + (["--fast-first"] if fast_first else [])
     if test_timeout:
         command.append(f"--timeout={test_timeout}")
     command += task_test_files(repo, markers)
