@@ -181,6 +181,10 @@ def _where(dump_text):
     frames = [line.strip() for line in dump_text.splitlines() if line.strip().startswith("File")]
     if not frames:
         return "(no stack dump: the process did not answer)"
+    # up to the rank's start: below _rank_main are the server's frames (and, where it was forked from
+    # pytest, the frames of pytest importing conftest.py at that moment), no part of the test
+    start = next((i for i, f in enumerate(frames) if f.endswith(" in _rank_main")), len(frames) - 1)
+    frames = frames[:start + 1]
     ours = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
     return "\n      ".join(frames[:1] + [f for f in ours if f != frames[0]])
 
