@@ -12,8 +12,10 @@ blocked (it needs an earlier task), failing (with the tests' explanation of the 
 mistake) or hang (with where each stuck rank was waiting). It never hangs itself: a
 deadlock is caught by the tests' time limits and reported. A task that fails in a way a busy
 machine can cause (a hang where no rank finished, a lost connection) is run once more before
-it is reported; a deadlock (a rank finished, the others wait in a collective for it) is not. Without GPUs the NCCL variants
-of the tests are skipped; on a machine with GPUs they run too.
+it is reported; a deadlock (a rank finished, the others wait in a collective for it) is not.
+A task's slow-marked tests run after its others, and not at all once one of those failed: a
+wrong answer is told in the time of the fast tests, a right one runs them all, as the grader
+does. Without GPUs the NCCL variants of the tests are skipped; on a machine with GPUs they run too.
 """
 import argparse
 import os
