@@ -38,7 +38,13 @@ from dataclasses import dataclass
 
 
 class LaunchError(ValueError):
-    """The launcher's variables cannot work: a message that says what to set."""
+    """The launcher's variables cannot work: a message that says what to set. `rank`: this
+    process's rank where the launcher itself said it although another variable contradicts it
+    (an exported RANK), for the line's [rank N] tag; None otherwise."""
+
+    def __init__(self, message, rank=None):
+        super().__init__(message)
+        self.rank = rank
 
 
 @dataclass
@@ -120,7 +126,7 @@ def check_exported_rank(me, env):
     if under and under.world_size == me.world_size and under.rank != me.rank and not group_exists():
         raise LaunchError(f"RANK={me.rank} is exported, but {under.launcher} started this process as rank {under.rank} "
                           f"of {under.world_size}: unset RANK (and LOCAL_RANK) before {under.launcher.split()[0]}, "
-                          "which tells each process its own")
+                          "which tells each process its own", rank=under.rank)
 
 
 def check_torchrun_inside(me, env):
@@ -244,8 +250,21 @@ def launcher_name(environ=None):
     return None
 
 
+def rank_tag(environ=None):
+    """"[rank N] " for a line this process prints, N the rank the launcher resolved (who_am_i; where
+    an exported RANK contradicts srun or mpirun, theirs), the exported RANK where the variables
+    say no more, "" under plain python."""
+    env = os.environ if environ is None else environ
+    try:
+        me = who_am_i(env)
+        rank = None if me.launcher == "none" else me.rank
+    except LaunchError as error:
+        rank = error.rank if error.rank is not None else env.get("RANK")
+    return "" if rank is None else f"[rank {rank}] "
+
+
 @contextlib.contextmanager
-def port_taken_explained(me):
+def meeting_failures_explained(me):
     """Around init_process_group: the ranks failing to meet at MASTER_ADDR:MASTER_PORT becomes one
     line saying what to change, not a traceback from the C++ store. Three ways it fails:
     - rank 0 cannot listen on the port (EADDRINUSE): another run or job has it;

@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from bench_common import add_output_arguments, exit_without_teardown, output_folder  # noqa: E402  (beside this file)
+from bench_common import (add_device_arguments, add_output_arguments, device_defaults,  # noqa: E402
+                          exit_without_teardown, init_distributed, output_folder)  # (beside this file)
 from solutions.template_allreduce import exchange, naive_all_reduce, ring_all_reduce  # noqa: E402
 
 UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}
@@ -92,11 +93,11 @@ def parse_args(argv=None):
                         help="timed calls per size and algorithm; the median is reported (default: 30)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
                         help=f"comma-separated subset of {','.join(ALGORITHMS)} (default: all)")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
-                        help="gloo on CPUs (default), nccl with one GPU per rank")
+    add_device_arguments(parser)
     add_output_arguments(parser, "the CSV and the PNG")
     args = parser.parse_args(argv)
     args.out = output_folder(args)
+    device_defaults(args)
     return args
 
 
@@ -125,16 +126,12 @@ def check(all_reduce, numel, device):
 def main():
     args = parse_args()
     torch.set_num_threads(1)  # the ranks share the machine's cores
-    timeout = datetime.timedelta(seconds=120)
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+    device = init_distributed(args, timeout=datetime.timedelta(seconds=120))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     names = args.algorithms.split(",")
+    if label(args) == "gloo-cuda" and names != ["torch"]:
+        sys.exit("gloo sends CPU tensors only (with CUDA tensors send/recv abort the process): with --device cuda "
+                 "--backend gloo time --algorithms torch alone, or use NCCL (a process a GPU) for all of them")
     sizes = []
     size = parse_size(args.min_size)
     while size <= parse_size(args.max_size):
@@ -155,7 +152,7 @@ def main():
         for name in names:
             seconds = statistics.median(times[name])
             algbw = nbytes / seconds / 1e9
-            rows.append({"backend": args.backend, "world_size": world_size, "algorithm": name, "bytes": nbytes,
+            rows.append({"backend": label(args), "world_size": world_size, "algorithm": name, "bytes": nbytes,
                          "median_seconds": seconds, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (world_size - 1) / world_size,
                          # the spread, drawn as whiskers: under load one call can take several times the median
@@ -168,9 +165,14 @@ def main():
     dist.destroy_process_group()
 
 
+def label(args):
+    """gloo, nccl, or gloo-cuda: gloo carrying CUDA tensors (through the host)."""
+    return args.backend + ("-cuda" if args.backend == "gloo" and args.device == "cuda" else "")
+
+
 def report(rows, names, sizes, world_size, args):
     by = {(row["algorithm"], row["bytes"]): row for row in rows}
-    print(f"\nall-reduce of float32 tensors, backend {args.backend}, {world_size} ranks, "
+    print(f"\nall-reduce of float32 tensors, backend {label(args)}, {world_size} ranks, "
           f"median of {args.repeats} after {args.warmup} warm-up calls")
     print(f"{'size':>8} {'algorithm':>18} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}")
     for nbytes in sizes:
@@ -192,7 +194,7 @@ def report(rows, names, sizes, world_size, args):
                   f"(<= 0.6 at 4 ranks; 2(N-1)/N / (N-1) = {2 / world_size:.2f} in bytes)")
 
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"allreduce_{args.backend}_{world_size}ranks")
+    stem = os.path.join(args.out, f"allreduce_{label(args)}_{world_size}ranks")
     with open(stem + ".csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -230,7 +232,7 @@ def plot(by, names, sizes, world_size, args, path):
     ax_time.set_ylabel("time (ms, median; whiskers: fastest, slowest)")
     ax_bw.set_ylabel("bus bandwidth (GB/s) = algbw * 2(N-1)/N")
     ax_time.legend()
-    fig.suptitle(f"all-reduce, {args.backend}, {world_size} ranks")
+    fig.suptitle(f"all-reduce, {label(args)}, {world_size} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

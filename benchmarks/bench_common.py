@@ -1,5 +1,5 @@
-"""What the benchmarks share: where they write, how they start their ranks, and the check that
-torchvision works.
+"""What the benchmarks share: where they write, how they start their ranks, which device they
+run on, and the check that torchvision works.
 (Imported as bench_common: a script's own folder is on sys.path.)
 
 A run writes under runs/benchmarks/ (ignored by git). benchmarks/results/ holds the figures
@@ -32,6 +32,58 @@ def output_folder(args):
     return args.out or (RESULTS if args.update_results else RUNS)
 
 
+def add_device_arguments(parser):
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="where the tensors live (default: cuda with --backend nccl, else cpu)")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                        help="default: nccl with --device cuda, else gloo; gloo with --device cuda carries CUDA "
+                        "tensors, and several ranks can share one GPU")
+
+
+def device_defaults(args):
+    """Fill in --device and --backend from each other (parse_args calls it)."""
+    args.device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    return args
+
+
+def init_distributed(args, timeout=datetime.timedelta(seconds=300)):
+    """Join torchrun's process group as --device and --backend say; returns this rank's device,
+    cuda:LOCAL_RANK (modulo the GPUs: gloo ranks may share one)."""
+    import torch
+    import torch.distributed as dist
+
+    if args.device == "cpu":
+        if args.backend == "nccl":
+            sys.exit("--backend nccl needs GPUs: add --device cuda, or use --backend gloo")
+        dist.init_process_group("gloo", timeout=timeout)
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        sys.exit("--device cuda: this machine has no GPU that PyTorch can use; leave --device out to run on CPUs")
+    gpus = torch.cuda.device_count()
+    if args.backend == "nccl" and int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > gpus:
+        sys.exit(f"NCCL needs a GPU for each rank and this node has {gpus}: start at most {gpus} processes a node "
+                 "(--nproc_per_node=gpu), or let the ranks share the GPUs through gloo: --backend gloo")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus)
+    torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, timeout=timeout, **({"device_id": device} if args.backend == "nccl" else {}))
+    return device
+
+
+def synchronize(device):
+    """Wait for the GPU's queued work: without it a timer measures only the launches."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device):
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
 def torchvision_or_exit(model_names):
     """ResNet-18 comes from torchvision: a broken one stops the benchmark with one line, at once."""
     if "resnet18" not in model_names:
@@ -58,15 +110,17 @@ def exit_without_teardown():
     os._exit(0)
 
 
-def run_ranks(world_size, fn, *args, timeout=900):
-    """fn(rank, world_size, *args) on `world_size` gloo processes of this machine, which meet through
-    a file store (no port); returns rank 0's result. Forked: the calling process must have run no
-    torch operation yet, so that no half-made thread pool is copied into the ranks."""
+def run_ranks(world_size, fn, *args, timeout=900, device="cpu"):
+    """fn(rank, world_size, *args) on `world_size` processes of this machine, which meet through a file
+    store (no port); returns rank 0's result. On device "cuda" each rank takes GPU rank % GPUs, with
+    NCCL where every rank has a GPU of its own and gloo (carrying CUDA tensors) where they share.
+    Forked: the calling process must have run no torch operation yet (nor asked about CUDA), so that
+    no half-made thread pool or CUDA driver is copied into the ranks."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [context.Process(target=_rank_main, args=(rank, world_size, store, fn, args, results))
+        procs = [context.Process(target=_rank_main, args=(rank, world_size, store, fn, args, results, device))
                  for rank in range(world_size)]
         for proc in procs:
             proc.start()
@@ -82,12 +136,16 @@ def run_ranks(world_size, fn, *args, timeout=900):
     return out
 
 
-def _rank_main(rank, world_size, store, fn, args, results):
+def _rank_main(rank, world_size, store, fn, args, results, device):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
-    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size,
+    backend = "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        backend = "nccl" if world_size <= torch.cuda.device_count() else "gloo"
+    dist.init_process_group(backend, store=dist.FileStore(store, world_size), rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=300))
     try:
         out = fn(rank, world_size, *args)

@@ -3,6 +3,7 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/ddp_bench.py --quick   # the course CNN, under a minute
     torchrun --standalone --nproc_per_node=2 benchmarks/ddp_bench.py           # CNN and ResNet-18 (long on a CPU)
     torchrun --standalone --nproc_per_node=2 benchmarks/ddp_bench.py --models resnet18 --repeats 7
+    torchrun --standalone --nproc_per_node=gpu benchmarks/ddp_bench.py --device cuda   # NCCL, a GPU a rank
 
 Every variant trains its own copy of the same model (same seed) with SGD on the same
 synthetic batch, on every rank:
@@ -35,7 +36,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from models import benchmark_model  # noqa: E402
-from bench_common import add_output_arguments, exit_without_teardown, output_folder, torchvision_or_exit  # noqa: E402  (beside this file)
+from bench_common import (add_device_arguments, add_output_arguments, device_defaults, device_name,  # noqa: E402
+                          exit_without_teardown, init_distributed, output_folder, synchronize,
+                          torchvision_or_exit)  # (beside this file)
 from solutions.template_ddp import DDP  # noqa: E402
 from solutions.template_trainer import average_gradients  # noqa: E402
 
@@ -54,17 +57,19 @@ def parse_args(argv=None):
                         help="torch threads per rank (default: the CPU cores shared out among the ranks, at least 1)")
     parser.add_argument("--quick", action="store_true",
                         help="the course CNN only, --repeats 10 --steps 3 --warmup 1: under a minute")
+    add_device_arguments(parser)
     add_output_arguments(parser, "rank 0's ddp_bench.csv and ddp_bench.png")
     args = parser.parse_args(argv)
     args.out = output_folder(args)
+    device_defaults(args)
     if args.quick:
         args.models, args.repeats, args.steps, args.warmup = ["cnn"], 10, 3, 1
     return args
 
 
 class Variant:
-    def __init__(self, label, model, bucket_mb=""):
-        self.label, self.model, self.bucket_mb = label, model, bucket_mb
+    def __init__(self, label, model, device, bucket_mb=""):
+        self.label, self.model, self.device, self.bucket_mb = label, model, device, bucket_mb
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.times, self.exposed = [], []
 
@@ -72,31 +77,37 @@ class Variant:
         """One training step; returns the seconds spent after backward waiting for gradients."""
         self.optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(self.model(images), labels).backward()
+        synchronize(self.device)  # on a GPU: backward's kernels done, so what follows is the wait alone
         t0 = time.perf_counter()
         if isinstance(self.model, DDP):
             self.model.finish_gradient_synchronization()
         elif not isinstance(self.model, DistributedDataParallel):
             average_gradients(self.model)
+        synchronize(self.device)  # a CUDA wait() only orders the streams: wait for the all-reduces themselves
         waited = time.perf_counter() - t0
         self.optimizer.step()
         return waited
 
 
-def variants(model_name, buckets):
-    out = [Variant("torch DDP", DistributedDataParallel(benchmark_model(model_name)), 25)]
+def variants(model_name, buckets, device):
+    def model():
+        return benchmark_model(model_name).to(device)
+
+    out = [Variant("torch DDP", DistributedDataParallel(model()), device, 25)]
     for size in buckets:
         mb = None if size == "none" else float(size)
-        model = DDP(benchmark_model(model_name), bucket_size_mb=mb)
-        out.append(Variant(f"task5 {size} MB" if mb else "task5 per-param", model, size))
-        out[-1].num_buckets = len(model.buckets)
-    out.append(Variant("after-backward", benchmark_model(model_name), "per-param"))
+        ddp = DDP(model(), bucket_size_mb=mb)
+        out.append(Variant(f"task5 {size} MB" if mb else "task5 per-param", ddp, device, size))
+        out[-1].num_buckets = len(ddp.buckets)
+    out.append(Variant("after-backward", model(), device, "per-param"))
     return out
 
 
-def bench(model_name, args, rank):
+def bench(model_name, args, rank, device):
     g = torch.Generator().manual_seed(rank)
     images, labels = torch.randn(args.batch, 3, 32, 32, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
-    runs = variants(model_name, args.buckets)
+    images, labels = images.to(device), labels.to(device)
+    runs = variants(model_name, args.buckets, device)
     for v in runs:
         for _ in range(args.warmup):
             v.step(images, labels)
@@ -107,6 +118,7 @@ def bench(model_name, args, rank):
             start, waited = time.perf_counter(), 0.0
             for _ in range(args.steps):
                 waited += v.step(images, labels)
+            synchronize(device)
             dist.barrier()  # the slowest rank's time
             v.times.append(time.perf_counter() - start)
             v.exposed.append(waited)
@@ -116,7 +128,7 @@ def bench(model_name, args, rank):
     for v in runs:
         steps_per_s = args.steps / statistics.median(v.times)
         share = statistics.median(w / t for w, t in zip(v.exposed, v.times))
-        rows.append({"model": model_name, "parameters": params, "variant": v.label, "bucket_mb": v.bucket_mb,
+        rows.append({"model": model_name, "device": f"{device_name(device)}, {args.backend}", "parameters": params, "variant": v.label, "bucket_mb": v.bucket_mb,
                      "buckets": getattr(v, "num_buckets", ""), "steps_per_s": round(steps_per_s, 3),
                      "vs_torch_ddp": round(steps_per_s / reference, 3),
                      "exposed_share": "" if v.label == "torch DDP" else round(share, 3),
@@ -157,15 +169,15 @@ def plot(rows, path):
 def main():
     args = parse_args()
     torchvision_or_exit(args.models)
-    dist.init_process_group("gloo")
+    device = init_distributed(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
     try:
         rows = []
         for model_name in args.models:
-            rows += bench(model_name, args, rank)
+            rows += bench(model_name, args, rank, device)
             if rank == 0:
-                print(f"\n{model_name}, {world_size} gloo ranks, {args.batch} images/rank/step, median of "
+                print(f"\n{model_name}, {world_size} {args.backend} ranks on {device_name(device)}, {args.batch} images/rank/step, median of "
                       f"{args.repeats} x {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
                 print(f"  {'variant':<16} {'buckets':>7} {'steps/s':>8} {'vs torch DDP':>12} {'exposed':>8}")
                 for r in rows:

@@ -4,6 +4,7 @@
     python benchmarks/memory_bench.py --quick    # the CNN on 1 and 2 ranks, under a minute
     python benchmarks/memory_bench.py --models resnet18 --ranks 2 --steps 10
     python benchmarks/memory_bench.py --models resnet18 --batch-size 256   # the course's batch (minutes)
+    python benchmarks/memory_bench.py --device cuda --ranks 1,2   # on GPUs: peak memory too
 
 For each model and number of ranks N it starts N gloo processes on this machine, and each
 trains a few steps of AdamW with every strategy in turn:
@@ -24,6 +25,10 @@ time (forward, backward, synchronisation, step) is the median over --steps steps
 slowest rank, after a warm-up step, the strategies taking turns step by step so that load
 from elsewhere hits them alike; on a CPU machine shared with other work it is still noisy, so
 the fastest and the slowest step are kept too (step_min_seconds, step_max_seconds).
+With --device cuda each rank also measures each strategy alone, from an empty GPU: the peak of
+torch.cuda.max_memory_allocated over two steps, above what was allocated before the model was
+built (cuda_peak_bytes): activations and communication buffers included, which the count above
+leaves out. Ranks take GPU rank % GPUs, with NCCL where each has its own and gloo where they share.
 Writes memory_<model>.csv for each model and memory_per_rank.png (bytes per rank against N above,
 what sharding saves; the step time against N below, what it costs, with whiskers from the
 fastest to the slowest step) under --out (runs/benchmarks/
@@ -46,7 +51,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root
 from models import benchmark_model  # noqa: E402
-from bench_common import add_output_arguments, output_folder, run_ranks, torchvision_or_exit  # noqa: E402  (beside this file)
+from bench_common import add_output_arguments, output_folder, run_ranks, synchronize, torchvision_or_exit  # noqa: E402  (beside this file)
 
 STRATEGIES = ["ddp", "task6", "zero", "task7", "fully_shard"]
 DEFAULT_BATCH = 16
@@ -61,6 +66,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy (default: 5)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
                         help=f"images per rank and step (default: {DEFAULT_BATCH})")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the ranks train (default: cpu)")
     add_output_arguments(parser, "the CSV and PNG files")
     args = parser.parse_args(argv)
     args.out = output_folder(args)
@@ -94,10 +100,10 @@ def optimizer_state_tensors(optimizer, seen=None):
     return tensors
 
 
-def build(strategy, model_name):
+def build(strategy, model_name, device):
     """(model, optimizer, what runs between backward and step, the tensors that are the parameters)."""
     from torch.nn.parallel import DistributedDataParallel
-    model = benchmark_model(model_name)
+    model = benchmark_model(model_name).to(device)
     if strategy in ("ddp", "task6", "zero"):
         ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         if strategy == "ddp":
@@ -132,18 +138,41 @@ def timed_step(model, optimizer, finish, images, labels):
     if finish is not None:
         finish()
     optimizer.step()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    synchronize(images.device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=images.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     return elapsed.item()
 
 
-def measure(strategies, model_name, steps, batch_size):
+def cuda_peak(strategy, model_name, images, labels):
+    """Bytes above the starting point at the peak of two steps of `strategy` alone on this GPU."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    model, optimizer, finish, _ = build(strategy, model_name, images.device)
+    for _ in range(2):
+        timed_step(model, optimizer, finish, images, labels)
+    peak = torch.cuda.max_memory_allocated() - start
+    del model, optimizer, finish
+    return peak
+
+
+def measure(strategies, model_name, steps, batch_size, device):
     """One row per strategy. The strategies take turns step by step, so that a burst of load
     from elsewhere slows them all alike; step 0 is a warm-up (allocations, DDP's first step)."""
-    built = {strategy: build(strategy, model_name) for strategy in strategies}
     g = torch.Generator().manual_seed(dist.get_rank())
-    images = torch.randn(batch_size, 3, 32, 32, generator=g)
-    labels = torch.randint(0, 10, (batch_size,), generator=g)
+    images = torch.randn(batch_size, 3, 32, 32, generator=g).to(device)
+    labels = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+    peaks = {}
+    if device.type == "cuda":
+        # the first steps on a GPU also allocate CUDA's workspaces (cuBLAS, cuDNN), once: a warm-up pays them,
+        # else they land on the first strategy (73 MiB on the CNN's ddp row, seen on an H200)
+        cuda_peak(strategies[0], model_name, images, labels)
+        peaks = {s: cuda_peak(s, model_name, images, labels) for s in strategies}
+    built = {strategy: build(strategy, model_name, device) for strategy in strategies}
     times = {strategy: [] for strategy in strategies}
     for step in range(steps + 1):
         for strategy, (model, optimizer, finish, _) in built.items():
@@ -154,7 +183,9 @@ def measure(strategies, model_name, steps, batch_size):
     for strategy, (_, optimizer, _, params) in built.items():
         row = {"param_bytes": nbytes(params()), "grad_bytes": nbytes(p.grad for p in params() if p.grad is not None),
                "optimizer_bytes": nbytes(optimizer_state_tensors(optimizer))}
-        counts = torch.tensor(list(row.values()), dtype=torch.float64)
+        if peaks:
+            row["cuda_peak_bytes"] = peaks[strategy]
+        counts = torch.tensor(list(row.values()), dtype=torch.float64, device=device)
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the rank that holds the most (padding differs)
         row = {"model": model_name, "ranks": dist.get_world_size(), "strategy": strategy,
                "batch_per_rank": batch_size, **dict(zip(row, counts.long().tolist()))}
@@ -166,16 +197,19 @@ def measure(strategies, model_name, steps, batch_size):
     return rows
 
 
-def rank_main(rank, world_size, model_names, steps, batch_size):
+def rank_main(rank, world_size, model_names, steps, batch_size, device):
     """This rank's rows (bench_common.run_ranks returns rank 0's)."""
+    device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device(device)
     rows = []
     strategies = [s for s in STRATEGIES if s != "task6" or HAS_TASK6]
     for model_name in model_names:
-        for row in measure(strategies, model_name, steps, batch_size):
+        for row in measure(strategies, model_name, steps, batch_size, device):
             rows.append(row)
             if rank == 0:
                 print(f"  {model_name} {world_size} ranks {row['strategy']:>11}: {row['total_bytes'] / 2**20:8.2f} "
-                      f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step", flush=True)
+                      f"MiB per rank, {row['step_seconds'] * 1e3:7.1f} ms a step"
+                      + (f", CUDA peak {row['cuda_peak_bytes'] / 2**20:8.2f} MiB" if "cuda_peak_bytes" in row else ""),
+                      flush=True)
     return rows
 
 
@@ -195,11 +229,12 @@ def report(rows, args):
     print(f"\nbytes per rank after an AdamW step (MiB), and the step time with {args.batch_size} images a rank; "
           "vs 1/N: total / (unsharded / N)")
     print(f"{'model':>9} {'N':>2} {'strategy':>11} {'params':>8} {'grads':>8} {'optim':>8} {'total':>8} "
-          f"{'vs 1/N':>7} {'step ms':>8} {'vs ddp':>7}")
+          f"{'vs 1/N':>7} {'step ms':>8} {'vs ddp':>7}" + (f" {'CUDA peak':>9}" if args.device == "cuda" else ""))
     for r in rows:
         print(f"{r['model']:>9} {r['ranks']:>2} {r['strategy']:>11} {r['param_bytes'] / 2**20:8.2f} "
               f"{r['grad_bytes'] / 2**20:8.2f} {r['optimizer_bytes'] / 2**20:8.2f} {r['total_bytes'] / 2**20:8.2f} "
-              f"{r['vs_one_nth']:7.2f} {r['step_seconds'] * 1e3:8.1f} {r['step_vs_ddp']:7.2f}")
+              f"{r['vs_one_nth']:7.2f} {r['step_seconds'] * 1e3:8.1f} {r['step_vs_ddp']:7.2f}"
+              + (f" {r['cuda_peak_bytes'] / 2**20:9.2f}" if "cuda_peak_bytes" in r else ""))
     print("\ntargets: task6 optimizer state within 10% of 1/N (optimizer_vs_one_nth <= 1.1) at N = 2 and 4; "
           "task7 total within 10% of 1/N (vs 1/N <= 1.1); task7 step at most 1.5x ddp at N = 2 on ResNet-18")
     os.makedirs(args.out, exist_ok=True)
@@ -269,7 +304,8 @@ def main():
     rows = []
     for world_size in (int(n) for n in args.ranks.split(",")):
         print(f"{world_size} ranks:", flush=True)
-        rows += run_ranks(world_size, rank_main, model_names, args.steps, args.batch_size, timeout=600)
+        rows += run_ranks(world_size, rank_main, model_names, args.steps, args.batch_size, args.device, timeout=600,
+                          device=args.device)
     if not HAS_TASK6:
         print("(no solutions/template_zero.py: the task6 rows are left out)")
     add_ratios(rows)

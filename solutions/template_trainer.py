@@ -77,7 +77,7 @@ def setup_distributed(backend=None, timeout=datetime.timedelta(minutes=5)):
         return rank, local_rank, world_size, device
     options = {"device_id": device} if backend == "nccl" else {}
     if me.master_port is not None:  # the processes meet at MASTER_ADDR:MASTER_PORT (env://)
-        with launchers.port_taken_explained(me):  # rank 0 listens there: a port in use is one line
+        with launchers.meeting_failures_explained(me):  # a taken port, a rank that never comes: one line
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                     store=restart_store(world_size, timeout), **options)
     else:  # plain `python`: an in-process store, so no port is needed

@@ -159,6 +159,17 @@ def broadcast_like_ddp(model):
     _sync_module_states(model, dist.group.WORLD, 250 * 1024 * 1024, 0, set())
 
 
+def gloo_send_refusal(args, flag):
+    """The refusal for a strategy that sends with dist.send/recv, or None. gloo sends CPU tensors only:
+    with CUDA tensors (what setup_distributed gives on a GPU node) the process aborts, "writev ... Bad
+    address" (seen with torch 2.11 on an H200; its all-reduce, broadcast and all-gather do take them)."""
+    if args.backend == "gloo" and torch.cuda.is_available():
+        return (f"{flag} sends tensors with dist.send/recv, which gloo does for CPU tensors only, and here they "
+                "are on the GPU: leave --backend out for NCCL (a process a GPU), or train on CPUs: "
+                "CUDA_VISIBLE_DEVICES= torchrun ...")
+    return None
+
+
 def split_model_refusal(args, kind):
     """What --tp and --pp cannot be combined with (kind: "tp" or "pp"), or None."""
     size = getattr(args, kind)

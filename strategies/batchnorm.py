@@ -31,7 +31,7 @@ def refusal(args):
     for flag, size in (("--tp", args.tp), ("--pp", args.pp)):
         if size > 1:
             return SPLIT_MODELS.format(bn=args.batchnorm, flag=f"{flag} {size}")
-    if args.batchnorm == "sync" and args.impl == "ddp" and not (torch.cuda.is_available() and args.backend != "gloo"):
+    if args.batchnorm == "sync" and args.impl == "ddp" and not torch.cuda.is_available():  # gloo on GPUs works
         return TORCH_NEEDS_A_GPU
     return None
 

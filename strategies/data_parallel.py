@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from strategies.base import Strategy, average_flat
+from strategies.base import Strategy, average_flat, gloo_send_refusal
 from strategies.course_files import course_module
 
 # The flags a strategy may refuse, each with the line that says why and what to use instead.
@@ -48,6 +48,10 @@ class HandAllReduce(Strategy):
     @classmethod
     def chosen_by(cls, args):
         return args.allreduce != "torch"
+
+    @classmethod
+    def refusal(cls, args):
+        return gloo_send_refusal(args, f"--allreduce {args.allreduce}")
 
     @classmethod
     def needs(cls, args):  # only the all-reduce it uses: ring trains with Task 3.2 done and 3.1 not yet

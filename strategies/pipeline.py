@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from strategies.base import Strategy, average_flat, split_model_refusal, world_size_before_set_up
+from strategies.base import Strategy, average_flat, gloo_send_refusal, split_model_refusal, world_size_before_set_up
 from strategies.course_files import course_module
 
 
@@ -54,7 +54,7 @@ class PipelineParallel(Strategy):
         if args.batch_size % (pipelines * args.microbatches):
             return (f"the global batch {args.batch_size} does not split into {pipelines} pipelines x "
                     f"{args.microbatches} equal micro-batches: choose a multiple of {pipelines * args.microbatches}")
-        return split_model_refusal(args, "pp")
+        return gloo_send_refusal(args, f"--pp {args.pp}") or split_model_refusal(args, "pp")
 
     def __init__(self, args):
         super().__init__(args)

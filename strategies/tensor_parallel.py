@@ -19,6 +19,14 @@ def add_arguments(parser):
                        "parallel over world_size / N; PyTorch's parallelize_module with --impl ddp (default: 1)")
 
 
+def same_kernels_on_every_rank():
+    """The convolutions run whole on every rank of a tensor-parallel group, on the same images, and
+    their parameters must stay bit-identical there. On a GPU, cuDNN's fastest backward adds in an
+    order that varies from run to run (atomics): seen with --tp 2 on one H200, the ranks' features.*
+    drifted apart within an epoch. Its deterministic kernels add in one order."""
+    torch.backends.cudnn.deterministic = True
+
+
 class TensorParallel(Strategy):
     """--tp N: Task 9's tensor parallelism. The classifier's two Linear layers are split over groups of
     N consecutive ranks (column- then row-parallel; the convolutions stay whole); the world_size / N
@@ -43,6 +51,7 @@ class TensorParallel(Strategy):
         return self.tp.sampler_rank_and_size(rank, world_size, self.args.tp)
 
     def wrap(self, model):
+        same_kernels_on_every_rank()
         self.dp_group, tp_group = self.tp.make_2d_groups(dist.get_world_size() // self.args.tp, self.args.tp)
         self.refuse_wrong_groups(self.dp_group, tp_group, next(model.parameters()).device)
         self.trainer.broadcast_parameters(model, src=0)  # whole, BEFORE the split: every slice of one layer
@@ -97,6 +106,7 @@ class TorchTensorParallel(TorchDDP):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        same_kernels_on_every_rank()
         device = next(model.parameters()).device
         mesh = init_device_mesh(device.type, (dist.get_world_size() // self.args.tp, self.args.tp),
                                 mesh_dim_names=("dp", "tp"))

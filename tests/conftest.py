@@ -9,6 +9,7 @@
 import importlib
 import importlib.util
 import io
+import multiprocessing
 import os
 import re
 import queue
@@ -19,6 +20,14 @@ import traceback
 import harness  # first: it starts the server that forks the ranks, see harness.py
 import pytest
 import torch
+
+import gpu  # noqa: E402  (counts the GPUs before they are hidden; see gpu.py)
+
+if not getattr(multiprocessing.current_process(), "_inheriting", False):  # pytest's, not a rank's
+    if torch.cuda.is_available():
+        torch.cuda.init()  # CUDA starts now, seeing the GPUs, and keeps them for this process's own tests;
+        torch.cuda.device_count()  # once started, the count is cached, so it stays too
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # what the tests start sees none (gpu.py says why)
 
 
 def load(impl, name):

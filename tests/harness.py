@@ -406,7 +406,8 @@ def named_failure(error, tasks, test_name):
         return RankFailed(f"{prefix}{head.rstrip('.')}{at if place and place not in head else ''}. {expected}"
                           f"{chr(10) * 2 + '--- rank' + trace if sep else ''}")
     if type(error).__name__ == "Failed" and text.startswith("DID NOT RAISE"):
-        wanted = re.search(r"<class '(?:\w+\.)*(\w+)'>", text)
+        # "DID NOT RAISE <class 'ValueError'>" (pytest 9.0), "DID NOT RAISE ValueError" (pytest 9.1)
+        wanted = re.search(r"DID NOT RAISE \(?(?:<class ')?(?:\w+\.)*(\w+)", text)
         return AssertionError(f"{prefix}no {wanted[1] if wanted else 'exception'} was raised, where the test expected "
                               f"one (the docstring says when). {expected}")
     if isinstance(error, AssertionError) or type(error).__name__ == "Failed":

@@ -23,9 +23,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import gpu  # where the GPU test's ranks run
 from conftest import load_with_reference
 from harness import RankTimeout, run_ranks
-from test_tensor_parallel import Wire  # records each collective's kind, dtype and size in a rank
+from wire import Wire  # records each collective's kind, dtype and size in a rank
 
 T111 = "Task 11.1 (template_batchnorm.py, global_batch_stats)"
 T112 = "Task 11.2 (template_batchnorm.py, SyncBatchNormFunction)"
@@ -151,10 +152,9 @@ def _stats(rank, world_size, impl, cases, sub):
     for number, (_, sizes, tail, dtype, loc) in enumerate(cases):
         x = slices(sizes, tail, seed=10 * number + index, dtype=dtype, loc=loc)[grank]
         before = x.clone()
-        wire.on = True
-        with _said(f"{T111}, {cases[number][0]}, rank {rank}: global_batch_stats(x of shape {tuple(x.shape)})", x=x):
+        with wire, _said(f"{T111}, {cases[number][0]}, rank {rank}: global_batch_stats(x of shape {tuple(x.shape)})",
+                         x=x):
             mean, var, count = lib.global_batch_stats(x, group)
-        wire.on = False
         out.append({"mean": mean, "var": var, "count": torch.as_tensor(count).clone(), "calls": wire.take(),
                     "unchanged": torch.equal(x, before)})
     return out
@@ -316,15 +316,14 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
     weight, bias = (t.requires_grad_() if t is not None else None for t in _weights(affine))
     mean, var, count = lib.global_batch_stats(x.detach(), group)  # solutions/' answer to 11.1
     _forbid_batchnorm(T112)
-    wire = Wire()
-    wire.on = True
     where = f"{T112}, slices of {sizes} samples of shape {tuple(tail)}, affine={affine}, rank {rank}"
-    with _said(f"{where}, forward", x=x, affine=affine):
-        y = lib.SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, 1e-5, group)
-    forward = wire.take()
-    with _said(f"{where}, backward", x=x, affine=affine):
-        (y * grad_y).sum().backward()
-    backward = wire.take()
+    with Wire() as wire:
+        with _said(f"{where}, forward", x=x, affine=affine):
+            y = lib.SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, 1e-5, group)
+        forward = wire.take()
+        with _said(f"{where}, backward", x=x, affine=affine):
+            (y * grad_y).sum().backward()
+        backward = wire.take()
     return {"y": y.detach(), "dx": x.grad, "dw": None if weight is None else weight.grad,
             "db": None if bias is None else bias.grad, "forward": forward, "backward": backward}
 
@@ -540,31 +539,28 @@ def _layer(rank, world_size, impl, configs, sub):
             x = slices(sizes, tail, seed)[grank].requires_grad_()
             grad_y = slices(sizes, tail, seed + 1)[grank]
             layer.train()
-            wire.on = True
             where = f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) on x of shape {tuple(x.shape)}, training step {step + 1}"
             context = {"x": x, "affine": layer.affine, "running": layer.track_running_stats}
-            with _said(f"{where}, forward, rank {rank}", **context):
-                y = layer(x)
-            forward = wire.take()
-            # said here, at once: the other ranks would wait for this one until the time limit
-            assert forward, (f"{where}, rank {rank} (a slice of {len(x)} samples): the training forward sent nothing. "
-                             "Every rank must call global_batch_stats, also one whose slice is empty (no early return "
-                             "for it), or the others wait forever")
-            with _said(f"{where}, backward, rank {rank}", **context):
-                (y * grad_y).sum().backward()
-            backward = wire.take()
-            wire.on = False
+            with wire:
+                with _said(f"{where}, forward, rank {rank}", **context):
+                    y = layer(x)
+                forward = wire.take()
+                # said here, at once: the other ranks would wait for this one until the time limit
+                assert forward, (f"{where}, rank {rank} (a slice of {len(x)} samples): the training forward sent "
+                                 "nothing. Every rank must call global_batch_stats, also one whose slice is empty (no "
+                                 "early return for it), or the others wait forever")
+                with _said(f"{where}, backward, rank {rank}", **context):
+                    (y * grad_y).sum().backward()
+                backward = wire.take()
             steps.append({"y": y.detach(), "dx": x.grad, "forward": forward, "backward": backward,
                           "grads": [None if p.grad is None else p.grad.clone() for p in layer.parameters()],
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
         layer.eval()
         x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank]
-        wire.on = True
-        with _said(f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval on x of shape {tuple(x.shape)}, rank {rank}",
-                   x=x, affine=layer.affine, running=layer.track_running_stats):
+        with wire, _said(f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval on x of shape {tuple(x.shape)}, "
+                         f"rank {rank}", x=x, affine=layer.affine, running=layer.track_running_stats):
             y = layer(x)
-        wire.on = False
         out.append({"steps": steps, "eval": y.detach(), "eval_calls": wire.take(),
                     "after_eval": {k: v.clone() for k, v in layer.named_buffers()}})
     return out
@@ -828,9 +824,11 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
 
 @pytest.mark.gpu
 @pytest.mark.repo
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (PyTorch's SyncBatchNorm runs on GPUs only)")
-def test_solution_equals_pytorchs_syncbatchnorm_on_gpus():
-    results = run_ranks(_ours_and_pytorchs, 2, backend="nccl", timeout=60)
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_solution_equals_pytorchs_syncbatchnorm_on_gpus(backend):
+    """PyTorch's SyncBatchNorm runs on GPUs only: forward, input and weight gradients and running
+    statistics against it, on NCCL with 2 GPUs, and on gloo with both ranks on one."""
+    results = run_ranks(_ours_and_pytorchs, 2, backend=backend, timeout=60)
     for rank, (ours, theirs) in enumerate(results):
         for key in theirs:
             assert torch.allclose(ours[key], theirs[key], rtol=1e-4, atol=1e-5), (rank, key)
@@ -840,7 +838,7 @@ def _ours_and_pytorchs(rank, world_size):
     from conftest import load
 
     lib = load("solutions", "template_batchnorm")
-    torch.cuda.set_device(rank)
+    gpu.use_gpu(rank)
     out = []
     for make in (lambda: lib.SyncBatchNorm(C), lambda: torch.nn.SyncBatchNorm(C)):
         layer = make().cuda()

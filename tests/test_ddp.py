@@ -13,13 +13,13 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
+from wire import Wire
 
 T51 = "Task 5.1 (template_ddp.py, build_buckets)"
 T52 = "Task 5.2 (template_ddp.py, launch_all_reduce)"
@@ -72,43 +72,7 @@ def batches(steps, size, seed=0, width=6, outputs=6):
     return [(torch.randn(size, width, generator=g), torch.randn(size, outputs, generator=g)) for _ in range(steps)]
 
 
-class Recorder:
-    """Replaces torch.distributed.all_reduce in a rank (its own process) and records, in order,
-    every launch (with its size and async_op), every wait on a returned handle, and marks."""
-
-    def __init__(self):
-        self.events = []
-        self.handles = []  # every handle returned, in launch order; handle.waits counts its wait() calls
-        self.real = dist.all_reduce
-        dist.all_reduce = self.all_reduce
-
-    def all_reduce(self, tensor, *args, **kwargs):
-        async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
-        self.events.append(("launch", tensor.numel(), bool(async_op)))
-        work = self.real(tensor, *args, **kwargs)
-        if work is None:
-            return None
-        self.handles.append(Handle(work, self.events, tensor.numel()))
-        return self.handles[-1]
-
-    def mark(self, what):
-        self.events.append((what,))
-
-    def launches(self):
-        return [e for e in self.events if e[0] == "launch"]
-
-
-class Handle:
-    def __init__(self, work, events, numel):
-        self.work, self.events, self.numel, self.waits = work, events, numel, 0
-
-    def wait(self, *args, **kwargs):
-        self.waits += 1
-        self.events.append(("wait", self.numel))
-        return self.work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.work, name)
+ALL_REDUCE = ("all_reduce",)  # what DDP sends its buckets with: the recorder records it alone
 
 
 def names_of(module, buckets):
@@ -251,12 +215,12 @@ def _launch(rank, world_size, impl):
     # params[1].grad stays None: unused in forward on this rank
     params[2].grad = torch.arange(5.0) * (rank + 1)
     bucket = lib.Bucket(params)
-    recorder = Recorder()
-    lib.launch_all_reduce(bucket)
-    recorder.mark("returned")
-    handle_kept = bucket.handle is not None
-    if handle_kept:
-        bucket.handle.wait()
+    with Wire(ALL_REDUCE) as recorder:
+        lib.launch_all_reduce(bucket)
+        recorder.mark("returned")
+        handle_kept = bucket.handle is not None
+        if handle_kept:
+            bucket.handle.wait()
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
             "handle_kept": handle_kept, "params": [p.detach().clone() for p in params]}
 
@@ -305,28 +269,28 @@ def _hooks(rank, world_size, impl):
         torch.manual_seed(rank)  # different on each rank: DDP's broadcast makes them equal
         model = lib.DDP(mlp(), bucket_size_mb=size)
         out[label + " buckets"] = names_of(model.module, [b.params for b in model.buckets])
-        recorder = Recorder()
-        runs = []
-        for sync_first in (True, False):  # one plain step; then one accumulating step
-            for bucket in model.buckets:
-                bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
-            model.next_bucket = 0
-            model.module.zero_grad(set_to_none=True)
-            recorder.events.clear()
-            data = batches(2, 4 * world_size, seed=len(runs), width=8, outputs=4)
-            for i, (x, y) in enumerate(data if not sync_first else data[:1]):
-                mine = slice(rank * 4, (rank + 1) * 4)
-                model.require_backward_grad_sync = sync_first or i == 1
-                loss = F.mse_loss(model(x[mine]), y[mine])
-                loss.backward()
-                recorder.mark(f"backward {i} returned")
-            events = list(recorder.events)
-            buffers = []
-            for bucket in model.buckets:
-                if bucket.handle is not None:
-                    bucket.handle.wait()
-                buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
-            runs.append({"events": events, "buffers": buffers})
+        with Wire(ALL_REDUCE) as recorder:
+            runs = []
+            for sync_first in (True, False):  # one plain step; then one accumulating step
+                for bucket in model.buckets:
+                    bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+                model.next_bucket = 0
+                model.module.zero_grad(set_to_none=True)
+                recorder.events.clear()
+                data = batches(2, 4 * world_size, seed=len(runs), width=8, outputs=4)
+                for i, (x, y) in enumerate(data if not sync_first else data[:1]):
+                    mine = slice(rank * 4, (rank + 1) * 4)
+                    model.require_backward_grad_sync = sync_first or i == 1
+                    loss = F.mse_loss(model(x[mine]), y[mine])
+                    loss.backward()
+                    recorder.mark(f"backward {i} returned")
+                events = list(recorder.events)
+                buffers = []
+                for bucket in model.buckets:
+                    if bucket.handle is not None:
+                        bucket.handle.wait()
+                    buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
+                runs.append({"events": events, "buffers": buffers})
         out[label] = runs
     return out
 
@@ -402,9 +366,9 @@ def _one_hook_each(rank, world_size, impl):
     params = list(module.parameters())
     model = bare_ddp(lib, module, [params[4:], params[2:4], params[:2]])
     model._register_hooks()
-    recorder = Recorder()
-    model.sync_this_backward = False  # as after a forward inside no_sync()
-    F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
+    with Wire(ALL_REDUCE) as recorder:
+        model.sync_this_backward = False  # as after a forward inside no_sync()
+        F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
     return len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets]
 
 
@@ -439,10 +403,10 @@ def _order(rank, world_size, impl):
     lib = judging(impl, "5.3")
     torch.manual_seed(0)
     model = lib.DDP(Gated(), bucket_size_mb=None)
-    recorder = Recorder()
-    x = torch.randn(3, 4)
-    model(x, use_extra=rank == 0).sum().backward()  # on rank 1, `extra` gets no gradient
-    launched = [e[1] for e in recorder.launches()]
+    with Wire(ALL_REDUCE) as recorder:
+        x = torch.randn(3, 4)
+        model(x, use_extra=rank == 0).sum().backward()  # on rank 1, `extra` gets no gradient
+        launched = [e[1] for e in recorder.launches()]
     sizes = [sum(p.numel() for p in b.params) for b in model.buckets]
     incomplete = 2  # l2.bias, l2.weight, extra, l1.bias, l1.weight: rank 1 never completes bucket 2
     if rank == 1 and launched != sizes[:incomplete]:
@@ -493,9 +457,9 @@ def _fine_tuned(rank, world_size, impl):
         raise  # an unfilled TODO says so itself
     except RuntimeError as error:  # "cannot register a hook on a tensor that doesn't require gradient"
         return {"error": str(error).splitlines()[0]}
-    recorder = Recorder()
-    model(torch.randn(3, 4)).sum().backward()
-    launched = len(recorder.launches())
+    with Wire(ALL_REDUCE) as recorder:
+        model(torch.randn(3, 4)).sum().backward()
+        launched = len(recorder.launches())
     for bucket in model.buckets[model.next_bucket:]:  # what finish_gradient_synchronization() would do
         lib.launch_all_reduce(bucket)
     for bucket in model.buckets:
@@ -584,13 +548,13 @@ def _training(rank, world_size, impl):
     lib = judging(impl, "5.4")
     data = batches(3, 4 * world_size)
     out = {}
-    recorder = Recorder()
-    for label, size in [("None", None), ("tiny", TINY), ("25 MB", 25.0)]:
-        torch.manual_seed(rank)  # each rank starts different: the DDP's broadcast makes them equal
-        model = lib.DDP(Awkward(), bucket_size_mb=size)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        _train(model, optimizer, data, rank, world_size, functools.partial(_finish, recorder=recorder))
-        out[label] = (_state(model.module), len(model.buckets))
+    with Wire(ALL_REDUCE) as recorder:
+        for label, size in [("None", None), ("tiny", TINY), ("25 MB", 25.0)]:
+            torch.manual_seed(rank)  # each rank starts different: the DDP's broadcast makes them equal
+            model = lib.DDP(Awkward(), bucket_size_mb=size)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            _train(model, optimizer, data, rank, world_size, functools.partial(_finish, recorder=recorder))
+            out[label] = (_state(model.module), len(model.buckets))
     torch.manual_seed(rank)
     reference = DistributedDataParallel(Awkward(), find_unused_parameters=True)
     _train(reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), data, rank, world_size,
@@ -683,8 +647,8 @@ def _finish_after_no_sync(rank, world_size, impl):
     F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()  # no hooks: nothing launched
     model.sync_this_backward = False  # as after a forward inside no_sync()
     before = grads_of(module)
-    recorder = Recorder()
-    model.finish_gradient_synchronization()
+    with Wire(ALL_REDUCE) as recorder:
+        model.finish_gradient_synchronization()
     return len(recorder.launches()), before, grads_of(module)
 
 
@@ -707,25 +671,25 @@ def _accumulate(rank, world_size, impl, accumulate):
     x, y = batches(1, 2 * accumulate * world_size)[0]
     mine = slice(rank * 2 * accumulate, (rank + 1) * 2 * accumulate)
     micro = list(zip(x[mine].chunk(accumulate), y[mine].chunk(accumulate)))
-    recorder = Recorder()
-    for x_micro, y_micro in micro[:-1]:
-        with model.no_sync():  # forward AND backward inside
-            (F.mse_loss(model(x_micro), y_micro) / accumulate).backward()
-    launched_inside = len(recorder.launches())
-    (F.mse_loss(model(micro[-1][0]), micro[-1][1]) / accumulate).backward()
-    model.finish_gradient_synchronization()
-    out = {"grads": grads_of(model.module), "inside": launched_inside, "launches": len(recorder.launches()),
-           "buckets": len(model.buckets)}
-    # the given training loop: --accumulate 2, one optimizer step per global batch
-    trainer = load(impl, "template_trainer")
-    torch.manual_seed(0)
-    model = lib.DDP(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), bucket_size_mb=TINY)
-    loader = [(images[rank * 4:(rank + 1) * 4], labels[rank * 4:(rank + 1) * 4]) for images, labels in _images()]
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    recorder.events.clear()
-    trainer.train_one_epoch(model, loader, optimizer, torch.device("cpu"),
-                            lambda m: m.finish_gradient_synchronization(), accumulate=2, log_every=1e9)
-    out["loop"] = (_state(model.module), len(recorder.launches()), len(model.buckets))
+    with Wire(ALL_REDUCE) as recorder:
+        for x_micro, y_micro in micro[:-1]:
+            with model.no_sync():  # forward AND backward inside
+                (F.mse_loss(model(x_micro), y_micro) / accumulate).backward()
+        launched_inside = len(recorder.launches())
+        (F.mse_loss(model(micro[-1][0]), micro[-1][1]) / accumulate).backward()
+        model.finish_gradient_synchronization()
+        out = {"grads": grads_of(model.module), "inside": launched_inside, "launches": len(recorder.launches()),
+               "buckets": len(model.buckets)}
+        # the given training loop: --accumulate 2, one optimizer step per global batch
+        trainer = load(impl, "template_trainer")
+        torch.manual_seed(0)
+        model = lib.DDP(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), bucket_size_mb=TINY)
+        loader = [(images[rank * 4:(rank + 1) * 4], labels[rank * 4:(rank + 1) * 4]) for images, labels in _images()]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        recorder.events.clear()
+        trainer.train_one_epoch(model, loader, optimizer, torch.device("cpu"),
+                                lambda m: m.finish_gradient_synchronization(), accumulate=2, log_every=1e9)
+        out["loop"] = (_state(model.module), len(recorder.launches()), len(model.buckets))
     return out
 
 

@@ -37,6 +37,7 @@ NOT_RUN = {
                                          "they hold the answers); tests/test_student_release.py builds one and runs "
                                          "check.py in it",
     "torchrun --standalone --nproc_per_node=gpu *": "needs GPUs (NCCL)",
+    "bash tools/gpu_check.sh": "needs a GPU: it says so and stops on this machine; docs/gpu.md has its run on an H200",
     "python -m solutions.template_replicas --devices cuda:0,cuda:1": "needs two GPUs",
     "sbatch *": "needs a SLURM cluster; tests/test_launch.py submits submit.sh to the test cluster (pytest -m slurm)",
     "NPROC_PER_NODE=8 sbatch *": "needs a SLURM cluster with a CPU partition",

@@ -19,6 +19,7 @@ from torch import nn
 
 from conftest import call_alone, load_with_reference
 from harness import run_ranks
+from wire import Wire
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
 T72 = "Task 7.2 (template_fsdp.py, FlatUnit.unshard)"
@@ -171,60 +172,31 @@ def test_shard_flat_keeps_the_device_and_dtype_of_the_parameters(impl):
 
 
 # --------------------------------------------------------------------------- Task 7.2
-class _Started:
-    """Wraps a collective of torch.distributed to see whether a task started it asynchronously:
-    a handle it started must come back to the caller, or nobody waits for it."""
-
-    def __init__(self, fsdp_lib, name):
-        self.collective, self.asynchronous = getattr(fsdp_lib.dist, name), False
-        setattr(fsdp_lib.dist, name, self)  # the rank's own process: gone with it
-
-    def __call__(self, *args, async_op=False, **kwargs):
-        self.asynchronous |= async_op
-        return self.collective(*args, async_op=async_op, **kwargs)
+def _started_asynchronously(wire, kind):
+    """Whether the task started a `kind` collective with async_op=True: a handle it started must come
+    back to the caller, or nobody waits for it."""
+    return any(call.async_op for call in wire.calls if call.kind == kind)
 
 
-# every collective a task could send its tensors with (the old names and torch 2.14's new ones)
-COLLECTIVES = ["all_gather_into_tensor", "all_gather_single", "all_gather", "_all_gather_base", "all_reduce",
-               "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "_reduce_scatter_base", "broadcast",
-               "reduce", "gather", "scatter", "all_to_all_single", "all_to_all", "send", "isend"]
-
-
-class _Wire:
-    """Records what goes on the wire in a rank (its own process): each collective's name and the
-    dtype and element count of every tensor it sends or receives, as (name, [(dtype, numel), ...])."""
-
-    def __init__(self):
-        self.calls = []
-        for name in COLLECTIVES:
-            if hasattr(dist, name):
-                setattr(dist, name, self._recording(name, getattr(dist, name)))
-
-    def _recording(self, name, real):
-        def collective(*args, **kwargs):
-            tensors = [t for value in list(args) + list(kwargs.values())
-                       for t in (value if isinstance(value, (list, tuple)) else [value]) if torch.is_tensor(t)]
-            self.calls.append((name, [(str(t.dtype).replace("torch.", ""), t.numel()) for t in tensors]))
-            return real(*args, **kwargs)
-        return collective
+def _moved(wire):
+    """What went on the wire: each collective's name and the dtype and element count of every tensor
+    it sends or receives, as (name, [(dtype, numel), ...])."""
+    return [(call.kind, call.tensors) for call in wire.calls]
 
 
 def _unshard(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.2")
-    started = _Started(fsdp_lib, "all_gather_into_tensor")
-    wire = _Wire()
     results = []
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
-        started.asynchronous = False
-        wire.calls.clear()
-        handle = unit.unshard(async_op=async_op)
-        dropped = handle is None and started.asynchronous
-        if handle is not None:
-            handle.wait()
+        with Wire() as wire:
+            handle = unit.unshard(async_op=async_op)
+            dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
+            if handle is not None:
+                handle.wait()
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        list(wire.calls)))
+                        _moved(wire)))
     return results
 
 
@@ -344,24 +316,23 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 # --------------------------------------------------------------------------- Task 7.4
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.4")
-    started = _Started(fsdp_lib, "reduce_scatter_tensor")
-    wire = _Wire()
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(unit.full.numel(), generator=g) for _ in range(world_size)]  # every rank's gradient
     full_grad = grads[rank].to(compute_dtype)
     before = full_grad.clone()
-    returned = unit.reduce_scatter_gradient(full_grad)
-    if not (isinstance(returned, tuple) and len(returned) == 2):
-        return f"{type(returned).__name__}", None, None, None, ([], 0)
-    handle, piece = returned
-    dropped = handle is None and started.asynchronous
-    if handle is not None:
-        handle.wait()
+    with Wire() as wire:
+        returned = unit.reduce_scatter_gradient(full_grad)
+        if not (isinstance(returned, tuple) and len(returned) == 2):
+            return f"{type(returned).__name__}", None, None, None, ([], 0)
+        handle, piece = returned
+        dropped = handle is None and _started_asynchronously(wire, "reduce_scatter_tensor")
+        if handle is not None:
+            handle.wait()
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
     kept = piece.untyped_storage().nbytes() if torch.is_tensor(piece) else 0
-    return dropped, torch.equal(full_grad, before), piece, mean, (wire.calls, kept)
+    return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept)
 
 
 @pytest.mark.task7_4

@@ -28,7 +28,7 @@ import pytest
 pytestmark = pytest.mark.repo  # launches the solutions: about the repository, not a student's tasks
 
 REPO = Path(__file__).resolve().parent.parent
-SHELL_SCRIPTS = ["submit.sh", "submit_srun.sh", "tools/slurm_test_cluster.sh", ".ci/run"]
+SHELL_SCRIPTS = ["submit.sh", "submit_srun.sh", "tools/slurm_test_cluster.sh", "tools/gpu_check.sh", ".ci/run"]
 TINY_RUN = ["--impl", "solutions", "--data", "synthetic", "--epochs", "1",
             "--train-samples", "2048", "--test-samples", "512", "--metrics", ""]
 # The same directory and variable as tools/slurm_test_cluster.sh. Only the test cluster is
@@ -69,6 +69,14 @@ def test_shellcheck(script):
     result = subprocess.run(["shellcheck", "--shell=bash", str(REPO / script)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"shellcheck {script}:\n{result.stdout}{result.stderr}"
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    """tools/gpu_check.sh is for GPU nodes (docs/gpu.md); the processes tests start see no GPU (conftest.py)."""
+    result = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh"), str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "tools/gpu_check.sh: PyTorch sees no GPU here; run it on a GPU node (nvidia-smi lists them)"], result
 
 
 def test_submit_sh_outside_slurm_says_use_sbatch():

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import launchers
@@ -190,7 +191,7 @@ def test_ranks_that_do_not_meet_are_one_line(rank, says):
     port = free_port()
     me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", port)
     with pytest.raises(LaunchError) as error:
-        with launchers.port_taken_explained(me):  # the store init_process_group makes, with a 1 s timeout
+        with launchers.meeting_failures_explained(me):  # the store init_process_group makes, with a 1 s timeout
             dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=1))
     assert str(error.value) == says.format(port=port)
 
@@ -261,6 +262,32 @@ def test_a_stop_at_start_up_names_the_launcher_only_when_it_is_the_one(env, says
     assert ("torchrun" in proc.stderr) == (env is TORCHRUN), proc.stderr
 
 
+@pytest.mark.parametrize("env, tag", [
+    ({**SRUN, "RANK": "0", "WORLD_SIZE": "2"}, "[rank 1] "),  # the exported RANK is wrong: srun's rank
+    ({**OPEN_MPI, "RANK": "0", "WORLD_SIZE": "2"}, "[rank 1] "),
+    ({**SRUN, "RANK": "1", "WORLD_SIZE": "2"}, "[rank 1] "),  # after set_torchrun_variables
+    (TORCHRUN, "[rank 1] "),
+    ({"RANK": "1"}, "[rank 1] "),  # no WORLD_SIZE: the variables say no more than RANK
+    ({}, ""),  # plain python
+])
+def test_a_lines_rank_tag_is_the_rank_the_launcher_resolved(env, tag):
+    """A wrong exported RANK read "[rank 0] error: RANK=0 is exported, but srun started this
+    process as rank 1": the tag came from RANK."""
+    assert launchers.rank_tag(env) == tag
+
+
+def test_a_refused_exported_rank_is_said_with_the_launchers_rank():
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
+    proc = subprocess.run([sys.executable, "-c", "import launchers, tools.interrupt as i; from launchers import "
+                           "LaunchError\ntry:\n    launchers.who_am_i()\nexcept LaunchError as e:\n"
+                           "    raise SystemExit(i.cannot_start(e))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30,
+                          env={**clean, **SRUN, "RANK": "0", "WORLD_SIZE": "2"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("[rank 1] error: RANK=0 is exported, but srun started this process as rank 1 "), \
+        proc.stderr
+
+
 # ------------------------------------------------------------------ setup_distributed
 
 
@@ -284,7 +311,8 @@ def test_setup_distributed_uses_a_group_the_launcher_set_up(impl, monkeypatch):
     group = dist.group.WORLD
     try:
         rank, local_rank, world_size, device = trainer.setup_distributed("gloo")
-        assert (rank, local_rank, world_size, device.type) == (0, 0, 1, "cpu")
+        expected = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU node gloo carries CUDA tensors
+        assert (rank, local_rank, world_size, device.type) == (0, 0, 1, expected)
         assert dist.group.WORLD is group, "setup_distributed replaced the process group the launcher made"
     finally:
         trainer.cleanup()

@@ -19,8 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+import gpu  # where the GPU tests' ranks run
 from conftest import load, load_with_reference
 from harness import run_ranks
+from wire import Wire
 
 T131 = "Task 13.1 (template_local_sgd.py, all_reduce_mean / average_parameters)"
 T132 = "Task 13.2 (template_local_sgd.py, LocalSGD.step)"
@@ -146,29 +148,10 @@ def averaged(model):
     return [t.detach().clone() for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]]
 
 
-class Wire:
-    """Every collective a rank runs, as (step, kind, dtype, numel, group size): torch.distributed's
-    functions wrapped in the rank's own process (PeriodicModelAverager calls them too)."""
-
-    KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
-             "broadcast", "reduce", "all_to_all", "send", "recv", "isend", "irecv", "all_gather_object",
-             "broadcast_object_list")
-
-    def __init__(self):
-        self.calls, self.step = [], None
-        for kind in self.KINDS:
-            if hasattr(dist, kind):
-                setattr(dist, kind, self._wrap(kind, getattr(dist, kind)))
-
-    def _wrap(self, kind, collective):
-        def recorded(*args, **kwargs):
-            first = args[0] if args else next(iter(kwargs.values()))
-            tensor = first[0] if isinstance(first, (list, tuple)) and first and torch.is_tensor(first[0]) else first
-            group = kwargs.get("group", args[2] if kind == "all_reduce" and len(args) > 2 else None)
-            self.calls.append((self.step, kind, str(getattr(tensor, "dtype", "object")).replace("torch.", ""),
-                               tensor.numel() if torch.is_tensor(tensor) else 0, dist.get_world_size(group)))
-            return collective(*args, **kwargs)
-        return recorded
+def calls_of(wire):
+    """Every collective a rank ran, as (step, kind, dtype, numel, group size), step the test's label
+    (wire.step) when it ran."""
+    return [(call.step, call.kind, *call.first, call.group_size) for call in wire.calls]
 
 
 def groups_of(rank, world_size, sub):
@@ -458,32 +441,32 @@ def _average(rank, world_size, impl, sub):
     group, members = groups_of(rank, world_size, sub)
     model = Mixed()
     _rank_valued(model, rank)
-    wire = Wire()
-    averaging_error = None
-    try:
-        lib.average_parameters(model, group)
-    except NotImplementedError:  # a RuntimeError too: an unfilled TODO is "not started", said by conftest.py
-        raise
-    except RuntimeError as raised:  # said by the test with what went to the wire (an integer buffer, say)
-        averaging_error = f"{type(raised).__name__}: {raised}"
-    # all_reduce_mean alone: float32 first this time (the model gives float64 first: the order of first
-    # appearance, not a fixed or a set's order), a transposed (non-contiguous) tensor, and an empty list
-    wire.step = "all_reduce_mean"
-    g = torch.Generator().manual_seed(10 + rank)
-    loose = [torch.randn(2, generator=g), torch.randn(4, 3, generator=g, dtype=torch.float64).t(),
-             torch.randn(2, generator=g, dtype=torch.float64)]
-    before = [t.clone() for t in loose]
-    error = None
-    try:
-        lib.all_reduce_mean(loose, group)
-        wire.step = "empty"
-        lib.all_reduce_mean([], group)
-    except NotImplementedError:
-        raise
-    except RuntimeError as raised:  # gloo refuses a non-contiguous tensor: said by the test, after the rest
-        error = f"{type(raised).__name__}: {raised}"
+    with Wire() as wire:
+        averaging_error = None
+        try:
+            lib.average_parameters(model, group)
+        except NotImplementedError:  # a RuntimeError too: an unfilled TODO is "not started", said by conftest.py
+            raise
+        except RuntimeError as raised:  # said by the test with what went to the wire (an integer buffer, say)
+            averaging_error = f"{type(raised).__name__}: {raised}"
+        # all_reduce_mean alone: float32 first this time (the model gives float64 first: the order of first
+        # appearance, not a fixed or a set's order), a transposed (non-contiguous) tensor, and an empty list
+        wire.step = "all_reduce_mean"
+        g = torch.Generator().manual_seed(10 + rank)
+        loose = [torch.randn(2, generator=g), torch.randn(4, 3, generator=g, dtype=torch.float64).t(),
+                 torch.randn(2, generator=g, dtype=torch.float64)]
+        before = [t.clone() for t in loose]
+        error = None
+        try:
+            lib.all_reduce_mean(loose, group)
+            wire.step = "empty"
+            lib.all_reduce_mean([], group)
+        except NotImplementedError:
+            raise
+        except RuntimeError as raised:  # gloo refuses a non-contiguous tensor: said by the test, after the rest
+            error = f"{type(raised).__name__}: {raised}"
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return dict(state=state, members=members, loose=loose, before=before, calls=wire.calls, error=error,
+    return dict(state=state, members=members, loose=loose, before=before, calls=calls_of(wire), error=error,
                 averaging_error=averaging_error)
 
 
@@ -588,19 +571,19 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
 def _every_step(rank, world_size, impl, names, steps):
     lib = judging(impl, "13.2")
     out = {}
-    wire = Wire()
-    for name in names:
-        model = make(MLP)
-        local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every=1)
-        wire.calls = []
-        history = []
-        for step in range(steps):
-            wire.step = step + 1
-            local_sgd.zero_grad()
-            backward(model, rank, step)
-            local_sgd.step()
-            history.append(averaged(model))
-        out[name] = (history, wire.calls)
+    with Wire() as wire:
+        for name in names:
+            model = make(MLP)
+            local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every=1)
+            wire.calls = []
+            history = []
+            for step in range(steps):
+                wire.step = step + 1
+                local_sgd.zero_grad()
+                backward(model, rank, step)
+                local_sgd.step()
+                history.append(averaged(model))
+            out[name] = (history, calls_of(wire))
     return out
 
 
@@ -655,30 +638,30 @@ def _against_pytorch(rank, world_size, impl, name, sync_every, steps):
     lib = judging(impl, "13.2")
     ours, theirs, default = make(MLP), make(MLP), make(MLP)
     local_sgd = lib.LocalSGD(ours, optimizer(name, ours.parameters()), sync_every)
-    wire = Wire()
-    their_opt, default_opt = optimizer(name, theirs.parameters()), optimizer(name, default.parameters())
-    # PeriodicModelAverager averages at its first call, then every `period` calls: with warmup_steps = H - 1
-    # its first average comes after step H, as LocalSGD's
-    averager = PeriodicModelAverager(period=sync_every, warmup_steps=sync_every - 1)
-    default_averager = PeriodicModelAverager(period=sync_every)
-    history, default_steps = [], []
-    for step in range(steps):
-        wire.step = step + 1
-        local_sgd.zero_grad()
-        backward(ours, rank, step)
-        local_sgd.step()
-        mine = len(wire.calls)
-        for model, opt, avg in ((theirs, their_opt, averager), (default, default_opt, default_averager)):
-            opt.zero_grad()
-            backward(model, rank, step)
-            opt.step()
-            before = len(wire.calls)
-            avg.average_parameters(model.parameters())
-            if avg is default_averager and len(wire.calls) > before:
-                default_steps.append(step + 1)
-        wire.calls = wire.calls[:mine]
-        history.append((averaged(ours), averaged(theirs)))
-    return history, wire.calls, default_steps
+    with Wire() as wire:
+        their_opt, default_opt = optimizer(name, theirs.parameters()), optimizer(name, default.parameters())
+        # PeriodicModelAverager averages at its first call, then every `period` calls: with warmup_steps = H - 1
+        # its first average comes after step H, as LocalSGD's
+        averager = PeriodicModelAverager(period=sync_every, warmup_steps=sync_every - 1)
+        default_averager = PeriodicModelAverager(period=sync_every)
+        history, default_steps = [], []
+        for step in range(steps):
+            wire.step = step + 1
+            local_sgd.zero_grad()
+            backward(ours, rank, step)
+            local_sgd.step()
+            mine = len(wire.calls)
+            for model, opt, avg in ((theirs, their_opt, averager), (default, default_opt, default_averager)):
+                opt.zero_grad()
+                backward(model, rank, step)
+                opt.step()
+                before = len(wire.calls)
+                avg.average_parameters(model.parameters())
+                if avg is default_averager and len(wire.calls) > before:
+                    default_steps.append(step + 1)
+            wire.calls = wire.calls[:mine]
+            history.append((averaged(ours), averaged(theirs)))
+    return history, calls_of(wire), default_steps
 
 
 @pytest.mark.task13_2
@@ -706,16 +689,16 @@ def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     lib = judging(impl, "13.2")
     group, members = groups_of(rank, world_size, sub)
     model = make(Net)
-    wire = Wire()
-    local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
-    built = list(wire.calls)
-    history, counts, closures = [], [], []
-    for step in range(steps):
-        wire.step = step + 1
-        take_step(local_sgd, model, rank, step, closures)
-        history.append(averaged(model))
-        counts.append(local_sgd.local_step)
-    return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
+    with Wire() as wire:
+        local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
+        built = calls_of(wire)
+        history, counts, closures = [], [], []
+        for step in range(steps):
+            wire.step = step + 1
+            take_step(local_sgd, model, rank, step, closures)
+            history.append(averaged(model))
+            counts.append(local_sgd.local_step)
+    return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
                 tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures)
 
 
@@ -757,24 +740,24 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     lib = judging(impl, "13.3")
     group, members = groups_of(rank, world_size, sub)
     model = make(cls)
-    wire = Wire()
-    inner = optimizer(name, model.parameters())
-    diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
-    built = list(wire.calls)
-    history, synced_ok, counts, closures, shared = [], [], [], [], []
-    for step in range(steps):
-        wire.step = step + 1
-        take_step(diloco, model, rank, step, closures)
-        history.append(averaged(model))
-        counts.append(diloco.local_step)
-        if (step + 1) % sync_every == 0:
-            synced_ok.append(all(torch.equal(s, p.detach().cpu()) and s.device.type == "cpu"
-                                 for s, p in zip(diloco.synced, model.parameters())))
-            # a copy, not the parameter itself (on the CPU, param.detach() and .to("cpu") return the same memory)
-            shared.append(any(s.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-                              for s, p in zip(diloco.synced, model.parameters())))
+    with Wire() as wire:
+        inner = optimizer(name, model.parameters())
+        diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
+        built = calls_of(wire)
+        history, synced_ok, counts, closures, shared = [], [], [], [], []
+        for step in range(steps):
+            wire.step = step + 1
+            take_step(diloco, model, rank, step, closures)
+            history.append(averaged(model))
+            counts.append(diloco.local_step)
+            if (step + 1) % sync_every == 0:
+                synced_ok.append(all(torch.equal(s, p.detach().cpu()) and s.device.type == "cpu"
+                                     for s, p in zip(diloco.synced, model.parameters())))
+                # a copy, not the parameter itself (on the CPU, param.detach() and .to("cpu") return the same memory)
+                shared.append(any(s.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+                                  for s, p in zip(diloco.synced, model.parameters())))
     outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
-    return dict(history=history, calls=wire.calls[len(built):], built=built, members=members,
+    return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
                 inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
                 closures=closures, shared=shared)
 
@@ -997,3 +980,42 @@ def test_train_ddp_refuses_local_sgd_flags_that_cannot_work(flags, message):
 
     with pytest.raises(ValueError, match=message):
         train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *flags]))
+
+
+# --------------------------------------------------------------------------- on a GPU
+def _diloco_rounds(rank, world_size, impl, device):
+    """Two rounds of DiLoCo (H = 2, AdamW) on `device`: the parameters after each step (on the CPU)
+    and the devices of the synced copy after each outer step."""
+    lib = judging(impl, "13.3")
+    device = gpu.use_gpu(rank) if device == "cuda" else torch.device("cpu")
+    model = make(Net).to(device)
+    diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), 2)
+    history, synced = [], []
+    for step in range(4):
+        diloco.zero_grad()
+        x, y = batch(rank, step)
+        F.mse_loss(model(x.to(device)), y.to(device)).backward()
+        diloco.step()
+        history.append([t.cpu() for t in averaged(model)])
+        if step % 2:
+            synced.append(sorted({s.device.type for s in diloco.synced}))
+    return history, synced
+
+
+@pytest.mark.gpu
+@pytest.mark.task13_3
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_diloco_on_gpus_keeps_the_synced_copy_on_the_cpu(impl, backend):
+    """On a CPU every tensor is on the CPU, so only a GPU shows where the synced copy lives; and the
+    parameters match the same run on CPUs (float64: only the kernels' rounding differs)."""
+    on_gpus = run_ranks(_diloco_rounds, 2, impl, "cuda", backend=backend, timeout=90)
+    on_cpus = run_ranks(_diloco_rounds, 2, impl, "cpu", timeout=60)
+    for rank, ((history, synced), (reference, _)) in enumerate(zip(on_gpus, on_cpus)):
+        assert synced == [["cpu"], ["cpu"]], (
+            f"{T133}, on a GPU: after the outer steps rank {rank}'s synced copy is on {synced}: keep it on the "
+            "CPU, where __init__ put it (self.synced[i].copy_(param.detach()) writes into the CPU tensor; "
+            "param.detach().clone() makes a new one on the GPU, whose memory is for training)")
+        for step, (got, want) in enumerate(zip(history, reference), 1):
+            worst = max((a - b).abs().max().item() for a, b in zip(got, want))
+            assert worst < 1e-9, (f"{T133}, on a GPU: rank {rank}, after step {step} the parameters differ from the "
+                                  f"same run on CPUs by {worst:.3g}")

@@ -15,7 +15,6 @@ summed gradients by M, where single-process training takes one mean: the same fp
 added in another order, which moves the results by a few units in the 7th digit. atol 1e-5
 with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles everything at M=2).
 """
-import datetime
 import functools
 import gc
 import inspect
@@ -34,6 +33,7 @@ from torch import nn
 
 from conftest import HAS_SOLUTIONS, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
+from wire import MESSAGES, Wire, dtype_name
 
 T101 = "Task 10.1 (template_pipeline.py, partition)"
 T102 = "Task 10.2 (template_pipeline.py, Stage._send)"
@@ -130,85 +130,20 @@ class WrongDtype(RuntimeError):
     """A receive into a buffer of another dtype than the one asked for (refused before gloo sees it)."""
 
 
-class Wire:
-    """Records every point-to-point message of a rank: (call, peer, shape, dtype, requires_grad),
-    peer a global rank; the Works of the sends are kept to check they completed.
+def messages_wire(expect_dtype=None):
+    """A Wire recording every point-to-point message of a rank (wire.py says where), on which a
+    blocking dist.recv gives up after RECV_LIMIT seconds with RecvNeverCame, saying where it waited;
+    with expect_dtype, a receive into a buffer of another dtype raises WrongDtype."""
+    def check(call, group):
+        if expect_dtype is not None and call.kind in ("recv", "irecv") and call.dtype != expect_dtype:
+            raise WrongDtype(f"asked to receive {expect_dtype}, it received into a {call.dtype} "
+                             f"buffer of shape {call.shape}")
+    return Wire(MESSAGES, check=check, recv_limit=RECV_LIMIT, never_came=never_came)
 
-    Recorded where every way of sending ends up, ProcessGroup.send and ProcessGroup.recv:
-    dist.isend, dist.send, dist.irecv, dist.recv and dist.batch_isend_irecv([dist.P2POp(...)])
-    all call them. dist.isend and dist.irecv stay PyTorch's own functions, which P2POp checks
-    its op against (wrapping them made a right answer with batch_isend_irecv fail). The blocking
-    dist.send and dist.recv are wrapped too, to name the call, and so that a recv gives up after
-    RECV_LIMIT seconds with RecvNeverCame, saying where it waited."""
 
-    def __init__(self, expect_dtype=None):
-        self.records, self.works, self.saved = [], [], {}
-        self.blocking = None  # "send" or "recv" while inside dist.send / dist.recv
-        self.expect_dtype = expect_dtype  # a receive into a buffer of another dtype raises WrongDtype
-
-    def _record(self, kind, group, tensors, peer):
-        name = self.blocking if self.blocking == kind else "i" + kind
-        if peer is not None:
-            peer = dist.get_global_rank(group, peer) if group is not None else peer
-        for tensor in tensors:
-            self.records.append((name, peer, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
-                                 tensor.requires_grad))
-
-    def __enter__(self):
-        from torch._C._distributed_c10d import ProcessGroup
-        # the class's own entries (vars, not getattr): put back as they were, they bind to the group again
-        self.saved = {(ProcessGroup, name): vars(ProcessGroup)[name] for name in ("send", "recv", "recv_anysource")}
-        self.saved.update({(dist, name): getattr(dist, name) for name in ("send", "recv")})
-        pg_send, pg_recv, pg_any = (self.saved[(ProcessGroup, n)] for n in ("send", "recv", "recv_anysource"))
-        dist_send = self.saved[(dist, "send")]
-
-        def send(group, tensors, dst, *args, **kwargs):
-            self._record("send", group, tensors, dst)
-            work = pg_send(group, tensors, dst, *args, **kwargs)
-            self.works.append(work)
-            return work
-
-        def recv(group, tensors, src, *args, **kwargs):
-            self._record("recv", group, tensors, src)
-            if self.expect_dtype is not None and tensors[0].dtype != self.expect_dtype:
-                raise WrongDtype(f"asked to receive {self.expect_dtype}, it received into a {tensors[0].dtype} "
-                                 f"buffer of shape {tuple(tensors[0].shape)}")
-            return pg_recv(group, tensors, src, *args, **kwargs)
-
-        def recv_anysource(group, tensors, *args, **kwargs):
-            self._record("recv", None, tensors, None)
-            return pg_any(group, tensors, *args, **kwargs)
-
-        def blocking_send(tensor, *args, **kwargs):
-            self.blocking = "send"
-            try:
-                return dist_send(tensor, *args, **kwargs)
-            finally:
-                self.blocking = None
-
-        def blocking_recv(tensor, src=None, group=None, tag=0, **kwargs):
-            self.blocking = "recv"
-            try:
-                work = dist.irecv(tensor, src=src, group=group, tag=tag, **kwargs)
-            finally:
-                self.blocking = None
-            if work is None:
-                return -1
-            try:
-                work.wait(datetime.timedelta(seconds=RECV_LIMIT))
-            except RuntimeError as error:
-                if "Timed out" not in str(error):
-                    raise
-                raise RecvNeverCame(waiting_for(src, tensor)) from None
-            return src
-
-        ProcessGroup.send, ProcessGroup.recv, ProcessGroup.recv_anysource = send, recv, recv_anysource
-        dist.send, dist.recv = blocking_send, blocking_recv
-        return self
-
-    def __exit__(self, *exc):
-        for (owner, name), original in self.saved.items():
-            setattr(owner, name, original)
+def records_of(wire):
+    """Every message, as (call, peer, shape, dtype, requires_grad), peer a global rank."""
+    return [(c.kind, c.peer, c.shape, dtype_name(c.dtype), c.requires_grad) for c in wire.calls]
 
 
 def patient(fn):
@@ -226,8 +161,9 @@ def patient(fn):
     return rank_function
 
 
-def waiting_for(src, tensor):
-    """What a receive that never completed waited for: from whom, in which function of the course."""
+def never_came(src, tensor):
+    """For a receive that never completed, RecvNeverCame saying what it waited for: from whom, in which
+    function of the course."""
     names = []
     frame = sys._getframe(2)  # the caller of dist.recv
     while frame is not None and frame.f_code.co_filename != __file__:  # up to the test's own code
@@ -237,8 +173,9 @@ def waiting_for(src, tensor):
     what = {"recv_backward": "the gradient of its output (recv_backward)",
             "recv_forward": "an activation (recv_forward)",
             "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
-    return (f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape {tuple(tensor.shape)} "
-            f"from rank {src}, which never sent it (waiting in {' <- '.join(names)})")
+    return RecvNeverCame(f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape "
+                         f"{tuple(tensor.shape)} from rank {src}, which never sent it "
+                         f"(waiting in {' <- '.join(names)})")
 
 
 # A receive that waits for a message never sent: the likely cause, by task and by where it waited.
@@ -415,7 +352,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
     stage = lib.Stage(model, rank, world_size)
     assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
     activation = stage.module(torch.full((2, 3), float(rank)))  # requires grad, as a real output
-    with Wire() as wire:
+    with messages_wire() as wire:
         if not stage.is_last:
             stage.send_forward(activation)
         if not stage.is_first:
@@ -440,9 +377,9 @@ def _round_trip(rank, world_size, impl, task, send=None):
         stage._send(torch.full((2, 3), 0.1 * (rank + 1), dtype=torch.float64), stage.next_rank)
     if not stage.is_first:
         try:
-            with Wire(expect_dtype=torch.int64):
+            with messages_wire(expect_dtype=torch.int64):
                 shape_message = stage._recv((10,), torch.int64, stage.prev_rank, requires_grad=False)
-            with Wire(expect_dtype=torch.float64):
+            with messages_wire(expect_dtype=torch.float64):
                 wide = stage._recv((2, 3), torch.float64, stage.prev_rank, requires_grad=True)
             got["dtypes"] = (shape_message.dtype, shape_message.detach().clone(), wide.dtype, wide.detach().clone())
         except RecvNeverCame:
@@ -468,7 +405,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
             got["strided"] = strided
         if sent.item():
             stage.wait_sends()
-    return got, expected_activation, wire.records, len(pending), done, stage.pending_sends == []
+    return got, expected_activation, records_of(wire), len(pending), done, stage.pending_sends == []
 
 
 @pytest.mark.parametrize("task", [pytest.param("10.2", marks=pytest.mark.task10_2),
@@ -615,7 +552,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
             lib.forward_step = alive
         try:
-            with Wire() as wire:
+            with messages_wire() as wire:
                 step = (reference_gpipe(lib) if task in ("10.4", "10.5") else
                         lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step)
                 # inputs to the first stage only, targets to the last only, as the spec allows
@@ -636,7 +573,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         graph = torch.is_tensor(loss) and (loss.requires_grad or loss.grad_fn is not None)
         loss_kind = (f"{loss.dim()}-d tensor" if torch.is_tensor(loss) else type(loss).__name__)
         loss = None if loss is None else torch.as_tensor(loss).detach().clone()
-        out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=wire.records, done=done,
+        out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=records_of(wire), done=done,
                         torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers),
                         loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most))
         dist.barrier()

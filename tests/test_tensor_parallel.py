@@ -26,6 +26,7 @@ from torch import nn
 from conftest import load_with_reference
 from harness import RankTimeout, run_ranks
 from models import CNN
+from wire import Wire
 
 T91 = "Task 9.1 (template_tensor_parallel.py, copy_to_tp / reduce_from_tp / gather_from_tp)"
 T92 = "Task 9.2 (template_tensor_parallel.py, ColumnParallelLinear / RowParallelLinear)"
@@ -67,33 +68,6 @@ def slow(*values):
     return pytest.param(*values, marks=pytest.mark.slow)
 
 
-class Wire:
-    """Records the collectives torch.distributed runs (kind, dtype, elements) while `on`, by
-    wrapping the module's functions: in a rank's own process, gone with it."""
-
-    KINDS = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-             "reduce", "all_to_all", "send", "recv", "isend", "irecv")
-
-    def __init__(self):
-        self.calls, self.on = [], False
-        for kind in self.KINDS:
-            setattr(dist, kind, self._wrap(kind, getattr(dist, kind)))
-
-    def _wrap(self, kind, collective):
-        def recorded(*args, **kwargs):
-            if self.on:
-                tensors = [t for a in args[:2] for t in (a if isinstance(a, (list, tuple)) else [a])
-                           if isinstance(t, torch.Tensor)]
-                sent = tensors[-1] if kind in ("all_gather", "all_gather_into_tensor") else tensors[0]
-                self.calls.append((kind, str(sent.dtype).replace("torch.", ""), sent.numel()))
-            return collective(*args, **kwargs)
-        return recorded
-
-    def take(self):
-        calls, self.calls = self.calls, []
-        return calls
-
-
 def _group(rank, world_size, sub):
     """(group, its rank, its size): the default group, or on 4 ranks two groups [0, 1] and [2, 3],
     created by every rank in the same order."""
@@ -113,29 +87,26 @@ def _rank_valued(group_rank, shape, offset=0.0):
 def _operators(rank, world_size, impl, sub):
     tp = judging(impl, "9.1")
     group, grank, gsize = _group(rank, world_size, sub)
-    wire = Wire()
     out = {}
     for name, shape, grad_shape in (("copy_to_tp", (2, 3), (2, 3)), ("reduce_from_tp", (2, 3), (2, 3)),
                                     ("gather_from_tp", (2, 3), (2, 3 * gsize))):
         x = _rank_valued(grank, shape).requires_grad_()
         grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
         x_before, grad_before = x.detach().clone(), grad_out.clone()
-        wire.take()  # nothing of an earlier operator (one that failed half-way) is counted against this one
-        wire.on = True
         y = None
-        try:
-            y = getattr(tp, name)(x, group)
-            forward_calls = wire.take()
-            (grad_x,) = torch.autograd.grad(y, x, grad_out)
-            backward_calls = wire.take()
-        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
-            raise
-        except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
-            out[name] = dict(error=f"{type(error).__name__}: {error}",  # the forward's shape explains a backward's error
-                             y_shape=None if y is None else tuple(y.shape), sent=wire.take())
-            continue
-        finally:
-            wire.on = False
+        with Wire() as wire:  # one per operator: nothing of an earlier one (failed half-way) is counted against it
+            try:
+                y = getattr(tp, name)(x, group)
+                forward_calls = wire.take()
+                (grad_x,) = torch.autograd.grad(y, x, grad_out)
+                backward_calls = wire.take()
+            except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+                raise
+            except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
+                # the forward's shape explains a backward's error
+                out[name] = dict(error=f"{type(error).__name__}: {error}",
+                                 y_shape=None if y is None else tuple(y.shape), sent=wire.take())
+                continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
@@ -244,19 +215,17 @@ def _forward_backward(layer, x, upstream, wire):
     gradient `upstream`); a layer that fails (a weight split along the wrong dimension cannot multiply x)
     gives its error, for the test to explain after the shapes. Never a hang: on a failure every rank of
     the group fails alike, since all hold the same kind of slice."""
-    wire.on = True
-    try:
-        y = layer(x)
-        forward = wire.take()
-        if y.shape == upstream.shape:
-            (y * upstream).sum().backward()
-        return y.detach().clone(), forward, wire.take(), None
-    except NotImplementedError:  # an unfilled TODO: the harness reports it as such
-        raise
-    except RuntimeError as error:
-        return None, wire.take(), [], f"{type(error).__name__}: {error}"
-    finally:
-        wire.on = False
+    with wire:
+        try:
+            y = layer(x)
+            forward = wire.take()
+            if y.shape == upstream.shape:
+                (y * upstream).sum().backward()
+            return y.detach().clone(), forward, wire.take(), None
+        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+            raise
+        except RuntimeError as error:
+            return None, wire.take(), [], f"{type(error).__name__}: {error}"
 
 
 def _from_linear(cls, linear, group, rank, grank, gsize, **flags):
@@ -652,12 +621,12 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     losses, wire, step_wire = [], Wire(), None
     for images, labels in _batches(dp_size):
         optimizer.zero_grad()
-        wire.on = step_wire is None  # the first step's forward and backward: the split layers' collectives
-        output = model(images.chunk(dp_world)[dp_rank])
-        forward = wire.take()
-        loss = F.cross_entropy(output, labels.chunk(dp_world)[dp_rank])
-        loss.backward()
-        wire.on = False
+        with wire:
+            wire.on = step_wire is None  # the first step's forward and backward: the split layers' collectives
+            output = model(images.chunk(dp_world)[dp_rank])
+            forward = wire.take()
+            loss = F.cross_entropy(output, labels.chunk(dp_world)[dp_rank])
+            loss.backward()
         step_wire = step_wire or dict(forward=forward, backward=wire.take(), batch=output.shape[0])
         tp.average_gradients_over_dp(model, dp_group)
         optimizer.step()
@@ -912,9 +881,8 @@ def _average(rank, world_size, impl, dp_size, tp_size):
     model = nn.Linear(3, 2)
     model.weight.grad = torch.full((2, 3), float(rank + 1))
     model.bias.grad = None  # frozen, or unused: skipped
-    wire = Wire()
-    wire.on = True
-    tp.average_gradients_over_dp(model, dp_group)
+    with Wire() as wire:
+        tp.average_gradients_over_dp(model, dp_group)
     return model.weight.grad, model.bias.grad, wire.take()
 
 

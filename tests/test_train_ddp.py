@@ -236,3 +236,19 @@ def test_cifar10_that_cannot_be_had_is_an_error_that_says_what_to_do(tmp_path, c
     md5, _, _, _ = cifar_server
     with pytest.raises(AssertionError, match="--data synthetic"):
         run_ranks(_get_cifar, 1, "cifar10", str(tmp_path / "empty"), md5, "http://127.0.0.1:9/x.tar.gz", timeout=60)
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("flags", [["--allreduce", "ring"], ["--allreduce", "naive"], ["--pp", "2"],
+                                   ["--pp", "2", "--impl", "ddp"]])
+def test_send_and_recv_over_gloo_on_a_gpu_are_refused_in_one_line(flags, monkeypatch):
+    """gloo sends CPU tensors only: on a GPU node, --backend gloo gives CUDA tensors, and send/recv
+    abort the process ("writev ... Bad address", torch 2.11 on an H200). Refused before anything starts."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 sets it
+    args = train_ddp.parse_args(["--impl", "solutions", "--data", "synthetic", "--backend", "gloo", *flags])
+    with pytest.raises(ValueError, match="gloo does for CPU tensors only") as refused:
+        train_ddp.check_flags(args)
+    assert f"{flags[0]} {flags[1]}" in str(refused.value) and "CUDA_VISIBLE_DEVICES=" in str(refused.value), refused.value
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    train_ddp.check_flags(args)  # on CPUs the same flags train

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from launchers import launcher_name
+from launchers import launcher_name, rank_tag
 
 # Launchers that end every process of a run when one fails (srun with --kill-on-bad-exit,
 # which submit.sh and submit_srun.sh set). Elsewhere a SIGTERM says less.
@@ -41,7 +41,7 @@ def stop_on_interrupt(signum, frame):
     the process group politely can wait on ranks that are already gone."""
     if os.getpid() != MAIN_PID:  # a DataLoader worker: it stops quietly, as PyTorch's workers do
         raise KeyboardInterrupt
-    tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
+    tag = rank_tag()
     where = f"epoch {PROGRESS['epoch']} step {PROGRESS['step']}" if PROGRESS["epoch"] else "start-up"
     said = f"interrupted at {where}"
     if signum == signal.SIGTERM and not PROGRESS["epoch"]:  # most often the launcher, after another rank failed
@@ -78,8 +78,7 @@ def cannot_start(error, final=False):
     follows: local rank 0 stops torchrun's agent, the other local ranks wait for it to do so."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun may stop this rank any moment: say it whole
     if not final:
-        tag = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-        print(f"{tag}error: {error}", file=sys.stderr, flush=True)
+        print(f"{rank_tag()}error: {error}", file=sys.stderr, flush=True)
     if os.environ.get("LOCAL_RANK", "0") != "0":
         time.sleep(1)  # meanwhile local rank 0 stops torchrun, before it sees this exit and restarts
     else:

@@ -2,6 +2,7 @@
 optimizer step, each on its own row.
 
     python tools/timeline.py runs/profile/trace.json runs/profile/timeline.png
+    python tools/timeline.py --streams runs/profile/trace.json   # a GPU trace: which kernels ran on which stream
 
 train_ddp.py --profile DIR calls plot_timeline() itself. The rows, from the trace's events:
 
@@ -60,6 +61,25 @@ def timeline_rows(trace_path):
             rows["optimizer step"].append(span)
     bounds = sorted(((e["ts"] - origin) / 1e3, (e["ts"] + e["dur"] - origin) / 1e3) for e in steps)
     return {name: _merge(spans) for name, spans in rows.items() if spans}, bounds
+
+
+def kernel_streams(trace_path):
+    """A GPU trace's kernels by CUDA stream: {stream: (kind, kernels, busy ms)}, kind "nccl" or "compute",
+    and the ms during which an NCCL kernel ran while a compute kernel ran on another stream: the
+    overlap that Task 5's buckets are for, seen on the GPU itself."""
+    with open(trace_path) as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    streams, spans = {}, {"nccl": [], "compute": []}
+    for e in kernels:
+        kind = "nccl" if "nccl" in e["name"].lower() else "compute"
+        stream = e.get("args", {}).get("stream", e.get("tid"))
+        _, count, busy = streams.get(stream, (kind, 0, 0.0))
+        streams[stream] = (kind, count + 1, busy + e["dur"] / 1e3)
+        spans[kind].append((e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3))
+    compute = _merge(spans["compute"])
+    overlap = sum(max(0.0, min(end, c_end) - max(start, c_start))
+                  for start, end in _merge(spans["nccl"]) for c_start, c_end in compute)
+    return streams, overlap
 
 
 def plot_timeline(trace_path, png_path, title=None):
@@ -131,6 +151,13 @@ def start_profiler(directory, device, model=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python tools/timeline.py TRACE.json OUT.png [TITLE]")
-    plot_timeline(*sys.argv[1:])
+    if len(sys.argv) == 3 and sys.argv[1] == "--streams":
+        streams, overlap = kernel_streams(sys.argv[2])
+        for stream, (kind, count, busy) in sorted(streams.items(), key=lambda item: str(item[0])):
+            print(f"stream {stream}: {count} {kind} kernels, {busy:.2f} ms busy")
+        print(f"NCCL kernels running beside compute kernels: {overlap:.2f} ms" if streams else
+              "no GPU kernels in this trace (a CPU run)")
+    elif len(sys.argv) in (3, 4):
+        plot_timeline(*sys.argv[1:])
+    else:
+        sys.exit("usage: python tools/timeline.py TRACE.json OUT.png [TITLE]  or  python tools/timeline.py --streams TRACE.json")

@@ -1,0 +1,270 @@
+"""What goes on the wire in a rank: one recorder for every test.
+
+    with Wire() as wire:            # torch.distributed's functions wrapped, put back on exit
+        ...                         # the code under test
+    wire.calls                      # a Call per collective or message, in order
+    wire.take()                     # (kind, dtype, numel) of the calls since the last take()
+    wire.events                     # ("launch", numel, async_op), ("wait", numel) and marks, in order
+
+Collectives are recorded where the code under test calls them, torch.distributed's functions
+(dist.all_reduce, ...: PyTorch's own helpers such as PeriodicModelAverager call them too).
+Point-to-point messages are recorded where every way of sending ends up, ProcessGroup.send and
+ProcessGroup.recv: dist.isend, dist.send, dist.irecv, dist.recv and dist.batch_isend_irecv all call
+them. dist.isend and dist.irecv stay PyTorch's own functions, which P2POp checks its op against;
+dist.send and dist.recv are wrapped to name the call. An asynchronous collective returns a Handle,
+which counts its wait() calls. Used in a rank's own process (the harness's spawned ranks).
+"""
+import datetime
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# every collective a task could send its tensors with (the old names and torch 2.14's new ones)
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
+               "_all_gather_base", "all_gather_object", "reduce_scatter_tensor", "reduce_scatter_single",
+               "reduce_scatter", "_reduce_scatter_base", "broadcast", "broadcast_object_list", "reduce", "gather",
+               "scatter", "all_to_all_single", "all_to_all")
+MESSAGES = ("send", "recv", "isend", "irecv")
+GATHERS = ("all_gather", "all_gather_into_tensor")  # what such a call sends is its last tensor, the input
+
+
+def dtype_name(dtype):
+    """torch.float32 -> "float32"; None (a Python object sent) -> "object"."""
+    return "object" if dtype is None else str(dtype).replace("torch.", "")
+
+
+@dataclass
+class Call:
+    kind: str  # the function: "all_reduce", ..., "send", "isend", "recv", "irecv"
+    dtype: torch.dtype  # of the tensor it sends: a gather's input, else its first tensor; None: objects
+    numel: int
+    shape: tuple
+    tensors: list  # (dtype name, numel) of every tensor it was given, in order: a gather's outputs too
+    first: tuple  # (dtype name, numel) of its first argument (a list's first tensor); ("object", 0): not a tensor
+    async_op: bool
+    op: object  # the ReduceOp, or None
+    group_size: int  # the ranks it runs over
+    step: object = None  # wire.step when it was called: a test's label
+    waits: int = 0  # wait() calls on its Handle
+    deferred: bool = False  # held back until its wait() or the wire's flush() (Wire's defer)
+    peer: int = None  # a message's other end, a global rank (None: any source)
+    requires_grad: bool = False
+
+    @property
+    def sent(self):
+        """(kind, dtype name, numel)."""
+        return self.kind, dtype_name(self.dtype), self.numel
+
+
+def _tensors(values):
+    return [t for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if torch.is_tensor(t)]
+
+
+def _first(args, kwargs):
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if isinstance(first, (list, tuple)) and first and torch.is_tensor(first[0]):
+        first = first[0]
+    return (dtype_name(first.dtype), first.numel()) if torch.is_tensor(first) else ("object", 0)
+
+
+def _size(group):
+    try:
+        return dist.get_world_size(group)
+    except (RuntimeError, ValueError, TypeError, AttributeError):  # not a group: the collective itself says so
+        return -1
+
+
+class Wire:
+    """Records, while `on`, the calls of `kinds` (default every collective and message).
+
+    defer=True: an asynchronous collective does not run until its wait() or flush(), so that a
+    Future complete before then was completed by hand. check(call, group), if given, runs before
+    each call (raise to refuse it). recv_limit: a blocking dist.recv waits at most this many
+    seconds, then raises never_came(src, tensor)."""
+
+    def __init__(self, kinds=COLLECTIVES + MESSAGES, defer=False, check=None, recv_limit=None, never_came=None):
+        self.kinds, self.defer, self.check = kinds, defer, check
+        self.recv_limit, self.never_came = recv_limit, never_came
+        self.calls, self.events = [], []
+        self.handles = []  # what the asynchronous collectives returned, in launch order
+        self.works = []  # the messages' Works, as ProcessGroup.send returned them
+        self.on, self.step, self.taken = True, None, 0
+        self.pending = []  # deferred collectives: (run, future)
+        self.saved = {}
+        self.blocking = None  # "send" or "recv" while inside dist.send / dist.recv
+
+    # ---------------------------------------------------------------- views
+    def take(self):
+        """What each call since the last take() sent: [(kind, dtype name, numel)]."""
+        calls, self.taken = self.calls[self.taken:], len(self.calls)
+        return [call.sent for call in calls]
+
+    def mark(self, what):
+        self.events.append((what,))
+
+    def launches(self):
+        return [e for e in self.events if e[0] == "launch"]
+
+    # ---------------------------------------------------------------- patching
+    def __enter__(self):
+        for kind in self.kinds:
+            if kind in COLLECTIVES and hasattr(dist, kind):
+                self.saved[(dist, kind)] = getattr(dist, kind)
+                setattr(dist, kind, self._collective(kind, getattr(dist, kind)))
+        if set(self.kinds) & set(MESSAGES):
+            self._patch_messages()
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.flush()
+        finally:
+            for (owner, name), original in self.saved.items():
+                setattr(owner, name, original)
+            self.saved = {}
+
+    def _collective(self, kind, real):
+        signature = inspect.signature(real)
+
+        def collective(*args, **kwargs):
+            try:
+                given = signature.bind(*args, **kwargs)
+            except TypeError:  # PyTorch's own error says what is wrong with the call
+                return real(*args, **kwargs)
+            given.apply_defaults()
+            group, async_op = given.arguments.get("group"), bool(given.arguments.get("async_op", False))
+            every = _tensors(list(args) + list(kwargs.values()))
+            mine = _tensors(args[:2]) or every  # the tensors it was called with (as every course answer calls it)
+            sent = (mine[-1] if kind in GATHERS else mine[0]) if mine else None
+            call = Call(kind, None if sent is None else sent.dtype, 0 if sent is None else sent.numel(),
+                        () if sent is None else tuple(sent.shape), [(dtype_name(t.dtype), t.numel()) for t in every],
+                        _first(args, kwargs), async_op, given.arguments.get("op"), _size(group), self.step)
+            if self.check is not None:
+                self.check(call, group)
+            if not self.on:
+                return real(*args, **kwargs)
+            self.calls.append(call)
+            self.events.append(("launch", call.numel, async_op))
+            if async_op and self.defer:
+                call.deferred = True
+                future = torch.futures.Future()
+                given.arguments["async_op"] = False
+                self.pending.append((lambda: real(*given.args, **given.kwargs), future, sent))
+                return self._handle(call, None, future)
+            work = real(*args, **kwargs)
+            return None if work is None else self._handle(call, work)
+        return collective
+
+    def _handle(self, call, work, future=None):
+        handle = Handle(self, call, work, future)
+        self.handles.append(handle)
+        return handle
+
+    def run_until(self, future):
+        """Run the deferred collectives, in their order, up to the one of `future`."""
+        while any(f is future for _, f, _ in self.pending):
+            run, done, tensor = self.pending.pop(0)
+            run()
+            done.set_result([tensor])
+
+    def flush(self):
+        self.defer = False  # what the callbacks start now runs at once
+        while self.pending:
+            self.run_until(self.pending[-1][1])
+
+    def _patch_messages(self):
+        from torch._C._distributed_c10d import ProcessGroup
+        # the class's own entries (vars, not getattr): put back as they were, they bind to the group again
+        for name in ("send", "recv", "recv_anysource"):
+            self.saved[(ProcessGroup, name)] = vars(ProcessGroup)[name]
+        self.saved.update({(dist, name): getattr(dist, name) for name in ("send", "recv")})
+        pg_send, pg_recv, pg_any, dist_send, dist_recv = (self.saved[key] for key in (
+            (ProcessGroup, "send"), (ProcessGroup, "recv"), (ProcessGroup, "recv_anysource"), (dist, "send"),
+            (dist, "recv")))
+
+        def message(kind, group, tensors, peer):
+            name = self.blocking if self.blocking == kind else "i" + kind
+            if peer is not None:
+                peer = dist.get_global_rank(group, peer)
+            for tensor in tensors:
+                call = Call(name, tensor.dtype, tensor.numel(), tuple(tensor.shape),
+                            [(dtype_name(tensor.dtype), tensor.numel())], (dtype_name(tensor.dtype), tensor.numel()),
+                            name.startswith("i"), None, group.size(),
+                            self.step, peer=peer, requires_grad=tensor.requires_grad)
+                if self.check is not None:
+                    self.check(call, group)
+                if self.on:
+                    self.calls.append(call)
+
+        def send(group, tensors, dst, *args, **kwargs):
+            message("send", group, tensors, dst)
+            work = pg_send(group, tensors, dst, *args, **kwargs)
+            self.works.append(work)
+            return work
+
+        def recv(group, tensors, src, *args, **kwargs):
+            message("recv", group, tensors, src)
+            return pg_recv(group, tensors, src, *args, **kwargs)
+
+        def recv_anysource(group, tensors, *args, **kwargs):
+            message("recv", group, tensors, None)
+            return pg_any(group, tensors, *args, **kwargs)
+
+        def blocking_send(tensor, *args, **kwargs):
+            self.blocking = "send"
+            try:
+                return dist_send(tensor, *args, **kwargs)
+            finally:
+                self.blocking = None
+
+        def blocking_recv(tensor, src=None, group=None, tag=0, **kwargs):
+            self.blocking = "recv"
+            try:
+                if self.recv_limit is None:
+                    return dist_recv(tensor, src=src, group=group, tag=tag, **kwargs)
+                work = dist.irecv(tensor, src=src, group=group, tag=tag, **kwargs)
+            finally:
+                self.blocking = None
+            if work is None:
+                return -1
+            try:
+                work.wait(datetime.timedelta(seconds=self.recv_limit))
+            except RuntimeError as error:
+                if "Timed out" not in str(error):
+                    raise
+                raise self.never_came(src, tensor) from None
+            return src
+
+        ProcessGroup.send, ProcessGroup.recv, ProcessGroup.recv_anysource = send, recv, recv_anysource
+        dist.send, dist.recv = blocking_send, blocking_recv
+
+
+class Handle:
+    """What an asynchronous collective returns on the wire: its Work (or, deferred, a Future the
+    wire completes), counting the wait() calls in its Call and in the wire's events."""
+
+    def __init__(self, wire, call, work, future=None):
+        self.wire, self.call, self.work, self.future = wire, call, work, future
+
+    @property
+    def waits(self):
+        return self.call.waits
+
+    def wait(self, *args, **kwargs):
+        self.call.waits += 1
+        self.wire.events.append(("wait", self.call.numel))
+        if self.work is None:
+            self.wire.run_until(self.future)
+            return True
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        return self.future if self.work is None else self.work.get_future()
+
+    def is_completed(self):
+        return self.future.done() if self.work is None else self.work.is_completed()
+
+    def __getattr__(self, name):  # the Work's own
+        return getattr(self.work, name)
