@@ -10,9 +10,12 @@ It runs the tests against your template_*.py files (pytest --impl template) once
 prints one line per task: done, not started (its TODO still raises NotImplementedError),
 blocked (it needs an earlier task), failing (with the tests' explanation of the likely
 mistake) or hang (with where each stuck rank was waiting). It never hangs itself: a
-deadlock is caught by the tests' time limits and reported. A task that hangs, or fails in a
-way a busy machine can cause, is run once more before it is reported. Without GPUs the NCCL variants
-of the tests are skipped; on a machine with GPUs they run too.
+deadlock is caught by the tests' time limits and reported. A task that fails in a way a busy
+machine can cause (a hang where no rank finished, a lost connection) is run once more before
+it is reported; a deadlock (a rank finished, the others wait in a collective for it) is not.
+A task's slow-marked tests run after its others, and not at all once one of those failed: a
+wrong answer is told in the time of the fast tests, a right one runs them all, as the grader
+does. Without GPUs the NCCL variants of the tests are skipped; on a machine with GPUs they run too.
 """
 import argparse
 import os
@@ -146,7 +149,8 @@ def run_again_if_uncertain(run, results, workdir, args):
           "again, as a busy machine can cause that ...", flush=True)
     retry_dir = os.path.join(workdir, "again")
     os.makedirs(retry_dir)
-    rerun = run_tests(REPO, ids, retry_dir, impl=args.impl, timeout=args.timeout)
+    rerun = run_tests(REPO, ids, retry_dir, impl=args.impl, timeout=args.timeout,
+                      fast_first=True)
     results = list(results)
     for new in summarize([r.task for r in again], rerun):
         index = next(i for i, r in enumerate(results) if r.task.id == new.task.id)
@@ -182,7 +186,7 @@ def main(argv=None):
     which = "your template_*.py files" if args.impl == "template" else "solutions/"
     print(f"Checking {which}: Task {', '.join(t.id for t in chosen)} ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="check-") as workdir:
-        run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout)
+        run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout, fast_first=True)
         results = summarize(chosen, run)
         if args.verbose or (all(r.status in ("error", "no tests") for r in results)):
             with open(run.log_path, encoding="utf-8", errors="replace") as log:

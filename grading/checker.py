@@ -71,6 +71,25 @@ MAYBE_THE_MACHINE = {"RuntimeError", "DistError", "DistBackendError", "DistNetwo
                      "EOFError", "RankFailed",
                      "RankStartupTimeout"}  # tests/harness.py: the ranks never got as far as the code under test
 
+# The harness's hang report (tests/harness.py, _raise_timeout): who was still running, who had finished,
+# and where each stuck rank was (its innermost frame first).
+_HANG_RANKS = re.compile(r"ranks \[([\d, ]*)\] were still running after [\d.]+ s \(ranks \[([\d, ]*)\] had finished\)")
+_RANK_AT = re.compile(r"rank (\d+) was at:\s+File \"([^\"]+)\"")
+
+
+def is_deadlock(message):
+    """Whether a hang is one no machine can cause: a rank finished its whole function, and every rank
+    still running waits inside torch.distributed (a collective, a send or a receive) for a peer. A rank
+    that finished calls nothing more, so these waits never end, however fast or slow the machine is: run
+    again, the test hangs again, one more time limit later (a Task 13 mistake cost 2 x 45 s, 183 s under
+    load). A hang with no rank finished, or a stuck rank that is computing, may be a slow machine."""
+    found = _HANG_RANKS.search(message or "")
+    if not found or not found[2].strip():
+        return False
+    stuck = [rank.strip() for rank in found[1].split(",") if rank.strip()]
+    at = dict(_RANK_AT.findall(message))
+    return bool(stuck) and all("/torch/distributed/" in at.get(rank, "").replace("\\", "/") for rank in stuck)
+
 
 @dataclasses.dataclass
 class Task:
@@ -199,10 +218,12 @@ def task_test_files(repo, markers):
     return found or ["tests"]
 
 
-def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None):
+def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_timeout=None, wrap=None,
+              fast_first=False):
     """One pytest run of the tests of `task_ids`, in its own process group, killed after `timeout` s.
     `wrap(command, env, workdir)` -> (command, env): how to run it (grading/sandbox.py); pytest
-    writes only into `workdir`, and the log goes there from outside."""
+    writes only into `workdir`, and the log goes there from outside. `fast_first` (check.py, not the
+    grader, which counts every test): a task's slow tests run last, and not once it failed."""
     results = os.path.join(workdir, "results.jsonl")
     stack = os.path.join(workdir, "stack.txt")
     log_path = os.path.join(workdir, "pytest.log")
@@ -214,7 +235,7 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     markers = ["task" + task.replace(".", "_") for task in task_ids]
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-m", " or ".join(markers),
                "-p", "grading.pytest_plugin", f"--results-file={results}", f"--stack-file={stack}",
-               "-p", "no:cacheprovider", "-q", "--color=no"]
+               "-p", "no:cacheprovider", "-q", "--color=no"] + (["--fast-first"] if fast_first else [])
     if test_timeout:
         command.append(f"--timeout={test_timeout}")
     command += task_test_files(repo, markers)
@@ -317,6 +338,7 @@ class TaskResult:
     explanation: str = ""  # one or two sentences
     details: list = dataclasses.field(default_factory=list)  # further lines (where stuck ranks were)
     error_type: str = ""  # the exception behind `explanation` ("AssertionError": a test's check failed)
+    deadlock: bool = False  # a hang that running again would repeat (is_deadlock)
     passed: int = 0
     total: int = 0
     outcomes: list = dataclasses.field(default_factory=list)
@@ -328,8 +350,10 @@ class TaskResult:
     @property
     def certain(self):
         """Whether running again would give the same status. The tests are deterministic; a
-        hang, a crash or a lost connection can be a busy machine's doing."""
-        return self.status not in ("hang", "error", "not run") and not (
+        hang, a crash or a lost connection can be a busy machine's doing; a deadlock cannot."""
+        if self.status == "hang":
+            return self.deadlock
+        return self.status not in ("error", "not run") and not (
             self.status == "failing" and self.error_type in MAYBE_THE_MACHINE)
 
 
@@ -434,6 +458,7 @@ def _summarize_task(task, tests, run, collect_errors):
         result.details = _stack_lines(run.stack)
     elif hung:
         result.status = "hang"
+        result.deadlock = is_deadlock(hung[0].message)
         result.explanation, result.details = explain(hung[0].exc_type, hung[0].message, hung[0].where)
         result.explanation = _without_task_prefix(task, result.explanation)
     elif unfinished:  # the pytest process died during a test

@@ -9,7 +9,10 @@ is still on disk: "collected" (a test and its task markers), "collect_error", "s
 Once a test of a task hangs (the harness's RankTimeout or pytest-timeout), the task's
 remaining tests are skipped: they would most likely hang as well, and each hang costs a
 full time limit. Likewise once one raises NotImplementedError: the task is not started
-(or waits for the task the error names), and its other tests would only say so again. On SIGUSR2 the process writes its Python stack to the file named by
+(or waits for the task the error names), and its other tests would only say so again. With
+--fast-first (check.py) a task's tests not marked slow run first, and once one of a task's tests
+fails its slow tests are skipped: a wrong answer is told in the time of the fast tests (check.py
+reports the first failure only). On SIGUSR2 the process writes its Python stack to the file named by
 --stack-file, which is how a run killed from outside still says where it was.
 """
 import faulthandler
@@ -30,6 +33,9 @@ def pytest_addoption(parser):
                     help="write each test's outcome and task markers to this file, as JSON lines")
     group.addoption("--stack-file", default=None,
                     help="on SIGUSR2, write the Python stack of this process to this file")
+    group.addoption("--fast-first", action="store_true",
+                    help="run each task's tests not marked slow first, and skip a task's slow tests once one of "
+                    "its tests failed (check.py: a wrong answer is told sooner; the grader runs every test)")
 
 
 def pytest_configure(config):
@@ -75,6 +81,7 @@ class _Recorder:
     def __init__(self, path, stack_path):
         self.file = open(path, "a", encoding="utf-8")
         self.stopped = {}  # task -> (why its remaining tests are skipped, the test that showed it)
+        self.failed = {}  # task -> its first failed test (--fast-first)
         if stack_path and hasattr(signal, "SIGUSR2"):  # not on Windows
             self.stack_file = open(stack_path, "w", encoding="utf-8")
             faulthandler.register(signal.SIGUSR2, file=self.stack_file, all_threads=True)
@@ -86,6 +93,11 @@ class _Recorder:
     def pytest_collectreport(self, report):
         if report.failed:
             self.write(event="collect_error", nodeid=report.nodeid, message=str(report.longrepr)[-4000:])
+
+    @pytest.hookimpl(trylast=True)  # after conftest's own checks of the items
+    def pytest_collection_modifyitems(self, config, items):
+        if config.getoption("--fast-first"):
+            items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: file order kept
 
     def pytest_collection_finish(self, session):
         for item in session.items:
@@ -102,6 +114,10 @@ class _Recorder:
                 self.write(event="skipped", nodeid=item.nodeid, task=task, reason=reason, message=message,
                            after=nodeid)
                 pytest.skip(f"not run: an earlier test of Task {task} showed a {reason} ({nodeid})")
+        failed = [task for task in tasks_of(item) if task in self.failed]
+        if failed and item.get_closest_marker("slow") and item.config.getoption("--fast-first"):
+            # a plain skip: the task is failing already, by the test named here, which check.py reports
+            pytest.skip(f"not run (--fast-first): Task {failed[0]} failed already ({self.failed[failed[0]]})")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -125,6 +141,8 @@ class _Recorder:
                 stop, reason = [], None
             for task in stop:
                 self.stopped.setdefault(task, (reason, event["message"], item.nodeid))
+            for task in tasks_of(item):
+                self.failed.setdefault(task, item.nodeid)
         elif report.failed:
             event.update(exc_type="Error", message=str(report.longrepr)[-4000:])
         self.write(**event)

@@ -86,6 +86,7 @@ class DidNotFinish(AssertionError):
 def _alone_main(fn, calls, results, memory_bytes):
     import resource
 
+    harness.freeze_inherited_objects()
     torch.set_num_threads(1)
     with open("/proc/self/status") as status:  # what this process already maps (torch's libraries)
         mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))

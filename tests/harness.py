@@ -21,16 +21,22 @@ Each rank is its own process. `fn(rank, world_size, *args)` runs after
 """
 import datetime
 import faulthandler
+import gc
 import io
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import queue
 import re
 import signal
+import sys
 import tempfile
 import time
 import traceback
+import types
+import warnings
 
 # Processes are forked from a server that has already imported torch: about 30 ms a
 # rank instead of 3 s for "spawn", and safer than forking pytest itself, whose OpenMP
@@ -38,16 +44,82 @@ import traceback
 _context = multiprocessing.get_context("forkserver")
 # torch._dynamo too: DistributedDataParallel imports it on first use, 4 s for every rank.
 _context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
-# Start the server now (conftest.py imports this file first thing): it imports those (about
-# 4 s) in the background while pytest starts, instead of when the first test needs a rank.
-# Each rank still gets this process's sys.path when it starts, so nothing that pytest adds
-# later is missed. Not in a rank that is starting (it imports this file to find its
-# function), where multiprocessing forbids it.
-if not getattr(multiprocessing.current_process(), "_inheriting", False):
+# Not in a rank that is starting (it imports this file to find its function), where
+# multiprocessing forbids starting a server.
+_STARTING_A_RANK = getattr(multiprocessing.current_process(), "_inheriting", False)
+# On Linux the server is forked from this process once it has imported torch (conftest.py
+# imports this file first thing, before any test runs an operation: no OpenMP thread yet),
+# instead of a new interpreter importing torch a second time: that import was 2-4 s of CPU
+# of every pytest start, on a machine of 2 cores often the whole difference. Elsewhere (fork
+# after torch is not safe on macOS) it is started at once, and imports its preload while
+# this process imports torch too.
+_FORK_THE_SERVER = sys.platform.startswith("linux")
+if not _STARTING_A_RANK and not _FORK_THE_SERVER:
     multiprocessing.forkserver.ensure_running()
 
-import torch  # noqa: E402  (after the server started: it imports torch meanwhile, on another core)
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+
+def freeze_inherited_objects():
+    """gc.freeze() in a process forked from the server: the garbage collector leaves alone the objects
+    it inherited (torch, pytest: millions), which it would otherwise walk at each full collection,
+    writing to every one and so copying every page the fork shared. A test's gc.collect() took 1.3 s
+    in a rank at load 8 (Task 10.6's GPipe check called it 11 times a rank: 14 of its 19 s); it now
+    walks only what the rank made itself, all that a test's collection is for."""
+    gc.freeze()
+
+
+def _forked_server(path, args, passfds):
+    """multiprocessing.util.spawnv_passfds for ForkServer.ensure_running: the server's command
+    (`python -c "...main(...)"`) run in a fork of this process rather than a new interpreter.
+    It keeps only what a new interpreter would have: fds 0-2 and `passfds`, no file of the
+    course imported (a rank imports its test's module afresh, as from a new server: harness
+    and conftest are still half imported here) and no pytest assertion rewriting (a rank's
+    asserts read as in a plain import)."""
+    with warnings.catch_warnings():  # Python 3.12+: torch has a thread of its own; it holds no lock of ours
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        keep = {0, 1, 2, *passfds}
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # pytest's capture objects wrote to closed fds
+        course = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(course):
+                del sys.modules[name]
+        sys.meta_path[:] = [hook for hook in sys.meta_path if type(hook).__name__ != "AssertionRewritingHook"]
+        # a script's __main__ (half run here) is imported afresh by each rank, as under `python -c`
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(args[args.index("-c") + 1], {"__name__": "__forkserver__"})
+        code = 0
+    except SystemExit:  # the server's normal end: every client has closed its "alive" pipe
+        code = 0
+    except BaseException:  # noqa: BLE001  said on stderr; the server is then missing, and ensure_running starts one
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+if not _STARTING_A_RANK and _FORK_THE_SERVER:
+    # torch._dynamo is left to the server (its preload), which imports it while pytest collects: imported
+    # here, before the fork, it saved 2.2's check (whose own process makes optimizers, which import it)
+    # about 1 s, and cost those of 0.3 and 3.2 (which make none) 0.5-1.5 s, measured alternating at load 4.
+    multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
+    _spawn = multiprocessing.util.spawnv_passfds
+    multiprocessing.util.spawnv_passfds = _forked_server
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        multiprocessing.util.spawnv_passfds = _spawn
 
 
 class RankTimeout(AssertionError):
@@ -72,6 +144,7 @@ STARTUP_TIMEOUT = 15.0
 
 def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path, all_done,
                startup_timeout=STARTUP_TIMEOUT):
+    freeze_inherited_objects()
     torch.set_num_threads(1)  # several ranks share a few cores
     with open(dump_path, "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
@@ -107,6 +180,10 @@ def _where(dump_text):
     frames = [line.strip() for line in dump_text.splitlines() if line.strip().startswith("File")]
     if not frames:
         return "(no stack dump: the process did not answer)"
+    # up to the rank's start: below _rank_main are the server's frames (and, where it was forked from
+    # pytest, the frames of pytest importing conftest.py at that moment), no part of the test
+    start = next((i for i, f in enumerate(frames) if f.endswith(" in _rank_main")), len(frames) - 1)
+    frames = frames[:start + 1]
     ours = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
     return "\n      ".join(frames[:1] + [f for f in ours if f != frames[0]])
 

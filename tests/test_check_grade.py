@@ -291,7 +291,7 @@ def test_check_runs_a_hang_again_before_blaming_the_task(monkeypatch, tmp_path, 
             _run(*_test("t::a", "2.1"), returncode=0)]
     asked = []
 
-    def fake_run_tests(repo, task_ids, workdir, impl, timeout):
+    def fake_run_tests(repo, task_ids, workdir, impl, timeout, fast_first=False):
         asked.append(task_ids)
         return runs[len(asked) - 1]
 
@@ -320,3 +320,63 @@ def test_a_check_collects_the_files_that_mark_its_task_and_only_those():
     for task in discover_tasks(REPO):
         files = task_test_files(REPO, [task.marker])
         assert files != ["tests"] and "tests/test_mistakes.py" not in files, (task.id, files)
+
+
+def test_a_deadlock_costs_one_time_limit_and_a_slow_hang_is_run_again(monkeypatch, capsys):
+    """A Task 13.2 answer that averaged on rank 0 only hung in both of check.py's runs (2 x 45 s, 183 s under
+    load): rank 1 had finished, rank 0 waited in all_reduce for it, which no machine can cause, so it is
+    reported after the first run. A hang where no rank finished, or a stuck rank not in torch.distributed
+    (computing, perhaps slowly), is still run again."""
+    import check
+    from grading.checker import is_deadlock
+
+    deadlock = ("Task 13.2 (template_local_sgd.py, LocalSGD.step()): ranks [0] were still running after 40 s "
+                "(ranks [1] had finished). This is a hang: ...\n  rank 0 was at:\n      File "
+                "\"/x/site-packages/torch/distributed/distributed_c10d.py\", line 3913 in all_reduce\n      File "
+                "\"/x/template_local_sgd.py\", line 51 in all_reduce_mean")
+    assert is_deadlock(deadlock)
+    assert not is_deadlock(deadlock.replace("(ranks [1] had finished)", "(ranks [] had finished)"))
+    assert not is_deadlock(deadlock.replace("/torch/distributed/distributed_c10d.py", "/template_local_sgd.py"))
+    assert not is_deadlock(deadlock.replace("ranks [0] were", "ranks [0, 2] were"))  # rank 2: no stack said
+    assert not is_deadlock("rank 1 raised ValueError: ...")
+
+    runs = [_run(*_test("t::a", "2.1", "failed", "RankTimeout", deadlock))]
+    asked = []
+
+    def fake_run_tests(repo, task_ids, workdir, impl, timeout, fast_first=False):
+        asked.append(task_ids)
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(check, "run_tests", fake_run_tests)
+    assert check.main(["2.1"]) == 1
+    out = capsys.readouterr().out
+    assert asked == [["2.1"]] and "running it again" not in out, out
+    assert "hang" in out and "rank 0 waits in all_reduce()" in out, out
+
+
+def test_fast_first_runs_a_tasks_slow_tests_last_and_not_after_it_failed(tmp_path):
+    """check.py's --fast-first (grading/pytest_plugin.py): a wrong answer is told in the time of its task's fast
+    tests. Task 1.1's slow test, written first, runs after its fast ones and is skipped once one failed; Task 1.2's
+    runs (nothing of 1.2 failed). Without the option (the grader) every test runs, in file order, as every other
+    test of this file shows."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:hypothesispytest\nmarkers =\n    slow: s\n    task1_1: a\n    task1_2: b\n")
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.slow\n@pytest.mark.task1_1\ndef test_a_slow():\n    pass\n"
+        "@pytest.mark.task1_1\ndef test_b_fails():\n    assert False\n"
+        "@pytest.mark.task1_1\ndef test_c_passes():\n    pass\n"
+        "@pytest.mark.slow\n@pytest.mark.task1_2\ndef test_d_slow_of_another_task():\n    pass\n")
+
+    def run(*options):
+        results = tmp_path / "results.jsonl"
+        if results.exists():
+            results.unlink()
+        subprocess.run([sys.executable, "-m", "pytest", "-p", "grading.pytest_plugin", f"--results-file={results}",
+                        "-p", "no:cacheprovider", "-q", *options], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+        events = [json.loads(line) for line in results.read_text().splitlines()]
+        return [(e["nodeid"].split("::")[1], e["outcome"]) for e in events if e.get("when") == "call"
+                or (e.get("when") == "setup" and e.get("outcome") == "skipped")]
+
+    assert run("--fast-first") == [("test_b_fails", "failed"), ("test_c_passes", "passed"),
+                                   ("test_a_slow", "skipped"), ("test_d_slow_of_another_task", "passed")]

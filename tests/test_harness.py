@@ -74,3 +74,27 @@ def test_where_the_ranks_were_is_said_plainly():
     with pytest.raises(_StartupStalled, match=r"^ranks \[1\] had not started yet .*; ranks \[0\] were waiting "
                                               r"in init_process_group for the others$"):
         _raise_startup_timeout([Alive()] * 2, {0}, set(), 30, "")
+
+
+def _collect_garbage(rank, world_size):
+    import gc
+    return gc.get_freeze_count() > 0, gc.collect() >= 0
+
+
+def test_a_stuck_ranks_report_ends_at_the_rank_and_ranks_leave_inherited_objects_to_the_collector():
+    """A stuck rank's stack is said from where it waits down to _rank_main: the forkserver's frames below it
+    (on Linux it is forked from pytest while pytest imports conftest.py) are none of the test's. And a rank
+    has frozen (gc.freeze) what it inherited: a gc.collect() there walked every torch and pytest object, and
+    copied every page the fork shared (1.3 s a call at load 8)."""
+    from harness import _where
+    dump = ('Thread 0x1 (most recent call first):\n'
+            '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 6371 in barrier\n'
+            '  File "/c/tests/test_pipeline.py", line 642 in _schedule_run\n'
+            '  File "/c/tests/harness.py", line 164 in _rank_main\n'
+            '  File "<string>", line 1 in <module>\n'
+            '  File "/c/tests/harness.py", line 102 in _forked_server\n'
+            '  File "/c/tests/conftest.py", line 19 in <module>\n')
+    assert _where(dump).split("\n      ") == [
+        'File "/x/site-packages/torch/distributed/distributed_c10d.py", line 6371 in barrier',
+        'File "/c/tests/test_pipeline.py", line 642 in _schedule_run', 'File "/c/tests/harness.py", line 164 in _rank_main']
+    assert run_ranks(_collect_garbage, 1) == [(True, True)]
