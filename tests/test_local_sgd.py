@@ -903,10 +903,9 @@ def test_diloco_keeps_synced_on_the_cpu_whatever_the_parameters_device(impl):
     lib.all_reduce_mean = lambda tensors, group=None: None
     model = make(Net)
     diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), 1)
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        meta = torch.empty_like(tensor, device="meta")
-        torch.utils.swap_tensors(tensor, nn.Parameter(meta, tensor.requires_grad)
-                                 if isinstance(tensor, nn.Parameter) else meta)
+    for t in [*model.parameters(), *model.buffers()]:
+        meta = torch.empty_like(t, device="meta")
+        torch.utils.swap_tensors(t, nn.Parameter(meta, t.requires_grad) if isinstance(t, nn.Parameter) else meta)
     for param in model.parameters():
         param.grad = torch.ones_like(param) if param.requires_grad else None
     try:
