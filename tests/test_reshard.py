@@ -10,6 +10,7 @@ when they saved, gathered with the reference answers of Tasks 6 and 7 (torch.equ
 training on M ranks with the same training continued on N ranks. The tests of one task take
 solutions/' answer to the other (judging).
 """
+import concurrent.futures
 import contextlib
 import io
 import math
@@ -374,8 +375,14 @@ def test_saved_on_4_ranks_resumed_on_1_2_and_3(impl, tmp_path):
     1, 2 and 3 ranks: the state gathered after the resume equals the saved one, bit for bit; each
     rank opened only the old ranks' files it needs; 3 more steps follow the 4-rank run's."""
     saved = run_ranks(_save_then_continue, 4, impl, str(tmp_path), "8.4", timeout=60)[0]
+    # The three resumes only read the checkpoint: started at once, their 6 ranks share the cores, where one
+    # after the other the 1-rank resume left a core idle and each launch waited for its own start. Each is
+    # still checked on its own, in the order 1, 2, 3, so a failure names the first world size that fails.
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        resumed = {new: pool.submit(run_ranks, _resume_then_continue, new, impl, str(tmp_path), "8.4", timeout=60)
+                   for new in (1, 2, 3)}
     for new in (1, 2, 3):
-        _check(saved, run_ranks(_resume_then_continue, new, impl, str(tmp_path), "8.4", timeout=60), 4, new)
+        _check(saved, resumed[new].result(), 4, new)
 
 
 @pytest.mark.slow
