@@ -110,9 +110,14 @@ def _forked_server(path, args, passfds):
 
 
 if not _STARTING_A_RANK and _FORK_THE_SERVER:
-    # torch._dynamo is left to the server (its preload), which imports it while pytest collects: imported
-    # here, before the fork, it saved 2.2's check (whose own process makes optimizers, which import it)
-    # about 1 s, and cost those of 0.3 and 3.2 (which make none) 0.5-1.5 s, measured alternating at load 4.
+    # torch._dynamo is imported here, before the fork, and not by the server (its preload is then done):
+    # pytest's own process imports it anyway wherever a test builds an optimizer (torch.optim's __init__
+    # disables dynamo for itself), so it was imported twice, and the first rank waited for the server's.
+    # Alternating, 5 runs each at load 3.5-4.7: `check.py 13.2` 7.3 -> 5.9 s, 10.7 8.6 -> 7.3 s (medians);
+    # 4 runs at load 1.8-2.2: 3.2 (no optimizer here) 3.9 -> 4.1 s, 8.4 5.2 -> 5.3 s, and 1.2 (no rank)
+    # 1.75 -> 2.8 s, which now pays the whole import. Before conftest.py's gc.freeze(), pytest's closing
+    # collections walked it too, and it cost 0.3 and 3.2 0.5-1.5 s.
+    import torch._dynamo  # noqa: E402,F401
     multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
     _spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = _forked_server
