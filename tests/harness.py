@@ -113,10 +113,11 @@ if not _STARTING_A_RANK and _FORK_THE_SERVER:
     # torch._dynamo is imported here, before the fork, and not by the server (its preload is then done):
     # pytest's own process imports it anyway wherever a test builds an optimizer (torch.optim's __init__
     # disables dynamo for itself), so it was imported twice, and the first rank waited for the server's.
-    # Alternating, 5 runs each at load 3.5-4.7: `check.py 13.2` 7.3 -> 5.9 s, 10.7 8.6 -> 7.3 s (medians);
-    # 4 runs at load 1.8-2.2: 3.2 (no optimizer here) 3.9 -> 4.1 s, 8.4 5.2 -> 5.3 s, and 1.2 (no rank)
-    # 1.75 -> 2.8 s, which now pays the whole import. Before conftest.py's gc.freeze(), pytest's closing
-    # collections walked it too, and it cost 0.3 and 3.2 0.5-1.5 s.
+    # `check.py --impl solutions X.Y`, medians of 3 alternating at load 1.1-2.2: 2.2 4.3 -> 3.6 s, 5.4 4.2 ->
+    # 3.5 s, 10.7 5.1 -> 4.4 s; 3.2 4.0 -> 4.0 s and 0.3 3.5 -> 3.7 s (no optimizer in pytest's process);
+    # 1.2 and 4.1 1.65 -> 2.7 s, 4.4 2.7 -> 2.9 s (no rank: they pay the whole import, the server's was
+    # wasted). Before conftest.py's gc.freeze(), pytest's closing collections walked it too, and it cost
+    # 0.3 and 3.2 0.5-1.5 s.
     import torch._dynamo  # noqa: E402,F401
     multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
     _spawn = multiprocessing.util.spawnv_passfds
