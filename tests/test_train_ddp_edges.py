@@ -239,9 +239,12 @@ def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
     and while a restart is left; otherwise the parent (here a shell) lives on."""
     call = (f"import sys; sys.path.insert(0, {REPO!r}); from tools.interrupt import stop_torchrun_restarts; "
             "print(stop_torchrun_restarts())")
-    def parent_after(**env):  # the shell waits 2 s after its child unless the child stops it
+    # The shell waits 0.5 s after its child unless the child stops it. os.kill() has made the SIGTERM
+    # pending on the shell (blocked in wait() for the child) before the child can exit, so a stopped shell
+    # never runs its sleep: the wait is a margin, not a race (it was 2 s: 1.5 s of the default run).
+    def parent_after(**env):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
-        return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 2"], env={**clean, **env},
+        return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 0.5"], env={**clean, **env},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ended(proc):
