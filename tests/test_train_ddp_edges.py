@@ -166,19 +166,32 @@ def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     subprocess.run([sys.executable, "tools/student_release.py", str(release)], cwd=REPO, check=True,
                    capture_output=True, timeout=60)
     quick = ["--data", "synthetic", "--train-samples", "256", "--epochs", "1", "--no-plot"]
-    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "solutions", *quick], cwd=release,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
-        "course does not have" in proc.stderr, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "ddp", *quick], cwd=release,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # the three commands side by side (each starts torch, and 2 cores take two at once: the default run's time)
+    started = [subprocess.Popen([sys.executable, *command], cwd=release, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+               for command in (["train_ddp.py", "--impl", "solutions", *quick], ["train_ddp.py", "--impl", "ddp", *quick],
+                               ["check.py", "--impl", "solutions"])]
+    solutions, ddp, check = [_ended(proc, 60) for proc in started]
+    assert solutions.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
+        "course does not have" in solutions.stderr, solutions.stdout + solutions.stderr
+    assert ddp.returncode == 1, ddp.stdout + ddp.stderr
     assert "Task 1.1 in template_data_loader.py is not done yet, so training with --impl ddp cannot start" in \
-        proc.stdout and "--impl solutions" not in proc.stdout, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "check.py", "--impl", "solutions"], cwd=release, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
-        "does not have" in proc.stderr, proc.stdout + proc.stderr
+        ddp.stdout and "--impl solutions" not in ddp.stdout, ddp.stdout + ddp.stderr
+    assert check.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
+        "does not have" in check.stderr, check.stdout + check.stderr
+
+
+def _ended(proc, timeout):
+    """A started command's CompletedProcess; killed whole (its process group) if it outlives `timeout`."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?):\n{out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 # ------------------------------------------------- issue 23, items 9 and 11, end to end
 SMALL = [*QUICK, "--train-samples", "256", "--batch-size", "32", "--test-samples", "64", "--no-plot"]
 
@@ -245,21 +258,13 @@ def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
     def parent_after(**env):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
         return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 0.5"], env={**clean, **env},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def ended(proc):
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     restarts = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "3"}
     # the three shells side by side: their sleeps overlap (the default run's time)
     started = [parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
                parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1")]
-    plain, last, stopped = [ended(proc) for proc in started]
+    plain, last, stopped = [_ended(proc, 60) for proc in started]
     assert plain.returncode == 0 and plain.stdout == "None\n", plain
     assert last.returncode == 0 and last.stdout == "None\n", last
     assert stopped.returncode == -signal.SIGTERM, stopped
