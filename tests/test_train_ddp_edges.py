@@ -158,6 +158,17 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
     assert float(rows[0]["train_loss"]) > 0, rows
 
 
+def _ended(proc, timeout):
+    """A started command's CompletedProcess; killed whole (its process group) if it outlives `timeout`."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?):\n{out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     """tools/student_release.py leaves solutions/ out: --impl solutions (train_ddp.py and check.py)
     says so in one line, and --impl ddp, which shares the evaluation loaders and counts with our code,
@@ -179,17 +190,6 @@ def test_a_student_release_trains_with_the_students_files_only(tmp_path):
         ddp.stdout and "--impl solutions" not in ddp.stdout, ddp.stdout + ddp.stderr
     assert check.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
         "does not have" in check.stderr, check.stdout + check.stderr
-
-
-def _ended(proc, timeout):
-    """A started command's CompletedProcess; killed whole (its process group) if it outlives `timeout`."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?):\n{out}{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # ------------------------------------------------- issue 23, items 9 and 11, end to end
