@@ -180,42 +180,6 @@ def test_a_rank_that_rightly_differs_from_sruns_is_accepted(monkeypatch):
     assert who_am_i({**SRUN, "RANK": "0", "WORLD_SIZE": "2", **meet}).rank == 0
 
 
-@pytest.mark.timeout(60)
-def test_ranks_that_do_not_meet_are_one_line():
-    """Rank 0 alone (the others never started, or meet elsewhere) and a rank with no rank 0 at
-    MASTER_ADDR:MASTER_PORT were DistStoreError / DistNetworkError tracebacks after the timeout."""
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:  # rank 1 must find nobody at its port, not rank 0 of this test
-        ports[1] = free_port()
-    said = {}
-
-    def meet(rank):
-        me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", ports[rank])
-        try:
-            with launchers.meeting_failures_explained(me):
-                # the store init_process_group makes. Its timeout is not the point, as no other process ever
-                # comes, and it is TCPStore's own floor that the test waits: rank 0 waits whole seconds (1 s for
-                # any timeout up to 1 s, 2 s for 1 s), rank 1 tries once more after a back-off of about 1 s
-                dist.TCPStore("127.0.0.1", ports[rank], 2, rank == 0, timeout=datetime.timedelta(seconds=0.1))
-        except Exception as error:  # noqa: BLE001  compared below: a LaunchError with these words
-            said[rank] = error
-
-    # both at once, in threads (the store's wait lets go of the GIL): one floor of about 1 s, not two
-    threads = [threading.Thread(target=meet, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    expected = {
-        0: f"rank 0 waited at 127.0.0.1:{ports[0]}, but only 1 of 2 processes came (srun): did the launcher start 2, "
-           "and were all of them given this MASTER_ADDR and MASTER_PORT?",
-        1: f"rank 1 found no rank 0 at 127.0.0.1:{ports[1]} (srun): is rank 0 running, and is MASTER_ADDR a name of "
-           "its machine that this one reaches (getent hosts 127.0.0.1)?",
-    }
-    for rank, says in expected.items():
-        assert isinstance(said.get(rank), LaunchError) and str(said[rank]) == says, repr(said.get(rank))
-
-
 def test_ray_train_refuses_workers_its_cluster_has_no_room_for():
     """Ray Train waits a minute for workers that do not fit, gives up and tries again, forever."""
     ray_train = pytest.importorskip("ray_train")
@@ -352,18 +316,66 @@ def run_train_ddp(env, timeout=60):
                           capture_output=True, text=True, timeout=timeout, env={**clean, **env})
 
 
-def test_a_taken_port_is_one_line_naming_it():
-    """Rank 0 of an srun task cannot listen on MASTER_PORT: the port and what to change, exit 2,
-    no traceback (it was DistNetworkError ... EADDRINUSE from the C++ store)."""
+def meet(rank, port):
+    """Rank `rank` of 2 (srun's) creating the store init_process_group makes, at 127.0.0.1:`port`.
+    With nobody else there, its timeout is not the point, and it is TCPStore's own floor that is
+    waited: rank 0 waits whole seconds (1 s for any timeout up to 1 s, 2 s for 1 s), another rank
+    tries once more after a random back-off (0.6-1.5 s seen)."""
+    me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", port)
+    with launchers.meeting_failures_explained(me):
+        dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=0.1))
+
+
+def at_once(**calls):
+    """Each call in a thread of its own, all at once (a store's wait and a subprocess's let go of
+    the GIL): what each returned, or the exception it raised."""
+    outcome = {}
+
+    def call(name):
+        try:
+            outcome[name] = calls[name]()
+        except Exception as error:  # noqa: BLE001  the test compares it
+            outcome[name] = error
+
+    threads = [threading.Thread(target=call, args=(name,)) for name in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcome
+
+
+@pytest.mark.timeout(90)
+def test_ranks_that_do_not_meet_are_one_line():
+    """The three ways meeting at MASTER_ADDR:MASTER_PORT fails (launchers.meeting_failures_explained),
+    each a DistNetworkError / DistStoreError traceback before: rank 0 of an srun task cannot listen on
+    MASTER_PORT (EADDRINUSE; the command itself, train_ddp.py: the port and what to change, exit 2);
+    rank 0 alone (the others never started, or meet elsewhere); a rank with no rank 0 at
+    MASTER_ADDR:MASTER_PORT. All three at once: the stores wait while the command imports torch."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = run_train_ddp({**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1",
-                              "MASTER_PORT": str(port)})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+        ports = [free_port(), free_port()]
+        while ports[1] == ports[0]:  # rank 1 must find nobody at its port, not this test's rank 0
+            ports[1] = free_port()
+        outcome = at_once(
+            command=lambda: run_train_ddp({**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
+            rank_0_alone=lambda: meet(0, ports[0]),
+            rank_1_alone=lambda: meet(1, ports[1]))
+    proc = outcome["command"]
+    assert isinstance(proc, subprocess.CompletedProcess) and proc.returncode == 2, proc
     assert proc.stderr == (f"[rank 0] error: port {port} on 127.0.0.1 is taken (another run or job listens on it): "
                            "export MASTER_PORT=<another free port, 15000-32767> and start again\n"), proc.stderr
+    expected = {
+        "rank_0_alone": f"rank 0 waited at 127.0.0.1:{ports[0]}, but only 1 of 2 processes came (srun): did the "
+                        "launcher start 2, and were all of them given this MASTER_ADDR and MASTER_PORT?",
+        "rank_1_alone": f"rank 1 found no rank 0 at 127.0.0.1:{ports[1]} (srun): is rank 0 running, and is "
+                        "MASTER_ADDR a name of its machine that this one reaches (getent hosts 127.0.0.1)?",
+    }
+    for name, says in expected.items():
+        assert isinstance(outcome[name], LaunchError) and str(outcome[name]) == says, repr(outcome[name])
 
 
 @pytest.mark.slow  # the message itself is checked above, in a second
