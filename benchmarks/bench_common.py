@@ -142,6 +142,10 @@ def _rank_main(rank, world_size, store, fn, args, results, device):
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
     backend = "gloo"
+    if device == "cpu":
+        # a CPU run sees no GPU: on a GPU node PyTorch's powerSGD_hook calls torch.cuda.synchronize(device)
+        # whenever CUDA is available, which fails on the CPU tensors it is given (docs/gpu.md)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "nccl" if world_size <= torch.cuda.device_count() else "gloo"

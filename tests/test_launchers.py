@@ -9,11 +9,13 @@ import csv
 import datetime
 import os
 import re
+import runpy
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -178,24 +180,6 @@ def test_a_rank_that_rightly_differs_from_sruns_is_accepted(monkeypatch):
     assert who_am_i({**SRUN, "RANK": "0", "WORLD_SIZE": "2", **meet}).rank == 0
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("rank, says", [
-    (0, "rank 0 waited at 127.0.0.1:{port}, but only 1 of 2 processes came (srun): did the launcher start 2, and were "
-        "all of them given this MASTER_ADDR and MASTER_PORT?"),
-    (1, "rank 1 found no rank 0 at 127.0.0.1:{port} (srun): is rank 0 running, and is MASTER_ADDR a name of its "
-        "machine that this one reaches (getent hosts 127.0.0.1)?"),
-])
-def test_ranks_that_do_not_meet_are_one_line(rank, says):
-    """Rank 0 alone (the others never started, or meet elsewhere) and a rank with no rank 0 at
-    MASTER_ADDR:MASTER_PORT were DistStoreError / DistNetworkError tracebacks after the timeout."""
-    port = free_port()
-    me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", port)
-    with pytest.raises(LaunchError) as error:
-        with launchers.meeting_failures_explained(me):  # the store init_process_group makes, with a 1 s timeout
-            dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=1))
-    assert str(error.value) == says.format(port=port)
-
-
 def test_ray_train_refuses_workers_its_cluster_has_no_room_for():
     """Ray Train waits a minute for workers that do not fit, gives up and tries again, forever."""
     ray_train = pytest.importorskip("ray_train")
@@ -332,18 +316,66 @@ def run_train_ddp(env, timeout=60):
                           capture_output=True, text=True, timeout=timeout, env={**clean, **env})
 
 
-def test_a_taken_port_is_one_line_naming_it():
-    """Rank 0 of an srun task cannot listen on MASTER_PORT: the port and what to change, exit 2,
-    no traceback (it was DistNetworkError ... EADDRINUSE from the C++ store)."""
+def meet(rank, port):
+    """Rank `rank` of 2 (srun's) creating the store init_process_group makes, at 127.0.0.1:`port`.
+    With nobody else there, its timeout is not the point, and it is TCPStore's own floor that is
+    waited: rank 0 waits whole seconds (1 s for any timeout up to 1 s, 2 s for 1 s), another rank
+    tries once more after a random back-off (0.6-1.5 s seen)."""
+    me = launchers.Launch("srun", rank, rank, 2, 2, "127.0.0.1", port)
+    with launchers.meeting_failures_explained(me):
+        dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=0.1))
+
+
+def at_once(**calls):
+    """Each call in a thread of its own, all at once (a store's wait and a subprocess's let go of
+    the GIL): what each returned, or the exception it raised."""
+    outcome = {}
+
+    def call(name):
+        try:
+            outcome[name] = calls[name]()
+        except Exception as error:  # noqa: BLE001  the test compares it
+            outcome[name] = error
+
+    threads = [threading.Thread(target=call, args=(name,)) for name in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcome
+
+
+@pytest.mark.timeout(90)
+def test_ranks_that_do_not_meet_are_one_line():
+    """The three ways meeting at MASTER_ADDR:MASTER_PORT fails (launchers.meeting_failures_explained),
+    each a DistNetworkError / DistStoreError traceback before: rank 0 of an srun task cannot listen on
+    MASTER_PORT (EADDRINUSE; the command itself, train_ddp.py: the port and what to change, exit 2);
+    rank 0 alone (the others never started, or meet elsewhere); a rank with no rank 0 at
+    MASTER_ADDR:MASTER_PORT. All three at once: the stores wait while the command imports torch."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = run_train_ddp({**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1",
-                              "MASTER_PORT": str(port)})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+        ports = [free_port(), free_port()]
+        while ports[1] == ports[0]:  # rank 1 must find nobody at its port, not this test's rank 0
+            ports[1] = free_port()
+        outcome = at_once(
+            command=lambda: run_train_ddp({**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
+            rank_0_alone=lambda: meet(0, ports[0]),
+            rank_1_alone=lambda: meet(1, ports[1]))
+    proc = outcome["command"]
+    assert isinstance(proc, subprocess.CompletedProcess) and proc.returncode == 2, proc
     assert proc.stderr == (f"[rank 0] error: port {port} on 127.0.0.1 is taken (another run or job listens on it): "
                            "export MASTER_PORT=<another free port, 15000-32767> and start again\n"), proc.stderr
+    expected = {
+        "rank_0_alone": f"rank 0 waited at 127.0.0.1:{ports[0]}, but only 1 of 2 processes came (srun): did the "
+                        "launcher start 2, and were all of them given this MASTER_ADDR and MASTER_PORT?",
+        "rank_1_alone": f"rank 1 found no rank 0 at 127.0.0.1:{ports[1]} (srun): is rank 0 running, and is "
+                        "MASTER_ADDR a name of its machine that this one reaches (getent hosts 127.0.0.1)?",
+    }
+    for name, says in expected.items():
+        assert isinstance(outcome[name], LaunchError) and str(outcome[name]) == says, repr(outcome[name])
 
 
 @pytest.mark.slow  # the message itself is checked above, in a second
@@ -369,8 +401,22 @@ def test_submit_srun_sh_outside_slurm_says_use_sbatch():
     assert result.returncode == 2 and "sbatch submit_srun.sh" in result.stderr, result
 
 
-def test_ray_train_without_ray_says_how_to_install_it(tmp_path):
-    """Ray is optional: without it ray_train.py says what to install, in one line, exit 2."""
+def test_ray_train_without_ray_says_how_to_install_it(monkeypatch, capsys):
+    """Ray is optional: without it ray_train.py says what to install, in one line, exit 2. Its
+    `__main__` runs here (runpy), in pytest's process, where torch is imported already; the command
+    itself, in a new interpreter (1.3-1.6 s of torch's import), is the slow test below."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where Ray is missing
+    monkeypatch.setattr(sys, "argv", ["ray_train.py", *TINY])
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as end:
+        runpy.run_path(str(REPO / "ray_train.py"), run_name="__main__")
+    assert (end.value.code, capsys.readouterr().err) == (
+        2, "error: Ray is not installed: pip install -r requirements-ray.txt\n")
+
+
+@pytest.mark.slow  # the same path in-process above, at once; here the real command, its exit code and stderr
+def test_ray_train_without_ray_says_how_to_install_it_as_a_command(tmp_path):
+    """The same, as a command: a stand-in `ray` package that cannot be imported, in a new interpreter."""
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('No module named ray (a stand-in)')\n")
     proc = subprocess.run([sys.executable, "ray_train.py", *TINY], cwd=REPO, capture_output=True, text=True,

@@ -158,6 +158,17 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
     assert float(rows[0]["train_loss"]) > 0, rows
 
 
+def _ended(proc, timeout):
+    """A started command's CompletedProcess; killed whole (its process group) if it outlives `timeout`."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?):\n{out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     """tools/student_release.py leaves solutions/ out: --impl solutions (train_ddp.py and check.py)
     says so in one line, and --impl ddp, which shares the evaluation loaders and counts with our code,
@@ -166,19 +177,21 @@ def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     subprocess.run([sys.executable, "tools/student_release.py", str(release)], cwd=REPO, check=True,
                    capture_output=True, timeout=60)
     quick = ["--data", "synthetic", "--train-samples", "256", "--epochs", "1", "--no-plot"]
-    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "solutions", *quick], cwd=release,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
-        "course does not have" in proc.stderr, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "train_ddp.py", "--impl", "ddp", *quick], cwd=release,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # the three commands side by side (each starts torch, and 2 cores take two at once: the default run's time)
+    started = [subprocess.Popen([sys.executable, *command], cwd=release, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+               for command in (["train_ddp.py", "--impl", "solutions", *quick], ["train_ddp.py", "--impl", "ddp", *quick],
+                               ["check.py", "--impl", "solutions"])]
+    solutions, ddp, check = [_ended(proc, 60) for proc in started]
+    assert solutions.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
+        "course does not have" in solutions.stderr, solutions.stdout + solutions.stderr
+    assert ddp.returncode == 1, ddp.stdout + ddp.stderr
     assert "Task 1.1 in template_data_loader.py is not done yet, so training with --impl ddp cannot start" in \
-        proc.stdout and "--impl solutions" not in proc.stdout, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "check.py", "--impl", "solutions"], cwd=release, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
-        "does not have" in proc.stderr, proc.stdout + proc.stderr
+        ddp.stdout and "--impl solutions" not in ddp.stdout, ddp.stdout + ddp.stderr
+    assert check.returncode == 2 and "--impl solutions checks the reference answers, which this copy of the course " \
+        "does not have" in check.stderr, check.stdout + check.stderr
+
+
 # ------------------------------------------------- issue 23, items 9 and 11, end to end
 SMALL = [*QUICK, "--train-samples", "256", "--batch-size", "32", "--test-samples", "64", "--no-plot"]
 
@@ -239,24 +252,19 @@ def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
     and while a restart is left; otherwise the parent (here a shell) lives on."""
     call = (f"import sys; sys.path.insert(0, {REPO!r}); from tools.interrupt import stop_torchrun_restarts; "
             "print(stop_torchrun_restarts())")
-    def parent_after(**env):  # the shell waits 2 s after its child unless the child stops it
+    # The shell waits 0.5 s after its child unless the child stops it. os.kill() has made the SIGTERM
+    # pending on the shell (blocked in wait() for the child) before the child can exit, so a stopped shell
+    # never runs its sleep: the wait is a margin, not a race (it was 2 s: 1.5 s of the default run).
+    def parent_after(**env):
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
-        return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 2"], env={**clean, **env},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def ended(proc):
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return subprocess.Popen(["bash", "-c", f"{sys.executable} -c \"{call}\"; sleep 0.5"], env={**clean, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     restarts = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "3"}
     # the three shells side by side: their sleeps overlap (the default run's time)
     started = [parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
                parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1")]
-    plain, last, stopped = [ended(proc) for proc in started]
+    plain, last, stopped = [_ended(proc, 60) for proc in started]
     assert plain.returncode == 0 and plain.stdout == "None\n", plain
     assert last.returncode == 0 and last.stdout == "None\n", last
     assert stopped.returncode == -signal.SIGTERM, stopped

@@ -14,16 +14,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.repo
 
-# A rank that warns many times, starting at a time given on its command line, with or without
-# tools.interrupt.whole_lines(): under PYTHONUNBUFFERED=1 print() writes a line in two pieces.
+# A rank that warns many times, with or without tools.interrupt.whole_lines(): under PYTHONUNBUFFERED=1
+# print() writes a line in two pieces. Past its imports it says so on the `ready` pipe and waits for
+# the parent's go on its stdin, so that both ranks warn at the same moment (a barrier, not a timed wait).
 WARN = """
-import sys, time
+import os, sys
 sys.path.insert(0, sys.argv[4])
-if sys.argv[3] == "whole":
+if sys.argv[2] == "whole":
     from tools.interrupt import whole_lines
     whole_lines()
-while time.time() < float(sys.argv[2]):
-    pass
+os.write(int(sys.argv[3]), b"r")
+sys.stdin.read(1)
 for k in range(20000):
     print(f"[rank {sys.argv[1]}] checkpoint ckpt/last.pt cannot be read (bad zip); trying previous.pt", file=sys.stderr)
 """
@@ -32,11 +33,22 @@ for k in range(20000):
 def shared_pipe_output(how):
     """Two processes warning at once into one pipe; their output."""
     read, write = os.pipe()
-    start = str(time.time() + 2)  # both past their imports: they warn at the same moment
+    ready_read, ready = os.pipe()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WARN, str(rank), start, how, REPO], stdout=write,
-                              stderr=write, env=env) for rank in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", WARN, str(rank), how, str(ready), REPO], stdin=subprocess.PIPE,
+                              stdout=write, stderr=write, env=env, pass_fds=(ready,)) for rank in (0, 1)]
     os.close(write)
+    os.close(ready)  # the children's copies only: a child that dies early ends the wait below (EOF)
+    with os.fdopen(ready_read, "rb") as said:
+        both = said.read(1) + said.read(1)
+    if both != b"rr":  # one died before it could warn
+        for proc in procs:
+            proc.kill()
+        os.close(read)
+        pytest.fail(f"a warning process ended before its first line: exit codes {[p.wait() for p in procs]}")
+    for proc in procs:  # both are past their imports: go
+        proc.stdin.write(b"g")
+        proc.stdin.close()
     with os.fdopen(read) as f:
         out = f.read()
     for proc in procs:
