@@ -575,7 +575,8 @@ def explain(exc_type, message, where):
 
 def _stuck_ranks(text):
     """One line per stuck rank from the harness's "rank N was at:" stack dumps: where it
-    waited, and the line of a template_*.py file that got it there."""
+    waited, and the lines of template_*.py files that got it there, innermost first (up to 3: a
+    collective in all_reduce_mean() is a mistake of whichever caller called it on one rank only)."""
     lines = []
     for rank, block in re.findall(r"rank (\d+) was at:(.*?)(?=rank \d+ was at:|\Z)", text, re.DOTALL):
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
@@ -584,9 +585,9 @@ def _stuck_ranks(text):
             continue
         path, line, function = frames[0]
         where = f"rank {rank} waits in {function}() ({os.path.basename(path)}:{line})"
-        ours = [f for f in frames if os.path.basename(f[0]).startswith("template_")]
-        if ours and ours[0] != frames[0]:
-            where += f", called from {os.path.basename(ours[0][0])}:{ours[0][1]} in {ours[0][2]}()"
+        ours = [f for f in frames[1:] if os.path.basename(f[0]).startswith("template_")]
+        if ours:
+            where += ", called from " + " <- ".join(f"{os.path.basename(p)}:{n} in {fn}()" for p, n, fn in ours[:3])
         lines.append(where)
     return lines
 

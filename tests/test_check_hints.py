@@ -155,6 +155,22 @@ def _stuck(*ranks):
     return "ranks [0, 1] were still running after 40 s (ranks [] had finished). This is a hang\n" + "\n".join(blocks)
 
 
+def test_a_hang_report_names_the_template_callers_that_led_to_the_collective():
+    """The hints trial's W18 (Task 13.2): one rank skipped the averaging; the other waits in all_reduce_mean(),
+    which is right, called by step(), where the mistake is: the report names the chain, innermost first."""
+    from grading.checker import _stuck_ranks
+    chain = [("torch/distributed/distributed_c10d.py", 3913, "all_reduce"),
+             ("template_local_sgd.py", 40, "all_reduce_mean"), ("template_local_sgd.py", 61, "average_parameters"),
+             ("template_local_sgd.py", 97, "step"), ("template_local_sgd.py", 20, "helper"), ("tests/t.py", 9, "_run")]
+    lines = _stuck_ranks(_stuck(chain, [("torch/distributed/distributed_c10d.py", 6371, "barrier"), ("tests/t.py", 9, "_run")]))
+    assert lines == ["rank 0 waits in all_reduce() (distributed_c10d.py:3913), called from template_local_sgd.py:40 in "
+                     "all_reduce_mean() <- template_local_sgd.py:61 in average_parameters() <- template_local_sgd.py:97 "
+                     "in step()", "rank 1 waits in barrier() (distributed_c10d.py:6371)"], lines
+    # waiting in the template itself: that frame is the place, not a caller
+    assert _stuck_ranks(_stuck([("template_pipeline.py", 171, "wait_sends"), ("tests/t.py", 9, "_run")])) == [
+        "rank 0 waits in wait_sends() (template_pipeline.py:171)"]
+
+
 def test_a_pipeline_hang_is_told_by_where_the_ranks_wait_not_by_another_tasks_text():
     """Issue 32: three Task 10.3/10.7 mistakes got Task 10.2's text about blocking sends."""
     from test_pipeline import hang_hint

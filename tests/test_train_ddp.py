@@ -37,13 +37,20 @@ def start(args, cwd=REPO):
 
 def finish(proc, timeout):
     """(exit code, output) of a start()ed command; all of it is killed if it runs past `timeout` s."""
+    done = ended(proc, timeout)
+    return done.returncode, done.stdout
+
+
+def ended(proc, timeout):
+    """The CompletedProcess of a command started in its own process group (start_new_session=True);
+    the whole group is killed, and the test fails, if it runs past `timeout` s."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?); its output:\n{out}")
-    return proc.returncode, out
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?); its output:\n{out}{err or ''}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

@@ -18,6 +18,7 @@ import train_ddp
 from grading.course import untouched
 from strategies.course_files import unfilled_task
 from support import checkpoint
+from test_train_ddp import ended  # a started command's result, killed whole on a timeout
 
 pytestmark = pytest.mark.repo  # the course's own script, not a student's task
 
@@ -158,17 +159,6 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
     assert float(rows[0]["train_loss"]) > 0, rows
 
 
-def _ended(proc, timeout):
-    """A started command's CompletedProcess; killed whole (its process group) if it outlives `timeout`."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(proc.args)} did not finish within {timeout} s (a hang?):\n{out}{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     """tools/student_release.py leaves solutions/ out: --impl solutions (train_ddp.py and check.py)
     says so in one line, and --impl ddp, which shares the evaluation loaders and counts with our code,
@@ -182,7 +172,7 @@ def test_a_student_release_trains_with_the_students_files_only(tmp_path):
                                 text=True, start_new_session=True)
                for command in (["train_ddp.py", "--impl", "solutions", *quick], ["train_ddp.py", "--impl", "ddp", *quick],
                                ["check.py", "--impl", "solutions"])]
-    solutions, ddp, check = [_ended(proc, 60) for proc in started]
+    solutions, ddp, check = [ended(proc, 60) for proc in started]
     assert solutions.returncode == 2 and "--impl solutions trains with the reference answers, which this copy of the " \
         "course does not have" in solutions.stderr, solutions.stdout + solutions.stderr
     assert ddp.returncode == 1, ddp.stdout + ddp.stderr
@@ -264,7 +254,7 @@ def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
     # the three shells side by side: their sleeps overlap (the default run's time)
     started = [parent_after(), parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="3"),
                parent_after(**restarts, TORCHELASTIC_RESTART_COUNT="1")]
-    plain, last, stopped = [_ended(proc, 60) for proc in started]
+    plain, last, stopped = [ended(proc, 60) for proc in started]
     assert plain.returncode == 0 and plain.stdout == "None\n", plain
     assert last.returncode == 0 and last.stdout == "None\n", last
     assert stopped.returncode == -signal.SIGTERM, stopped

@@ -16,7 +16,7 @@
 #   - Task 5's overlap with --profile: which kernels ran on which CUDA stream;
 #   - benchmarks/allreduce_bench.py, ddp_bench.py and memory_bench.py on CUDA.
 # What needs 2 or more GPUs is run when there are (NCCL with 2 ranks, nn.DataParallel of Task 4):
-# on a multi-GPU node the NCCL steps use every GPU (--nproc_per_node=gpu) and pytest -m gpu runs the
+# on a multi-GPU node the NCCL steps use every GPU (--nproc_per_node=<number of GPUs>) and pytest -m gpu runs the
 # tests that the summary lists as skipped on one GPU.
 set -u
 cd "$(dirname "$0")/.." || exit 2
