@@ -29,6 +29,7 @@ from torch import nn
 
 from conftest import load, load_with_reference
 from harness import run_ranks
+from strategies.base import average_flat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T83 = "Task 8.3 (template_checkpoint.py, shard_index)"
@@ -245,12 +246,7 @@ def _train_step(model, optimizer, mode, step):
         model.finish_gradient_synchronization()
     else:  # one all-reduce of every gradient, as DDP's bucket: one per parameter was 48 of the 171 collectives
         # of a 4-rank save, each a wait of 4 ranks sharing the cores (this test's 0.2 s of 1.3 s, quiet)
-        grads = [param.grad for param in model.parameters()]
-        flat = torch.cat([grad.reshape(-1) for grad in grads])
-        dist.all_reduce(flat)
-        flat /= world_size
-        for grad, piece in zip(grads, flat.split([grad.numel() for grad in grads])):
-            grad.copy_(piece.view_as(grad))
+        average_flat(model, dist.all_reduce, world_size)
     optimizer.step()
     optimizer.zero_grad()
 
