@@ -5,6 +5,7 @@ on a two-node local cluster), every one trained with the same losses as torchrun
     pytest tests/test_launchers.py               # the environments, a taken port, the stop message
     pytest -m slow tests/test_launchers.py       # also the real launchers (each skips where it is missing)
 """
+import concurrent.futures
 import csv
 import datetime
 import os
@@ -15,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -326,25 +326,6 @@ def meet(rank, port):
         dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=0.1))
 
 
-def at_once(**calls):
-    """Each call in a thread of its own, all at once (a store's wait and a subprocess's let go of
-    the GIL): what each returned, or the exception it raised."""
-    outcome = {}
-
-    def call(name):
-        try:
-            outcome[name] = calls[name]()
-        except Exception as error:  # noqa: BLE001  the test compares it
-            outcome[name] = error
-
-    threads = [threading.Thread(target=call, args=(name,)) for name in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcome
-
-
 @pytest.mark.timeout(90)
 def test_ranks_that_do_not_meet_are_one_line():
     """The three ways meeting at MASTER_ADDR:MASTER_PORT fails (launchers.meeting_failures_explained),
@@ -359,23 +340,23 @@ def test_ranks_that_do_not_meet_are_one_line():
         ports = [free_port(), free_port()]
         while ports[1] == ports[0]:  # rank 1 must find nobody at its port, not this test's rank 0
             ports[1] = free_port()
-        outcome = at_once(
-            command=lambda: run_train_ddp({**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-                                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
-            rank_0_alone=lambda: meet(0, ports[0]),
-            rank_1_alone=lambda: meet(1, ports[1]))
-    proc = outcome["command"]
-    assert isinstance(proc, subprocess.CompletedProcess) and proc.returncode == 2, proc
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # a store's wait and a subprocess let go of the GIL
+            command = pool.submit(run_train_ddp, {**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            alone = {rank: pool.submit(meet, rank, ports[rank]) for rank in (0, 1)}
+    proc = command.result()
+    assert proc.returncode == 2, proc
     assert proc.stderr == (f"[rank 0] error: port {port} on 127.0.0.1 is taken (another run or job listens on it): "
                            "export MASTER_PORT=<another free port, 15000-32767> and start again\n"), proc.stderr
     expected = {
-        "rank_0_alone": f"rank 0 waited at 127.0.0.1:{ports[0]}, but only 1 of 2 processes came (srun): did the "
-                        "launcher start 2, and were all of them given this MASTER_ADDR and MASTER_PORT?",
-        "rank_1_alone": f"rank 1 found no rank 0 at 127.0.0.1:{ports[1]} (srun): is rank 0 running, and is "
-                        "MASTER_ADDR a name of its machine that this one reaches (getent hosts 127.0.0.1)?",
+        0: f"rank 0 waited at 127.0.0.1:{ports[0]}, but only 1 of 2 processes came (srun): did the "
+           "launcher start 2, and were all of them given this MASTER_ADDR and MASTER_PORT?",
+        1: f"rank 1 found no rank 0 at 127.0.0.1:{ports[1]} (srun): is rank 0 running, and is "
+           "MASTER_ADDR a name of its machine that this one reaches (getent hosts 127.0.0.1)?",
     }
-    for name, says in expected.items():
-        assert isinstance(outcome[name], LaunchError) and str(outcome[name]) == says, repr(outcome[name])
+    for rank, says in expected.items():
+        error = alone[rank].exception()  # meet() returns only by raising
+        assert isinstance(error, LaunchError) and str(error) == says, repr(error)
 
 
 @pytest.mark.slow  # the message itself is checked above, in a second
