@@ -703,7 +703,6 @@ def _check_buffers(where, got, bn, bn_before, sizes, tail, seed, kwargs, grank=0
         if key == "running_var":
             whole = torch.cat(slices(sizes, tail, seed)).double()
             var = whole.var(dim=dims_of(whole), correction=0)
-            count = whole.numel() // C
             old = bn_before.running_var if bn_before is not None else torch.ones(C, dtype=torch.float64)
             m = kwargs.get("momentum", 0.1)
             m = 1.0 / float(bn.num_batches_tracked) if m is None else m

@@ -16,7 +16,6 @@ PowerSGD leaves torch's random state as it found it. Each rank is a real gloo pr
 import os
 import re
 import signal
-import sys
 
 import numpy as np
 import pytest
@@ -31,7 +30,6 @@ from torch.nn.parallel import DistributedDataParallel
 import gpu  # where the GPU tests' ranks run
 from conftest import call_alone, load, load_with_reference
 from harness import RankFailed, run_ranks
-from test_train_ddp import TORCHRUN, run  # a command killed whole on timeout, torchrun's ranks too
 from support.comm_hooks import GradBucket
 from wire import Wire
 
@@ -725,6 +723,9 @@ SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--t
     pytest.param(["--impl", "solutions", "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
 ], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
 def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
+    # here, not at the top: every rank imports this file, and train_ddp.py's imports cost each 60 ms
+    from test_train_ddp import TORCHRUN, run  # a command killed whole on timeout, torchrun's ranks too
+
     code, out = run(TORCHRUN + ["train_ddp.py", *flags, *SMALL], timeout=240)
     assert code == 0, out
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out

@@ -9,7 +9,6 @@ batch (what gradient averaging computes), PyTorch's PeriodicModelAverager, torch
 DiLoCo one after the other in one process, with plain tensor arithmetic for the averages. A
 wrong answer that equals `simulate` with one typical mistake is told that mistake.
 """
-import copy
 import datetime
 import linecache
 import os
