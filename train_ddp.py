@@ -35,7 +35,7 @@ import torch.distributed as dist
 import launchers
 import strategies
 from strategies.course_files import course_module, not_done
-from data import first_n, get_datasets
+from data import get_datasets
 from support import checkpoint
 from tools.interrupt import PROGRESS, Counted, cannot_start, stop_on_interrupt, whole_lines
 from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
@@ -151,8 +151,8 @@ def load_data(args, strategy, rank, world_size, device):
     """(train loader, test loader, about the data) of this rank; a global batch that cannot be
     split evenly is refused, on every rank alike."""
     workers = args.workers if args.workers is not None else (2 if device.type == "cuda" else 0)
-    train_set, test_set, data_name = get_datasets(args.data, args.data_dir, args.seed)
-    train_set, test_set = first_n(train_set, args.train_samples), first_n(test_set, args.test_samples)
+    train_set, test_set, data_name = get_datasets(args.data, args.data_dir, args.seed, args.train_samples,
+                                                  args.test_samples)
     train_loader, test_loader = strategy.loaders(train_set, test_set, args.batch_size, rank, world_size,
                                                  args.seed, workers, device)
     if len(train_loader) == 0:  # every rank has as many steps, so every rank stops here

@@ -8,7 +8,6 @@ The references are independent of the code under test: the files are read back w
 torch.load, written for load_checkpoint with torch.save, and a resumed training is compared
 with the same training run without interruption, bit for bit.
 """
-import functools
 import os
 import pathlib
 import re
@@ -23,7 +22,6 @@ import pytest
 import torch
 from torch import nn
 
-import data
 import train_ddp
 from conftest import load
 from harness import run_ranks
@@ -368,21 +366,11 @@ TINY = ["--data", "synthetic", "--train-samples", "256", "--test-samples", "64",
         "--metrics", ""]
 
 
-def in_a_rank_like_torchruns(train_samples=256, test_samples=64):
-    """Make this harness rank train as a torchrun worker of 2 would, in less time (the default run's):
-
-    - one thread (torchrun sets OMP_NUM_THREADS=1 for 2 processes a node; train_ddp.set_threads would
-      otherwise give each of the 2 ranks both cores, and their threads wait on each other);
-    - --data synthetic's images made once a rank and only as many as the run reads: synthetic_cifar makes
-      10,000 + 2,000 (1-4 s a rank), these runs read the first 256 + 64. What is tested (a resume ends as
-      the uninterrupted run) holds on any images; both runs read the same ones."""
+def in_a_rank_like_torchruns():
+    """Make this harness rank train as a torchrun worker of 2 would: one thread (torchrun sets
+    OMP_NUM_THREADS=1 for 2 processes a node; train_ddp.set_threads would otherwise give each of the 2
+    ranks both cores, and their threads wait on each other)."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    if not hasattr(train_ddp.get_datasets, "cache_info"):
-        @functools.lru_cache
-        def get_datasets(choice, root, seed=0):
-            assert choice == "synthetic", choice
-            return (*data.synthetic_cifar(train_samples, test_samples, seed=seed), "synthetic")
-        train_ddp.get_datasets = get_datasets
 
 
 def _train(impl, extra):

@@ -50,7 +50,7 @@ def read_checkpoint(folder):
 def _train(impl, extra):
     """train_ddp.py's training in a harness rank, as test_checkpoint._train, with the solutions'
     trainer and loaders also for --impl ddp (as train_ddp.main does); 128 images: 4 steps an epoch."""
-    in_a_rank_like_torchruns(128, 32)  # one thread, and only the images the run reads
+    in_a_rank_like_torchruns()  # one thread
     args = train_ddp.parse_args(["--impl", impl, *TINY, "--train-samples", "128", "--test-samples", "32", *extra])
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     return train_ddp.train(args, rank, world_size, torch.device("cpu"))
