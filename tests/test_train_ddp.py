@@ -277,6 +277,21 @@ def test_cifar10_that_cannot_be_had_is_an_error_that_says_what_to_do(tmp_path, c
 
 
 @pytest.mark.repo
+def test_a_run_that_reads_fewer_synthetic_images_reads_the_first_ones_of_the_whole_set():
+    """--train-samples / --test-samples: only the images a run reads are made, and they are the whole
+    set's first ones, bit for bit (a quick run trains on the first 1024 of the images a full run reads)."""
+    train, test, name = data.get_datasets("synthetic", "unused", 3, 17, 5)  # as train_ddp.py calls it
+    assert (name, len(train), len(test)) == ("synthetic", 17, 5)
+    whole_train, whole_test = data.synthetic_cifar(num_train=96, num_test=40, seed=3)
+    for n_train, n_test in [(1, 1), (17, 40), (96, 0), (500, 7)]:
+        train, test = data.synthetic_cifar(96, 40, 3, train_samples=n_train, test_samples=n_test)
+        for part, whole, n in [(train, whole_train, n_train), (test, whole_test, n_test)]:
+            n = min(n, len(whole))
+            assert len(part) == n and all(torch.equal(mine, every[:n]) for mine, every in zip(part.tensors, whole.tensors)), (
+                f"synthetic_cifar(train_samples={n_train}, test_samples={n_test}): not the first {n} images of the whole set")
+
+
+@pytest.mark.repo
 @pytest.mark.parametrize("flags", [["--allreduce", "ring"], ["--allreduce", "naive"], ["--pp", "2"],
                                    ["--pp", "2", "--impl", "ddp"]])
 def test_send_and_recv_over_gloo_on_a_gpu_are_refused_in_one_line(flags, monkeypatch):
