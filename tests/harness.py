@@ -172,7 +172,8 @@ def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results
             results.put((rank, "ok", buffer.getvalue()))
             # Stay in the group until every rank is done, as a rank of a real job would still
             # be running: a rank that skipped a collective then shows as a hang of the others,
-            # not as a confusing "connection closed by peer".
+            # not as a confusing "connection closed by peer". The parent kills the ranks here once
+            # it has every answer (all_done is never set: the wait's limit is for a parent gone).
             all_done.wait(timeout + 10)
         except BaseException as error:  # report everything, KeyboardInterrupt included
             results.put((rank, type(error).__name__, (str(error), traceback.format_exc())))
@@ -237,10 +238,11 @@ def _run_once(fn, world_size, args, backend, timeout, startup_timeout):
                 proc.kill()
                 proc.join(timeout=5)
             raise
-        all_done.set()
-        # Every rank has answered: each is killed and not waited for. Its end (the kernel freeing
-        # what the rank copied of the server's memory) took 15 ms a rank, 5 s of the default
-        # `pytest`, which the next test need not wait for; the next start reaps it (Process.start).
+        # Every rank has answered and then only waits in all_done.wait(), touching no file: each is killed
+        # there and not waited for. Its end (the kernel freeing what the rank copied of the
+        # server's memory) took 15 ms a rank, 5 s of the default `pytest`, which the next test need
+        # not wait for; the next start reaps it (Process.start). Woken instead, a rank's store
+        # could write into the folder while it is being removed.
         for proc in procs:
             proc.kill()
         return outputs
