@@ -11,8 +11,32 @@ import os
 import torch
 import torch.distributed as dist
 
-from models import CNN
+from models import CNN, ViT
 from strategies.course_files import course_module
+
+
+def add_arguments(parser):
+    group = parser.add_argument_group("the model (models.py)")
+    group.add_argument("--model", choices=["cnn", "vit"], default="cnn",
+                       help="cnn: the course's CNN (0.28M parameters); vit: a small vision transformer, 64 tokens "
+                       "of 4x4 patches (0.21M parameters; Tasks 14-16) (default: cnn)")
+
+
+# Strategies cut from the CNN's own layers, and what they would have to be for the ViT.
+CNN_ONLY = {"tp": "--tp {size} splits the CNN's classifier (Task 9)",
+            "pp": "--pp {size} cuts the CNN's 10 layers into stages (Task 10)",
+            "batchnorm": "--batchnorm {size} puts BatchNorm layers into the CNN (Task 11); the ViT has LayerNorms"}
+
+
+def refusal(args):
+    """What is wrong with --model whatever the strategy, or None."""
+    if args.model == "cnn":
+        return None
+    for flag, why in CNN_ONLY.items():
+        size = getattr(args, flag)
+        if size not in (1, "none"):
+            return f"{why.format(size=size)}: it cannot train --model {args.model}; leave --{flag} out, or train the CNN"
+    return None
 
 
 class Strategy:
@@ -50,7 +74,7 @@ class Strategy:
 
     def build_model(self, device):
         """The model each rank starts from, before wrap(); the ranks seed differently on purpose."""
-        return CNN().to(device)
+        return (ViT() if self.args.model == "vit" else CNN()).to(device)
 
     def wrap(self, model):
         self.trainer.broadcast_parameters(model, src=0)
