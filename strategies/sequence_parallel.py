@@ -131,6 +131,9 @@ class TorchTensorParallelViT(TorchTensorParallel):
     def chosen_by(cls, args):
         return args.impl == "ddp" and args.tp > 1 and args.model == "vit"
 
+    def start_line(self):
+        return super().start_line() + (" sequence-parallel" if self.args.sp else "")
+
     def wrap(self, model):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

@@ -735,3 +735,59 @@ def test_vit_with_uneven_tokens_is_refused(impl):
         assert refused is not None and refused.startswith("ValueError") and "token" in refused, (
             f"{T145}: parallelize_vit of 9 tokens over 2 ranks with sequence parallelism, rank {rank}, should raise a "
             f"ValueError naming the tokens; it gave {refused}")
+
+
+# --------------------------------------------------------------------------- train_ddp.py --model vit --tp N [--sp]
+@pytest.mark.repo
+@pytest.mark.parametrize("flags,message", [
+    (["--sp"], "--sp splits the ViT's tokens"),
+    (["--model", "vit", "--sp"], "--sp splits the ViT's tokens"),
+    (["--tp", "2", "--sp"], "--sp splits the ViT's tokens"),
+    (["--model", "vit", "--tp", "2", "--shard", "full"], "--tp 2 cannot be combined with --shard full"),
+])
+def test_flags_that_cannot_work_are_one_line(flags, message, monkeypatch):
+    import train_ddp
+    monkeypatch.setenv("WORLD_SIZE", "4")  # what torchrun sets before the script starts
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_ddp.check_flags(train_ddp.parse_args(flags))
+
+
+E2E = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "256", "--test-samples", "64",
+       "--batch-size", "64", "--no-plot"]
+
+
+def _train_ddp(flags, tmp_path, ranks=4):
+    """(train loss, test loss) of a 4-rank torchrun of train_ddp.py, and its output."""
+    import csv
+    from test_train_ddp import run  # here: the ranks of the tests above need not import train_ddp.py
+    metrics = tmp_path / "metrics.csv"
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                     "train_ddp.py", *E2E, *flags, "--metrics", str(metrics)], timeout=300)
+    assert code == 0, out[-3000:]
+    with open(metrics) as f:
+        row = next(csv.DictReader(f))
+    return float(row["train_loss"]), float(row["test_loss"]), out
+
+
+@pytest.fixture(scope="module")
+def dp_only(tmp_path_factory):
+    """The reference: the same ViT, 4-way data parallel (Tasks 1-2 of solutions/), the same global batches."""
+    train_loss, test_loss, _ = _train_ddp(["--impl", "solutions"], tmp_path_factory.mktemp("dp"))
+    return train_loss, test_loss
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("flags", [["--tp", "2", "--sp"], ["--tp", "2"], ["--impl", "ddp", "--tp", "2", "--sp"]],
+                         ids=lambda flags: " ".join(flags))
+def test_train_ddp_vit_split_gives_the_losses_of_dp_only(impl, flags, dp_only, tmp_path):
+    """2 data-parallel replicas of a ViT split over 2 ranks: the losses of 4-way data parallelism (4 steps of SGD;
+    float rounding in another order of sums moves them by 1e-6 here, a missed sum or a factor T by 1e-3 or more)."""
+    if "ddp" in flags and impl == "template":
+        pytest.skip("--impl ddp uses PyTorch's implementation, not your code (plain pytest runs it)")
+    flags = flags if "ddp" in flags else ["--impl", impl, *flags]
+    train_loss, test_loss, out = _train_ddp(flags, tmp_path)
+    assert "ranks consistent: all 4 ranks hold bit-identical parameters" in out, out[-3000:]
+    assert abs(train_loss - dp_only[0]) < 1e-4 and abs(test_loss - dp_only[1]) < 1e-4, (
+        f"{' '.join(flags)} on 4 ranks: losses {train_loss:.6f}, {test_loss:.6f}; data parallel only: "
+        f"{dp_only[0]:.6f}, {dp_only[1]:.6f}\n{out[-3000:]}")
