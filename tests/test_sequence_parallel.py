@@ -21,7 +21,6 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -796,3 +795,18 @@ def test_train_ddp_vit_split_gives_the_losses_of_dp_only(impl, flags, dp_only, t
     assert abs(train_loss - dp_only[0]) < 1e-4 and abs(test_loss - dp_only[1]) < 1e-4, (
         f"{' '.join(flags)} on 4 ranks: losses {train_loss:.6f}, {test_loss:.6f}; data parallel only: "
         f"{dp_only[0]:.6f}, {dp_only[1]:.6f}\n{out[-3000:]}")
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_regroup_qkv_gives_each_rank_its_heads_and_goes_back(size):
+    """strategies/sequence_parallel.py's regroup_qkv, which PyTorch's plan and the end-of-run gather rely on:
+    its contiguous blocks are the ranks' heads of q, k and v (as Task 14.1 holds them), and back=True undoes it."""
+    from strategies.sequence_parallel import regroup_qkv
+    weight = torch.randn(3 * DIM, DIM)
+    regrouped = regroup_qkv(weight, size)
+    for rank in range(size):
+        assert torch.equal(regrouped.chunk(size)[rank], _local("qkv.weight", weight, rank, size))
+    assert torch.equal(regroup_qkv(regrouped, size, back=True), weight)
+    bias = torch.randn(3 * DIM)
+    assert torch.equal(regroup_qkv(regroup_qkv(bias, size), size, back=True), bias)
