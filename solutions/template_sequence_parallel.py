@@ -46,41 +46,6 @@ else:
     from template_tensor_parallel import ColumnParallelLinear, RowParallelLinear, copy_to_tp
 
 
-# ----------------------------------------------------------------------------- Task 14.4 (the layers)
-class SequenceParallelColumnLinear(ColumnParallelLinear):
-    """Task 9's ColumnParallelLinear (from_linear, weight, bias, split_dim: all its own) inside a
-    sequence-parallel block: its input x is the whole (B, S, in_features) sequence, which
-    gather_sequence made from the ranks' shards just before the module that holds this layer.
-    Returns (B, S, out_features / N), this rank's slice of nn.Linear's output, with x's gradient
-    summed over the ranks exactly once in backward."""
-
-    def forward(self, x):
-        # --- Task 14.4 begin ---
-        return F.linear(x, self.weight, self.bias)  # no f: the gather's backward already sums x's gradient
-        # --- Task 14.4 end ---
-
-
-class SequenceParallelRowLinear(RowParallelLinear):
-    """Task 9's RowParallelLinear inside a sequence-parallel block: x is this rank's slice
-    (B, S, in_features / N) of the input's features; returns (B, S / N, out_features), nn.Linear's
-    whole output on this rank's tokens (contiguous shards, as reduce_scatter_sequence cuts them),
-    the bias counted once. The bias, like the LayerNorms', is then the same on every rank but meets
-    only this rank's tokens: Task 14.5 sums its gradient."""
-
-    def forward(self, x):
-        # --- Task 14.4 begin ---
-        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once
-        # --- Task 14.4 end ---
-
-
-def _layers(sequence_parallel):
-    """(column-parallel class, row-parallel class) of a block with or without sequence parallelism."""
-    if sequence_parallel:
-        return SequenceParallelColumnLinear, SequenceParallelRowLinear
-    return ColumnParallelLinear, RowParallelLinear
-
-
 # ----------------------------------------------------------------------------- Task 14.1
 def parallelize_attention(attn, group=None, sequence_parallel=False):
     """Split a models.Attention over the ranks of `group` by heads, in place; return `attn`.
@@ -88,7 +53,7 @@ def parallelize_attention(attn, group=None, sequence_parallel=False):
     N = dist.get_world_size(group), r = dist.get_rank(group). Rank r holds heads [r * H / N,
     (r + 1) * H / N) of the H = attn.heads (PyTorch's ColwiseParallel on separate q, k and v
     layers holds the same). attn.qkv's output is laid out [q | k | v], each [head 0 | head 1 | ...]
-    of dim / H features: it becomes a column-parallel layer (the first of _layers(sequence_parallel))
+    of dim / H features: it becomes a column-parallel layer (the first of _layers(sequence_parallel), below)
     whose weight and bias are the rows of rank r's heads in q, then in k, then in v, in that order
     (3 * dim / N rows); attn.proj becomes the row-parallel layer (the second) from_linear of it;
     attn.heads becomes H / N, what this rank's qkv holds (Attention.forward reads the head width
@@ -226,6 +191,40 @@ def split_sequence(x, group=None):
 
 
 # ----------------------------------------------------------------------------- Task 14.4
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """Task 9's ColumnParallelLinear (from_linear, weight, bias, split_dim: all its own) inside a
+    sequence-parallel block: its input x is the whole (B, S, in_features) sequence, which
+    gather_sequence made from the ranks' shards just before the module that holds this layer.
+    Returns (B, S, out_features / N), this rank's slice of nn.Linear's output, with x's gradient
+    summed over the ranks exactly once in backward."""
+
+    def forward(self, x):
+        # --- Task 14.4 begin ---
+        return F.linear(x, self.weight, self.bias)  # no f: the gather's backward already sums x's gradient
+        # --- Task 14.4 end ---
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """Task 9's RowParallelLinear inside a sequence-parallel block: x is this rank's slice
+    (B, S, in_features / N) of the input's features; returns (B, S / N, out_features), nn.Linear's
+    whole output on this rank's tokens (contiguous shards, as reduce_scatter_sequence cuts them),
+    the bias counted once. The bias, like the LayerNorms', is then the same on every rank but meets
+    only this rank's tokens: Task 14.5 sums its gradient."""
+
+    def forward(self, x):
+        # --- Task 14.4 begin ---
+        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once
+        # --- Task 14.4 end ---
+
+
+def _layers(sequence_parallel):
+    """(column-parallel class, row-parallel class) of a block with or without sequence parallelism."""
+    if sequence_parallel:
+        return SequenceParallelColumnLinear, SequenceParallelRowLinear
+    return ColumnParallelLinear, RowParallelLinear
+
+
 def parallelize_block(block, group=None, sequence_parallel=False):
     """Split a models.Block over the ranks of `group`, in place; return `block`.
 
