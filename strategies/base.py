@@ -23,8 +23,7 @@ def add_arguments(parser):
 
 
 # Strategies cut from the CNN's own layers, and what they would have to be for the ViT.
-CNN_ONLY = {"tp": "--tp {size} splits the CNN's classifier (Task 9)",
-            "pp": "--pp {size} cuts the CNN's 10 layers into stages (Task 10)",
+CNN_ONLY = {"pp": "--pp {size} cuts the CNN's 10 layers into stages (Task 10)",
             "batchnorm": "--batchnorm {size} puts BatchNorm layers into the CNN (Task 11); the ViT has LayerNorms"}
 
 

@@ -1094,6 +1094,60 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "        self.synced = [param.detach().clone() for param in self.params]\n", "not on the CPU"),
+    # Task 14 (the transformer: tensor and sequence parallelism)
+    Mistake("14.1", "contiguous-qkv-split", "template_sequence_parallel.py",  # rank 0 gets all of q
+            "    attn.qkv = column.from_linear(regrouped, group)\n", "    attn.qkv = column.from_linear(attn.qkv, group)\n",
+            "the contiguous split of its 3 * dim rows"),
+    Mistake("14.1", "heads-not-divided", "template_sequence_parallel.py",  # attention over heads of the wrong width
+            "    attn.heads //= size\n", "", "set attn.heads to the number of heads this rank holds"),
+    Mistake("14.1", "uneven-heads-not-refused", "template_sequence_parallel.py",
+            "    if attn.heads % size:\n        raise ValueError(", "    if False:\n        raise ValueError(",
+            "ValueError naming the heads"),
+    Mistake("14.3", "gather-backward-all-gathers", "template_sequence_parallel.py",  # gather and reduce-scatter swapped
+            "        out = torch.empty_like(pieces[rank])\n"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n        return out, None, None\n",
+            "        gathered = [torch.empty_like(grad) for _ in range(size)]\n"
+            "        dist.all_gather(gathered, grad.contiguous(), group=ctx.group)\n"
+            "        return torch.cat(gathered, dim=1), None, None\n", "gather_sequence's backward is a reduce-scatter"),
+    Mistake("14.3", "strided-shards", "template_sequence_parallel.py",  # shards taken in the wrong order
+            "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n",
+            "        pieces = [x[:, r::size].contiguous() for r in range(size)]\n", "the shards are contiguous"),
+    Mistake("14.3", "keep-slice-ignored", "template_sequence_parallel.py",
+            "        if not ctx.reduce:\n            return pieces[rank], None, None\n", "",
+            "keep this rank's slice, no collective"),
+    Mistake("14.3", "uneven-tokens-not-refused", "template_sequence_parallel.py",
+            "        if x.shape[1] % size:\n            raise ValueError(f\"reduce_scatter_sequence:",
+            "        if False:\n            raise ValueError(f\"reduce_scatter_sequence:", "ValueError naming the tokens"),
+    Mistake("14.4", "row-bias-before-reduce-scatter", "template_sequence_parallel.py",  # the bias counted T times
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        return reduce_scatter_sequence(F.linear(x, self.weight, self.bias), self.group)\n",
+            "before the reduce-scatter; add it once, after"),
+    Mistake("14.4", "f-kept-after-the-gather", "template_sequence_parallel.py",  # x's gradient summed twice
+            "        return F.linear(x, self.weight, self.bias)  # no f: the gather's backward already sums x's gradient\n",
+            "        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)\n",
+            "no f in the sequence-parallel column layer"),
+    Mistake("14.5", "norms-not-summed", "template_sequence_parallel.py",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n", "", "was left as it was"),
+    Mistake("14.5", "norms-averaged", "template_sequence_parallel.py",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n        flat /= dist.get_world_size(group)\n",
+            "became the mean over the ranks"),
+    Mistake("14.5", "norms-summed-twice", "template_sequence_parallel.py",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n", "all-reduced twice"),
+    Mistake("14.5", "sharded-parameters-summed", "template_sequence_parallel.py",  # every parameter of the block
+            "        for module in block.modules():\n            if isinstance(module, nn.LayerNorm):\n",
+            "        params.update({id(p): p for p in block.parameters()})\n"
+            "        for module in block.modules():\n            if isinstance(module, nn.LayerNorm):\n",
+            "never sum a sharded parameter's gradient"),
+    Mistake("14.5", "every-layernorm-summed", "template_sequence_parallel.py",  # the final norm too: T times
+            "        if not getattr(block, \"sequence_parallel\", False):\n            continue\n", "",
+            "outside any sequence-parallel block"),
+    Mistake("14.5", "last-gather-reduce-scatters", "template_sequence_parallel.py",  # tensor_parallel_output_grad
+            "gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False)", "gather_sequence(args[0], tp_group)",
+            "tensor_parallel_output_grad=False"),
 ]
 
 
