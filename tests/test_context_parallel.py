@@ -450,6 +450,8 @@ def _ulysses(rank, size, impl, heads, causal):
             except ValueError as error:
                 return dict(out, refused=str(error), calls=[c.sent for c in wire.calls])
             forward = wire.take()
+            if o.shape != q_l.shape:  # said by the test, with the shapes that attention ran on
+                return dict(out, refused=None, out=o.detach(), shapes=shapes)
             grads = torch.autograd.grad(o, (q_l, k_l, v_l), mine[3])
             backward = wire.take()
     finally:
