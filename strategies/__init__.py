@@ -24,6 +24,7 @@ its lists STRATEGIES and FEATURES, and one line in PLUGINS below (docs/maintaine
 strategy").
 """
 from strategies import base, batchnorm, compression, data_parallel, local_sgd, pipeline, sharded, tensor_parallel
+from strategies import context_parallel
 from strategies.course_files import has_solutions
 
 # Every file that brings strategies, features or flags, in the order of the course. A plugin may
@@ -40,6 +41,7 @@ PLUGINS = [
     batchnorm,        # Task 11: --batchnorm local or sync (a feature)
     compression,      # Task 12: --compress, --powersgd-rank (a feature: DDP's communication hooks)
     local_sgd,        # Task 13: --local-sgd, --diloco, --outer-lr, --outer-momentum
+    context_parallel,  # Task 15: --cp, --cp-impl
 ]
 
 

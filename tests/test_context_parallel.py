@@ -12,8 +12,10 @@ computes (causal load balance), how many other ranks' K/V blocks are alive at on
 references to every received buffer), and what the ring saves for backward. The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
+import csv
 import inspect
 import re
+import sys
 import weakref
 
 import pytest
@@ -613,3 +615,67 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                        "replica's gradient (divide by the data-parallel replicas only)")
             pytest.fail(f"{T156}: rank {rank}'s gradient of {name} ({where}) is {ratio:.4g} x the single-process "
                         f"gradient on the global batch ({size} ranks, context groups of {cp_size}, {attention}){why}")
+
+
+# --------------------------------------------------------------------------- train_ddp.py --cp
+@pytest.mark.repo
+@pytest.mark.parametrize("world_size,flags,message", [
+    (2, ["--cp", "2"], "--cp 2 splits the ViT's tokens over the ranks: add --model vit"),
+    (4, ["--model", "vit", "--cp", "3"], "--cp 3 does not divide the ViT's 64 tokens"),
+    (8, ["--model", "vit", "--cp", "8", "--cp-impl", "ulysses"], "the ViT has 4: choose --cp 2 or 4"),
+    (3, ["--model", "vit", "--cp", "2"], "--cp 2 does not divide the world size 3"),
+    (4, ["--model", "vit", "--cp", "2", "--shard", "optimizer"], "--cp 2 cannot be combined with --shard optimizer"),
+    (4, ["--model", "vit", "--cp", "2", "--local-sgd", "4"], "--cp 2 cannot be combined with --local-sgd"),
+])
+def test_a_context_split_that_cannot_work_is_one_line(world_size, flags, message, monkeypatch):
+    import train_ddp
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_ddp.check_flags(train_ddp.parse_args(flags))
+
+
+@pytest.mark.repo
+@pytest.mark.slow  # a new interpreter importing torch: seconds
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPUs")
+def test_pytorchs_context_parallel_is_refused_on_a_cpu_with_exit_code_2():
+    from test_train_ddp import run
+    code, out = run([sys.executable, "train_ddp.py", "--impl", "ddp", "--model", "vit", "--cp", "2"], timeout=60)
+    assert code == 2 and "PyTorch's context_parallel runs on CUDA only" in out and len(out.strip().splitlines()) == 1, out
+
+
+QUICK_VIT = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "512", "--test-samples", "256",
+             "--batch-size", "128", "--no-plot"]
+
+
+def _losses(command, flags, tmp_path):
+    from test_train_ddp import run
+    metrics = tmp_path / "metrics.csv"
+    code, out = run(command + ["train_ddp.py", *QUICK_VIT, *flags, "--metrics", str(metrics)], timeout=300)
+    assert code == 0, out[-3000:]
+    with open(metrics) as f:
+        row = next(csv.DictReader(f))
+    return float(row["train_loss"]), float(row["test_loss"]), out
+
+
+def _torchrun(n):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+
+
+@pytest.fixture(scope="module")
+def data_parallel_vit(impl, tmp_path_factory):
+    """The reference: the same ViT, data parallel only, on 2 ranks (the 2 replicas of --cp 2 on 4 ranks)."""
+    return _losses(_torchrun(2), ["--impl", impl], tmp_path_factory.mktemp("dp"))[:2]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.task15_6
+@pytest.mark.parametrize("cp_impl", ["ring", "ulysses"])
+def test_cp_2_on_4_ranks_trains_like_data_parallelism(impl, cp_impl, data_parallel_vit, tmp_path):
+    """torchrun --nproc_per_node=4 train_ddp.py --model vit --cp 2: 2 replicas, each image's 64 tokens on 2 ranks."""
+    judging(impl, "15.6")
+    train_loss, test_loss, out = _losses(_torchrun(4), ["--impl", impl, "--cp", "2", "--cp-impl", cp_impl], tmp_path)
+    assert "ranks consistent: all 4 ranks hold bit-identical parameters" in out, out[-3000:]
+    assert abs(train_loss - data_parallel_vit[0]) < 1e-4 and abs(test_loss - data_parallel_vit[1]) < 1e-4, (
+        f"{T156}: --cp 2 --cp-impl {cp_impl} on 4 ranks: losses {train_loss:.6f}, {test_loss:.6f}; data parallel "
+        f"only: {data_parallel_vit[0]:.6f}, {data_parallel_vit[1]:.6f}\n{out[-3000:]}")
