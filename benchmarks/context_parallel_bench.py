@@ -22,7 +22,7 @@ What each rank measures of itself, around the forward and backward:
   product_attention for ulysses);
 - K/V bytes held at once in the forward: this rank's own k and v plus the other ranks' K/V it holds,
   at the peak: weak references to every receive buffer (ring), the gathered K and V (allgather), the
-  k and v handed to the attention (ulysses).
+  whole-sequence k and v of H / N heads handed to the attention (ulysses).
 And with causal attention, the ring with the contiguous and the zig-zag layouts: the query-key pairs
 each rank computes (counted in the attention_block calls) and its seconds inside them (forward and
 backward). Methods run in a rotated order each repeat, so that a burst of load from elsewhere does not
@@ -108,7 +108,7 @@ class Probe:
             return timed(block_backward, q, k)(dout, q, k, v, *args, **kwargs)
 
         def recorded_sdpa(q, k, v, *args, **kwargs):
-            self.held = max(self.held, (k.numel() + v.numel()) * k.element_size())
+            self.held = max(self.held, self.own + (k.numel() + v.numel()) * k.element_size())
             return timed(sdpa, q, k)(q, k, v, *args, **kwargs)
 
         ProcessGroup.recv = recorded_recv
@@ -133,7 +133,7 @@ def allgather_attention(cp, q, k, v, dout):
     dist.all_gather_into_tensor(whole_v, v.contiguous())
     whole_k, whole_v = (torch.cat(t.chunk(size, dim=0), dim=2) for t in (whole_k, whole_v))
     out, lse = cp.attention_block(q, whole_k, whole_v)
-    held = (whole_k.numel() + whole_v.numel()) * whole_k.element_size()
+    held = (k.numel() + v.numel() + whole_k.numel() + whole_v.numel()) * k.element_size()  # its own too
     dq, dk_whole, dv_whole = cp.attention_block_backward(dout, q, whole_k, whole_v, out, lse)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dist.reduce_scatter_tensor(dk, torch.cat(dk_whole.chunk(size, dim=2), dim=0).contiguous())
