@@ -668,12 +668,10 @@ def data_parallel_vit(impl, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.task15_6
+@pytest.mark.e2e  # no task marker: check.py would run it after Task 15.6's tests, minutes on 2 cores
 @pytest.mark.parametrize("cp_impl", ["ring", "ulysses"])
 def test_cp_2_on_4_ranks_trains_like_data_parallelism(impl, cp_impl, data_parallel_vit, tmp_path):
     """torchrun --nproc_per_node=4 train_ddp.py --model vit --cp 2: 2 replicas, each image's 64 tokens on 2 ranks."""
-    judging(impl, "15.6")
     train_loss, test_loss, out = _losses(_torchrun(4), ["--impl", impl, "--cp", "2", "--cp-impl", cp_impl], tmp_path)
     assert "ranks consistent: all 4 ranks hold bit-identical parameters" in out, out[-3000:]
     assert abs(train_loss - data_parallel_vit[0]) < 1e-4 and abs(test_loss - data_parallel_vit[1]) < 1e-4, (
