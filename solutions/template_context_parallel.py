@@ -259,9 +259,9 @@ def ulysses_attention(q, k, v, group=None, causal=False):
     """DeepSpeed-Ulysses attention of this rank's q, k, v (B, H, S / N, D), contiguous layout: the
     same result as ring_attention. An all-to-all gives each rank the WHOLE sequence of H / N heads
     (rank j: heads j H / N ...), F.scaled_dot_product_attention runs there, and an all-to-all brings
-    every rank its own tokens of all H heads back. q, k and v go in one all-to-all: 2 all-to-alls
-    forward (q, k, v packed; out), 2 backward. H not divisible by N: ValueError, one line, on every
-    rank alike, before any collective."""
+    every rank its own tokens of all H heads back. On the wire: all-to-alls of q, k, v and out each
+    way (4 calls, or 2 with q, k and v packed in one), nothing else. H not divisible by N: ValueError,
+    one line, on every rank alike, before any collective."""
     # --- Task 15.5 begin ---
     heads, size = q.shape[1], dist.get_world_size(group)
     if heads % size:
