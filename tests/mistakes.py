@@ -1115,6 +1115,14 @@ MISTAKES = [
             "            owner = (rank - step) % size  # whose block", "nothing could overlap"),
     Mistake("15.2", "future-blocks-computed", "template_context_parallel.py",  # right values, masked: N times the work
             "\n            if not causal or k_id <= q_id]", "]", "computed a block wholly in the future"),
+    Mistake("15.2", "group-rank-as-global-rank", "template_context_parallel.py",  # right on the default group
+            "        send_to = dist.get_global_rank(group, (rank + 1) % size) if group is not None else (rank + 1) % size\n"
+            "        recv_from = dist.get_global_rank(group, (rank - 1) % size) if group is not None else (rank - 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)\n        outs",
+            "        send_to, recv_from = (rank + 1) % size, (rank - 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)\n        outs", "take GLOBAL ranks"),
     Mistake("15.3", "dk-dv-left-on-the-computing-rank", "template_context_parallel.py",
             "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
             "                grad_incoming = torch.empty_like(dkv)\n"

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import load, load_with_reference
-from harness import run_ranks
+from harness import RankFailed, RankTimeout, run_ranks
 from wire import Wire
 
 FILE = "template_context_parallel.py"
@@ -331,6 +331,46 @@ def test_ring_holds_at_most_two_remote_blocks_on_four_ranks(impl):
     judging(impl, "15.2")
     for rank, got in enumerate(run_ranks(_ring, 4, impl, "15.2", False, "contiguous", False, (1, 2, 8, 2))):
         _check_forward(rank, 4, got, False, "contiguous", (1, 2, 8, 2))
+
+
+def _ring_in_groups(rank, size, impl):
+    """Ring attention (forward and backward) inside the groups [0, 1] and [2, 3] of 4 ranks, where a
+    group's rank is not the global one."""
+    cp = judging(impl, "15.2")
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group, grank = groups[rank // 2], rank % 2
+    q, k, v, dout = _inputs(2, 2, 8, 4, seed=rank // 2)
+    mine = [_mine(t, grank, 2, "contiguous") for t in (q, k, v, dout)]
+    q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
+    out = cp.ring_attention(q_l, k_l, v_l, group, True)
+    return out.detach(), torch.autograd.grad(out, (q_l, k_l, v_l), mine[3])
+
+
+@pytest.mark.task15_2
+@pytest.mark.slow
+def test_ring_runs_inside_groups_that_do_not_start_at_rank_0(impl):
+    judging(impl, "15.2")
+    global_ranks = ("dist.isend and dist.irecv take GLOBAL ranks; in a group, the neighbour's is "
+                    "dist.get_global_rank(group, (r + 1) % N)")
+    try:
+        results = run_ranks(_ring_in_groups, 4, impl, timeout=20)
+    except RankTimeout as error:
+        pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] did not finish (a send to a rank that "
+                    f"never receives it): {global_ranks}\n{error}")
+    except RankFailed as error:
+        if "is not part of group" not in str(error):
+            raise
+        pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] sent to a rank outside its group: "
+                    f"{global_ranks}\n{error}")
+    for rank, (out, grads) in enumerate(results):
+        q, k, v, dout = _inputs(2, 2, 8, 4, seed=rank // 2)
+        expected, expected_grads = _reference(q, k, v, dout, True)
+        assert _close(out, _mine(expected, rank % 2, 2, "contiguous")), (
+            f"{T152}: rank {rank} (rank {rank % 2} of the group {[rank - rank % 2, rank - rank % 2 + 1]}): ring "
+            "attention inside a group differs from SDPA over the group's sequence: in a group, ranks are the group's "
+            "(dist.get_rank(group)), and dist.isend / dist.irecv take global ones (dist.get_global_rank)")
+        for g, e in zip(grads, expected_grads):
+            assert _close(g, _mine(e, rank % 2, 2, "contiguous")), f"{T152}: rank {rank}'s gradients inside a group"
 
 
 # --------------------------------------------------------------------------- Task 15.3
