@@ -1148,6 +1148,56 @@ MISTAKES = [
     Mistake("14.5", "last-gather-reduce-scatters", "template_sequence_parallel.py",  # tensor_parallel_output_grad
             "gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False)", "gather_sequence(args[0], tp_group)",
             "tensor_parallel_output_grad=False"),
+    # Task 15
+    Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
+            "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
+            "the two outputs were averaged"),
+    Mistake("15.1", "max-not-log-sum-exp", "template_context_parallel.py",
+            "    lse = torch.logaddexp(lse_a, lse_b)", "    lse = torch.maximum(lse_a, lse_b)",
+            "the max instead of log-sum-exp"),
+    Mistake("15.1", "nan-for-a-fully-masked-block", "template_context_parallel.py",
+            "    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # both -inf: weights 0, not NaN",
+            "    finite = lse", "exp(-inf - -inf) = NaN"),
+    Mistake("15.2", "ring-turns-the-wrong-way", "template_context_parallel.py",
+            "            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...",
+            "            owner = (rank + step) % size", "the ring turns the wrong way"),
+    Mistake("15.2", "wait-before-compute", "template_context_parallel.py",  # right values, nothing overlaps
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block",
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "                for work in works:\n                    work.wait()\n                works = []\n"
+            "            owner = (rank - step) % size  # whose block", "nothing could overlap"),
+    Mistake("15.2", "future-blocks-computed", "template_context_parallel.py",  # right values, masked: N times the work
+            "\n            if not causal or k_id <= q_id]", "]", "computed a block wholly in the future"),
+    Mistake("15.2", "group-rank-as-global-rank", "template_context_parallel.py",  # right on the default group
+            "        send_to = dist.get_global_rank(group, (rank + 1) % size) if group is not None else (rank + 1) % size\n"
+            "        recv_from = dist.get_global_rank(group, (rank - 1) % size) if group is not None else (rank - 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)\n        outs",
+            "        send_to, recv_from = (rank + 1) % size, (rank - 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)\n        outs", "take GLOBAL ranks"),
+    Mistake("15.3", "dk-dv-left-on-the-computing-rank", "template_context_parallel.py",
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
+            "                grad_incoming = torch.empty_like(dkv)\n"
+            "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, "
+            "group=group)]\n",
+            "            grad_incoming, grad_works = dkv, []\n", "dk and dv were left on the rank that computed them"),
+    Mistake("15.4", "zigzag-chunks-swapped", "template_context_parallel.py",
+            "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
+            "    return torch.cat([chunks[2 * size - 1 - rank], chunks[rank]], dim=dim)", "in the wrong order"),
+    Mistake("15.5", "all-to-all-splits-the-sequence", "template_context_parallel.py",
+            "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)",
+            "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=3, gather_dim=2)",
+            "the all-to-all splits the wrong dimension"),
+    Mistake("15.6", "pooled-feature-not-reduced", "template_context_parallel.py",
+            "        dist.all_reduce(total, group=group)\n", "", "not reduced over the context group"),
+    Mistake("15.6", "head-gradients-times-n", "template_context_parallel.py",
+            "(world if id(param) in head else world // cp_size)", "(world // cp_size)",
+            "the head's gradients are N = 2 times too large"),
+    Mistake("15.6", "block-gradients-divided-by-n", "template_context_parallel.py",
+            "(world if id(param) in head else world // cp_size)", "world",
+            "N = 2 times too small"),
 ]
 
 

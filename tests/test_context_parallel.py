@@ -1,0 +1,719 @@
+"""Task 15: context parallelism (template_context_parallel.py).
+
+    pytest --impl template -m task15_2     # one task; python check.py 15 for all six
+
+Every attention is compared in float64 with F.scaled_dot_product_attention over the WHOLE sequence
+on one process (outputs, and dq, dk, dv through torch.autograd.grad), causal and not, with B and H
+above 1, on 2, 3 and 4 gloo ranks. Besides the values, a rank records what goes on the wire
+(tests/wire.py: each message's kind, dtype, size and peer; each collective), when each block is
+computed against when its messages were posted and waited for (Work.wait is counted), whose keys
+each computed block holds (to see a ring turning the wrong way), the query-key pairs each rank
+computes (causal load balance), how many other ranks' K/V blocks are alive at once (weak
+references to every received buffer), and what the ring saves for backward. The ViT (15.6) runs one
+step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
+"""
+import csv
+import inspect
+import re
+import sys
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from conftest import load, load_with_reference
+from harness import RankFailed, RankTimeout, run_ranks
+from wire import Wire
+
+FILE = "template_context_parallel.py"
+T151 = f"Task 15.1 ({FILE}, merge_attention)"
+T152 = f"Task 15.2 ({FILE}, block_pairs / RingAttention.forward)"
+T153 = f"Task 15.3 ({FILE}, RingAttention.backward)"
+T154 = f"Task 15.4 ({FILE}, token_chunks / zigzag_shard / zigzag_unshard)"
+T155 = f"Task 15.5 ({FILE}, _AllToAll / ulysses_attention)"
+T156 = f"Task 15.6 ({FILE}, sequence_mean / average_context_parallel_gradients)"
+
+ANSWERS = {
+    "15.1": ["merge_attention"],
+    "15.2": ["block_pairs", "RingAttention.forward"],
+    "15.3": ["RingAttention.backward"],
+    "15.4": ["token_chunks", "zigzag_shard", "zigzag_unshard"],
+    "15.5": ["_AllToAll.forward", "_AllToAll.backward", "ulysses_attention"],
+    "15.6": ["_SequenceMean.forward", "_SequenceMean.backward", "average_context_parallel_gradients"],
+}
+STUB = re.compile(r'raise NotImplementedError\("(Task \d+\.\d+:[^"]*)"\)')
+
+
+def judging(impl, task):
+    """template_context_parallel of `impl` with your answer to `task` and solutions/' to the others; an
+    unfilled TODO of `task` raises its NotImplementedError at once, in pytest's process."""
+    others = [answer for t, answers in ANSWERS.items() if t != task for answer in answers]
+    module = load_with_reference(impl, "template_context_parallel", *others)
+    for answer in ANSWERS[task]:
+        owner, _, name = answer.rpartition(".")
+        function = getattr(getattr(module, owner) if owner else module, name)
+        stub = STUB.search(inspect.getsource(getattr(function, "__func__", function)))
+        if stub:
+            raise NotImplementedError(stub.group(1))
+    return module
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+def _inputs(batch=2, heads=2, tokens=12, dim=4, seed=0):
+    """q, k, v and the output gradient of the WHOLE sequence, float64, the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, tokens, dim, generator=g, dtype=torch.float64) for _ in range(4)]
+
+
+def _reference(q, k, v, dout, causal):
+    """One process's F.scaled_dot_product_attention over the whole sequence: out, (dq, dk, dv)."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return out.detach(), torch.autograd.grad(out, (q, k, v), dout)
+
+
+def _mine(x, rank, size, layout):
+    """This rank's part of the whole sequence x (B, H, S, D): its contiguous S / N, or its two zig-zag
+    chunks (r, 2N-1-r), written here without the code under test."""
+    if layout == "contiguous":
+        return x.chunk(size, dim=2)[rank]
+    chunks = x.chunk(2 * size, dim=2)
+    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=2)
+
+
+def _close(got, expected):
+    return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-9, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- Task 15.1
+def _blocks(case):
+    """(q, k_a, v_a, k_b, v_b, causal, q_pos, a_pos, b_pos) of a merge case."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k2, v2 = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    if case == "large scores":  # scores near 1e4: exp() of them overflows float64
+        q, k, k2 = q * 70, k * 70, k2 * 70
+    if case == "one block fully masked":  # causal, the second block wholly in the queries' future
+        return q, k, v, k2, v2, True, torch.arange(5, 10), torch.arange(0, 5), torch.arange(10, 16)
+    if case == "some rows masked in both":  # queries 0..4, keys 3..7 and 8..13: rows 0-2 see nothing
+        return q, k, v, k2, v2, True, torch.arange(0, 5), torch.arange(3, 8), torch.arange(8, 14)
+    return q, k, v, k2, v2, False, None, None, None
+
+
+@pytest.mark.task15_1
+@pytest.mark.parametrize("case", ["plain", "large scores", "one block fully masked", "some rows masked in both"])
+def test_merge_is_the_attention_over_both_blocks(impl, case):
+    cp = judging(impl, "15.1")
+    q, k_a, v_a, k_b, v_b, causal, q_pos, a_pos, b_pos = _blocks(case)
+    out_a, lse_a = cp.attention_block(q, k_a, v_a, causal, q_pos, a_pos)
+    out_b, lse_b = cp.attention_block(q, k_b, v_b, causal, q_pos, b_pos)
+    whole_pos = None if a_pos is None else torch.cat([a_pos, b_pos])
+    out, lse = cp.attention_block(q, torch.cat([k_a, k_b], 2), torch.cat([v_a, v_b], 2), causal, q_pos, whole_pos)
+    given = [t.clone() for t in (out_a, lse_a, out_b, lse_b)]
+    got_out, got_lse = cp.merge_attention(out_a, lse_a, out_b, lse_b)
+    assert all(torch.equal(a, b) for a, b in zip(given, (out_a, lse_a, out_b, lse_b))), (
+        f"{T151}: merge_attention changed its inputs in place ({case}): return new tensors")
+    if torch.isnan(got_out).any() or torch.isnan(got_lse).any():
+        pytest.fail(f"{T151}: NaN in the merge ({case}): where a block is fully masked for a query (lse = -inf), "
+                    "exp(lse - lse_max) is exp(-inf - -inf) = NaN; such a side must weigh 0 (and a row with both "
+                    "sides -inf must give out = 0, lse = -inf)" if torch.isinf(lse_a).any() or torch.isinf(lse_b).any()
+                    else f"{T151}: NaN in the merge ({case}, finite lse on both sides): an overflow, exp of scores "
+                    "near 1e4? Work with lse differences, never exp(lse) itself")
+    assert got_out.shape == out.shape and got_lse.shape == lse.shape, (
+        f"{T151}: shapes {tuple(got_out.shape)}, {tuple(got_lse.shape)}; expected {tuple(out.shape)}, {tuple(lse.shape)}")
+    finite = ~torch.isinf(lse)
+    if not (torch.allclose(got_lse[finite], lse[finite], rtol=1e-12, atol=1e-12)
+            and torch.equal(torch.isinf(got_lse), torch.isinf(lse))):
+        if torch.allclose(got_lse, torch.maximum(lse_a, lse_b)):
+            pytest.fail(f"{T151}: the merged lse is the max of the two, not their log-sum-exp "
+                        "log(exp(lse_a) + exp(lse_b)): the max instead of log-sum-exp forgets the smaller block's mass")
+        pytest.fail(f"{T151}: the merged lse differs from the log-sum-exp over both blocks ({case}) by up to "
+                    f"{(got_lse - lse)[finite].abs().max():.3g}")
+    if not torch.allclose(got_out, out, rtol=1e-10, atol=1e-12):
+        if torch.allclose(got_out, (out_a + out_b) / 2):
+            pytest.fail(f"{T151}: the two outputs were averaged: each must be weighted by its block's share of the "
+                        "softmax, exp(lse_a - lse) and exp(lse_b - lse)")
+        pytest.fail(f"{T151}: the merged output differs from the attention over both blocks ({case}) by up to "
+                    f"{(got_out - out).abs().max():.3g}")
+    # and attention_block of the whole is F.scaled_dot_product_attention (the given code, checked once here)
+    if not causal:
+        expected = F.scaled_dot_product_attention(q, torch.cat([k_a, k_b], 2), torch.cat([v_a, v_b], 2))
+        assert torch.allclose(got_out, expected, rtol=1e-9, atol=1e-12), f"{T151}: not SDPA's result ({case})"
+
+
+# --------------------------------------------------------------------------- the recorder for the ring
+class _Forget(list):
+    def append(self, item):
+        pass
+
+
+class Recorder:
+    """In a rank: the ring's messages (a Wire), the waits on every Work, each attention_block call (whose
+    keys it was given, how many query-key pairs) and the other ranks' K/V bytes alive at each receive."""
+
+    def __init__(self, cp, k_full, v_full, size, layout, kv_numel):
+        self.cp, self.events, self.blocks, self.alive_peak = cp, [], [], 0
+        self.received, self.kv_numel = [], kv_numel
+        every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
+        self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
+        self.k_full = k_full
+
+    def which_keys(self, k):
+        """The global positions whose keys k holds (a chunk or a rank's whole block), or None."""
+        for _, pos in self.chunks:
+            if len(pos) == k.shape[2] and torch.equal(k, self.k_full[:, :, pos]):
+                return pos
+        return None
+
+    def alive(self):
+        return sum(t.numel() for t in (ref() for ref in self.received) if t is not None) / self.kv_numel
+
+    def __enter__(self):
+        from torch._C._distributed_c10d import ProcessGroup, Work
+        self.wire = Wire().__enter__()
+        self.wire.works = _Forget()  # the Wire keeps every send's Work, and a Work keeps its tensor alive
+        # the judged module's, and solutions/' (whose answers to the other tasks run with their own globals)
+        self.modules = [self.cp, load("solutions", "template_context_parallel")]
+        self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
+                      [(m.attention_block, m.attention_block_backward) for m in self.modules])
+        recv, wait, _ = self.saved
+        block, block_backward = self.saved[2][0]
+
+        def recorded_recv(group, tensors, src, *args, **kwargs):
+            self.received += [weakref.ref(t) for t in tensors]
+            self.alive_peak = max(self.alive_peak, self.alive())
+            return recv(group, tensors, src, *args, **kwargs)
+
+        def recorded_wait(work, *args, **kwargs):
+            self.events.append(("wait", len(self.wire.calls)))
+            return wait(work, *args, **kwargs)
+
+        def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
+            self.events.append(("compute", len(self.wire.calls)))
+            self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
+            self.alive_peak = max(self.alive_peak, self.alive())
+            return block(q, k, v, causal, q_pos, k_pos)
+
+        def recorded_backward(dout, q, k, v, out, lse, causal=False, q_pos=None, k_pos=None):
+            self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
+            return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
+
+        ProcessGroup.recv, Work.wait = recorded_recv, recorded_wait
+        for module in self.modules:
+            module.attention_block, module.attention_block_backward = recorded_block, recorded_backward
+        return self
+
+    def __exit__(self, *exc):
+        from torch._C._distributed_c10d import ProcessGroup, Work
+        ProcessGroup.recv, Work.wait, blocks = self.saved
+        for module, (block, block_backward) in zip(self.modules, blocks):
+            module.attention_block, module.attention_block_backward = block, block_backward
+        self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
+
+    def take(self):
+        """What happened since the last take: (messages, collectives, events, blocks, alive peak)."""
+        calls = self.wire.calls[getattr(self, "_taken", 0):]
+        self._taken = len(self.wire.calls)
+        events, blocks, peak = self.events, self.blocks, self.alive_peak
+        self.events, self.blocks, self.alive_peak = [], [], self.alive()
+        messages = [(c.kind, str(c.dtype).replace("torch.", ""), c.numel, c.peer) for c in calls
+                    if c.kind in ("send", "isend", "recv", "irecv")]
+        collectives = [c.kind for c in calls if c.kind not in ("send", "isend", "recv", "irecv")]
+        return dict(messages=messages, collectives=collectives, events=[e for e in events],
+                    blocks=[(n, None if p is None else p.tolist(), None if w is None else w.tolist()) for n, p, w in blocks],
+                    alive_peak=peak)
+
+
+def _rings(rank, size, impl, task, cases, backward, shape):
+    """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part)."""
+    return [_ring(rank, size, impl, task, causal, layout, backward, shape) for causal, layout in cases]
+
+
+def _ring(rank, size, impl, task, causal, layout, backward, shape):
+    """One ring attention forward (and backward) on this rank: the values and what was recorded."""
+    cp = judging(impl, task)
+    q, k, v, dout = _inputs(*shape)
+    mine = [_mine(t, rank, size, layout).clone() for t in (q, k, v, dout)]
+    q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
+    with Recorder(cp, k, v, size, layout, 2 * k_l.numel()) as rec:
+        out = cp.ring_attention(q_l, k_l, v_l, None, causal, layout)
+        forward = rec.take()
+        saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
+        extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
+        grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
+        back = rec.take() if backward else None
+    return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
+                shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
+
+
+def _expected_mine(rank, size, layout, causal, shape):
+    q, k, v, dout = _inputs(*shape)
+    out, grads = _reference(q, k, v, dout, causal)
+    return _mine(out, rank, size, layout), [_mine(g, rank, size, layout) for g in grads]
+
+
+def _check_order(rank, size, events):
+    """Each step but the last: its message posted before its block is computed, and not yet waited for."""
+    last_wait, computes = 0, 0
+    for kind, posted in events:
+        if kind == "wait":
+            last_wait = posted
+            continue
+        computes += 1
+        if computes >= size:  # the last step has nothing left to send
+            break
+        assert posted > last_wait, (
+            f"{T152}: rank {rank} computed block {computes} of {size} with no message of the ring in flight: "
+            + ("nothing was posted yet: post the send to r + 1 and the receive from r - 1 BEFORE computing the block "
+               "you hold" if posted == 0 else
+               "this step's send and receive were waited for before the block's compute, so nothing could overlap: "
+               "post them, compute, THEN wait (each Work once)"))
+
+
+def _check_forward(rank, size, got, causal, layout, shape):
+    out, _ = _expected_mine(rank, size, layout, causal, shape)
+    fwd, kv_numel = got["forward"], 2 * out.numel()
+    wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
+    if not _close(got["out"], out):
+        if wrong_way:
+            pytest.fail(f"{T152}: rank {rank} computed a block with the positions {wrong_way[0][0][:3]}... of one rank "
+                        f"and the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way (or the "
+                        "block's owner is counted the wrong way round): rank r sends to r + 1 and receives from r - 1, "
+                        "so at step s it holds the block of rank r - s")
+        pytest.fail(f"{T152}: rank {rank}'s output ({'causal' if causal else 'not causal'}, {layout}, {size} ranks) "
+                    f"differs from F.scaled_dot_product_attention over the whole sequence by "
+                    f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'}")
+    assert not fwd["collectives"], (
+        f"{T152}: rank {rank}'s ring forward called {fwd['collectives']}: ring attention sends K/V blocks point to "
+        "point (dist.isend / dist.irecv), never a collective over the whole K or V")
+    sends = [m for m in fwd["messages"] if m[0] in ("send", "isend")]
+    assert sum(m[2] for m in sends) == (size - 1) * kv_numel and all(m[1] == "float64" for m in sends), (
+        f"{T152}: rank {rank} sent {[(m[1], m[2]) for m in sends]} in forward; expected {size - 1} K/V blocks "
+        f"({size - 1} x {kv_numel} float64 elements: k and v of its {out.shape[2]} tokens, N - 1 times)")
+    assert all(m[3] == (rank + 1) % size for m in sends), (
+        f"{T152}: rank {rank} sent to ranks {sorted({m[3] for m in sends})}: the ring sends to r + 1 only")
+    assert fwd["alive_peak"] <= 2 + 1e-9, (
+        f"{T152}: rank {rank} held {fwd['alive_peak']:g} other ranks' K/V blocks at once: at most 2 (the one being "
+        "computed and the one arriving); let each go once the next has arrived")
+    assert sorted(got["saved"]) == sorted([got["shapes"]["q"]] * 4 + [got["shapes"]["lse"]]) and not got["extra"], (
+        f"{T152}: RingAttention saved tensors of shapes {got['saved']} (and ctx tensors {got['extra']}) for backward: "
+        "only this rank's q, k, v, out and lse (save_for_backward): the other blocks travel again in backward")
+
+
+@pytest.mark.task15_2
+@pytest.mark.parametrize("size", [3, slow(2), slow(4)])
+def test_ring_forward_is_attention_over_the_whole_sequence(impl, size):
+    judging(impl, "15.2")
+    shape = (2, 2, 4 * size, 4)
+    cases = [(False, "contiguous"), (True, "contiguous")]
+    for rank, runs in enumerate(run_ranks(_rings, size, impl, "15.2", cases, False, shape)):
+        for (causal, _), got in zip(cases, runs):
+            _check_forward(rank, size, got, causal, "contiguous", shape)
+            if not causal:
+                _check_order(rank, size, got["forward"]["events"])
+            pairs = sum(n for n, _, _ in got["forward"]["blocks"])
+            expected = (rank + 1 if causal else size) * (4 * 4)  # contiguous causal: r + 1 blocks of 4 x 4 pairs
+            assert pairs == expected, (
+                f"{T152}: rank {rank} computed {pairs} query-key pairs, expected {expected}"
+                + (": it computed a block wholly in the future of its queries; with causal, such a block is skipped "
+                   "(fully masked: no compute), though it still passes along the ring" if pairs > expected else ""))
+
+
+@pytest.mark.task15_2
+@pytest.mark.slow
+def test_ring_holds_at_most_two_remote_blocks_on_four_ranks(impl):
+    """With 4 ranks a rank receives 3 blocks: one that keeps them all holds 3."""
+    judging(impl, "15.2")
+    for rank, got in enumerate(run_ranks(_ring, 4, impl, "15.2", False, "contiguous", False, (1, 2, 8, 2))):
+        _check_forward(rank, 4, got, False, "contiguous", (1, 2, 8, 2))
+
+
+def _ring_in_groups(rank, size, impl):
+    """Ring attention (forward and backward) inside the groups [0, 1] and [2, 3] of 4 ranks, where a
+    group's rank is not the global one."""
+    cp = judging(impl, "15.2")
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group, grank = groups[rank // 2], rank % 2
+    q, k, v, dout = _inputs(2, 2, 8, 4, seed=rank // 2)
+    mine = [_mine(t, grank, 2, "contiguous") for t in (q, k, v, dout)]
+    q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
+    out = cp.ring_attention(q_l, k_l, v_l, group, True)
+    return out.detach(), torch.autograd.grad(out, (q_l, k_l, v_l), mine[3])
+
+
+@pytest.mark.task15_2
+@pytest.mark.slow
+def test_ring_runs_inside_groups_that_do_not_start_at_rank_0(impl):
+    judging(impl, "15.2")
+    global_ranks = ("dist.isend and dist.irecv take GLOBAL ranks; in a group, the neighbour's is "
+                    "dist.get_global_rank(group, (r + 1) % N)")
+    try:
+        results = run_ranks(_ring_in_groups, 4, impl, timeout=20)
+    except RankTimeout as error:
+        pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] did not finish (a send to a rank that "
+                    f"never receives it): {global_ranks}\n{error}")
+    except RankFailed as error:
+        if "is not part of group" not in str(error):
+            raise
+        pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] sent to a rank outside its group: "
+                    f"{global_ranks}\n{error}")
+    for rank, (out, grads) in enumerate(results):
+        q, k, v, dout = _inputs(2, 2, 8, 4, seed=rank // 2)
+        expected, expected_grads = _reference(q, k, v, dout, True)
+        assert _close(out, _mine(expected, rank % 2, 2, "contiguous")), (
+            f"{T152}: rank {rank} (rank {rank % 2} of the group {[rank - rank % 2, rank - rank % 2 + 1]}): ring "
+            "attention inside a group differs from SDPA over the group's sequence: in a group, ranks are the group's "
+            "(dist.get_rank(group)), and dist.isend / dist.irecv take global ones (dist.get_global_rank)")
+        for g, e in zip(grads, expected_grads):
+            assert _close(g, _mine(e, rank % 2, 2, "contiguous")), f"{T152}: rank {rank}'s gradients inside a group"
+
+
+# --------------------------------------------------------------------------- Task 15.3
+def _check_backward(rank, size, got, causal, layout, shape, task):
+    name = T153 if task == "15.3" else T154
+    _, grads = _expected_mine(rank, size, layout, causal, shape)
+    back, kv_numel = got["backward"], 2 * grads[1].numel()
+    sends = [m for m in back["messages"] if m[0] in ("send", "isend")]
+    sent = sum(m[2] for m in sends)
+    for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
+        if not _close(g, e):
+            why = ""
+            if what != "dq" and sent <= (size - 1) * kv_numel:
+                why = (": dk and dv were left on the rank that computed them; they belong to the block's owner, "
+                       "and must travel with their K/V block round the ring to end there")
+            pytest.fail(f"{name}: rank {rank}'s {what} ({'causal' if causal else 'not causal'}, {layout}, {size} "
+                        f"ranks) differs from F.scaled_dot_product_attention's by "
+                        f"{(g - e).abs().max() if g.shape == e.shape else 'shape'}{why}")
+    assert not back["collectives"], (
+        f"{name}: rank {rank}'s ring backward called {back['collectives']}: the K/V blocks and their gradients go "
+        "point to point, never a collective over the whole K or V")
+    assert sent == (2 * size - 1) * kv_numel and all(m[3] == (rank + 1) % size for m in sends), (
+        f"{name}: rank {rank} sent {[(m[2], m[3]) for m in sends]} in backward; expected N - 1 = {size - 1} K/V "
+        f"blocks and N = {size} dK/dV blocks ({kv_numel} elements each) to rank {(rank + 1) % size}")
+    assert back["alive_peak"] <= 4 + 1e-9, (
+        f"{name}: rank {rank} held {back['alive_peak']:g} other ranks' blocks at once in backward (K/V and dK/dV): at "
+        "most 2 of each")
+
+
+@pytest.mark.task15_3
+@pytest.mark.parametrize("size", [3, slow(2), slow(4)])
+def test_ring_backward_gives_each_rank_its_own_gradients(impl, size):
+    judging(impl, "15.3")
+    shape = (2, 2, 4 * size, 4)
+    cases = [(True, "contiguous"), (False, "contiguous")] if size != 3 else [(True, "contiguous")]
+    for rank, runs in enumerate(run_ranks(_rings, size, impl, "15.3", cases, True, shape)):
+        for (causal, _), got in zip(cases, runs):
+            _check_backward(rank, size, got, causal, "contiguous", shape, "15.3")
+
+
+# --------------------------------------------------------------------------- Task 15.4
+def _zigzag_and_ring(rank, size, impl, shape):
+    return _zigzag(rank, size, impl), _ring(rank, size, impl, "15.4", True, "zigzag", True, shape)
+
+
+def _zigzag(rank, size, impl):
+    cp = judging(impl, "15.4")
+    x = torch.arange(2.0 * 3 * 4 * size * 2).view(2, 3, 4 * size, 2)
+    out = dict(chunks=[(cid, pos.tolist()) for cid, pos in cp.token_chunks(rank, size, 4, "zigzag")])
+    out["shard"] = cp.zigzag_shard(x)
+    with Wire() as wire:
+        out["whole"] = cp.zigzag_unshard(_mine(x, rank, size, "zigzag"))
+    out["unshard_calls"] = [c.kind for c in wire.calls]
+    try:
+        cp.zigzag_shard(torch.zeros(1, 1, 2 * size + 1, 1))
+        out["uneven"] = None
+    except ValueError as error:
+        out["uneven"] = str(error)
+    return out
+
+
+@pytest.mark.task15_4
+@pytest.mark.parametrize("size", [3, slow(2), slow(4)])
+def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
+    judging(impl, "15.4")
+    x = torch.arange(2.0 * 3 * 4 * size * 2).view(2, 3, 4 * size, 2)
+    shape = (2, 2, 4 * size, 4)
+    results = run_ranks(_zigzag_and_ring, size, impl, shape)
+    for rank, (got, _) in enumerate(results):
+        mine = _mine(x, rank, size, "zigzag")
+        if not torch.equal(got["shard"], mine):
+            swapped = torch.cat(mine.chunk(2, dim=2)[::-1], dim=2)
+            pytest.fail(f"{T154}: zigzag_shard on rank {rank} of {size}: " + (
+                "the two chunks are in the wrong order: chunk r first, then chunk 2N-1-r" if torch.equal(
+                    got["shard"], swapped) else f"not chunks {rank} and {2 * size - 1 - rank} of the {2 * size}"))
+        assert got["chunks"] == [(c, list(range(c * 2, c * 2 + 2))) for c in (rank, 2 * size - 1 - rank)], (
+            f"{T154}: token_chunks({rank}, {size}, 4, 'zigzag') gave {got['chunks']}; expected chunk ids {rank} and "
+            f"{2 * size - 1 - rank} (in that order) with their global positions, 2 tokens each")
+        assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order"
+        assert got["uneven"] is not None, (
+            f"{T154}: zigzag_shard of {2 * size + 1} tokens over {size} ranks did not raise ValueError")
+    work = []
+    for rank, (_, got) in enumerate(results):
+        out, _ = _expected_mine(rank, size, "zigzag", True, shape)
+        assert _close(got["out"], out), (
+            f"{T154}: rank {rank}'s zig-zag causal output differs from F.scaled_dot_product_attention's over the "
+            "whole sequence: its chunks are r and 2N-1-r (token_chunks), masked by their true positions")
+        _check_backward(rank, size, got, True, "zigzag", shape, "15.4")
+        work.append(len(got["forward"]["blocks"]))
+    assert work == [2 * size + 1] * size, (
+        f"{T154}: the ranks computed {work} chunk pairs in the zig-zag causal forward; expected 2N+1 = {2 * size + 1} "
+        "on every rank (the pairs whose key chunk lies wholly after the query chunk skipped)")
+
+
+# --------------------------------------------------------------------------- Task 15.5
+def _ulysses(rank, size, impl, heads, causal):
+    cp = judging(impl, "15.5")
+    out = {}
+    # the all-to-all alone, on rank-valued input: element [b, h, s, d] = 1000 * rank + index
+    x = (torch.arange(2.0 * 12 * 2 * 3).view(2, 12, 2, 3) + 1000 * rank).requires_grad_()
+    with Wire() as wire:
+        y = cp.all_to_all(x, None, 1, 2)
+        out["a2a"] = y.detach()
+        out["a2a_grad"], = torch.autograd.grad(y, x, torch.ones_like(y) * (rank + 1))
+    out["a2a_calls"] = [c.sent for c in wire.calls]
+    q, k, v, dout = _inputs(2, heads, 4 * size, 4)
+    mine = [_mine(t, rank, size, "contiguous") for t in (q, k, v, dout)]
+    q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
+    shapes, sdpa = [], F.scaled_dot_product_attention
+
+    def recorded(query, *args, **kwargs):
+        shapes.append(tuple(query.shape))
+        return sdpa(query, *args, **kwargs)
+    F.scaled_dot_product_attention = recorded
+    try:
+        with Wire() as wire:
+            try:
+                o = cp.ulysses_attention(q_l, k_l, v_l, None, causal)
+            except ValueError as error:
+                return dict(out, refused=str(error), calls=[c.sent for c in wire.calls])
+            forward = wire.take()
+            if o.shape != q_l.shape:  # said by the test, with the shapes that attention ran on
+                return dict(out, refused=None, out=o.detach(), shapes=shapes)
+            grads = torch.autograd.grad(o, (q_l, k_l, v_l), mine[3])
+            backward = wire.take()
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    return dict(out, refused=None, out=o.detach(), grads=grads, forward=forward, backward=backward, shapes=shapes)
+
+
+@pytest.mark.task15_5
+@pytest.mark.parametrize("size,heads,causal", [(2, 4, True), slow(2, 4, False), slow(3, 6, True), slow(4, 4, False),
+                                               slow(4, 8, True)])
+def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
+    judging(impl, "15.5")
+    for rank, (got, refused) in enumerate(run_ranks(_ulysses_and_refused, size, impl, heads, causal)):
+        _check_refused(rank, refused)
+        # the all-to-all: rank r gets heads r*6/N... of every rank's tokens, in rank order along the sequence
+        xs = [torch.arange(2.0 * 12 * 2 * 3).view(2, 12, 2, 3) + 1000 * r for r in range(size)]
+        h = 12 // size
+        if True:
+            expected = torch.cat([x[:, rank * h:(rank + 1) * h] for x in xs], dim=2)
+            assert got["a2a"].shape == expected.shape and torch.equal(got["a2a"], expected), (
+                f"{T155}: all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank}: expected heads "
+                f"{rank * h}..{(rank + 1) * h - 1} of every rank's tokens, rank 0's first; got shape "
+                f"{tuple(got['a2a'].shape)}: the all-to-all splits the wrong dimension, or glues the wrong one")
+            grad = torch.zeros(2, 12, 2, 3)
+            for r in range(size):  # rank r's gradient of the output, (r + 1) everywhere, comes back for its heads
+                grad[:, r * h:(r + 1) * h] = r + 1
+            assert torch.equal(got["a2a_grad"], grad), (
+                f"{T155}: the all-to-all's backward on rank {rank} is not the reverse all-to-all (the gradient of "
+                "each piece must return to the rank it came from)")
+            assert [c[0] for c in got["a2a_calls"]] in (["all_to_all_single"] * 2, ["all_to_all"] * 2), (
+                f"{T155}: the all-to-all and its backward called {got['a2a_calls']}: one all-to-all each way")
+        out, grads = _expected_mine(rank, size, "contiguous", causal, (2, heads, 4 * size, 4))
+        if not _close(got["out"], out):
+            wrong = [s for s in got["shapes"] if s[1:3] != (heads // size, 4 * size)]
+            pytest.fail(f"{T155}: rank {rank}'s Ulysses output differs from F.scaled_dot_product_attention over the "
+                        "whole sequence" + (f": attention ran on shape {wrong[0]}, expected (B, H / N, S, D) = "
+                                            f"(2, {heads // size}, {4 * size}, 4): the all-to-all splits the wrong "
+                                            "dimension (scatter the heads, gather the sequence)" if wrong else ""))
+        for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
+            assert _close(g, e), f"{T155}: rank {rank}'s {what} differs from F.scaled_dot_product_attention's"
+        for when in ("forward", "backward"):
+            calls = got[when]
+            numel = out.numel()
+            assert {c[0] for c in calls} <= {"all_to_all_single", "all_to_all"} and all(c[1] == "float64" for c in calls) \
+                and sum(c[2] for c in calls) == 4 * numel and len(calls) in (2, 4), (
+                    f"{T155}: rank {rank}'s Ulysses {when} sent {calls}: expected all-to-alls of q, k, v and out "
+                    f"(4 x {numel} float64 elements in all; 4 calls, or 2 with q, k and v packed in one)")
+
+
+def _ulysses_and_refused(rank, size, impl, heads, causal):
+    return _ulysses(rank, size, impl, heads, causal), _ulysses(rank, size, impl, size + 1, False)
+
+
+@pytest.mark.task15_5
+@pytest.mark.slow
+def test_ulysses_refuses_heads_that_do_not_divide(impl):
+    judging(impl, "15.5")
+    for rank, got in enumerate(run_ranks(_refused, 3, impl)):
+        _check_refused(rank, got)
+
+
+def _refused(rank, size, impl):
+    return _ulysses(rank, size, impl, 4, False)
+
+
+def _check_refused(rank, got):
+        assert got["refused"] is not None and got["calls"] == [], (
+            f"{T155}: rank {rank}: ulysses_attention with heads that do not divide by the ranks must raise ValueError (one line, saying "
+            f"that the heads must divide by the ranks) before any collective; got {got.get('refused')!r}, "
+            f"calls {got.get('calls')}")
+
+
+# --------------------------------------------------------------------------- Task 15.6
+def _tiny_vit(seed=0):
+    from models import ViT
+    torch.manual_seed(seed)
+    return ViT(image_size=8, patch_size=2, dim=16, depth=1, heads=4).double()
+
+
+def _pooling(rank, size, impl):
+    cp = judging(impl, "15.6")
+    x = (torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * rank).double().requires_grad_()
+    with Wire() as wire:
+        y = cp.sequence_mean(x)
+        forward = wire.take()
+        grad, = torch.autograd.grad(y, x, torch.full((2, 4), 6.0, dtype=torch.float64) * (1 + torch.arange(4.0)))
+        backward = wire.take()
+    return dict(y=y.detach(), grad=grad, forward=forward, backward=backward)
+
+
+def _check_pooling(results):
+    size = len(results)
+    xs = [(torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * r).double() for r in range(size)]
+    whole = torch.cat(xs, dim=1).mean(dim=1)
+    for rank, got in enumerate(results):
+        if not torch.allclose(got["y"], whole):
+            pytest.fail(f"{T156}: sequence_mean on rank {rank} is not the mean over every rank's tokens"
+                        + (": the pooled feature was not reduced over the context group (each rank pooled its own "
+                           "tokens only)" if torch.allclose(got["y"], xs[rank].sum(1) / (3 * size)) or
+                           torch.allclose(got["y"], xs[rank].mean(1)) else ""))
+        assert [c[0] for c in got["forward"]] == ["all_reduce"], (
+            f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
+        expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
+        assert torch.allclose(got["grad"], expected) and got["backward"] == [], (
+            f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token with "
+            f"{got['backward']}; expected grad / S = {expected[0, 0].tolist()} and no collective: every rank already "
+            "holds the whole gradient of the mean" + (" (an all-reduce in backward counts it N times)"
+                                                      if got["backward"] else ""))
+
+
+def _vit_step(rank, size, impl, cp_size, attention):
+    pooling = _pooling(rank, size, impl) if cp_size == size else None
+    cp = judging(impl, "15.6")
+    group = None if cp_size == size else [dist.new_group(list(range(g, g + cp_size)))
+                                          for g in range(0, size, cp_size)][rank // cp_size]
+    vit = _tiny_vit()
+    model = cp.ContextParallelViT(vit, group, attention)
+    g = torch.Generator().manual_seed(3)
+    images, labels = torch.randn(8, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    replicas = size // cp_size
+    mine = slice(rank // cp_size * 8 // replicas, (rank // cp_size + 1) * 8 // replicas)
+    F.cross_entropy(model(images[mine]), labels[mine]).backward()
+    cp.average_context_parallel_gradients(model, cp_size)
+    return pooling, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _single_process_grads():
+    vit = _tiny_vit()
+    g = torch.Generator().manual_seed(3)
+    images, labels = torch.randn(8, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    F.cross_entropy(vit(images), labels).backward()
+    return {name: p.grad for name, p in vit.named_parameters()}
+
+
+@pytest.mark.task15_6
+@pytest.mark.parametrize("size,cp_size,attention", [(2, 2, "ring"), slow(4, 2, "ring"), slow(4, 2, "ulysses"),
+                                                    slow(4, 4, "ring")])
+def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, attention):
+    judging(impl, "15.6")
+    expected = _single_process_grads()
+    results = run_ranks(_vit_step, size, impl, cp_size, attention)
+    if cp_size == size:  # sequence_mean alone first: its mistakes then say so, not a gradient's ratio
+        _check_pooling([pooling for pooling, _ in results])
+    for rank, (_, grads) in enumerate(results):
+        assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
+        for name, grad in grads.items():
+            if torch.allclose(grad, expected[name], rtol=1e-8, atol=1e-12):
+                continue
+            ratio = (grad.norm() / expected[name].norm()).item()
+            where = "head" if name.startswith("head.") else "before the pooling"
+            why = ""
+            if abs(ratio - cp_size) < 1e-6 and where == "head":
+                why = (f": the head's gradients are N = {cp_size} times too large: every rank of a context group holds "
+                       "the whole gradient of its replica's head already (it saw the same pooled features); summed over "
+                       "the group it counts N times")
+            elif abs(ratio - 1 / cp_size) < 1e-6 and where != "head":
+                why = (f": the gradients of the parameters before the pooling are N = {cp_size} times too small: each "
+                       "rank of a context group holds only its own tokens' part; their SUM over the group is the "
+                       "replica's gradient (divide by the data-parallel replicas only)")
+            pytest.fail(f"{T156}: rank {rank}'s gradient of {name} ({where}) is {ratio:.4g} x the single-process "
+                        f"gradient on the global batch ({size} ranks, context groups of {cp_size}, {attention}){why}")
+
+
+# --------------------------------------------------------------------------- train_ddp.py --cp
+@pytest.mark.repo
+@pytest.mark.parametrize("world_size,flags,message", [
+    (2, ["--cp", "2"], "--cp 2 splits the ViT's tokens over the ranks: add --model vit"),
+    (4, ["--model", "vit", "--cp", "3"], "--cp 3 does not divide the ViT's 64 tokens"),
+    (8, ["--model", "vit", "--cp", "8", "--cp-impl", "ulysses"], "the ViT has 4: choose --cp 2 or 4"),
+    (3, ["--model", "vit", "--cp", "2"], "--cp 2 does not divide the world size 3"),
+    (4, ["--model", "vit", "--cp", "2", "--shard", "optimizer"], "--cp 2 cannot be combined with --shard optimizer"),
+    (4, ["--model", "vit", "--cp", "2", "--local-sgd", "4"], "--cp 2 cannot be combined with --local-sgd"),
+])
+def test_a_context_split_that_cannot_work_is_one_line(world_size, flags, message, monkeypatch):
+    import train_ddp
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_ddp.check_flags(train_ddp.parse_args(flags))
+
+
+@pytest.mark.repo
+@pytest.mark.slow  # a new interpreter importing torch: seconds
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPUs")
+def test_pytorchs_context_parallel_is_refused_on_a_cpu_with_exit_code_2():
+    from test_train_ddp import run
+    code, out = run([sys.executable, "train_ddp.py", "--impl", "ddp", "--model", "vit", "--cp", "2"], timeout=60)
+    assert code == 2 and "PyTorch's context_parallel runs on CUDA only" in out and len(out.strip().splitlines()) == 1, out
+
+
+QUICK_VIT = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "512", "--test-samples", "256",
+             "--batch-size", "128", "--no-plot"]
+
+
+def _losses(command, flags, tmp_path):
+    from test_train_ddp import run
+    metrics = tmp_path / "metrics.csv"
+    code, out = run(command + ["train_ddp.py", *QUICK_VIT, *flags, "--metrics", str(metrics)], timeout=300)
+    assert code == 0, out[-3000:]
+    with open(metrics) as f:
+        row = next(csv.DictReader(f))
+    return float(row["train_loss"]), float(row["test_loss"]), out
+
+
+def _torchrun(n):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+
+
+@pytest.fixture(scope="module")
+def data_parallel_vit(impl, tmp_path_factory):
+    """The reference: the same ViT, data parallel only, on 2 ranks (the 2 replicas of --cp 2 on 4 ranks)."""
+    return _losses(_torchrun(2), ["--impl", impl], tmp_path_factory.mktemp("dp"))[:2]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e  # no task marker: check.py would run it after Task 15.6's tests, minutes on 2 cores
+@pytest.mark.parametrize("cp_impl", ["ring", "ulysses"])
+def test_cp_2_on_4_ranks_trains_like_data_parallelism(impl, cp_impl, data_parallel_vit, tmp_path):
+    """torchrun --nproc_per_node=4 train_ddp.py --model vit --cp 2: 2 replicas, each image's 64 tokens on 2 ranks."""
+    train_loss, test_loss, out = _losses(_torchrun(4), ["--impl", impl, "--cp", "2", "--cp-impl", cp_impl], tmp_path)
+    assert "ranks consistent: all 4 ranks hold bit-identical parameters" in out, out[-3000:]
+    assert abs(train_loss - data_parallel_vit[0]) < 1e-4 and abs(test_loss - data_parallel_vit[1]) < 1e-4, (
+        f"{T156}: --cp 2 --cp-impl {cp_impl} on 4 ranks: losses {train_loss:.6f}, {test_loss:.6f}; data parallel "
+        f"only: {data_parallel_vit[0]:.6f}, {data_parallel_vit[1]:.6f}\n{out[-3000:]}")
