@@ -23,7 +23,7 @@ To add a strategy or a feature: a new file here with its classes, its flags (add
 its lists STRATEGIES and FEATURES, and one line in PLUGINS below (docs/maintainers.md, "Adding a
 strategy").
 """
-from strategies import base, batchnorm, compression, data_parallel, local_sgd, pipeline, sharded, tensor_parallel
+from strategies import base, batchnorm, compression, data_parallel, experts, local_sgd, pipeline, sharded, tensor_parallel
 from strategies.course_files import has_solutions
 
 # Every file that brings strategies, features or flags, in the order of the course. A plugin may
@@ -40,6 +40,7 @@ PLUGINS = [
     batchnorm,        # Task 11: --batchnorm local or sync (a feature)
     compression,      # Task 12: --compress, --powersgd-rank (a feature: DDP's communication hooks)
     local_sgd,        # Task 13: --local-sgd, --diloco, --outer-lr, --outer-momentum
+    experts,          # Task 16: --moe (a feature: the ViT's mixtures of experts), --ep, --top-k, --capacity-factor
 ]
 
 
