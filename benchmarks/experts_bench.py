@@ -12,8 +12,8 @@ bytes   the ViT's MoE layer (dim 64, 4 x 64 hidden, E experts, k = 2) on --batch
         drops sends; capacity_factor 1.25 (the default) and 0.5 (drops). Over --repeats batches.
 time    a training step (forward, backward, gradient sync, SGD) of the MoE ViT (E = 4, k = 2) on 4 ranks,
         --batch images each: experts spread (--ep 2 and --ep 4: template_experts' parallelize_moe and
-        sync_moe_gradients) against every rank holding all experts (Task 2's averaging of every gradient)
-        and against the dense ViT of the same active parameters (each MoE block's MLP one MLP of k x 256
+        sync_moe_gradients) against every rank holding all experts (every gradient averaged in one
+        all-reduce of one flat buffer, as sync_moe_gradients averages the non-expert ones) and against the dense ViT of the same active parameters (each MoE block's MLP one MLP of k x 256
         hidden features). Median of --steps after 2 warm-up steps, --repeats runs in rotated order.
 load    one process trains the MoE ViT (E = 4, k = 2, capacity 1.25) for --load-steps SGD steps of 64
         synthetic images, with --moe-aux-weight 0 and 0.01: the share of token choices dropped and the
@@ -128,7 +128,8 @@ def time_steps(rank, world_size, variant, batch, steps, seed):
 
     import models
     from solutions import template_experts as ep
-    from solutions.template_trainer import average_gradients, broadcast_parameters
+    from solutions.template_trainer import broadcast_parameters
+    from strategies.base import average_flat
 
     torch.manual_seed(seed)
     model = dense_vit(2) if variant == "dense" else models.ViT(num_experts=4 if variant != "dense" else 0)
@@ -149,8 +150,8 @@ def time_steps(rank, world_size, variant, batch, steps, seed):
         loss.backward()
         if size:
             ep.sync_moe_gradients(model, ep_group, dp_group)
-        else:
-            average_gradients(model)
+        else:  # one all-reduce of every gradient, as sync_moe_gradients' non-expert one
+            average_flat(model, dist.all_reduce, world_size)
         optimizer.step()
         dist.barrier()
         if step >= 2:

@@ -241,8 +241,10 @@ def _counts_check(rank, expected_rows, task):
 
 
 CONFIGS_FAST = [(4, 1, 8.0, "one expert"), (4, 2, 0.5, "plain")]  # k = 1 without drops first: order shows
-CONFIGS_ALL = [(e, k, cf, case) for e in (4, 8) for k in (1, 2) for cf in (0.5, 8.0) for case in ("plain",)] + [
-    (4, 2, 1.25, "one expert"), (8, 1, 0.5, "one expert"), (4, 2, 8.0, "idle expert"), (8, 2, 0.5, "idle expert")]
+# With the fast ones, E = 4 on 2 ranks and E = 8 on 4 ranks each see k = 1 and 2 with drops (0.5) and without (8.0)
+CONFIGS_2 = [(4, 1, 0.5, "plain"), (4, 2, 8.0, "plain"), (4, 2, 1.25, "idle expert")]
+CONFIGS_4 = [(8, 1, 8.0, "plain"), (8, 2, 8.0, "plain"), (8, 2, 0.5, "plain"), (8, 1, 0.5, "one expert"),
+             (8, 2, 0.5, "idle expert"), (4, 2, 0.5, "plain")]  # the last: one expert a rank
 
 
 def _layer(rank, world_size, impl, task, configs):
@@ -461,21 +463,21 @@ def _run_suite(impl, task, world_size, configs, extras=()):
 
 
 @pytest.mark.task16_2
-@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_ALL), slow(4, CONFIGS_ALL)],
-                         ids=["2 ranks", "2 ranks all", "4 ranks all"])
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_2), slow(4, CONFIGS_4)],
+                         ids=["2 ranks", "2 ranks more", "4 ranks"])
 def test_dispatch_sends_kept_tokens_to_their_experts(impl, world_size, configs):
     _run_suite(impl, "16.2", world_size, configs, ("refused",) if world_size == 2 else ())
 
 
 @pytest.mark.task16_3
-@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_ALL), slow(4, CONFIGS_ALL)],
-                         ids=["2 ranks", "2 ranks all", "4 ranks all"])
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_2), slow(4, CONFIGS_4)],
+                         ids=["2 ranks", "2 ranks more", "4 ranks"])
 def test_combine_gives_models_moe_outputs_and_gradients(impl, world_size, configs):
     _run_suite(impl, "16.3", world_size, configs)
 
 
 @pytest.mark.task16_4
-@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST[1:]), slow(4, CONFIGS_ALL)], ids=["2 ranks", "4 ranks all"])
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST[1:]), slow(4, CONFIGS_4[2:4])], ids=["2 ranks", "4 ranks"])
 def test_expert_parallel_moe_computes_models_moe_with_its_experts_only(impl, world_size, configs):
     """The layer's output, aux_loss and gradients; its bytes (E / N experts, the others freed); a ViT converted by
     parallelize_moe, whose aux_loss() still counts the layer; 3 experts over 2 ranks refused."""
@@ -580,8 +582,8 @@ def _check_vit(task, rank, world_size, ep_size, got):
 
 @pytest.mark.task16_5
 @pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
-    (2, 2, 4, 2, 0.5), slow(4, 2, 4, 2, 0.5), slow(4, 4, 8, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 1, 4, 2, 1.0)],
-    ids=["2 ranks ep 2", "4 ranks ep 2", "4 ranks ep 4", "4 ranks ep 2 k 1", "4 ranks ep 1"])
+    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
+    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
 def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
     judging(impl, "16.5")
     for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
