@@ -16,7 +16,7 @@ time    a training step (forward, backward, gradient sync, SGD) of the MoE ViT (
         all-reduce of one flat buffer, as sync_moe_gradients averages the non-expert ones) and against the dense ViT of the same active parameters (each MoE block's MLP one MLP of k x 256
         hidden features). Median of --steps after 2 warm-up steps, --repeats runs in rotated order.
 load    one process trains the MoE ViT (E = 4, k = 2, capacity 1.25) for --load-steps SGD steps of 64
-        synthetic images, with --moe-aux-weight 0 and 0.01: the share of token choices dropped and the
+        synthetic images, with --moe-aux-weight 0, 0.01 and 0.1: the share of token choices dropped and the
         busiest expert's load over the mean (the worst of the 2 MoE layers), every step; 2 seeds each.
 
 Writes experts_bytes.csv, experts_time.csv, experts_load.csv and experts_params.csv under --out
@@ -208,31 +208,34 @@ def load_run(aux_weight, seed, steps):
         x, y = images[step * 64:(step + 1) * 64], labels[step * 64:(step + 1) * 64]
         optimizer.zero_grad()
         loss = F.cross_entropy(vit(x), y) + aux_weight * vit.aux_loss()
-        loss.backward()
-        optimizer.step()
         dropped, busiest = 0.0, 0.0
-        with torch.no_grad():
+        with torch.no_grad():  # this forward's routing: the router before the step
             for index, layer in enumerate(layers):
                 tokens = seen[index].reshape(-1, 64)
                 routing = models.route(layer.router(tokens), 2, 1.25)
                 load = torch.bincount(routing.expert.reshape(-1), minlength=4).double()
                 dropped += (~routing.kept).double().mean().item() / len(layers)
                 busiest = max(busiest, (load.max() / load.mean()).item())
+        loss.backward()
+        optimizer.step()
         rows.append(dict(aux_weight=aux_weight, seed=seed, step=step, loss=loss.item(), dropped=dropped,
                          busiest=busiest))
     return rows
 
 
+AUX_WEIGHTS = (0.0, 0.01, 0.1)
+
+
 def load_figures(args):
     rows = []
     for seed in (0, 1):
-        for aux_weight in (0.0, 0.01):
+        for aux_weight in AUX_WEIGHTS:
             rows += load_run(aux_weight, seed, args.load_steps)
     write(args, "experts_load.csv", rows)
     last = max(1, args.load_steps // 4)
     print(f"routing over {args.load_steps} steps of 64 images (E = 4, k = 2, capacity 1.25), one process; "
           f"means over the first and the last {last} steps, each seed:")
-    for aux_weight in (0.0, 0.01):
+    for aux_weight in AUX_WEIGHTS:
         for seed in (0, 1):
             mine = [r for r in rows if r["aux_weight"] == aux_weight and r["seed"] == seed]
             first, end = mine[:last], mine[-last:]
