@@ -157,6 +157,17 @@ class ExpertParallel(Strategy):
         copies = dist.get_world_size() // self.args.ep
         return f"allreduce={self.args.allreduce} sync={self.name} ep={self.args.ep} expert copies={copies}"
 
+    def evaluate(self, model, loader, device):
+        """Task 2.3's evaluation of the whole model (every expert gathered on every rank): the ranks' test
+        shards may differ by a batch, and an expert-parallel forward is a collective that every rank of the
+        group must call as often as the others."""
+        with torch.device("meta"):  # the shapes only: no initialisation, nothing drawn from the RNG
+            whole = models.ViT(num_experts=self.args.moe, top_k=self.args.top_k,
+                               capacity_factor=self.args.capacity_factor)
+        whole = whole.to_empty(device=device)
+        whole.load_state_dict(self.full_parameters(model))
+        return super().evaluate(whole, loader, device)
+
     def full_parameters(self, model):
         """The whole model on every rank: each layer's experts all-gathered over its ep group, named as in
         models.MoE (experts.<global index>...), the rest as they are. The end-of-run check then compares the
