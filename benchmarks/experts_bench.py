@@ -13,8 +13,9 @@ bytes   the ViT's MoE layer (dim 64, 4 x 64 hidden, E experts, k = 2) on --batch
 time    a training step (forward, backward, gradient sync, SGD) of the MoE ViT (E = 4, k = 2) on 4 ranks,
         --batch images each: experts spread (--ep 2 and --ep 4: template_experts' parallelize_moe and
         sync_moe_gradients) against every rank holding all experts (every gradient averaged in one
-        all-reduce of one flat buffer, as sync_moe_gradients averages the non-expert ones) and against the dense ViT of the same active parameters (each MoE block's MLP one MLP of k x 256
-        hidden features). Median of --steps after 2 warm-up steps, --repeats runs in rotated order.
+        all-reduce of one flat buffer, as sync_moe_gradients averages the non-expert ones) and against
+        the dense ViT of the same active parameters (each MoE block's MLP one MLP of k x 256 hidden
+        features). Median of --steps after 2 warm-up steps, --repeats runs in rotated order.
 load    one process trains the MoE ViT (E = 4, k = 2, capacity 1.25) for --load-steps SGD steps of 64
         synthetic images, with --moe-aux-weight 0, 0.01 and 0.1: the share of token choices dropped and the
         busiest expert's load over the mean (the worst of the 2 MoE layers), every step; 2 seeds each.
