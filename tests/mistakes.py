@@ -1129,6 +1129,17 @@ MISTAKES = [
             "expert_dp_group, size * copies)", "expert_dp_group, copies)", "times too large"),
     Mistake("16.5", "expert-grads-averaged-over-ep", "template_experts.py",
             "expert_dp_group, size * copies)", "expert_dp_group, size * size * copies)", "times too small"),
+    Mistake("16.5", "one-all-reduce-per-parameter", "template_experts.py",
+            "            flat = torch.cat([g.reshape(-1) for g in grads])\n"
+            "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n"
+            "            flat /= divisor\n"
+            "            for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):\n"
+            "                grad.copy_(mean.view_as(grad))\n",
+            "            for grad in grads:\n"
+            "                if ranks is not None:\n"
+            "                    dist.all_reduce(grad, group=None if ranks == \"all\" else ranks)\n"
+            "                grad /= divisor\n", "not one per parameter"),
     Mistake("16.5", "dense-grads-not-averaged", "template_experts.py",
             "not in experts], \"all\", dist.get_world_size())", "not in experts], None, 1)", "not averaged over the ranks"),
 ]

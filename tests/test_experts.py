@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import models
 from conftest import load_with_reference
 from harness import run_ranks
-from wire import Wire
+from wire import Wire, dtype_name
 
 T161 = "Task 16.1 (template_experts.py, all_to_all)"
 T162 = "Task 16.2 (template_experts.py, dispatch)"
@@ -517,6 +517,9 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     loss = F.cross_entropy(vit(images[rank]), labels[rank]) + AUX * vit.aux_loss()
     aux = vit.aux_loss().item()
     loss.backward()
+    if task == "16.5":  # a float32 parameter among the float64 ones: one collective per group AND dtype
+        with torch.no_grad():
+            vit.head.bias.data, vit.head.bias.grad = vit.head.bias.data.float(), vit.head.bias.grad.float()
     with Wire() as wire:
         ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
     per_rank = num_experts // ep_size
@@ -529,7 +532,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     copies = world_size // ep_size
     expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
-                wire=[(c.kind, c.numel, c.group_size) for c in wire.calls], copies=copies,
+                wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()))
 
@@ -544,12 +547,17 @@ def _check_vit(task, rank, world_size, ep_size, got):
     assert abs(got["loss"] - got["ref_loss"]) < 1e-10, f"{T}: {where}: the loss differs from one process's"
     if task != "16.5":
         return
-    wrong = [name for name in got["got"] if not _close(got["got"][name], got["expected"][name])]
+    def close(have, want):
+        if have is not None and want is not None and have.dtype == torch.float32:  # head.bias, made float32
+            return have.shape == want.shape and torch.allclose(have.double(), want, atol=1e-6, rtol=1e-5)
+        return _close(have, want)
+    wrong = [name for name in got["got"] if not close(got["got"][name], got["expected"][name])]
     ratio = {}
     for name in wrong:
         have, want = got["got"][name], got["expected"][name]
         if have is not None and want.abs().max() > 0:
-            ratio[name] = (have.flatten() @ want.flatten() / (want.flatten() @ want.flatten())).item()
+            have, want = have.double().flatten(), want.double().flatten()
+            ratio[name] = (have @ want / (want @ want)).item()
     experts = [name for name in wrong if ".experts." in name]
     dense = [name for name in wrong if ".experts." not in name]
     if experts:
@@ -571,13 +579,15 @@ def _check_vit(task, rank, world_size, ep_size, got):
                 "mean over all ranks (all-reduce, divide by the world size)")
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
     wire = got["wire"]
-    expected = [("all_reduce", got["dense_numel"], world_size)] + (
-        [("all_reduce", got["expert_numel"], got["copies"])] if got["copies"] > 1 else [])
+    head = 10  # head.bias, float32
+    expected = [("all_reduce", "float64", got["dense_numel"] - head, world_size), ("all_reduce", "float32", head, world_size)]
+    expected += [("all_reduce", "float64", got["expert_numel"], got["copies"])] if got["copies"] > 1 else []
     assert sorted(wire) == sorted(expected), (
-        f"{T}: {where}: sync_moe_gradients should send one all-reduce of the {got['dense_numel']} non-expert gradients over "
-        f"all ranks" + (f" and one of the {got['expert_numel']} expert gradients over the {got['copies']} ranks of "
-                        "expert_dp_group" if got["copies"] > 1 else " and nothing for the experts (one copy)")
-        + f" (one collective per group and dtype): it sent {wire} (kind, elements, ranks)")
+        f"{T}: {where}: sync_moe_gradients should send one all-reduce of the non-expert gradients over all ranks per "
+        f"dtype (here {got['dense_numel'] - head} float64 and {head} float32: the head's bias)"
+        + (f", and one of the {got['expert_numel']} expert gradients over the {got['copies']} ranks of expert_dp_group"
+           if got["copies"] > 1 else ", and nothing for the experts (one copy)")
+        + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
 
 
 @pytest.mark.task16_5
