@@ -14,6 +14,7 @@
     torchrun --standalone --nproc_per_node=2 train_ddp.py --diloco 16      # Task 13 (or --local-sgd 16)
     torchrun --standalone --nproc_per_node=4 train_ddp.py --model vit --tp 2 --sp   # Task 14: a ViT, sequence parallel
     torchrun --standalone --nproc_per_node=4 train_ddp.py --model vit --cp 2   # Task 15: tokens split, 2 replicas
+    torchrun --standalone --nproc_per_node=4 train_ddp.py --model vit --moe 4 --ep 2   # Task 16: experts spread
     sbatch submit.sh        # several nodes under SLURM; srun, mpirun and Ray (ray_train.py): docs/launchers.md
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --checkpoint-dir runs/ckpt  # Task 8
 

@@ -23,7 +23,7 @@ To add a strategy or a feature: a new file here with its classes, its flags (add
 its lists STRATEGIES and FEATURES, and one line in PLUGINS below (docs/maintainers.md, "Adding a
 strategy").
 """
-from strategies import (base, batchnorm, compression, context_parallel, data_parallel, local_sgd, pipeline,
+from strategies import (base, batchnorm, compression, context_parallel, data_parallel, experts, local_sgd, pipeline,
                         sequence_parallel, sharded, tensor_parallel)
 from strategies.course_files import has_solutions
 
@@ -42,7 +42,8 @@ PLUGINS = [
     compression,      # Task 12: --compress, --powersgd-rank (a feature: DDP's communication hooks)
     local_sgd,        # Task 13: --local-sgd, --diloco, --outer-lr, --outer-momentum
     sequence_parallel,  # Task 14: --model vit --tp, --sp
-    context_parallel,  # Task 15: --cp, --cp-impl
+    context_parallel,   # Task 15: --cp, --cp-impl
+    experts,            # Task 16: --moe (a feature: the ViT's mixtures of experts), --ep, --top-k, --capacity-factor
 ]
 
 

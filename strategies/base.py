@@ -73,7 +73,8 @@ class Strategy:
 
     def build_model(self, device):
         """The model each rank starts from, before wrap(); the ranks seed differently on purpose."""
-        return (ViT() if self.args.model == "vit" else CNN()).to(device)
+        return (ViT(num_experts=self.args.moe, top_k=self.args.top_k, capacity_factor=self.args.capacity_factor)
+                if self.args.model == "vit" else CNN()).to(device)
 
     def wrap(self, model):
         self.trainer.broadcast_parameters(model, src=0)

@@ -1198,6 +1198,54 @@ MISTAKES = [
     Mistake("15.6", "block-gradients-divided-by-n", "template_context_parallel.py",
             "(world if id(param) in head else world // cp_size)", "world",
             "N = 2 times too small"),
+    # Task 16.1 (expert parallelism)
+    Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
+            "ctx.input_splits, ctx.output_splits, group=ctx.group)",
+            "ctx.output_splits, ctx.input_splits, group=ctx.group)", "swapped"),
+    # Task 16.2
+    Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
+            "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
+            "    expert_inputs = list(arrived.split(output_splits))\n", "regrouped by source rank"),
+    Mistake("16.2", "dropped-choices-sent", "template_experts.py",  # every choice travels, kept or not
+            "    token, choice = torch.where(routing.kept)  # token order, then choice\n",
+            "    token, choice = torch.where(torch.ones_like(routing.kept))\n", "past its expert's capacity"),
+    Mistake("16.2", "counts-not-exchanged", "template_experts.py",  # the receiver guesses: as many as it sends
+            "    received = torch.empty_like(counts)\n"
+            "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
+            "    received = counts.clone()\n", "Exchange the counts first"),
+    # Task 16.3
+    Mistake("16.3", "not-gate-weighted", "template_experts.py",
+            "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
+    Mistake("16.3", "dispatch-order", "template_experts.py",
+            "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
+            "    return gate * back\n", "not in token order"),
+    # Task 16.4
+    Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
+            "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
+            "        return cls(moe.router, experts,",
+            "        return cls(moe.router, list(moe.experts),", "memory is not freed"),
+    Mistake("16.4", "aux-loss-not-kept", "template_experts.py",
+            "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n",
+            "        aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)  # noqa: F841\n",
+            "vit.aux_loss() finds it"),
+    # Task 16.5
+    Mistake("16.5", "expert-grads-not-scaled", "template_experts.py",
+            "expert_dp_group, size * copies)", "expert_dp_group, copies)", "times too large"),
+    Mistake("16.5", "expert-grads-averaged-over-ep", "template_experts.py",
+            "expert_dp_group, size * copies)", "expert_dp_group, size * size * copies)", "times too small"),
+    Mistake("16.5", "one-all-reduce-per-parameter", "template_experts.py",
+            "            flat = torch.cat([g.reshape(-1) for g in grads])\n"
+            "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n"
+            "            flat /= divisor\n"
+            "            for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):\n"
+            "                grad.copy_(mean.view_as(grad))\n",
+            "            for grad in grads:\n"
+            "                if ranks is not None:\n"
+            "                    dist.all_reduce(grad, group=None if ranks == \"all\" else ranks)\n"
+            "                grad /= divisor\n", "not one per parameter"),
+    Mistake("16.5", "dense-grads-not-averaged", "template_experts.py",
+            "not in experts], \"all\", dist.get_world_size())", "not in experts], None, 1)", "not averaged over the ranks"),
 ]
 
 

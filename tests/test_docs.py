@@ -91,6 +91,12 @@ NOT_RUN = {
         "tests/test_compression.py trains --sync overlap with --compress powersgd (and bf16, pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --compress *":
         "tests/test_compression.py trains --impl ddp --compress powersgd (pytest -m slow)",
+    "torchrun --standalone --nproc_per_node=4 train_ddp.py --impl solutions --data synthetic --model vit *":
+        "4 processes on the 2-core test machine: tests/test_train_experts.py trains --moe 4 --ep 2 against Task 2's "
+        "and DDP's 4-rank runs (pytest -m slow)",
+    "torchrun --standalone --nproc_per_node=4 train_ddp.py --impl ddp --data synthetic --model vit *":
+        "tests/test_train_experts.py trains it as the reference of --ep 2 (pytest -m slow)",
+    "python benchmarks/experts_bench.py *": "minutes of 4 ranks on 2 cores; its figures are on docs/task16-experts.md",
 }
 
 # Small arguments added to the commands that are run, so that each takes seconds.

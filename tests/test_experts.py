@@ -1,0 +1,601 @@
+"""Task 16: expert parallelism (template_experts.py).
+
+    pytest --impl template -m task16_2     # one task; python check.py 16 for all five
+
+Every check is against the single-process reference, models.MoE holding all E experts, run on each
+rank's slice in turn (routing and capacity per slice, as each rank routes its own tokens), in float64:
+the outputs, aux_loss, the input's gradient, the router's and every expert's gradients, before and
+after Task 16.5's synchronisation, with and without dropped tokens (capacity_factor 0.5 and 8.0),
+k = 1 and 2, E = 4 and 8, N = 2 and 4 ranks, 13 tokens a rank (divisible by nothing convenient), a
+rank whose tokens all go to one expert, an expert no token reaches. What goes on the wire is recorded
+(tests/wire.py): per MoE layer, forward one count exchange and two token all-to-alls, backward two,
+of the kept tokens' sizes, nothing else. The all-to-all (16.1) is tested alone on rank-valued rows
+with uneven and empty splits. The tests of one task take solutions/' answers to the others.
+"""
+import copy
+import gc
+import inspect
+import re
+import types
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import models
+from conftest import load_with_reference
+from harness import run_ranks
+from wire import Wire, dtype_name
+
+T161 = "Task 16.1 (template_experts.py, all_to_all)"
+T162 = "Task 16.2 (template_experts.py, dispatch)"
+T163 = "Task 16.3 (template_experts.py, combine)"
+T164 = "Task 16.4 (template_experts.py, ExpertParallelMoE / parallelize_moe)"
+T165 = "Task 16.5 (template_experts.py, sync_moe_gradients)"
+TASK = {"16.1": T161, "16.2": T162, "16.3": T163, "16.4": T164, "16.5": T165}
+
+ANSWERS = {
+    "16.1": ["_AllToAll.forward", "_AllToAll.backward"],
+    "16.2": ["dispatch"],
+    "16.3": ["combine"],
+    "16.4": ["ExpertParallelMoE.from_moe", "ExpertParallelMoE.forward", "parallelize_moe"],
+    "16.5": ["sync_moe_gradients"],
+}
+STUB = re.compile(r'raise NotImplementedError\("(Task \d+\.\d+:[^"]*)"\)')
+DIM, HIDDEN, TOKENS, AUX = 6, 8, 13, 0.3  # 13 tokens a rank: divisible by nothing convenient
+
+
+def judging(impl, task):
+    """template_experts of `impl` for the tests of `task`: your answer to that task, solutions/' to the
+    others. An unfilled part of the task raises its NotImplementedError here, at once, before any rank."""
+    others = [answer for t, answers in ANSWERS.items() if t != task for answer in answers]
+    module = load_with_reference(impl, "template_experts", *others)
+    for answer in others:  # solutions/' answers call the judged module's functions: yours to `task`
+        owner, _, name = answer.rpartition(".")
+        holder = getattr(module, owner) if owner else module
+        found = vars(holder)[name]
+        kind = type(found) if isinstance(found, (staticmethod, classmethod)) else None
+        function = found.__func__ if kind else found
+        rebound = types.FunctionType(function.__code__, vars(module), function.__name__, function.__defaults__,
+                                     function.__closure__)
+        rebound.__qualname__ = function.__qualname__
+        setattr(holder, name, kind(rebound) if kind else rebound)
+    for answer in ANSWERS[task]:
+        owner, _, name = answer.rpartition(".")
+        function = getattr(getattr(module, owner) if owner else module, name)
+        stub = STUB.search(inspect.getsource(getattr(function, "__func__", function)))
+        if stub:
+            raise NotImplementedError(stub.group(1))
+    return module
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+def _close(a, b):
+    return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-10, rtol=1e-9)
+
+
+# --------------------------------------------------------------------------- Task 16.1
+# SPLITS[n][s][d]: the rows rank s sends to rank d
+SPLITS = {
+    "even totals": [[1, 0, 2], [0, 3, 0], [2, 0, 1]],  # every rank sends 3 and receives 3, not to the same ranks
+    "empty": [[1, 2, 0], [0, 0, 0], [3, 0, 0]],  # rank 1 sends nothing; rank 2 receives nothing
+}
+
+
+def _rows(rank, count, offset=0.0):
+    """Rows that say where they come from: rank * 100 + row, and a second column of that + 0.5."""
+    base = torch.arange(count, dtype=torch.float64) + 100 * rank + offset
+    return torch.stack([base, base + 0.5], dim=1)
+
+
+def _a2a(rank, world_size, impl):
+    ep = judging(impl, "16.1")
+    out = {}
+    for case, splits in SPLITS.items():
+        input_splits = splits[rank]
+        output_splits = [splits[s][rank] for s in range(world_size)]
+        x = _rows(rank, sum(input_splits)).requires_grad_()
+        grad_out = _rows(rank, sum(output_splits), offset=1000.0)
+        with Wire() as wire:
+            try:
+                y = ep.all_to_all(x, output_splits, input_splits)
+                forward = wire.calls[:]
+                (grad_x,) = torch.autograd.grad(y, x, grad_out)
+                backward = wire.calls[len(forward):]
+            except NotImplementedError:
+                raise
+            except RuntimeError as error:
+                out[case] = dict(error=f"{type(error).__name__}: {error}"[:400])
+                continue
+        out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
+                         backward=[(c.kind, c.tensors) for c in backward])
+    return out
+
+
+def _expected_a2a(rank, world_size, splits):
+    """What rank receives in forward (its pieces from every rank, in rank order) and x's gradient."""
+    received = []
+    for s in range(world_size):
+        start = sum(splits[s][:rank])
+        received.append(_rows(s, sum(splits[s]))[start:start + splits[s][rank]])
+    grads = []
+    for d in range(world_size):  # what d received from this rank lies after what it received from ranks < rank
+        start = sum(splits[s][d] for s in range(rank))
+        grads.append(_rows(d, sum(splits[s][d] for s in range(world_size)), offset=1000.0)[start:start + splits[rank][d]])
+    return torch.cat(received), torch.cat(grads)
+
+
+@pytest.mark.task16_1
+def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
+    judging(impl, "16.1")
+    for rank, out in enumerate(run_ranks(_a2a, 3, impl)):
+        for case, splits in SPLITS.items():
+            got = out[case]
+            where = f"all_to_all on rank {rank} of 3 ({case} splits, rank s sends splits[s][d] rows to d: {splits})"
+            y_expected, grad_expected = _expected_a2a(rank, 3, splits)
+            assert got["error"] is None, (
+                f"{T161}: {where} failed: {got['error']}. Forward receives output_splits[s] rows from rank s; "
+                "backward sends each row's gradient back where the row came from: the all-to-all with output_splits "
+                "and input_splits swapped")
+            assert _close(got["y"], y_expected), (
+                f"{T161}: {where} received {got['y'][:, 0].tolist()}, expected {y_expected[:, 0].tolist()} (row r of "
+                "rank s is 100 s + r): rank s's rows for this rank, in rank order, a new tensor of sum(output_splits) rows")
+            assert _close(got["grad_x"], grad_expected), (
+                f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, expected "
+                f"{grad_expected[:, 0].tolist()}: backward must send each row's gradient back to the rank the row came "
+                "from: the all-to-all with output_splits and input_splits swapped")
+            sent, received = sum(splits[rank]), sum(splits[s][rank] for s in range(3))
+            assert got["forward"] == [("all_to_all_single", [("float64", 2 * received), ("float64", 2 * sent)])], (
+                f"{T161}: {where}'s forward should be one all_to_all_single ({received} rows out, {sent} in), it sent "
+                f"{got['forward']}")
+            assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
+                f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
+                f"out, {received} in), it sent {got['backward']}")
+
+
+# --------------------------------------------------------------------------- the MoE layer (16.2-16.4)
+def _moe_case(world_size, num_experts, top_k, capacity_factor, case):
+    """(moe, xs, grads): a float64 models.MoE, each rank's (TOKENS, DIM) tokens and an upstream gradient for
+    them, the same on every rank (seeded). case "one expert": every token of rank 0 goes first to expert 0;
+    "idle expert": no token of any rank chooses the last expert."""
+    torch.manual_seed(1000 * num_experts + 10 * top_k + world_size)
+    moe = models.MoE(DIM, HIDDEN, num_experts, top_k, capacity_factor).double()
+    xs = [torch.randn(TOKENS, DIM, dtype=torch.float64) for _ in range(world_size)]
+    grads = [torch.randn(TOKENS, DIM, dtype=torch.float64) for _ in range(world_size)]
+    with torch.no_grad():
+        if case == "one expert":  # rank 0's tokens along the router's row 0, far from the others
+            direction = moe.router.weight[0] / moe.router.weight[0].norm()
+            xs[0] = 4 * direction + 0.05 * xs[0]
+            moe.router.weight[0] = 3 * direction
+        if case == "idle expert":  # every token has a positive first feature; the last expert's row says no to it
+            for x in xs:
+                x[:, 0] = x[:, 0].abs() + 2.0
+            moe.router.weight[-1] = 0.0
+            moe.router.weight[-1, 0] = -5.0
+    for x in xs:
+        routing = models.route(moe.router(x), top_k, capacity_factor)
+        if case == "one expert" and x is xs[0]:
+            assert (routing.expert[:, 0] == 0).all(), "the test's 'one expert' case does not hold: fix the test"
+        if case == "idle expert":
+            assert not (routing.expert == num_experts - 1).any(), "the test's 'idle expert' case does not hold"
+    return moe, xs, grads
+
+
+def _reference(moe, xs, grads):
+    """models.MoE on each rank's slice in turn: outputs, aux losses, each slice's input gradient and
+    router gradient (its own loss's), and every expert's gradient summed over the slices' losses."""
+    moe = copy.deepcopy(moe)
+    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[])
+    total = 0
+    for x, g in zip(xs, grads):
+        x = x.clone().requires_grad_()
+        y = moe(x)
+        loss = (y * g).sum() + AUX * moe.aux_loss
+        (grad_router,) = torch.autograd.grad(loss, moe.router.weight, retain_graph=True)
+        total = total + loss
+        out["y"].append(y.detach())
+        out["aux"].append(moe.aux_loss.detach())
+        out["grad_router"].append(grad_router)
+        out["grad_x"].append(x)
+        routing = models.route(moe.router(x.detach()), moe.top_k, moe.capacity_factor)
+        out["expert_inputs"].append([x.detach()[torch.where((routing.expert == e) & routing.kept)[0]]
+                                     for e in range(moe.num_experts)])
+        with torch.no_grad():  # what a combine that forgets the gates gives
+            ungated = torch.zeros_like(x)
+            for e, expert in enumerate(moe.experts):
+                token = torch.where((routing.expert == e) & routing.kept)[0]
+                ungated.index_add_(0, token, expert(x.detach()[token]))
+        out["y_ungated"].append(ungated)
+        out["kept"].append(int(routing.kept.sum()))
+    total.backward()
+    out["grad_x"] = [x.grad for x in out["grad_x"]]
+    out["grad_experts"] = [{name: p.grad.clone() for name, p in expert.named_parameters()} for expert in moe.experts]
+    return out
+
+
+def _counts_check(rank, expected_rows, task):
+    """A Wire check that stops a receiver guessing its sizes before its token all-to-all runs: gloo does not
+    notice a wrong size (a wrong result, or rows of garbage), NCCL may hang. A token all-to-all (float64) that
+    comes before any all-to-all of integers (the count exchange) in the same forward is refused, naming it."""
+    seen = {"counts": 0, "tokens": 0}  # one Wire per layer call: its first token all-to-all is dispatch's
+
+    def check(call, group):
+        if call.kind not in ("all_to_all_single", "all_to_all"):
+            return
+        if call.dtype is not None and not call.dtype.is_floating_point:
+            seen["counts"] += 1
+            return
+        if not seen["counts"] and not seen["tokens"]:
+            raise AssertionError(
+                f"{TASK[task]}: rank {rank} sends its tokens (an all-to-all that would receive {call.shape[0] if call.shape else '?'} "
+                f"rows; the ranks send it {expected_rows}) with no count exchange before it: it guessed its sizes. "
+                "Exchange the counts first (one all-to-all of the E per-expert counts), so that every rank knows how "
+                "many rows it receives from each rank and for which expert")
+        seen["tokens"] += 1
+    return check
+
+
+CONFIGS_FAST = [(4, 1, 8.0, "one expert"), (4, 2, 0.5, "plain")]  # k = 1 without drops first: order shows
+# With the fast ones, E = 4 on 2 ranks and E = 8 on 4 ranks each see k = 1 and 2 with drops (0.5) and without (8.0)
+CONFIGS_2 = [(4, 1, 0.5, "plain"), (4, 2, 8.0, "plain"), (4, 2, 1.25, "idle expert")]
+CONFIGS_4 = [(8, 1, 8.0, "plain"), (8, 2, 8.0, "plain"), (8, 2, 0.5, "plain"), (8, 1, 0.5, "one expert"),
+             (8, 2, 0.5, "idle expert"), (4, 2, 0.5, "plain")]  # the last: one expert a rank
+
+
+def _layer(rank, world_size, impl, task, configs):
+    ep = judging(impl, task)
+    results = []
+    for num_experts, top_k, capacity_factor, case in configs:
+        moe, xs, grads = _moe_case(world_size, num_experts, top_k, capacity_factor, case)
+        ref = _reference(moe, xs, grads)
+        per_rank = num_experts // world_size
+        mine = range(rank * per_rank, (rank + 1) * per_rank)
+        expected_rows = sum(len(ref["expert_inputs"][s][e]) for s in range(world_size) for e in mine)
+        got = dict(config=(num_experts, top_k, capacity_factor, case), error=None)
+        # dispatch alone, on the reference routing
+        routing = models.route(moe.router(xs[rank]), top_k, capacity_factor)
+        with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
+            inputs, _ = ep.dispatch(xs[rank], routing, num_experts)
+        got["expert_inputs"] = [t.detach().clone() for t in inputs]
+        got["dispatch_wire"] = [(c.kind, c.tensors) for c in wire.calls]
+        got.update(ref=ref, mine=list(mine))
+        if task == "16.2":
+            _check_expert_inputs(rank, world_size, got)
+        # the layer
+        layer = ep.ExpertParallelMoE.from_moe(copy.deepcopy(moe))
+        x = xs[rank].clone().requires_grad_()
+        with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
+            try:
+                y = layer(x.view(1, TOKENS, DIM))
+                forward = [(c.kind, c.tensors) for c in wire.calls]
+                aux = layer.aux_loss
+                loss = (y.view(TOKENS, DIM) * grads[rank]).sum() + AUX * (aux if isinstance(aux, torch.Tensor) else 0.)
+                loss.backward()
+            except (RuntimeError, IndexError) as error:  # said here, at once: the other ranks may wait in a collective
+                kept = ref["kept"][rank]
+                hint = ("; the output has one row per kept choice: combine returned the outputs in the order dispatch "
+                        "sent them, not in token order (add each at its token, plan.token)"
+                        if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else "")
+                raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
+                                     f"capacity_factor={capacity_factor}, {case}: the layer failed: "
+                                     f"{type(error).__name__}: {error}{hint}") from None
+            backward = [(c.kind, c.tensors) for c in wire.calls[len(forward):]]
+        got.update(y=y.detach().view(TOKENS, DIM), aux=aux.detach() if isinstance(aux, torch.Tensor) else aux,
+                   grad_x=x.grad, grad_router=layer.router.weight.grad, forward=forward, backward=backward,
+                   num_local=len(layer.experts),
+                   grad_experts=[{n: None if p.grad is None else p.grad.clone() for n, p in e.named_parameters()}
+                                 for e in layer.experts],
+                   sent=sum(len(ref["expert_inputs"][rank][e]) for e in range(num_experts)),
+                   received=expected_rows)
+        results.append(got)
+    return results
+
+
+def _check_expert_inputs(rank, world_size, got):
+    """Task 16.2's own checks, run in the rank right after dispatch (before the layer, which a wrong dispatch
+    can break in a way that says nothing of the cause)."""
+    E, k, cf, case = got["config"]
+    ref, mine = got["ref"], got["mine"]
+    where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
+    T = T162
+    expected = [torch.cat([ref["expert_inputs"][s][e] for s in range(world_size)]) for e in mine]
+    inputs = got["expert_inputs"]
+    assert len(inputs) == len(mine), (
+        f"{T}: {where}: dispatch returned {len(inputs)} expert inputs, expected {len(mine)}, one per local expert")
+    by_source = [torch.cat([ref["expert_inputs"][j][e] for e in range(rank * len(mine), (rank + 1) * len(mine))])
+                 for j in range(min(world_size, len(mine)))] if world_size <= len(mine) else None
+    for j, (got_j, want) in enumerate(zip(inputs, expected)):
+        if got_j.shape == want.shape and torch.equal(got_j, want):
+            continue
+        if by_source and j < len(by_source) and got_j.shape == by_source[j].shape and torch.equal(got_j, by_source[j]):
+            raise AssertionError(f"{T}: {where}: expert_inputs[{j}] holds the rows rank {j} sent, for all of this "
+                                 "rank's experts: regrouped by source rank, not by expert; expert_inputs[j] holds every "
+                                 f"rank's rows for local expert j (global expert {mine[j]})")
+        everything = sum(int((ref["expert_inputs"][s][mine[j]]).shape[0]) for s in range(world_size))
+        hint = ""
+        if got_j.shape[0] > everything:
+            hint = (": more rows than the kept choices: a choice past its expert's capacity (routing.kept False) "
+                    "is dropped, it travels nowhere")
+        elif got_j.shape == want.shape and torch.equal(got_j.sort(dim=0).values, want.sort(dim=0).values):
+            hint = ": the right rows in another order: rank 0's first, then rank 1's, ..., each in token order"
+        raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has {got_j.shape[0]} "
+                             f"rows, expected {want.shape[0]}{hint}")
+    kinds = [kind for kind, _ in got["dispatch_wire"]]
+    assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
+        f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
+        f"of the tokens; it sent {got['dispatch_wire']}" + (
+            ": exchange the counts first" if len(kinds) < 2 else ""))
+    counts = got["dispatch_wire"][0][1]
+    assert all(not d.startswith("float") and n == E for d, n in counts), (
+        f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
+
+
+def _check_layer(task, rank, world_size, got):
+    E, k, cf, case = got["config"]
+    ref, mine = got["ref"], got["mine"]
+    where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
+    T = TASK[task]
+    assert got["num_local"] == len(mine), (
+        f"{T}: {where}: the layer holds {got['num_local']} experts in `experts`, expected E / N = {len(mine)}: a rank keeps "
+        "its own experts only, the others' memory is not freed otherwise")
+    forward, backward = got["forward"], got["backward"]
+    send, recv = got["sent"] * DIM, got["received"] * DIM
+    tokens = [("float64", recv), ("float64", send)]
+    expected_forward = [tokens, tokens[::-1]]
+    token_calls = [tensors for kind, tensors in forward if kind == "all_to_all_single" and tensors[0][0] == "float64"]
+    others = [(kind, tensors) for kind, tensors in forward if not (kind == "all_to_all_single" and tensors[0][0] == "float64")]
+    assert len(others) == 1 and token_calls == expected_forward, (
+        f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
+        f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
+    assert sorted(t for _, t in backward) == sorted(expected_forward) and len(backward) == 2, (
+        f"{T}: {where}: the layer's backward should send two all-to-alls (the tokens' gradients back the way they "
+        f"came), it sent {backward}")
+    y_ref = ref["y"][rank]
+    y = got["y"]
+    if not _close(y, y_ref):
+        tokens_y = y.shape[0] == y_ref.shape[0]
+        hint = ""
+        if (tokens_y and torch.allclose(y.sort(dim=0).values, y_ref.sort(dim=0).values)) or (
+                not tokens_y and y.shape[0] == ref["kept"][rank]):
+            hint = (": the outputs are returned in the order dispatch sent them (one row per kept choice, by "
+                    "expert), not in token order: add each at its token (plan.token), in the original token order")
+        elif tokens_y and _close(y, ref["y_ungated"][rank]):
+            hint = (": the expert outputs were summed without their gates: weight by the gate, "
+                    "plan.weight[token, choice]; without it the router gets no gradient and never learns")
+        pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
+                    f"{(y - y_ref).abs().max().item() if tokens_y else 'its shape ' + str(tuple(y.shape))}{hint}")
+    assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
+        f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
+        "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
+    assert _close(got["grad_x"], ref["grad_x"][rank]), (
+        f"{T}: {where}: the input's gradient differs from models.MoE's")
+    if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
+        pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
+                    + ("None" if got["grad_router"] is None else f"by {(got['grad_router'] - ref['grad_router'][rank]).abs().max().item():.3g}")
+                    + "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
+                    "graph: that is how the router learns")
+    for j, e in enumerate(mine):
+        for name, want in ref["grad_experts"][e].items():
+            have = got["grad_experts"][j][name]
+            assert _close(have, want), (
+                f"{T}: {where}: local expert {j} (global {e}) {name}'s gradient differs from the sum over the ranks' "
+                f"losses of models.MoE's (max difference "
+                f"{'None' if have is None else (have - want).abs().max().item():}): every rank's tokens for it "
+                "must reach it and their gradients come back")
+
+
+def _refused(ep, task):
+    """The ValueError's message for 3 experts over 2 ranks (None if nothing was raised)."""
+    moe = models.MoE(DIM, HIDDEN, 3, 1)
+    x = torch.randn(TOKENS, DIM)
+    try:
+        if task == "16.2":
+            ep.dispatch(x, models.route(moe.router(x), 1, 1.0), 3)
+        else:
+            ep.ExpertParallelMoE.from_moe(moe)
+        return None
+    except ValueError as error:
+        return str(error)
+
+
+def _storage(rank, world_size, ep):
+    """What a layer made from a models.MoE of 8 experts keeps, once the MoE is dropped."""
+    torch.manual_seed(0)
+    moe = models.MoE(DIM, HIDDEN, 8, 2)
+    per_rank = 8 // world_size
+    expert_bytes = sum(p.numel() * p.element_size() for p in moe.experts[0].parameters())
+    router_bytes = moe.router.weight.numel() * moe.router.weight.element_size()
+    others = [weakref.ref(p) for e, expert in enumerate(moe.experts) if e // per_rank != rank
+              for p in expert.parameters()]
+    layer = ep.ExpertParallelMoE.from_moe(moe)
+    del moe
+    gc.collect()
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in layer.parameters()}
+    return dict(alive=sum(ref() is not None for ref in others), bytes=sum(storages.values()), per_rank=per_rank,
+                expected=router_bytes + per_rank * expert_bytes, mlps=[type(e).__name__ for e in layer.experts])
+
+
+def _suite(rank, world_size, impl, task, configs, extras):
+    """The layer's checks for `configs`, and the `extras` ("refused", "storage", "vit") of the task, in one start
+    of the ranks (each start costs a second of the default run)."""
+    ep = judging(impl, task)
+    out = dict(layer=_layer(rank, world_size, impl, task, configs))
+    if "refused" in extras:
+        out["refused"] = _refused(ep, task)
+    if "storage" in extras:
+        out["storage"] = _storage(rank, world_size, ep)
+    if "vit" in extras:
+        out["vit"] = _vit(rank, world_size, impl, task, world_size, 4, 2, 1.0)
+    return out
+
+
+def _check_storage(rank, world_size, got):
+    where = f"rank {rank} of {world_size}, 8 experts"
+    assert got["mlps"] == ["MLP"] * got["per_rank"], (
+        f"{T164}: {where}: layer.experts should be the {got['per_rank']} local models.MLP modules (E / N), it is "
+        f"{got['mlps']}")
+    assert got["alive"] == 0, (
+        f"{T164}: {where}: {got['alive']} parameters of the other ranks' experts are still alive once the models.MoE "
+        "is dropped: the layer keeps a reference to them (the MoE itself, its experts list): their memory is not freed")
+    assert got["bytes"] == got["expected"], (
+        f"{T164}: {where}: the layer's parameters take {got['bytes']} bytes, expected {got['expected']} (the router and "
+        "E / N experts)")
+
+
+def _run_suite(impl, task, world_size, configs, extras=()):
+    judging(impl, task)
+    for rank, out in enumerate(run_ranks(_suite, world_size, impl, task, configs, extras, timeout=60)):
+        for got in out["layer"]:
+            _check_layer(task, rank, world_size, got)
+        if "storage" in extras:
+            _check_storage(rank, world_size, out["storage"])
+        if "vit" in extras:
+            _check_vit(task, rank, world_size, world_size, out["vit"])
+        if "refused" in extras:
+            assert out["refused"] is not None, (
+                f"{TASK[task]}: rank {rank}: 3 experts over 2 ranks must raise ValueError with one clear line, on every "
+                "rank, before any collective")
+
+
+@pytest.mark.task16_2
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_2), slow(4, CONFIGS_4)],
+                         ids=["2 ranks", "2 ranks more", "4 ranks"])
+def test_dispatch_sends_kept_tokens_to_their_experts(impl, world_size, configs):
+    _run_suite(impl, "16.2", world_size, configs, ("refused",) if world_size == 2 else ())
+
+
+@pytest.mark.task16_3
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST), slow(2, CONFIGS_2), slow(4, CONFIGS_4)],
+                         ids=["2 ranks", "2 ranks more", "4 ranks"])
+def test_combine_gives_models_moe_outputs_and_gradients(impl, world_size, configs):
+    _run_suite(impl, "16.3", world_size, configs)
+
+
+@pytest.mark.task16_4
+@pytest.mark.parametrize("world_size,configs", [(2, CONFIGS_FAST[1:]), slow(4, CONFIGS_4[2:4])], ids=["2 ranks", "4 ranks"])
+def test_expert_parallel_moe_computes_models_moe_with_its_experts_only(impl, world_size, configs):
+    """The layer's output, aux_loss and gradients; its bytes (E / N experts, the others freed); a ViT converted by
+    parallelize_moe, whose aux_loss() still counts the layer; 3 experts over 2 ranks refused."""
+    _run_suite(impl, "16.4", world_size, configs, ("storage", "vit") + (("refused",) if world_size == 2 else ()))
+
+
+# --------------------------------------------------------------------------- the ViT (16.4, 16.5)
+def _tiny_vit(num_experts, top_k, capacity_factor):
+    torch.manual_seed(7)
+    return models.ViT(image_size=8, patch_size=2, dim=16, depth=2, heads=4, mlp_ratio=2, num_experts=num_experts,
+                      top_k=top_k, capacity_factor=capacity_factor).double()
+
+
+def _vit_reference(vit, images, labels):
+    """One process: the MoE ViT on each rank's images in turn, the loss the mean over the ranks of
+    cross-entropy + AUX * aux_loss; returns (losses, aux, {name: grad})."""
+    vit = copy.deepcopy(vit)
+    losses, auxes, total = [], [], 0
+    for x, y in zip(images, labels):
+        loss = F.cross_entropy(vit(x), y) + AUX * vit.aux_loss()
+        auxes.append(vit.aux_loss().item())
+        losses.append(loss.item())
+        total = total + loss / len(images)
+    total.backward()
+    return losses, auxes, {name: p.grad.clone() for name, p in vit.named_parameters()}
+
+
+def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_factor):
+    ep = judging(impl, task)
+    vit = _tiny_vit(num_experts, top_k, capacity_factor)
+    g = torch.Generator().manual_seed(1)
+    images = [torch.randn(3, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(world_size)]  # 3 x 16 tokens
+    labels = [torch.randint(0, 10, (3,), generator=g) for _ in range(world_size)]
+    losses, auxes, grads = _vit_reference(vit, images, labels)
+    ep_group, expert_dp_group = ep.expert_parallel_groups(ep_size)
+    ep.parallelize_moe(vit, ep_group)
+    loss = F.cross_entropy(vit(images[rank]), labels[rank]) + AUX * vit.aux_loss()
+    aux = vit.aux_loss().item()
+    loss.backward()
+    if task == "16.5":  # a float32 parameter among the float64 ones: one collective per group AND dtype
+        with torch.no_grad():
+            vit.head.bias.data, vit.head.bias.grad = vit.head.bias.data.float(), vit.head.bias.grad.float()
+    with Wire() as wire:
+        ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+    per_rank = num_experts // ep_size
+    first = (rank % ep_size) * per_rank
+    expected, got = {}, {}
+    for name, p in vit.named_parameters():
+        found = re.match(r"(.*\.experts)\.(\d+)\.(.*)", name)
+        ref_name = f"{found[1]}.{first + int(found[2])}.{found[3]}" if found else name
+        expected[name], got[name] = grads.get(ref_name), p.grad
+    copies = world_size // ep_size
+    expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
+    return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
+                wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
+                dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
+                converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()))
+
+
+def _check_vit(task, rank, world_size, ep_size, got):
+    T = TASK[task]
+    where = f"rank {rank} of {world_size}, --ep {ep_size} (a tiny MoE ViT, float64)"
+    assert got["converted"] == 1, f"{T}: {where}: parallelize_moe converted {got['converted']} MoE layers, expected 1"
+    assert abs(got["aux"] - got["ref_aux"]) < 1e-10, (
+        f"{T}: {where}: vit.aux_loss() is {got['aux']} after parallelize_moe, models.MoE's {got['ref_aux']}: the "
+        "converted layer must keep its load-balancing loss in `aux_loss`, or training silently drops it")
+    assert abs(got["loss"] - got["ref_loss"]) < 1e-10, f"{T}: {where}: the loss differs from one process's"
+    if task != "16.5":
+        return
+    def close(have, want):
+        if have is not None and want is not None and have.dtype == torch.float32:  # head.bias, made float32
+            return have.shape == want.shape and torch.allclose(have.double(), want, atol=1e-6, rtol=1e-5)
+        return _close(have, want)
+    wrong = [name for name in got["got"] if not close(got["got"][name], got["expected"][name])]
+    ratio = {}
+    for name in wrong:
+        have, want = got["got"][name], got["expected"][name]
+        if have is not None and want.abs().max() > 0:
+            have, want = have.double().flatten(), want.double().flatten()
+            ratio[name] = (have @ want / (want @ want)).item()
+    experts = [name for name in wrong if ".experts." in name]
+    dense = [name for name in wrong if ".experts." not in name]
+    if experts:
+        r = [ratio.get(name, float("nan")) for name in experts]
+        hint = ""
+        if all(abs(x - ep_size) < 1e-6 for x in r):
+            hint = (f": {ep_size} times too large: the all-to-all's backward already SUMMED every rank's tokens' gradients "
+                    f"into the expert: divide by the expert-parallel size {ep_size}")
+        elif all(abs(x - 1 / ep_size) < 1e-6 for x in r):
+            hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
+                    "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
+                    "divide by N and average over expert_dp_group only")
+        pytest.fail(f"{T}: {where}: the experts' gradients differ from one process's ({experts[:2]}, ratio {r[:2]}){hint}")
+    if dense:
+        r = [ratio.get(name, float("nan")) for name in dense]
+        hint = (f": {world_size} times too large: summed over the ranks, not averaged (divide by the world size)"
+                if all(abs(x - world_size) < 1e-6 for x in r) else
+                ": not averaged over the ranks: a parameter outside the experts is data parallel, its gradient is the "
+                "mean over all ranks (all-reduce, divide by the world size)")
+        pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
+    wire = got["wire"]
+    head = 10  # head.bias, float32
+    expected = [("all_reduce", "float64", got["dense_numel"] - head, world_size), ("all_reduce", "float32", head, world_size)]
+    expected += [("all_reduce", "float64", got["expert_numel"], got["copies"])] if got["copies"] > 1 else []
+    assert sorted(wire) == sorted(expected), (
+        f"{T}: {where}: sync_moe_gradients should send one all-reduce of the non-expert gradients over all ranks per "
+        f"dtype (here {got['dense_numel'] - head} float64 and {head} float32: the head's bias)"
+        + (f", and one of the {got['expert_numel']} expert gradients over the {got['copies']} ranks of expert_dp_group"
+           if got["copies"] > 1 else ", and nothing for the experts (one copy)")
+        + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
+
+
+@pytest.mark.task16_5
+@pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
+    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
+    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
+def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
+    judging(impl, "16.5")
+    for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
+                                         timeout=60)):
+        _check_vit("16.5", rank, world_size, ep_size, got)
