@@ -195,16 +195,16 @@ def gloo_send_refusal(args, flag):
 
 
 def split_model_refusal(args, kind):
-    """What --tp and --pp cannot be combined with (kind: "tp" or "pp"), or None."""
+    """What --tp, --pp and --cp cannot be combined with (kind: "tp", "pp" or "cp"), or None."""
     size = getattr(args, kind)
     conflicts = {f"--shard {args.shard}": args.shard != "none", "--sync overlap": args.sync == "overlap",
                  f"--allreduce {args.allreduce}": args.allreduce != "torch",
-                 "--checkpoint-dir": args.checkpoint_dir is not None, f"--tp {args.tp}": kind == "pp" and args.tp > 1}
+                 "--checkpoint-dir": args.checkpoint_dir is not None, f"--tp {args.tp}": kind != "tp" and args.tp > 1}
     for flag, conflicts_with_split in conflicts.items():
         if conflicts_with_split:
             return (f"--{kind} {size} cannot be combined with {flag}: the model split by --{kind} trains with Task "
                     "2's broadcast and Task 1's sampler only (--sync after-backward, --allreduce torch, --shard none, "
-                    "no --checkpoint-dir, not both --tp and --pp)")
+                    "no --checkpoint-dir, no other split of the model)")
     if world_size_before_set_up() % size:
         return (f"--{kind} {size} does not divide the world size {world_size_before_set_up()}: each group of {size} "
                 f"consecutive ranks splits one model, so start a multiple of {size} processes")

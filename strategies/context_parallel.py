@@ -65,6 +65,9 @@ class ContextParallel(Strategy):
                     "choose --cp 2 or 4, or --cp-impl ring")
         if args.accumulate > 1:
             return "--accumulate with --cp: not supported; leave it out"
+        if getattr(args, "moe", 0):  # routing and capacity are per call: each rank would route its token shard alone
+            return (f"--cp {args.cp} cannot be combined with --moe: a MoE routes the tokens of each call together, and "
+                    "with --cp each rank would route a shard of every image alone; train the experts with --ep")
         for flag in ("local_sgd", "diloco"):
             if getattr(args, flag, 0):
                 return (f"--cp {args.cp} cannot be combined with --{flag.replace('_', '-')}: each rank of a context "

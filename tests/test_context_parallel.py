@@ -666,6 +666,8 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     (3, ["--model", "vit", "--cp", "2"], "--cp 2 does not divide the world size 3"),
     (4, ["--model", "vit", "--cp", "2", "--shard", "optimizer"], "--cp 2 cannot be combined with --shard optimizer"),
     (4, ["--model", "vit", "--cp", "2", "--local-sgd", "4"], "--cp 2 cannot be combined with --local-sgd"),
+    (4, ["--model", "vit", "--cp", "2", "--tp", "2"], "--cp 2 cannot be combined with --tp 2"),  # not ignored
+    (4, ["--model", "vit", "--cp", "2", "--moe", "4"], "--cp 2 cannot be combined with --moe"),
 ])
 def test_a_context_split_that_cannot_work_is_one_line(world_size, flags, message, monkeypatch):
     import train_ddp
