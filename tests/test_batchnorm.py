@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpu  # where the GPU test's ranks run
-from conftest import load_with_reference
+from conftest import REFERENCE, load_with_reference
 from harness import RankTimeout, run_ranks
 from wire import Wire  # records each collective's kind, dtype and size in a rank
 
@@ -870,7 +870,7 @@ def test_train_ddp_batchnorm_sync_trains_as_one_process_and_local_does_not(tmp_p
         metrics = tmp_path / f"{name.replace(' ', '_')}.csv"
         # one thread in the one process too, as torchrun gives each rank: the same kernels, so the only
         # difference left is the order of the sums over the ranks
-        code, out = run(launcher + ["train_ddp.py", "--impl", "solutions", "--data", "synthetic", "--epochs", "1",
+        code, out = run(launcher + ["train_ddp.py", "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1",
                                     "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
                                     "--batchnorm", batchnorm, "--metrics", str(metrics), "--no-plot"])
         assert code == 0, f"train_ddp.py --batchnorm {batchnorm} ({name}) exited with {code}:\n{out[-3000:]}"

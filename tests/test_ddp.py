@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from conftest import call_alone, load, load_with_reference
+from conftest import REFERENCE, call_alone, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 from wire import Wire
 
@@ -806,7 +806,7 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
         metrics = tmp_path / f"k{accumulate}.csv"
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
-             "--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
+             "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
              "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
              "--accumulate", str(accumulate), "--metrics", str(metrics)]
             + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),

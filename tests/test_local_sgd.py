@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 import gpu  # where the GPU tests' ranks run
-from conftest import load, load_with_reference
+from conftest import REFERENCE, load, load_with_reference
 from harness import run_ranks
 from wire import Wire
 
@@ -1027,7 +1027,7 @@ def test_diloco_equals_torchfts_diloco(impl):
 
 
 # --------------------------------------------------------------------------- train_ddp.py --local-sgd, --diloco
-def _train_ddp(tmp_path, name, *flags, impl="solutions"):
+def _train_ddp(tmp_path, name, *flags, impl=REFERENCE):
     """torchrun train_ddp.py on 2 ranks, 2 short epochs: (its output, [(train loss, test loss)] per epoch)."""
     import csv
     import os
@@ -1052,7 +1052,7 @@ def _train_ddp(tmp_path, name, *flags, impl="solutions"):
 @pytest.mark.slow
 @pytest.mark.repo
 @pytest.mark.e2e
-@pytest.mark.parametrize("impl", ["solutions", "ddp"])
+@pytest.mark.parametrize("impl", [REFERENCE, "ddp"])
 def test_train_ddp_local_sgd_1_with_sgd_trains_as_data_parallelism(impl, tmp_path):
     """--local-sgd 1 with SGD and momentum: the parameters averaged after every step, no gradient
     averaged, train to data parallelism's losses (ours, and PyTorch's PeriodicModelAverager against DDP)."""
@@ -1089,7 +1089,7 @@ def test_train_ddp_refuses_local_sgd_flags_that_cannot_work(flags, message):
     import train_ddp
 
     with pytest.raises(ValueError, match=message):
-        train_ddp.check_flags(train_ddp.parse_args(["--impl", "solutions", *flags]))
+        train_ddp.check_flags(train_ddp.parse_args(["--impl", REFERENCE, *flags]))
 
 
 # --------------------------------------------------------------------------- on a GPU

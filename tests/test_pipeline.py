@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import HAS_SOLUTIONS, load_with_reference
+from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 from wire import MESSAGES, Wire, dtype_name
 
@@ -104,9 +104,8 @@ def batch(seed=1, size=BATCH):
 
 def reference_gradients(inputs, targets, seed=0):
     """Single-process training on the whole batch: the loss and {layer index: [gradients]}."""
-    from solutions.template_pipeline import flat_cnn  # given code (not a task): how the CNN is laid flat
     torch.manual_seed(seed)
-    model = flat_cnn()
+    model = load("solutions", "template_pipeline").flat_cnn()  # given code (not a task): how the CNN is laid flat
     loss = F.cross_entropy(model(inputs), targets)
     loss.backward()
     return loss.item(), {i: [p.grad.clone() for p in layer.parameters()] for i, layer in enumerate(model)}
@@ -422,7 +421,7 @@ def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, 
 def test_a_send_through_batch_isend_irecv_passes_the_round_trip():
     """A false negative a student found: the test's recorder used to replace dist.isend, and
     P2POp, which checks that its op IS dist.isend, refused the right answer above."""
-    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", "solutions", "10.2", _send_batched,
+    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", REFERENCE, "10.2", _send_batched,
                   timeout=15)
     check_round_trip(results, "10.2", 2)
 
@@ -582,7 +581,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
 
 def activation_shapes(num_stages, microbatch):
     """The shape of what stage s receives, for s = 1 .. num_stages - 1, from the CNN run here."""
-    from solutions.template_pipeline import flat_cnn
+    flat_cnn = load("solutions", "template_pipeline").flat_cnn  # given code
     x = torch.zeros(microbatch, 3, 32, 32)
     shapes, ranges = {}, expected_ranges(10, num_stages)
     with torch.no_grad():
@@ -828,9 +827,8 @@ def test_pp2_by_dp2_on_4_ranks_trains_like_one_process(impl):
     judging(impl, "10.7")
     steps = 3
     results = run(_pp_dp, 4, "10.7", "pp=2 x dp=2", impl, steps, timeout=40)
-    from solutions.template_pipeline import flat_cnn
     torch.manual_seed(0)
-    model = flat_cnn()
+    model = load("solutions", "template_pipeline").flat_cnn()  # given code
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     want_losses = []
     for step in range(steps):

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load, load_with_reference
+from conftest import REFERENCE, load, load_with_reference
 from harness import run_ranks
 from strategies.base import average_flat
 
@@ -461,7 +461,7 @@ def test_a_corrupt_shard_is_reported_and_every_rank_resumes_from_the_previous_ch
 # ------------------------------------- elastic torchrun: a node lost, the run goes on; a node back (slow)
 # Two torchrun agents on this machine stand for two nodes (loopback, a c10d rendezvous), one process
 # each. 256 images, global batch 32: 8 steps an epoch, 3 epochs, a checkpoint every 2 steps.
-ELASTIC_RUN = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "256", "--test-samples", "64",
+ELASTIC_RUN = ["--impl", REFERENCE, "--data", "synthetic", "--train-samples", "256", "--test-samples", "64",
                "--batch-size", "32", "--epochs", "3", "--metrics", "", "--optimizer", "adamw", "--checkpoint-every", "2"]
 ELASTIC_STEPS = 3 * 8
 # Loopback only: shorter heartbeats (a lost node leaves the rendezvous after 5 s, not 15; 2 s was too
@@ -717,13 +717,13 @@ def test_dcp_with_fully_shard_reshards_like_ours(tmp_path):
     resume and 3 more steps (fully_shard and Task 7 reduce in other orders, so not bit for bit)."""
     pytest.importorskip("torch.distributed.fsdp", reason="fully_shard")
     (tmp_path / "ours").mkdir()
-    ours = run_ranks(_save_then_continue, 4, "solutions", str(tmp_path / "ours"), "8.4", timeout=150)[0]["full"]
+    ours = run_ranks(_save_then_continue, 4, REFERENCE, str(tmp_path / "ours"), "8.4", timeout=150)[0]["full"]
     theirs = run_ranks(_dcp_save_then_continue, 4, str(tmp_path), timeout=150)[0]
     differ = _differences(ours[0], theirs[0], exact=False)
     assert not differ, f"at the save, Task 7's gathered state and fully_shard's differ at {differ[:4]}"
     for new in (2, 3):
         resumed = run_ranks(_dcp_resume_then_continue, new, str(tmp_path), timeout=150)
-        ours_resumed = run_ranks(_resume_then_continue, new, "solutions", str(tmp_path / "ours"), "8.4", timeout=150)
+        ours_resumed = run_ranks(_resume_then_continue, new, REFERENCE, str(tmp_path / "ours"), "8.4", timeout=150)
         for rank, (loaded, after) in enumerate(resumed):
             differ = _differences(theirs[0], loaded, exact=True)
             assert not differ, f"DCP on rank {rank} of {new}: the loaded state differs from the saved one at {differ[:4]}"
