@@ -188,7 +188,9 @@ def powersgd_hook(state, bucket):
     5. decompress: divide the Q buffer by N; M' = P Q^T approximates the average: write it into
        the matrix (torch.matmul(p, q.T, out=matrix)), through the views into the buffer. Error
        feedback: state.error_dict[i] = the copy of step 1 minus the buffer now. Without
-       state.warm_start, forget the P and Q buffers (new Qs are drawn next step). Then
+       state.warm_start, forget this bucket's P and Q buffers, and only these (del
+       state.p_memory_dict[i] and state.q_memory_dict[i]): the other buckets' all-reduces may
+       still be in flight, and their decompress reads theirs; new Qs are drawn next step. Then
        state.maybe_increase_iter(bucket), and return bucket.buffer().
     """
     # --- Task 12.3 begin ---
@@ -263,9 +265,8 @@ def powersgd_hook(state, bucket):
             torch.matmul(p, q.T, out=matrix)
         if state.use_error_feedback:
             state.error_dict[index] = wanted - buffer
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
+        if not state.warm_start:  # this bucket's only: the others may still be in flight
+            del state.p_memory_dict[index], state.q_memory_dict[index]
         state.maybe_increase_iter(bucket)
         return buffer
 

@@ -1094,6 +1094,12 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "        self.synced = [param.detach().clone() for param in self.params]\n", "not on the CPU"),
+    # Issue 45: what a student trial of Tasks 11-13 found passing or told with a wrong cause
+    Mistake("12.3", "forgets-every-bucket", "template_compression.py",  # the reference's own bug: a KeyError
+            "        if not state.warm_start:  # this bucket's only: the others may still be in flight\n"
+            "            del state.p_memory_dict[index], state.q_memory_dict[index]\n",
+            "        if not state.warm_start:\n            state.p_memory_dict.clear()\n"
+            "            state.q_memory_dict.clear()\n", "forget only its OWN P and Q"),
 ]
 
 
