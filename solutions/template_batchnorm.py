@@ -169,7 +169,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     - eval with running statistics: normalise with running_mean and running_var (then weight
       and bias); send nothing, change nothing.
     - eval without running statistics (track_running_stats=False): as nn.BatchNorm and PyTorch's
-      SyncBatchNorm, this batch's own statistics; send nothing.
+      SyncBatchNorm, this batch's own statistics, computed from x itself: they stay in the graph,
+      so the input gradient flows through them too, as nn.BatchNorm's does; send nothing.
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,

@@ -1100,6 +1100,10 @@ MISTAKES = [
             "            del state.p_memory_dict[index], state.q_memory_dict[index]\n",
             "        if not state.warm_start:\n            state.p_memory_dict.clear()\n"
             "            state.q_memory_dict.clear()\n", "forget only its OWN P and Q"),
+    Mistake("11.3", "eval-statistics-detached", "template_batchnorm.py",  # the output right, the input gradient not
+            "            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)\n",
+            "            var, mean = torch.var_mean(x.detach(), dim=_reduce_dims(x), correction=0)\n",
+            "they stay in the graph"),
 ]
 
 

@@ -557,11 +557,13 @@ def _layer(rank, world_size, impl, configs, sub):
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
         layer.eval()
-        x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank]
+        x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank].requires_grad_()
+        grad_y = slices([2] * len(sizes), tail, 100 * number + 8 + 1000 * index)[grank]
         with wire, _said(f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval on x of shape {tuple(x.shape)}, "
                          f"rank {rank}", x=x, affine=layer.affine, running=layer.track_running_stats):
             y = layer(x)
-        out.append({"steps": steps, "eval": y.detach(), "eval_calls": wire.take(),
+            (y * grad_y).sum().backward()  # eval's gradients too (Issue 45: statistics of x.detach() passed)
+        out.append({"steps": steps, "eval": y.detach(), "eval_dx": x.grad, "eval_calls": wire.take(),
                     "after_eval": {k: v.clone() for k, v in layer.named_buffers()}})
     return out
 
@@ -662,6 +664,33 @@ def _check_layers(results, configs, sub=False):
                     f"{(got['eval'] - expected).abs().max():.2e}: "
                     + ("normalise with running_mean and running_var, then weight and bias" if bn.track_running_stats
                        else "without running statistics, normalise with this batch's own (biased) statistics"))
+                _check_eval_gradient(where, got["eval_dx"], bn, x, slices([2] * len(sizes), tail,
+                                                                           100 * number + 8 + 1000 * index)[grank])
+
+
+def _check_eval_gradient(where, got, bn, x, grad_y):
+    """The input gradient in eval, against nn.BatchNorm's in eval on the same x and grad_y: through the
+    running statistics, constants; without them, through this batch's statistics, which stay in the graph."""
+    x = x.detach().clone().requires_grad_()
+    bn.eval()
+    (bn(x) * grad_y).sum().backward()
+    bn.train()
+    bn.zero_grad()
+    assert got is not None, (f"{where}: x.grad is None after backward in eval: autograd never reached x (a "
+                             "torch.no_grad() or x.detach() around the eval forward?)")
+    if close(got, x.grad):
+        return
+    hint = "the input gradient of eval mode must be nn.BatchNorm's: compute the output from x itself"
+    if not bn.track_running_stats:
+        var, mean = torch.var_mean(x.detach(), dim=dims_of(x), correction=0)
+        scale = (var + bn.eps).rsqrt() * (bn.weight.detach() if bn.affine else 1)
+        constants = grad_y * scale.view([1, -1] + [1] * (x.dim() - 2))  # the statistics taken as constants
+        if close(got, constants):
+            hint = ("it is the gradient with the batch's statistics taken as constants (computed from x.detach() or "
+                    "under no_grad): in eval without running statistics they stay in the graph, as nn.BatchNorm's "
+                    "do, so compute them from x itself")
+    pytest.fail(f"{where}: the input gradient differs from nn.BatchNorm's in eval by "
+                f"{(got - x.grad).abs().max():.2e}: {hint}")
 
 
 def _check_buffers(where, got, bn, bn_before, sizes, tail, seed, kwargs, grank=0):
