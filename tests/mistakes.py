@@ -1104,6 +1104,60 @@ MISTAKES = [
             "            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)\n",
             "            var, mean = torch.var_mean(x.detach(), dim=_reduce_dims(x), correction=0)\n",
             "they stay in the graph"),
+    Mistake("12.3", "iter-counted-before-the-check", "template_compression.py",
+            "    buffer = bucket.buffer()\n    if state.iter < state.start_powerSGD_iter:\n"
+            "        state.maybe_increase_iter(bucket)\n",
+            "    buffer = bucket.buffer()\n    state.maybe_increase_iter(bucket)\n"
+            "    if state.iter < state.start_powerSGD_iter:\n", "after comparing state.iter"),
+    Mistake("13.2", "count-equals-sync-every", "template_local_sgd.py",  # never averages again once H is lowered
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n",
+            "        if self.local_step == self.sync_every:\n", "using >=, not =="),
+    Mistake("13.3", "count-equals-sync-every", "template_local_sgd.py",
+            "        if self.local_step < self.sync_every:\n            return loss\n",
+            "        if self.local_step != self.sync_every:\n            return loss\n", "using >=, not =="),
+    Mistake("13.3", "outer-gradients-kept", "template_local_sgd.py",  # the trial's: 3.1e-3 off after 6 steps
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
+            "clear the outer optimizer's gradients"),
+    Mistake("13.3", "outer-gradients-zeroed", "template_local_sgd.py",  # zeros, not None: AdamW decays `unused`
+            "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=False)\n",
+            "clear the outer optimizer's gradients"),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RightAnswer:
+    """A right answer written otherwise than the solution: `edits` (Mistakes whose hint is unused) turn
+    the solution into it, and the task's tests must pass it (tests/test_mistakes.py). Each is a choice
+    its docstring makes on purpose: accepted, not merely not caught."""
+    task: str
+    name: str
+    why: str  # what the docstring says that makes it right
+    edits: tuple
+
+    @property
+    def marker(self):
+        return "task" + self.task.replace(".", "_")
+
+
+RIGHT_ANSWERS = [
+    RightAnswer("12.3", "p-averaged-not-summed", "orthogonalising P removes any positive factor", (
+        Mistake("12.3", "p-averaged-not-summed", "template_compression.py",
+                "    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n",
+                "    dist.all_reduce(state.p_memory_dict[index], group=group)\n"
+                "    state.p_memory_dict[index].div_(world_size)\n", ""),)),
+    RightAnswer("12.3", "iter-counted-after-the-check", "maybe_increase_iter right after the comparison", (
+        Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
+                "    index, dtype = bucket.index(), buffer.dtype\n",
+                "    state.maybe_increase_iter(bucket)  # compressed: counted here, not in decompress\n"
+                "    index, dtype = bucket.index(), buffer.dtype\n", ""),
+        Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
+                "        state.maybe_increase_iter(bucket)\n        return buffer\n", "        return buffer\n", ""))),
+    RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
+        Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
+                "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
+                ""),)),
 ]
 
 

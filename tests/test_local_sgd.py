@@ -795,6 +795,55 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
     structure()
 
 
+def _lowered_mid_round(rank, world_size, impl, task):
+    """LocalSGD (13.2) or DiLoCo (13.3) with sync_every=4: 3 steps, then sync_every lowered to 2 (below the 3
+    steps counted) for the 4th, then 4 again for 4 more. [(after step s: local_step, collectives sent,
+    the parameters)]."""
+    lib = judging(impl, task)
+    model = make(MLP)
+    inner = optimizer("sgd", model.parameters())
+    stepper = lib.LocalSGD(model, inner, 4) if task == "13.2" else lib.DiLoCo(model, inner, 4)
+    out = []
+    with Wire() as wire:
+        for step in range(8):
+            stepper.sync_every = 2 if step == 3 else 4
+            stepper.zero_grad()
+            backward(model, rank, step)
+            stepper.step()
+            out.append((stepper.local_step, len(wire.take()), averaged(model)))
+    return out
+
+
+def check_lowered_mid_round(task, results):
+    """sync_every lowered below the count: the synchronisation comes at once (>=), and the count starts
+    again; an `==` never meets the lowered value and never synchronises again (Issue 45)."""
+    what = "average" if task == "13.2" else "outer step"
+    for rank, out in enumerate(results):
+        counts, sent = [count for count, _, _ in out], [calls for _, calls, _ in out]
+        if counts[3] != 0 and not sent[3]:
+            pytest.fail(f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 after 3 steps were counted: no "
+                        f"{what} came at step 4, and the count went on ({counts}): compare the count with "
+                        "sync_every using >=, not ==: sync_every may be lowered in the middle of a round below the "
+                        "steps already counted (train_ddp.py lowers it at an epoch's end)")
+        assert counts == [1, 2, 3, 0, 1, 2, 3, 0] and [bool(n) for n in sent] == [False] * 3 + [True] + \
+            [False] * 3 + [True], (f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 only: self.local_step "
+                                   f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
+                                   f"sent something; expected the {what}s after steps 4 and 8 only")
+        for step in (3, 7):
+            assert all(torch.equal(a, b) for a, b in zip(out[step][2], results[0][step][2])), (
+                f"{task}: rank {rank} differs from rank 0 after step {step + 1}, a synchronisation")
+
+
+@pytest.mark.task13_2
+def test_local_sgd_averages_at_once_when_sync_every_is_lowered_below_the_count(impl):
+    check_lowered_mid_round(T132, run_ranks(_lowered_mid_round, 2, impl, "13.2", timeout=30))
+
+
+@pytest.mark.task13_3
+def test_diloco_steps_at_once_when_sync_every_is_lowered_below_the_count(impl):
+    check_lowered_mid_round(T133, run_ranks(_lowered_mid_round, 2, impl, "13.3", timeout=30))
+
+
 # --------------------------------------------------------------------------- Task 13.3
 def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     lib = judging(impl, "13.3")
@@ -924,6 +973,46 @@ def test_diloco_keeps_synced_on_the_cpu_whatever_the_parameters_device(impl):
         f"{T133}: self.synced was made on the parameters' device ({', '.join(devices)}), not on the CPU (parameters "
         "on another device than the CPU, as on a GPU): keep it on the CPU, a GPU's memory is for training. Copy "
         "into the existing self.synced tensors (synced.copy_(param)), or make new ones with .to(\"cpu\", copy=True)")
+
+
+def _diloco_zeroing_to_zeros(rank, world_size, impl, sync_every, steps, outer):
+    """DiLoCo in a loop that zeroes with set_to_none=False, on Net (its `unused` parameter never gets a
+    gradient): (the history, the parameters that still had a .grad right after each outer step)."""
+    lib = judging(impl, "13.3")
+    model = make(Net)
+    diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), sync_every, outer_lr=outer[0],
+                        outer_momentum=outer[1])
+    history, left = [], []
+    for step in range(steps):
+        diloco.zero_grad(set_to_none=False)
+        backward(model, rank, step)
+        diloco.step()
+        history.append(averaged(model))
+        if (step + 1) % sync_every == 0:
+            left.append([name for name, param in model.named_parameters() if param.grad is not None])
+    return history, left
+
+
+@pytest.mark.task13_3
+def test_diloco_clears_the_outer_gradients_for_a_loop_that_zeroes_to_zeros(impl):
+    """Issue 45: an outer step that left its pseudo-gradients in .grad passed every other test. With a
+    loop that zeroes with set_to_none=False, the parameter that gets no gradient then has one (stale, or
+    zeros), and the inner AdamW steps it: 3.1e-3 off after 6 steps. The reference loop zeroes to None:
+    where the outer step clears its gradients, both loops train alike."""
+    sync_every, steps, outer = 3, 6, (0.7, 0.9)
+    results = run_ranks(_diloco_zeroing_to_zeros, 2, impl, sync_every, steps, outer, timeout=30)
+    history = simulate(Net, "adamw", [0, 1], steps, sync_every, outer)[0]
+    got = [out[0] for out in results]
+    if _matches(got, history, [0, 1]):
+        return
+    left = sorted({name for _, rounds in results for names in rounds for name in names})
+    if left:
+        pytest.fail(f"{T133}: in a loop that zeroes with set_to_none=False, {_first_difference(got, history, [0, 1])}; "
+                    f"right after the outer step {left} still had a .grad: clear the outer optimizer's gradients "
+                    "after its step, self.outer_optimizer.zero_grad() (set_to_none, the default), or a parameter "
+                    "that gets no gradient in the next round (`unused`) is stepped by the inner optimizer")
+    pytest.fail(f"{T133}: DiLoCo in a loop that zeroes with set_to_none=False does not train as in one that zeroes "
+                f"to None: {_first_difference(got, history, [0, 1])}")
 
 
 def _diloco_h1(rank, world_size, impl):

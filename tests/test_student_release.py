@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mistakes import MISTAKES, REPO
+from mistakes import MISTAKES, REPO, RIGHT_ANSWERS
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import student_release  # noqa: E402
@@ -71,6 +71,7 @@ def test_the_release_holds_no_answer(release):
         catalogue = f.read()
     assert not re.search(r"^\s+Mistake\(", catalogue, re.M), "tests/mistakes.py still lists mistakes"
     assert not any(len(m.old) > 60 and m.old in catalogue for m in MISTAKES)
+    assert not any(len(e.old) > 60 and e.old in catalogue for r in RIGHT_ANSWERS for e in r.edits)
     for path in ("tests/test_mistakes.py", "tests/test_check_grade.py"):
         assert not os.path.exists(os.path.join(release, path))
 

@@ -6,7 +6,7 @@
 
 Left out, and why (the release's README.md says so too):
 - solutions/: the answers.
-- the catalogue of typical wrong answers in tests/mistakes.py (MISTAKES): it is written as
+- the catalogue of typical wrong answers in tests/mistakes.py (MISTAKES, and RIGHT_ANSWERS): it is written as
   edits of the answers (its `old=` strings are pieces of them). The file stays, with an empty
   catalogue, for the tests that import its helpers; tests/test_mistakes.py and
   tests/test_check_grade.py, which check and grade that catalogue, are left out.
@@ -44,9 +44,9 @@ sys.path.insert(0, REPO)
 from grading.course import copy_course  # noqa: E402
 
 # (path or folder/, why): what a release leaves out
-MISTAKES = re.compile(r"^MISTAKES = \[\n.*?^\]\n", re.M | re.S)
-EMPTIED = ("MISTAKES = []  # the catalogue of typical wrong answers is not part of the student release: "
-           "its entries are edits of the answers\n")
+MISTAKES = re.compile(r"^(MISTAKES|RIGHT_ANSWERS) = \[\n.*?^\]\n", re.M | re.S)
+EMPTIED = ("{} = []  # the catalogue of typical wrong (and accepted) answers is not part of the student "
+           "release: its entries are edits of the answers\n")
 LEFT_OUT = [
     ("solutions/", "the answers"),
     ("tests/test_mistakes.py", "checks that catalogue against the answers"),
@@ -238,8 +238,8 @@ def build(dest, repo=REPO):
         mistakes = os.path.join(staged, "tests", "mistakes.py")
         if os.path.exists(mistakes):
             with open(mistakes, encoding="utf-8") as f:
-                text, count = MISTAKES.subn(EMPTIED, f.read())
-            if count != 1:
+                text, count = MISTAKES.subn(lambda match: EMPTIED.format(match.group(1)), f.read())
+            if not count or "MISTAKES = []" not in text:
                 return ["tests/mistakes.py: no `MISTAKES = [` ... `]` list found to empty"]
             with open(mistakes, "w", encoding="utf-8") as f:
                 f.write(text)
