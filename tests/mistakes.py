@@ -1123,6 +1123,26 @@ MISTAKES = [
     Mistake("13.3", "outer-gradients-zeroed", "template_local_sgd.py",  # zeros, not None: AdamW decays `unused`
             "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=False)\n",
             "clear the outer optimizer's gradients"),
+    Mistake("12.3", "warm-q-not-orthogonalised", "template_compression.py",  # last step's Q used as it came
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "    for q in (qs if new_qs else []):\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "Q was not orthogonalised"),
+    Mistake("12.3", "wanted-before-the-residual", "template_compression.py",  # the residual forgets the old one
+            "        if index in state.error_dict:\n            buffer.add_(state.error_dict[index])\n"
+            "        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n"
+            "        wanted = buffer.detach().clone()\n",
+            "        wanted = buffer.detach().clone()\n        if index in state.error_dict:\n"
+            "            buffer.add_(state.error_dict[index])\n"
+            "        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n",
+            "the buffer plus the old residual"),
+    Mistake("13.1", "averaged-in-float32", "template_local_sgd.py",  # float64 parameters to float32's precision
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n",
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same]).float()\n",
+            "the mean to float32's precision"),
+    Mistake("13.3", "parameters-averaged-after-the-outer-step", "template_local_sgd.py",  # a second all-reduce
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n"
+            "        average_parameters(self.model, self.group)\n", "nothing more"),
 ]
 
 

@@ -518,7 +518,10 @@ def _offset_not_advanced(value, key, expected):
     model = Mixed()
     names = [name for name, _ in model.named_parameters()] + [
         name for name, buffer in model.named_buffers() if buffer.is_floating_point()]
-    flat = torch.cat([expected[name].reshape(-1) for name in names if expected[name].dtype == value.dtype])
+    same = [name for name in names if expected[name].dtype == value.dtype]
+    if same[:1] == [key]:
+        return False  # the first tensor of its dtype: offset 0 is its own (Issue 45: a float32 mean was told this)
+    flat = torch.cat([expected[name].reshape(-1) for name in same])
     return torch.allclose(value.reshape(-1), flat[:value.numel()], rtol=1e-5, atol=1e-6)
 
 
@@ -590,6 +593,11 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6):
                     pytest.fail(f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
                                 "pass group=group to dist.all_reduce and divide by dist.get_world_size(group)")
+            if value.dtype == torch.float64 and torch.allclose(value, expected[key], rtol=1e-6, atol=1e-7):
+                gap = (value - expected[key]).abs().max().item()
+                pytest.fail(f"{T131}: {where}: the float64 {key} is the mean to float32's precision only (off by "
+                            f"{gap:.3g}): it was averaged in another dtype. Keep each dtype's own buffer: torch.cat of "
+                            "tensors of one dtype keeps it (no .float(), no torch.float32 buffer)")
             if _offset_not_advanced(value, key, expected):
                 pytest.fail(f"{T131}: {where}: {key} holds the first {value.numel()} numbers of the averaged flat "
                             "buffer, not its own: every tensor was copied from offset 0. Advance the offset by each "
