@@ -1143,6 +1143,24 @@ MISTAKES = [
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n"
             "        average_parameters(self.model, self.group)\n", "nothing more"),
+    # Issue 45, item 4: hints that named a wrong cause, now reached only by their own mistake
+    Mistake("12.3", "whole-means-not-written-back", "template_compression.py",  # was told about the first Qs
+            "            tensor.copy_(mean.view_as(tensor))\n", "            tensor = mean.view_as(tensor)\n",
+            "the tensors sent whole still hold this rank's own gradients"),
+    Mistake("12.3", "first-qs-drawn-in-float32", "template_compression.py",  # was told about error feedback
+            "                q.copy_(torch.randn(*q.shape, device=\"cpu\", dtype=dtype))\n",
+            "                q.copy_(torch.randn(*q.shape, device=\"cpu\"))\n", "the first Qs were drawn in torch.float32"),
+    Mistake("12.1", "default-group-refused", "template_compression.py",  # DDP passes None: a raw AttributeError
+            "    group = process_group if process_group is not None else dist.group.WORLD\n    buffer = bucket.buffer()\n"
+            "    compressed", "    group = process_group\n    buffer = bucket.buffer()\n    compressed",
+            "the process group was None"),
+    Mistake("12.3", "default-group-refused", "template_compression.py",
+            "    group = state.process_group if state.process_group is not None else dist.group.WORLD\n",
+            "    group = state.process_group\n", "the process group was None"),
+    Mistake("13.1", "first-tensor-assumed", "template_local_sgd.py",  # a raw IndexError on an empty list
+            "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):",
+            "        for dtype in dict.fromkeys([tensors[0].dtype] + [tensor.dtype for tensor in tensors]):",
+            "with no tensor there is nothing to average"),
 ]
 
 
