@@ -1161,6 +1161,14 @@ MISTAKES = [
             "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):",
             "        for dtype in dict.fromkeys([tensors[0].dtype] + [tensor.dtype for tensor in tensors]):",
             "with no tensor there is nothing to average"),
+    Mistake("10.5", "grads-zeroed-per-micro-batch", "template_pipeline.py",  # a bare diff: the hint was unreachable
+            "    if stage.is_last:\n        output.backward()\n    else:\n",
+            "    stage.module.zero_grad()  # a fresh gradient for each micro-batch\n"
+            "    if stage.is_last:\n        output.backward()\n    else:\n", "the backwards must ADD into .grad"),
+    Mistake("10.2", "each-send-waited-at-once", "template_pipeline.py",  # was told of a loop that never ends
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        dist.isend(tensor.detach().contiguous(), peer).wait()  # sent before going on\n",
+            "a send's wait() blocks until the neighbour receives"),
 ]
 
 

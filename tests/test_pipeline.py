@@ -18,6 +18,7 @@ with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles ev
 import functools
 import gc
 import inspect
+import linecache
 import math
 import re
 import sys
@@ -236,6 +237,14 @@ def hang_hint(task, text):
                                         ("learn_shapes", "learn_shapes' shape message")) if n in course), "a message")
             doing = f"wait{{s}} to receive {what}, in {at}, and it never comes"
             hints.append(never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task))
+        elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_") and re.search(
+                r"\.wait\(", linecache.getline(frames[0][0], int(frames[0][1]))) and (
+                "send" in frames[0][2] or "send" in linecache.getline(frames[0][0], int(frames[0][1]))):
+            # Issue 45: a Work waited for at once was told "a loop that never ends"
+            doing = f"wait{{s}} on a Work at once, in {at}: `{linecache.getline(frames[0][0], int(frames[0][1])).strip()}`"
+            hints.append("on gloo a send's wait() blocks until the neighbour receives, so two neighbours that both "
+                         "send first wait for each other: keep the Work (stage.pending_sends.append(work)) and go on; "
+                         "wait_sends() waits for them once every receive has been posted")
         elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_"):
             doing = f"never finish{{es}} {at} and wait{{s}} for no message of the pipeline"
             hints.append("a loop that never ends (a while loop whose condition never changes?)")
@@ -657,9 +666,10 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                                 "1/num_microbatches." if m > 1 and abs(ratio - m) < 1e-3 * m else
                                 f" The gradients are {ratio:.2f}x too small: the loss is scaled by 1/M more than "
                                 "once." if m > 1 and abs(ratio * m - 1) < 1e-3 else
-                                one_micro_batch_hint(got, i, j, m) or
-                                " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
-                                if m > 1 and task in ("10.6", "10.7") else "")  # 10.4, 10.5: the reference's schedule
+                                one_micro_batch_hint(got, i, j, m) or (  # Issue 45: `X or Y if c else ""` is
+                                    # `(X or Y) if c else ""`: the line above was never asked for 10.4 and 10.5
+                                    " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
+                                    if m > 1 and task in ("10.6", "10.7") else ""))  # 10.4, 10.5: the reference's
                         raise AssertionError(
                             f"{where}: {what}: layer {i}'s gradient differs from single-process training on the "
                             f"whole batch by {(got - want).abs().max():.3g}.{hint}")
