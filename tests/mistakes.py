@@ -1169,6 +1169,13 @@ MISTAKES = [
             "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
             "        dist.isend(tensor.detach().contiguous(), peer).wait()  # sent before going on\n",
             "a send's wait() blocks until the neighbour receives"),
+    Mistake("10.5", "first-stage-sends-back", "template_pipeline.py",  # was told about output.grad
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    stage.send_backward(input.grad)\n", "stage 0 has no previous stage"),
+    Mistake("10.7", "warmup-one-short", "template_pipeline.py",  # was told "the warm-up is right"
+            "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
+            "    warmup = max(min(stage.num_stages - stage.stage_index - 1, num_microbatches) - 1, 0)\n",
+            "or the warm-up is one forward short"),
 ]
 
 

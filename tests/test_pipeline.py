@@ -276,6 +276,11 @@ def as_task_failure(error, task, what):
                               f"Likely: {hint}.\n{trace}")
     if isinstance(error, RankTimeout):
         return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
+    if "stage 0: send_backward(grad) got None" in text and task == "10.5":  # Issue 45: was told about output.grad
+        return AssertionError(
+            f"{where}: the first stage called send_backward ({what}): stage 0 has no previous stage, and its input "
+            "(the batch) has no gradient: backward_step sends input.grad on every stage but the first (if not "
+            f"stage.is_first).\n{error}")
     if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
@@ -698,9 +703,13 @@ def trace_hint(trace, want, schedule, num_stages, stage, m, on_group):
     lead = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace))  # forwards before the first backward
     right = min(num_stages - stage - 1, m)
     if lead == right < m and [k for k, _ in trace[lead:lead + 2]] == ["B", "F"]:
-        return (f" (the warm-up, {right} forward{'' if right == 1 else 's'}, is right; then each step of the steady "
-                "state runs one forward, "
-                "THEN one backward: the backward of the oldest micro-batch after the forward of the next)")
+        # Issue 45: this trace is also a warm-up one forward short followed by forward-backward pairs, which
+        # was told "the warm-up is right": both readings give the same trace, so both are named
+        return (f" ({right} forward{'' if right == 1 else 's'} before the first backward, then backward-forward: "
+                f"either the warm-up of {right} is right and each step of the steady state runs the backward "
+                f"before the forward, or the warm-up is one forward short ({right - 1}, where min(num_stages - "
+                f"stage_index - 1, M) = {right}) before forward-backward pairs. Each step of the steady state runs "
+                "one forward, THEN one backward, of the oldest micro-batch)")
     warmup = lead - 1  # the warm-up, then the steady state's first forward
     if warmup != right and not (right == m and warmup == m - 1):
         return (f" (a warm-up of {warmup} forwards before the first forward-backward pair; it is min(num_stages - "
