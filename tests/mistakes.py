@@ -1176,6 +1176,12 @@ MISTAKES = [
             "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
             "    warmup = max(min(stage.num_stages - stage.stage_index - 1, num_microbatches) - 1, 0)\n",
             "or the warm-up is one forward short"),
+    Mistake("8.4", "offsets-without-names", "template_checkpoint.py",  # was told the checkpoint lacks elements
+            "                    if saved_name == name and low < high:\n", "                    if low < high:\n",
+            "has the same NAME and their offsets overlap"),
+    Mistake("8.4", "per-element-by-key-name", "template_checkpoint.py",  # passed: momentum_buffer kept whole
+            "        if not per_element(value, saved[0][1][\"param\"]):\n",
+            "        if key not in (\"param\", \"exp_avg\", \"exp_avg_sq\"):\n", "not by its key's name"),
 ]
 
 
