@@ -1176,6 +1176,15 @@ MISTAKES = [
             "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
             "    warmup = max(min(stage.num_stages - stage.stage_index - 1, num_microbatches) - 1, 0)\n",
             "or the warm-up is one forward short"),
+    Mistake("12.2", "last-column-not-normalised", "template_compression.py",  # was told "not a copy"
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "        if i + 1 < num_cols:  # the last column: nothing after it to subtract from\n"
+            "            col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n", "the last column too"),
+    Mistake("12.2", "normalised-before-its-turn", "template_compression.py",  # every column divided first
+            "    num_cols = matrix.shape[1]\n    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n"
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "    num_cols = matrix.shape[1]\n    matrix /= torch.linalg.vector_norm(matrix, dim=0, keepdim=True) + epsilon\n"
+            "    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n", "at its turn"),
     Mistake("8.4", "offsets-without-names", "template_checkpoint.py",  # was told the checkpoint lacks elements
             "                    if saved_name == name and low < high:\n", "                    if low < high:\n",
             "has the same NAME and their offsets overlap"),
