@@ -1185,6 +1185,10 @@ MISTAKES = [
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "    num_cols = matrix.shape[1]\n    matrix /= torch.linalg.vector_norm(matrix, dim=0, keepdim=True) + epsilon\n"
             "    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n", "at its turn"),
+    Mistake("11.2", "saved-x-hat-scaled-in-place", "template_batchnorm.py",  # was told the all-reduce was missing
+            "        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n",
+            "        y = x_hat\n        if weight is not None:\n            y = y.mul_(_per_channel(weight, x))\n",
+            "backward read x_hat scaled by the weight"),
     Mistake("8.4", "offsets-without-names", "template_checkpoint.py",  # was told the checkpoint lacks elements
             "                    if saved_name == name and low < high:\n", "                    if low < high:\n",
             "has the same NAME and their offsets overlap"),

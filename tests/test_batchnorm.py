@@ -392,7 +392,12 @@ def _wrong_input_grads(x_hat, dy, invstd, weight, sums, count, n, other_sums=Non
         ("the mean term - sum(dy) / count is missing (the mean depends on x too)", grad(0 * sum_dy, sum_dy_xhat, count)),
         ("the term - x_hat * sum(dy * x_hat) / count is missing (the variance depends on x too)",
          grad(sum_dy, 0 * sum_dy_xhat, count)),
-        ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd))]
+        ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd))] + ([
+        # Issue 45: told that backward lacked the all-reduce, which the test had just seen
+        ("backward read x_hat scaled by the weight: forward changed the x_hat it saved for backward in place "
+         "(y.mul_(weight), or y *= weight, with y the saved x_hat): make y a new tensor, y = x_hat * weight",
+         per(invstd * weight) * (dy - per(sum_dy / count) - x_hat * per(weight) * per(sum_dy_xhat * weight / count)))]
+        if weight is not None else [])
 
 
 def _sums(sizes, tail, seed):
@@ -457,7 +462,7 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
             f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch by "
             f"{(got['dx'] - dx[part]).abs().max():.2e}: dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - "
             "x_hat * sum(dy * x_hat) / count), the sums over the GLOBAL batch (all-reduced, not of dy itself) and count "
-            "the global count; without that all-reduce it is exact only on one rank")
+            "the global count, x_hat as forward saved it (not changed in place since)")
     if not affine:
         for got in (results[rank] for rank in ranks):
             assert got["dw"] is None and got["db"] is None, (
