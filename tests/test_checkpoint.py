@@ -25,7 +25,7 @@ from torch import nn
 import train_ddp
 from conftest import REFERENCE, load
 from harness import run_ranks
-from tools.interrupt import worker_pid
+from support.interrupt import worker_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"

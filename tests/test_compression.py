@@ -894,7 +894,7 @@ def test_a_refused_compression_stops_train_ddp_with_one_line_and_exit_2(monkeypa
     from unittest import mock
 
     import train_ddp
-    from tools.interrupt import cannot_start
+    from support.interrupt import cannot_start
 
     monkeypatch.setattr(signal, "signal", lambda *handler: None)  # cannot_start ignores SIGTERM: not in pytest
     with mock.patch.dict(os.environ), redirect_stdout(StringIO()) as out, redirect_stderr(StringIO()) as err:

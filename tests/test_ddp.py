@@ -817,7 +817,7 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
             row = next(csv.DictReader(f))
         losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
     assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
-    from tools.timeline import timeline_rows
+    from support.timeline import timeline_rows
     rows, steps = timeline_rows(str(tmp_path / "profile" / "trace.json"))
     assert len(rows["forward"]) == 2 * len(steps) == 6, f"a forward row, one bar per micro-batch: {rows['forward']}"
     # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch

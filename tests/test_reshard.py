@@ -532,7 +532,7 @@ def _wait(condition, deadline, what, logs):
 
 
 def _workers(agent_pid):
-    from tools.interrupt import worker_pid
+    from support.interrupt import worker_pid
     return [pid for pid in (worker_pid(agent_pid, rank) for rank in (0, 1)) if pid]
 
 
