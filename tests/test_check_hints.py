@@ -201,7 +201,8 @@ def test_pipeline_hints_only_where_their_condition_holds():
     right = expected_trace("1f1b", 4, 0, 4)  # warm-up 3
     backward_first = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
     hint = trace_hint(backward_first, right, "1f1b", 4, 0, 4, False)
-    assert "THEN one backward" in hint and "warm-up of" not in hint, hint
+    # the same trace as a warm-up one forward short before forward-backward pairs: both readings named (Issue 45)
+    assert "THEN one backward" in hint and "one forward short" in hint and "a warm-up of" not in hint, hint
     too_long = expected_trace("1f1b", 5, 0, 8)  # the warm-up of a 5-stage pipeline, 4 forwards, on 4 stages
     hint = trace_hint(too_long, expected_trace("1f1b", 4, 0, 8), "1f1b", 4, 0, 8, True)
     assert "a warm-up of 4 forwards" in hint and "= 3" in hint and "not the global rank" in hint, hint
