@@ -964,7 +964,7 @@ MISTAKES = [
             "    size = dist.get_world_size(group)\n", "    size = dist.get_world_size()\n", "group's size"),
     Mistake("13.2", "averages-after-the-first-step", "template_local_sgd.py",  # PeriodicModelAverager's counting
             "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n",
             "        if self.local_step % self.sync_every == 0:\n"
@@ -972,7 +972,7 @@ MISTAKES = [
             "        self.local_step += 1\n", "averaged after step 1"),
     Mistake("13.2", "never-resets-the-count", "template_local_sgd.py",
             "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
-            "            average_parameters(self.model, self.group)\n", "after step H only"),
+            "            average_parameters(self.model, self.group)\n", "the count was never set back to 0"),
     Mistake("13.2", "averages-gradients-too", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n",
             "        all_reduce_mean([p.grad for p in self.model.parameters() if p.grad is not None], self.group)\n"
@@ -1031,16 +1031,17 @@ MISTAKES = [
     Mistake("13.2", "averages-before-the-step", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n"
             "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n",
             "        self.local_step += 1\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n"
             "        loss = self.optimizer.step(closure)\n", "came before this step's inner optimizer step"),
     Mistake("13.2", "one-step-late", "template_local_sgd.py",
-            "        if self.local_step == self.sync_every:\n            average_parameters",
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
+            "            average_parameters",
             "        if self.local_step > self.sync_every:\n            average_parameters", "synchronised after steps"),
     Mistake("13.2", "ignores-the-closure", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n", "        loss = self.optimizer.step()\n", "pass the closure"),

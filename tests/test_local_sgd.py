@@ -202,8 +202,8 @@ def _simulate(cls, name, ranks, steps, sync_every, diloco, mistake, closures):
     history = []
     for step in range(steps):
         due = (step % sync_every == 0) if mistake == "first-step" else (step + 1) % sync_every == 0
-        if mistake == "never-resets" and step + 1 > sync_every:
-            due = False
+        if mistake == "never-resets":  # compared with >=, the count never set back to 0: every step from the H-th
+            due = step + 1 >= sync_every
         late = due and mistake == "sync-before-step" and step + 1 in closures  # the closure runs after the sync
         for model, opt, rank in zip(models, inner, ranks):
             opt.zero_grad()
@@ -282,7 +282,8 @@ MISTAKES = {
                          "average every floating-point buffer with the parameters"),
     "first-step": (T132, "averaged after step 1, then every H steps (as PeriodicModelAverager counts): average after "
                          "steps H, 2H, 3H, ... (count the step first, then compare with sync_every)"),
-    "never-resets": (T132, "averaged after step H only: after steps H, 2H, 3H, ... (set self.local_step back to 0)"),
+    "never-resets": (T132, "averaged after every step from step H on: the count was never set back to 0 (after "
+                           "steps H, 2H, 3H, ...: set self.local_step back to 0 after each average)"),
     "sync-before-step": (T132, "the synchronisation came before this step's inner optimizer step: take the inner "
                                "step first (the inner optimizer's step(closure)), count it, then synchronise if it "
                                "was the sync_every-th"),
