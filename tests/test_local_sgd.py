@@ -816,8 +816,8 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
 
 def _lowered_mid_round(rank, world_size, impl, task):
     """LocalSGD (13.2) or DiLoCo (13.3) with sync_every=4: 3 steps, then sync_every lowered to 2 (below the 3
-    steps counted) for the 4th, then 4 again for 4 more. [(after step s: local_step, collectives sent,
-    the parameters)]."""
+    steps counted) for the 4th, then 4 again for 4 more. [(after step s: local_step, collectives sent)]: the
+    values are the other tests' (a wrong value is told there, with its cause)."""
     lib = judging(impl, task)
     model = make(MLP)
     inner = optimizer("sgd", model.parameters())
@@ -829,7 +829,7 @@ def _lowered_mid_round(rank, world_size, impl, task):
             stepper.zero_grad()
             backward(model, rank, step)
             stepper.step()
-            out.append((stepper.local_step, len(wire.take()), averaged(model)))
+            out.append((stepper.local_step, len(wire.take())))
     return out
 
 
@@ -838,7 +838,7 @@ def check_lowered_mid_round(task, results):
     again; an `==` never meets the lowered value and never synchronises again (Issue 45)."""
     what = "average" if task == "13.2" else "outer step"
     for rank, out in enumerate(results):
-        counts, sent = [count for count, _, _ in out], [calls for _, calls, _ in out]
+        counts, sent = [count for count, _ in out], [calls for _, calls in out]
         if counts[3] != 0 and not sent[3]:
             pytest.fail(f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 after 3 steps were counted: no "
                         f"{what} came at step 4, and the count went on ({counts}): compare the count with "
@@ -848,9 +848,6 @@ def check_lowered_mid_round(task, results):
             [False] * 3 + [True], (f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
                                    f"sent something; expected the {what}s after steps 4 and 8 only")
-        for step in (3, 7):
-            assert all(torch.equal(a, b) for a, b in zip(out[step][2], results[0][step][2])), (
-                f"{task}: rank {rank} differs from rank 0 after step {step + 1}, a synchronisation")
 
 
 @pytest.mark.task13_2
