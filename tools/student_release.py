@@ -32,6 +32,7 @@ Either failing stops with what was found, and nothing is left behind.
 """
 import argparse
 import ast
+import functools
 import os
 import re
 import shutil
@@ -82,23 +83,26 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+@functools.lru_cache(maxsize=1024)  # a test session checks the same files more than once (parsing them: 1.3 s)
 def solutions_references(path, text):
     """[(line, what)]: where the shipped file `path` ('/'-separated) names solutions/ in its code, so
     that it would fail in a release: Python, an import of solutions at any depth or a string (not a
     docstring) that is "solutions", or starts with "solutions.", "solutions/" or "--impl solutions",
     other than the first argument of conftest's load() or load_with_reference() or a comparison; a shell script, a line (not a comment) that runs
     `--impl solutions` or a path in solutions/."""
+    if "solutions" not in text:
+        return ()
     if path.endswith(".sh"):
-        return [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
-                if IMPL_SOLUTIONS.search(line.split("#", 1)[0])]
+        return tuple((number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+                     if IMPL_SOLUTIONS.search(line.split("#", 1)[0]))
     if not path.endswith(".py"):
-        return []
+        return ()
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return []
+        return ()
     if path.startswith("tests/") and re.search(r"^pytestmark\b.*\bmark\.repo\b", text, re.M):
-        return []  # every test of the file is skipped in a release (conftest.pytest_runtest_setup)
+        return ()  # every test of the file is skipped in a release (conftest.pytest_runtest_setup)
     allowed = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -118,7 +122,7 @@ def solutions_references(path, text):
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in allowed and (
                 NAMES_SOLUTIONS.match(node.value) or re.match(r"--impl[ =]solutions\b", node.value)):
             found.append((node.lineno, repr(node.value[:60])))
-    return sorted(found)
+    return tuple(sorted(found))  # cached: not to be changed
 
 
 def left_out(path, repo=REPO):
