@@ -194,7 +194,7 @@ def meeting_point(env, default_addr, default_port):
 
 def group_exists():
     """A process group is up (Ray Train made one). Not importing torch keeps this module light
-    for tools/interrupt.py; without torch.distributed imported there is no group."""
+    for support/interrupt.py; without torch.distributed imported there is no group."""
     return "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_initialized()
 
 

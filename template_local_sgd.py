@@ -102,8 +102,10 @@ class LocalSGD:
         """The inner optimizer's step (with the closure, if any; returns its loss); then, if this was
         the sync_every-th step since the last average, average_parameters over the group.
 
-        Counts its own steps in self.local_step (0 after an average) and compares that count with
-        self.sync_every (train_ddp.py lowers it for one step to end a round early, at an epoch's end).
+        Counts its own steps in self.local_step (0 after an average) and averages once that count
+        is sync_every OR MORE (>=, not ==): sync_every may be lowered in the middle of a round, below
+        the steps already counted (train_ddp.py lowers it for one step to end a round at an epoch's
+        end; a schedule may shorten the rounds), and the average then comes at this step.
         Sends nothing between two averages: no gradient is averaged, ever. Every rank of the group ends an average with
         bit-identical parameters.
         """
@@ -165,10 +167,13 @@ class DiLoCo:
         3. Each parameter set back to its synced value: the outer step starts from there, not from
            the average.
         4. self.outer_optimizer.step(), then its zero_grad() (the pseudo-gradients are not the next
-           inner step's gradients).
+           inner step's gradients): every .grad None again, as zero_grad's default (set_to_none) leaves
+           it, so that a parameter the next round gives no gradient is skipped by the inner optimizer
+           even in a loop that zeroes with set_to_none=False (a stale pseudo-gradient, or zeros, would
+           be stepped: AdamW's weight decay moves a parameter even at a zero gradient).
         5. The result is the new synced value: copy each parameter into self.synced.
-        Counts the inner steps in self.local_step (0 after an outer step), compared with
-        self.sync_every, as LocalSGD does. Sends nothing between two outer steps. Every rank ends the outer step bit-identical.
+        Counts the inner steps in self.local_step (0 after an outer step); the outer step comes once
+        that count is self.sync_every or more (>=), as LocalSGD's average does. Sends nothing between two outer steps. Every rank ends the outer step bit-identical.
         """
         # --- Task 13.3 begin ---
         # TODO Task 13.3: the inner step; after the sync_every-th: pseudo-gradients, one all-reduce, back to synced, outer step, new synced

@@ -40,9 +40,9 @@ import strategies
 from strategies.course_files import course_module, not_done
 from data import get_datasets
 from support import checkpoint
-from tools.interrupt import PROGRESS, Counted, cannot_start, stop_on_interrupt, whole_lines
-from tools.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
-from tools.timeline import start_profiler
+from support.interrupt import PROGRESS, Counted, cannot_start, stop_on_interrupt, whole_lines
+from support.plot_runs import cannot_write, earlier_rows, write_metrics, write_plot
+from support.timeline import start_profiler
 
 
 class NotDone(Exception):

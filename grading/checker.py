@@ -413,11 +413,13 @@ def _blame_own_answers(results, course):
         unchecked = [t.id for t in course if t.file == file and t.key < result.task.key
                      and t.id not in {r.task.id for r in results}]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
-        if broken:
+        if broken:  # said first (Issue 45): the test's own hint assumes the earlier tasks right, and may blame this one
             one = len(broken) == 1
-            why = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may be the cause: "
-                   f"fix {'it' if one else 'them'} first.")
-        elif unchecked:
+            result.explanation = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may "
+                                  f"be the cause: fix {'it' if one else 'them'} first. This task's tests said: "
+                                  f"{result.explanation.strip()}")
+            continue
+        if unchecked:
             why = (f"{own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the cause "
                    f"(`python check.py {result.task.id.split('.')[0]}` checks them all).")
         else:

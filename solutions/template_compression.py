@@ -178,7 +178,9 @@ def powersgd_hook(state, bucket):
     4. P = M Q for each matrix (torch.matmul(matrix, q, out=p)). Then, in this order:
        - if any, the tensors sent whole: concatenated flat, all-reduced (blocking), divided by N,
          copied back into their views;
-       - all-reduce the P buffer (blocking; the SUM: orthogonalizing P next removes the factor N);
+       - all-reduce the P buffer (blocking; the SUM, as PyTorch's hook: orthogonalizing P next
+         removes the factor N, so a P divided by N here gives the same Ps at the default
+         orthogonalization_epsilon=0, and is accepted);
        - orthogonalize each P; Q = M^T P for each matrix (torch.matmul(matrix.T, p, out=q));
        - start the all-reduce of the Q buffer (async_op=True) and return
          work.get_future().then(decompress).
@@ -188,8 +190,17 @@ def powersgd_hook(state, bucket):
     5. decompress: divide the Q buffer by N; M' = P Q^T approximates the average: write it into
        the matrix (torch.matmul(p, q.T, out=matrix)), through the views into the buffer. Error
        feedback: state.error_dict[i] = the copy of step 1 minus the buffer now. Without
-       state.warm_start, forget the P and Q buffers (new Qs are drawn next step). Then
+       state.warm_start, forget this bucket's P and Q buffers, and only these (del
+       state.p_memory_dict[i] and state.q_memory_dict[i]): the other buckets' all-reduces may
+       still be in flight, and their decompress reads theirs; new Qs are drawn next step. Then
        state.maybe_increase_iter(bucket), and return bucket.buffer().
+
+    state.iter counts the steps: state.maybe_increase_iter(bucket) once per call, on either path,
+    AFTER the comparison with start_powerSGD_iter (it raises the count at a step's last bucket).
+    On the compressed path PyTorch's hook calls it at the end, in decompress; calling it right
+    after the comparison instead is the same (the count is read only when the next step begins)
+    and is accepted. Before the comparison, the last bucket of step start_powerSGD_iter - 1 would
+    already be compressed.
     """
     # --- Task 12.3 begin ---
     group = state.process_group if state.process_group is not None else dist.group.WORLD
@@ -263,9 +274,8 @@ def powersgd_hook(state, bucket):
             torch.matmul(p, q.T, out=matrix)
         if state.use_error_feedback:
             state.error_dict[index] = wanted - buffer
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
+        if not state.warm_start:  # this bucket's only: the others may still be in flight
+            del state.p_memory_dict[index], state.q_memory_dict[index]
         state.maybe_increase_iter(bucket)
         return buffer
 

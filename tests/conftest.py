@@ -42,6 +42,10 @@ def load(impl, name):
 # student's own answers wherever they would take the reference answers, so a task is judged
 # together with the tasks it builds on; check.py says so when one of those fails.
 HAS_SOLUTIONS = importlib.util.find_spec("solutions") is not None
+# The --impl that trains or runs with the reference answers, for what load() cannot swap: a command
+# line (train_ddp.py --impl REFERENCE), a rank's impl. A test names solutions/ only through load(),
+# load_with_reference() and REFERENCE, so that a release runs it (tools/student_release.py checks).
+REFERENCE = "solutions" if HAS_SOLUTIONS else "template"
 
 
 def load_with_reference(impl, name, *names):

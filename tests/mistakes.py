@@ -964,7 +964,7 @@ MISTAKES = [
             "    size = dist.get_world_size(group)\n", "    size = dist.get_world_size()\n", "group's size"),
     Mistake("13.2", "averages-after-the-first-step", "template_local_sgd.py",  # PeriodicModelAverager's counting
             "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n",
             "        if self.local_step % self.sync_every == 0:\n"
@@ -972,7 +972,7 @@ MISTAKES = [
             "        self.local_step += 1\n", "averaged after step 1"),
     Mistake("13.2", "never-resets-the-count", "template_local_sgd.py",
             "            average_parameters(self.model, self.group)\n            self.local_step = 0\n",
-            "            average_parameters(self.model, self.group)\n", "after step H only"),
+            "            average_parameters(self.model, self.group)\n", "the count was never set back to 0"),
     Mistake("13.2", "averages-gradients-too", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n",
             "        all_reduce_mean([p.grad for p in self.model.parameters() if p.grad is not None], self.group)\n"
@@ -1031,16 +1031,17 @@ MISTAKES = [
     Mistake("13.2", "averages-before-the-step", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n"
             "        self.local_step += 1  # this step counts: the average comes after the H-th, not before it\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n",
             "        self.local_step += 1\n"
-            "        if self.local_step == self.sync_every:\n"
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
             "            average_parameters(self.model, self.group)\n"
             "            self.local_step = 0\n"
             "        loss = self.optimizer.step(closure)\n", "came before this step's inner optimizer step"),
     Mistake("13.2", "one-step-late", "template_local_sgd.py",
-            "        if self.local_step == self.sync_every:\n            average_parameters",
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
+            "            average_parameters",
             "        if self.local_step > self.sync_every:\n            average_parameters", "synchronised after steps"),
     Mistake("13.2", "ignores-the-closure", "template_local_sgd.py",
             "        loss = self.optimizer.step(closure)\n", "        loss = self.optimizer.step()\n", "pass the closure"),
@@ -1246,6 +1247,142 @@ MISTAKES = [
             "                grad /= divisor\n", "not one per parameter"),
     Mistake("16.5", "dense-grads-not-averaged", "template_experts.py",
             "not in experts], \"all\", dist.get_world_size())", "not in experts], None, 1)", "not averaged over the ranks"),
+    # Issue 45: what a student trial of Tasks 11-13 found passing or told with a wrong cause
+    Mistake("12.3", "forgets-every-bucket", "template_compression.py",  # the reference's own bug: a KeyError
+            "        if not state.warm_start:  # this bucket's only: the others may still be in flight\n"
+            "            del state.p_memory_dict[index], state.q_memory_dict[index]\n",
+            "        if not state.warm_start:\n            state.p_memory_dict.clear()\n"
+            "            state.q_memory_dict.clear()\n", "forget only its OWN P and Q"),
+    Mistake("11.3", "eval-statistics-detached", "template_batchnorm.py",  # the output right, the input gradient not
+            "            var, mean = torch.var_mean(x, dim=_reduce_dims(x), correction=0)\n",
+            "            var, mean = torch.var_mean(x.detach(), dim=_reduce_dims(x), correction=0)\n",
+            "they stay in the graph"),
+    Mistake("12.3", "iter-counted-before-the-check", "template_compression.py",
+            "    buffer = bucket.buffer()\n    if state.iter < state.start_powerSGD_iter:\n"
+            "        state.maybe_increase_iter(bucket)\n",
+            "    buffer = bucket.buffer()\n    state.maybe_increase_iter(bucket)\n"
+            "    if state.iter < state.start_powerSGD_iter:\n", "after comparing state.iter"),
+    Mistake("13.2", "count-equals-sync-every", "template_local_sgd.py",  # never averages again once H is lowered
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n",
+            "        if self.local_step == self.sync_every:\n", "using >=, not =="),
+    Mistake("13.3", "count-equals-sync-every", "template_local_sgd.py",
+            "        if self.local_step < self.sync_every:\n            return loss\n",
+            "        if self.local_step != self.sync_every:\n            return loss\n", "using >=, not =="),
+    Mistake("13.3", "outer-gradients-kept", "template_local_sgd.py",  # the trial's: 3.1e-3 off after 6 steps
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
+            "clear the outer optimizer's gradients"),
+    Mistake("13.3", "outer-gradients-zeroed", "template_local_sgd.py",  # zeros, not None: AdamW decays `unused`
+            "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=False)\n",
+            "clear the outer optimizer's gradients"),
+    Mistake("12.3", "warm-q-not-orthogonalised", "template_compression.py",  # last step's Q used as it came
+            "    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "    for q in (qs if new_qs else []):\n        orthogonalize(q, state.orthogonalization_epsilon)\n",
+            "Q was not orthogonalised"),
+    Mistake("12.3", "wanted-before-the-residual", "template_compression.py",  # the residual forgets the old one
+            "        if index in state.error_dict:\n            buffer.add_(state.error_dict[index])\n"
+            "        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n"
+            "        wanted = buffer.detach().clone()\n",
+            "        wanted = buffer.detach().clone()\n        if index in state.error_dict:\n"
+            "            buffer.add_(state.error_dict[index])\n"
+            "        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n",
+            "the buffer plus the old residual"),
+    Mistake("13.1", "averaged-in-float32", "template_local_sgd.py",  # float64 parameters to float32's precision
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same])\n",
+            "            flat = torch.cat([tensor.reshape(-1) for tensor in same]).float()\n",
+            "the mean to float32's precision"),
+    Mistake("13.3", "parameters-averaged-after-the-outer-step", "template_local_sgd.py",  # a second all-reduce
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+            "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n"
+            "        average_parameters(self.model, self.group)\n", "nothing more"),
+    # Issue 45, item 4: hints that named a wrong cause, now reached only by their own mistake
+    Mistake("12.3", "whole-means-not-written-back", "template_compression.py",  # was told about the first Qs
+            "            tensor.copy_(mean.view_as(tensor))\n", "            tensor = mean.view_as(tensor)\n",
+            "the tensors sent whole still hold this rank's own gradients"),
+    Mistake("12.3", "first-qs-drawn-in-float32", "template_compression.py",  # was told about error feedback
+            "                q.copy_(torch.randn(*q.shape, device=\"cpu\", dtype=dtype))\n",
+            "                q.copy_(torch.randn(*q.shape, device=\"cpu\"))\n", "the first Qs were drawn in torch.float32"),
+    Mistake("12.1", "default-group-refused", "template_compression.py",  # DDP passes None: a raw AttributeError
+            "    group = process_group if process_group is not None else dist.group.WORLD\n    buffer = bucket.buffer()\n"
+            "    compressed", "    group = process_group\n    buffer = bucket.buffer()\n    compressed",
+            "the process group was None"),
+    Mistake("12.3", "default-group-refused", "template_compression.py",
+            "    group = state.process_group if state.process_group is not None else dist.group.WORLD\n",
+            "    group = state.process_group\n", "the process group was None"),
+    Mistake("13.1", "first-tensor-assumed", "template_local_sgd.py",  # a raw IndexError on an empty list
+            "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):",
+            "        for dtype in dict.fromkeys([tensors[0].dtype] + [tensor.dtype for tensor in tensors]):",
+            "with no tensor there is nothing to average"),
+    Mistake("10.5", "grads-zeroed-per-micro-batch", "template_pipeline.py",  # a bare diff: the hint was unreachable
+            "    if stage.is_last:\n        output.backward()\n    else:\n",
+            "    stage.module.zero_grad()  # a fresh gradient for each micro-batch\n"
+            "    if stage.is_last:\n        output.backward()\n    else:\n", "the backwards must ADD into .grad"),
+    Mistake("10.2", "each-send-waited-at-once", "template_pipeline.py",  # was told of a loop that never ends
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        dist.isend(tensor.detach().contiguous(), peer).wait()  # sent before going on\n",
+            "a send's wait() blocks until the neighbour receives"),
+    Mistake("10.5", "first-stage-sends-back", "template_pipeline.py",  # was told about output.grad
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    stage.send_backward(input.grad)\n", "stage 0 has no previous stage"),
+    Mistake("10.7", "warmup-one-short", "template_pipeline.py",  # was told "the warm-up is right"
+            "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
+            "    warmup = max(min(stage.num_stages - stage.stage_index - 1, num_microbatches) - 1, 0)\n",
+            "or the warm-up is one forward short"),
+    Mistake("12.2", "last-column-not-normalised", "template_compression.py",  # was told "not a copy"
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "        if i + 1 < num_cols:  # the last column: nothing after it to subtract from\n"
+            "            col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n", "the last column too"),
+    Mistake("12.2", "normalised-before-its-turn", "template_compression.py",  # every column divided first
+            "    num_cols = matrix.shape[1]\n    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n"
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "    num_cols = matrix.shape[1]\n    matrix /= torch.linalg.vector_norm(matrix, dim=0, keepdim=True) + epsilon\n"
+            "    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n", "at its turn"),
+    Mistake("11.2", "saved-x-hat-scaled-in-place", "template_batchnorm.py",  # was told the all-reduce was missing
+            "        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n",
+            "        y = x_hat\n        if weight is not None:\n            y = y.mul_(_per_channel(weight, x))\n",
+            "backward read x_hat scaled by the weight"),
+    Mistake("8.4", "offsets-without-names", "template_checkpoint.py",  # was told the checkpoint lacks elements
+            "                    if saved_name == name and low < high:\n", "                    if low < high:\n",
+            "has the same NAME and their offsets overlap"),
+    Mistake("8.4", "per-element-by-key-name", "template_checkpoint.py",  # passed: momentum_buffer kept whole
+            "        if not per_element(value, saved[0][1][\"param\"]):\n",
+            "        if key not in (\"param\", \"exp_avg\", \"exp_avg_sq\"):\n", "not by its key's name"),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RightAnswer:
+    """A right answer written otherwise than the solution: `edits` (Mistakes whose hint is unused) turn
+    the solution into it, and the task's tests must pass it (tests/test_mistakes.py). Each is a choice
+    its docstring makes on purpose: accepted, not merely not caught."""
+    task: str
+    name: str
+    why: str  # what the docstring says that makes it right
+    edits: tuple
+
+    @property
+    def marker(self):
+        return "task" + self.task.replace(".", "_")
+
+
+RIGHT_ANSWERS = [
+    RightAnswer("12.3", "p-averaged-not-summed", "orthogonalising P removes any positive factor", (
+        Mistake("12.3", "p-averaged-not-summed", "template_compression.py",
+                "    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n",
+                "    dist.all_reduce(state.p_memory_dict[index], group=group)\n"
+                "    state.p_memory_dict[index].div_(world_size)\n", ""),)),
+    RightAnswer("12.3", "iter-counted-after-the-check", "maybe_increase_iter right after the comparison", (
+        Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
+                "    index, dtype = bucket.index(), buffer.dtype\n",
+                "    state.maybe_increase_iter(bucket)  # compressed: counted here, not in decompress\n"
+                "    index, dtype = bucket.index(), buffer.dtype\n", ""),
+        Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
+                "        state.maybe_increase_iter(bucket)\n        return buffer\n", "        return buffer\n", ""))),
+    RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
+        Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
+                "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
+                ""),)),
 ]
 
 

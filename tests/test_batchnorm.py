@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpu  # where the GPU test's ranks run
-from conftest import load_with_reference
+from conftest import REFERENCE, load_with_reference
 from harness import RankTimeout, run_ranks
 from wire import Wire  # records each collective's kind, dtype and size in a rank
 
@@ -392,7 +392,12 @@ def _wrong_input_grads(x_hat, dy, invstd, weight, sums, count, n, other_sums=Non
         ("the mean term - sum(dy) / count is missing (the mean depends on x too)", grad(0 * sum_dy, sum_dy_xhat, count)),
         ("the term - x_hat * sum(dy * x_hat) / count is missing (the variance depends on x too)",
          grad(sum_dy, 0 * sum_dy_xhat, count)),
-        ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd))]
+        ("weight / sqrt(var + eps) in front is missing or wrong", grad(sum_dy, sum_dy_xhat, count, invstd))] + ([
+        # Issue 45: told that backward lacked the all-reduce, which the test had just seen
+        ("backward read x_hat scaled by the weight: forward changed the x_hat it saved for backward in place "
+         "(y.mul_(weight), or y *= weight, with y the saved x_hat): make y a new tensor, y = x_hat * weight",
+         per(invstd * weight) * (dy - per(sum_dy / count) - x_hat * per(weight) * per(sum_dy_xhat * weight / count)))]
+        if weight is not None else [])
 
 
 def _sums(sizes, tail, seed):
@@ -457,7 +462,7 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
             f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch by "
             f"{(got['dx'] - dx[part]).abs().max():.2e}: dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - "
             "x_hat * sum(dy * x_hat) / count), the sums over the GLOBAL batch (all-reduced, not of dy itself) and count "
-            "the global count; without that all-reduce it is exact only on one rank")
+            "the global count, x_hat as forward saved it (not changed in place since)")
     if not affine:
         for got in (results[rank] for rank in ranks):
             assert got["dw"] is None and got["db"] is None, (
@@ -557,11 +562,13 @@ def _layer(rank, world_size, impl, configs, sub):
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
         layer.eval()
-        x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank]
+        x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank].requires_grad_()
+        grad_y = slices([2] * len(sizes), tail, 100 * number + 8 + 1000 * index)[grank]
         with wire, _said(f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval on x of shape {tuple(x.shape)}, "
                          f"rank {rank}", x=x, affine=layer.affine, running=layer.track_running_stats):
             y = layer(x)
-        out.append({"steps": steps, "eval": y.detach(), "eval_calls": wire.take(),
+            (y * grad_y).sum().backward()  # eval's gradients too (Issue 45: statistics of x.detach() passed)
+        out.append({"steps": steps, "eval": y.detach(), "eval_dx": x.grad, "eval_calls": wire.take(),
                     "after_eval": {k: v.clone() for k, v in layer.named_buffers()}})
     return out
 
@@ -662,6 +669,33 @@ def _check_layers(results, configs, sub=False):
                     f"{(got['eval'] - expected).abs().max():.2e}: "
                     + ("normalise with running_mean and running_var, then weight and bias" if bn.track_running_stats
                        else "without running statistics, normalise with this batch's own (biased) statistics"))
+                _check_eval_gradient(where, got["eval_dx"], bn, x, slices([2] * len(sizes), tail,
+                                                                           100 * number + 8 + 1000 * index)[grank])
+
+
+def _check_eval_gradient(where, got, bn, x, grad_y):
+    """The input gradient in eval, against nn.BatchNorm's in eval on the same x and grad_y: through the
+    running statistics, constants; without them, through this batch's statistics, which stay in the graph."""
+    x = x.detach().clone().requires_grad_()
+    bn.eval()
+    (bn(x) * grad_y).sum().backward()
+    bn.train()
+    bn.zero_grad()
+    assert got is not None, (f"{where}: x.grad is None after backward in eval: autograd never reached x (a "
+                             "torch.no_grad() or x.detach() around the eval forward?)")
+    if close(got, x.grad):
+        return
+    hint = "the input gradient of eval mode must be nn.BatchNorm's: compute the output from x itself"
+    if not bn.track_running_stats:
+        var, mean = torch.var_mean(x.detach(), dim=dims_of(x), correction=0)
+        scale = (var + bn.eps).rsqrt() * (bn.weight.detach() if bn.affine else 1)
+        constants = grad_y * scale.view([1, -1] + [1] * (x.dim() - 2))  # the statistics taken as constants
+        if close(got, constants):
+            hint = ("it is the gradient with the batch's statistics taken as constants (computed from x.detach() or "
+                    "under no_grad): in eval without running statistics they stay in the graph, as nn.BatchNorm's "
+                    "do, so compute them from x itself")
+    pytest.fail(f"{where}: the input gradient differs from nn.BatchNorm's in eval by "
+                f"{(got - x.grad).abs().max():.2e}: {hint}")
 
 
 def _check_buffers(where, got, bn, bn_before, sizes, tail, seed, kwargs, grank=0):
@@ -870,7 +904,7 @@ def test_train_ddp_batchnorm_sync_trains_as_one_process_and_local_does_not(tmp_p
         metrics = tmp_path / f"{name.replace(' ', '_')}.csv"
         # one thread in the one process too, as torchrun gives each rank: the same kernels, so the only
         # difference left is the order of the sums over the ranks
-        code, out = run(launcher + ["train_ddp.py", "--impl", "solutions", "--data", "synthetic", "--epochs", "1",
+        code, out = run(launcher + ["train_ddp.py", "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1",
                                     "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
                                     "--batchnorm", batchnorm, "--metrics", str(metrics), "--no-plot"])
         assert code == 0, f"train_ddp.py --batchnorm {batchnorm} ({name}) exited with {code}:\n{out[-3000:]}"

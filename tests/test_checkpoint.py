@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 import train_ddp
-from conftest import load
+from conftest import REFERENCE, load
 from harness import run_ranks
-from tools.interrupt import worker_pid
+from support.interrupt import worker_pid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"
@@ -379,7 +379,7 @@ def _train(impl, extra):
     Task 8.2 judged alone: the reference answers train (Tasks 1-2) and save (Task 8.1); only
     load_checkpoint is `impl`'s. (A Task 2.2 mistake once cost Task 8.2 too, blaming loading.)"""
     in_a_rank_like_torchruns()
-    args = train_ddp.parse_args(["--impl", "solutions", *TINY, *extra])
+    args = train_ddp.parse_args(["--impl", REFERENCE, *TINY, *extra])
     # train_ddp trains and saves with solutions/; load_checkpoint is impl's, swapped in this rank's process only
     load("solutions", "template_checkpoint").load_checkpoint = load(impl, "template_checkpoint").load_checkpoint
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -451,7 +451,7 @@ def run(args, timeout=120, **kwargs):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-CLI = [sys.executable, "train_ddp.py", "--impl", "solutions", *TINY, "--epochs", "1"]
+CLI = [sys.executable, "train_ddp.py", "--impl", REFERENCE, *TINY, "--epochs", "1"]
 
 
 def error_lines(out):
@@ -508,7 +508,7 @@ def test_cli_checkpoint_of_other_arguments_is_one_line(tmp_path):
 
 
 # ------------------------------------- torchrun restarts a killed rank, and nothing is lost (slow)
-TORCHRUN_RUN = ["--impl", "solutions", "--data", "synthetic", "--train-samples", "512", "--test-samples", "256",
+TORCHRUN_RUN = ["--impl", REFERENCE, "--data", "synthetic", "--train-samples", "512", "--test-samples", "256",
                 "--batch-size", "32", "--epochs", "2", "--metrics", ""]  # 16 steps an epoch
 STEPS_PER_EPOCH = 16
 

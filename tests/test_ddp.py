@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from conftest import call_alone, load, load_with_reference
+from conftest import REFERENCE, call_alone, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 from wire import Wire
 
@@ -806,7 +806,7 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
         metrics = tmp_path / f"k{accumulate}.csv"
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
-             "--impl", "solutions", "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
+             "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
              "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
              "--accumulate", str(accumulate), "--metrics", str(metrics)]
             + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),
@@ -817,7 +817,7 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
             row = next(csv.DictReader(f))
         losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
     assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
-    from tools.timeline import timeline_rows
+    from support.timeline import timeline_rows
     rows, steps = timeline_rows(str(tmp_path / "profile" / "trace.json"))
     assert len(rows["forward"]) == 2 * len(steps) == 6, f"a forward row, one bar per micro-batch: {rows['forward']}"
     # 8 steps: float32 rounding in another order moves the losses by ~1e-6 relative; a micro-batch

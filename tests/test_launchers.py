@@ -238,7 +238,7 @@ def test_launcher_name():
 def test_a_stop_at_start_up_names_the_launcher_only_when_it_is_the_one(env, says):
     """Issue 36: under srun without torchrun a SIGTERM said 'torchrun stops every rank'."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
-    proc = subprocess.run([sys.executable, "-c", "import signal, tools.interrupt as i; "
+    proc = subprocess.run([sys.executable, "-c", "import signal, support.interrupt as i; "
                            "i.stop_on_interrupt(signal.SIGTERM, None)"],
                           cwd=REPO, capture_output=True, text=True, timeout=30, env={**clean, **env})
     assert proc.returncode == 130, proc.stderr
@@ -262,7 +262,7 @@ def test_a_lines_rank_tag_is_the_rank_the_launcher_resolved(env, tag):
 
 def test_a_refused_exported_rank_is_said_with_the_launchers_rank():
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
-    proc = subprocess.run([sys.executable, "-c", "import launchers, tools.interrupt as i; from launchers import "
+    proc = subprocess.run([sys.executable, "-c", "import launchers, support.interrupt as i; from launchers import "
                            "LaunchError\ntry:\n    launchers.who_am_i()\nexcept LaunchError as e:\n"
                            "    raise SystemExit(i.cannot_start(e))"],
                           cwd=REPO, capture_output=True, text=True, timeout=30,

@@ -16,7 +16,7 @@ import pytest
 
 from grading.checker import task_test_files
 from grading.course import copy_course
-from mistakes import MISTAKES, REPO, make_submission
+from mistakes import MISTAKES, REPO, RIGHT_ANSWERS, make_submission
 from warm_pytest import WarmPytest
 
 
@@ -48,6 +48,17 @@ def test_the_tests_catch_this_mistake(mistake, tmp_path, warm):
     # and that message names the task (issue 32): the test's own words, or conftest.py's (harness.named_failure)
     assert re.search(rf"\bTasks? (?:[\d.]+, )*{re.escape(mistake.task)}\b", messages[0]), (
         f"the failure does not name Task {mistake.task}: {messages[0]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("right", RIGHT_ANSWERS, ids=lambda r: f"{r.task}-{r.name}")
+def test_the_tests_pass_this_right_answer(right, tmp_path, warm):
+    """A right answer written otherwise than the solution, which its docstring accepts on purpose (Issue 45:
+    a P divided by N before it is orthogonalised; the steps counted right after the comparison)."""
+    repo = make_submission(str(tmp_path / "repo"), list(right.edits))
+    returncode, out = warm.run(["--impl", "template", "-m", right.marker, "-q", "-p", "no:cacheprovider",
+                                *files_with(right.marker)], cwd=repo, timeout=110)
+    assert returncode == 0, f"the Task {right.task} tests fail '{right.name}' ({right.why}):\n{out[-3000:]}"
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles ev
 import functools
 import gc
 import inspect
+import linecache
 import math
 import re
 import sys
@@ -31,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import HAS_SOLUTIONS, load_with_reference
+from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
 from wire import MESSAGES, Wire, dtype_name
 
@@ -104,9 +105,8 @@ def batch(seed=1, size=BATCH):
 
 def reference_gradients(inputs, targets, seed=0):
     """Single-process training on the whole batch: the loss and {layer index: [gradients]}."""
-    from solutions.template_pipeline import flat_cnn  # given code (not a task): how the CNN is laid flat
     torch.manual_seed(seed)
-    model = flat_cnn()
+    model = load("solutions", "template_pipeline").flat_cnn()  # given code (not a task): how the CNN is laid flat
     loss = F.cross_entropy(model(inputs), targets)
     loss.backward()
     return loss.item(), {i: [p.grad.clone() for p in layer.parameters()] for i, layer in enumerate(model)}
@@ -237,6 +237,14 @@ def hang_hint(task, text):
                                         ("learn_shapes", "learn_shapes' shape message")) if n in course), "a message")
             doing = f"wait{{s}} to receive {what}, in {at}, and it never comes"
             hints.append(never_sent_hint(task, " ".join(course)) or WAITS_FOR.get(task))
+        elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_") and re.search(
+                r"\.wait\(", linecache.getline(frames[0][0], int(frames[0][1]))) and (
+                "send" in frames[0][2] or "send" in linecache.getline(frames[0][0], int(frames[0][1]))):
+            # Issue 45: a Work waited for at once was told "a loop that never ends"
+            doing = f"wait{{s}} on a Work at once, in {at}: `{linecache.getline(frames[0][0], int(frames[0][1])).strip()}`"
+            hints.append("on gloo a send's wait() blocks until the neighbour receives, so two neighbours that both "
+                         "send first wait for each other: keep the Work (stage.pending_sends.append(work)) and go on; "
+                         "wait_sends() waits for them once every receive has been posted")
         elif ours and frames and frames[0][0].rsplit("/", 1)[-1].startswith("template_"):
             doing = f"never finish{{es}} {at} and wait{{s}} for no message of the pipeline"
             hints.append("a loop that never ends (a while loop whose condition never changes?)")
@@ -268,6 +276,11 @@ def as_task_failure(error, task, what):
                               f"Likely: {hint}.\n{trace}")
     if isinstance(error, RankTimeout):
         return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
+    if "stage 0: send_backward(grad) got None" in text and task == "10.5":  # Issue 45: was told about output.grad
+        return AssertionError(
+            f"{where}: the first stage called send_backward ({what}): stage 0 has no previous stage, and its input "
+            "(the batch) has no gradient: backward_step sends input.grad on every stage but the first (if not "
+            f"stage.is_first).\n{error}")
     if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
@@ -422,7 +435,7 @@ def test_activations_and_gradients_go_round_trip_between_neighbours(impl, task, 
 def test_a_send_through_batch_isend_irecv_passes_the_round_trip():
     """A false negative a student found: the test's recorder used to replace dist.isend, and
     P2POp, which checks that its op IS dist.isend, refused the right answer above."""
-    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", "solutions", "10.2", _send_batched,
+    results = run(_round_trip, 2, "10.2", "_send through batch_isend_irecv", REFERENCE, "10.2", _send_batched,
                   timeout=15)
     check_round_trip(results, "10.2", 2)
 
@@ -582,7 +595,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
 
 def activation_shapes(num_stages, microbatch):
     """The shape of what stage s receives, for s = 1 .. num_stages - 1, from the CNN run here."""
-    from solutions.template_pipeline import flat_cnn
+    flat_cnn = load("solutions", "template_pipeline").flat_cnn  # given code
     x = torch.zeros(microbatch, 3, 32, 32)
     shapes, ranges = {}, expected_ranges(10, num_stages)
     with torch.no_grad():
@@ -658,9 +671,10 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                                 "1/num_microbatches." if m > 1 and abs(ratio - m) < 1e-3 * m else
                                 f" The gradients are {ratio:.2f}x too small: the loss is scaled by 1/M more than "
                                 "once." if m > 1 and abs(ratio * m - 1) < 1e-3 else
-                                one_micro_batch_hint(got, i, j, m) or
-                                " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
-                                if m > 1 and task in ("10.6", "10.7") else "")  # 10.4, 10.5: the reference's schedule
+                                one_micro_batch_hint(got, i, j, m) or (  # Issue 45: `X or Y if c else ""` is
+                                    # `(X or Y) if c else ""`: the line above was never asked for 10.4 and 10.5
+                                    " Are backwards paired with the wrong micro-batch's activations (oldest first)?"
+                                    if m > 1 and task in ("10.6", "10.7") else ""))  # 10.4, 10.5: the reference's
                         raise AssertionError(
                             f"{where}: {what}: layer {i}'s gradient differs from single-process training on the "
                             f"whole batch by {(got - want).abs().max():.3g}.{hint}")
@@ -689,9 +703,13 @@ def trace_hint(trace, want, schedule, num_stages, stage, m, on_group):
     lead = next((i for i, (k, _) in enumerate(trace) if k == "B"), len(trace))  # forwards before the first backward
     right = min(num_stages - stage - 1, m)
     if lead == right < m and [k for k, _ in trace[lead:lead + 2]] == ["B", "F"]:
-        return (f" (the warm-up, {right} forward{'' if right == 1 else 's'}, is right; then each step of the steady "
-                "state runs one forward, "
-                "THEN one backward: the backward of the oldest micro-batch after the forward of the next)")
+        # Issue 45: this trace is also a warm-up one forward short followed by forward-backward pairs, which
+        # was told "the warm-up is right": both readings give the same trace, so both are named
+        return (f" ({right} forward{'' if right == 1 else 's'} before the first backward, then backward-forward: "
+                f"either the warm-up of {right} is right and each step of the steady state runs the backward "
+                f"before the forward, or the warm-up is one forward short ({right - 1}, where min(num_stages - "
+                f"stage_index - 1, M) = {right}) before forward-backward pairs. Each step of the steady state runs "
+                "one forward, THEN one backward, of the oldest micro-batch)")
     warmup = lead - 1  # the warm-up, then the steady state's first forward
     if warmup != right and not (right == m and warmup == m - 1):
         return (f" (a warm-up of {warmup} forwards before the first forward-backward pair; it is min(num_stages - "
@@ -828,9 +846,8 @@ def test_pp2_by_dp2_on_4_ranks_trains_like_one_process(impl):
     judging(impl, "10.7")
     steps = 3
     results = run(_pp_dp, 4, "10.7", "pp=2 x dp=2", impl, steps, timeout=40)
-    from solutions.template_pipeline import flat_cnn
     torch.manual_seed(0)
-    model = flat_cnn()
+    model = load("solutions", "template_pipeline").flat_cnn()  # given code
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     want_losses = []
     for step in range(steps):

@@ -1,4 +1,4 @@
-"""The figures and the progress bar: tools/plot_runs.py, train_ddp.py's plot, the tqdm bar on rank 0; the
+"""The figures and the progress bar: support/plot_runs.py, train_ddp.py's plot, the tqdm bar on rank 0; the
 benchmarks' whiskers and the profile timeline's rows."""
 import csv
 import functools
@@ -22,7 +22,7 @@ ROWS = [{"epoch": e, "train_loss": 2.0 / e, "test_loss": 1.5 / e, "test_accuracy
 
 
 def plot_runs_main():
-    return runpy.run_path("tools/plot_runs.py")["main"]
+    return runpy.run_path("support/plot_runs.py")["main"]
 
 
 def write_csv(path, rows):
@@ -192,7 +192,7 @@ def test_the_pipeline_bubble_figure_shows_the_spread(monkeypatch, tmp_path):
 def test_the_profile_timeline_has_a_forward_row_before_each_backward(tmp_path):
     """train_ddp.py --profile: a CPU trace has no event for a module's forward; start_profiler's hooks
     mark each call of the model, so the timeline shows forward, backward and the step in order."""
-    from tools import timeline
+    from support import timeline
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

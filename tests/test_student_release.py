@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mistakes import MISTAKES, REPO
+from mistakes import MISTAKES, REPO, RIGHT_ANSWERS
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import student_release  # noqa: E402
@@ -71,6 +71,7 @@ def test_the_release_holds_no_answer(release):
         catalogue = f.read()
     assert not re.search(r"^\s+Mistake\(", catalogue, re.M), "tests/mistakes.py still lists mistakes"
     assert not any(len(m.old) > 60 and m.old in catalogue for m in MISTAKES)
+    assert not any(len(e.old) > 60 and e.old in catalogue for r in RIGHT_ANSWERS for e in r.edits)
     for path in ("tests/test_mistakes.py", "tests/test_check_grade.py"):
         assert not os.path.exists(os.path.join(release, path))
 
@@ -94,14 +95,23 @@ def test_a_release_that_would_hold_an_answer_is_not_written(release, tmp_path):
     page = os.path.join(release, "docs", "task2-synchronisation.md")
     with open(page) as f:
         original = f.read()
+    test = os.path.join(release, "tests", "test_pipeline.py")  # and code that needs solutions/ (Issue 45)
+    with open(test) as f:
+        test_original = f.read()
     try:
         with open(page, "a") as f:
             f.write("\n```python\n" + body + "\n```\n")
+        with open(test, "a") as f:
+            f.write("\n\ndef _cnn():\n    from solutions.template_pipeline import flat_cnn\n    return flat_cnn()\n")
         found = student_release.problems(release, os.path.join(REPO, "solutions"))
     finally:
         with open(page, "w") as f:
             f.write(original)
+        with open(test, "w") as f:
+            f.write(test_original)
     assert any(line.startswith("docs/task2-synchronisation.md holds the answer to Task") for line in found), found
+    assert any(line.startswith("tests/test_pipeline.py:") and "from solutions.template_pipeline" in line
+               for line in found), found
 
 
 # ------------------------------------------------- an answer's lines, scattered in given code or tests
@@ -217,3 +227,66 @@ def test_check_runs_in_the_release_on_the_students_own_answers(release, tmp_path
     assert "your own answers to the other tasks: Task 1.1 is not done either and may be the cause" in out, out
     assert re.search(r"Task 2\.1 .* not started", out), out
     print(f"check.py in the release: {time.monotonic() - start:.0f} s")
+
+
+# ------------------------------------------------- code that names solutions/, which a release has not
+# Issue 45: a release failed right answers to Tasks 8.2 and 10.4-10.7, because test_checkpoint.py
+# trained with `train_ddp.py --impl solutions` and test_pipeline.py imported solutions/ inside a
+# function; the check then looked only at imports at the top of a test file.
+@pytest.mark.parametrize("path,planted", [
+    ("tests/test_pipeline.py", "def _cnn():\n    from solutions.template_pipeline import flat_cnn\n    return flat_cnn()\n"),
+    ("tests/test_checkpoint.py", "def _args():\n    return train_ddp.parse_args([\"--impl\", \"solutions\"])\n"),
+    ("tests/test_trainer.py", "def _reference():\n    return importlib.import_module(\"solutions.template_trainer\")\n"),
+    ("tests/test_collectives.py", "SCRIPT = \"solutions/template_collectives.py\"\n"),
+    ("strategies/base.py", "import solutions.template_ddp\n"),
+    ("submit.sh", "srun python train_ddp.py --impl solutions\n"),
+])
+def test_the_check_finds_code_that_names_solutions(release, path, planted):
+    with open(os.path.join(release, path)) as f:
+        original = f.read()
+    assert not student_release.solutions_references(path, original)
+    found = student_release.solutions_references(path, original + "\n\n" + planted)
+    assert found and all(line > original.count("\n") for line, _ in found), found
+
+
+def test_the_check_leaves_what_works_without_solutions():
+    """conftest's load and load_with_reference fall back to the student's files; a docstring, a
+    comparison and a comment name solutions/ without needing it."""
+    text = ('"""Tests of solutions/ and yours."""\n'
+            'from conftest import REFERENCE, load, load_with_reference\n\n\n'
+            'def test_a(impl):\n'
+            '    """With solutions/' "'" ' answers to the others."""\n'
+            '    reference = load("solutions", "template_trainer")  # solutions/ in the course\n'
+            '    judged = load_with_reference("solutions", "template_ddp", "build_buckets")\n'
+            '    args = ["--impl", REFERENCE]\n'
+            '    return impl == "solutions", reference, judged, args\n')
+    assert not student_release.solutions_references("tests/test_a.py", text)
+    assert not student_release.solutions_references("submit.sh", "# sbatch submit.sh --impl solutions\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_every_task_is_done_in_a_release_filled_with_the_answers(release, tmp_path):
+    """The release with each template_*.py replaced by its solutions/ file (every template the course
+    has, Tasks added later included): `python check.py` there says every task is done. A test that
+    needs solutions/ fails here (Issue 45: 39 of 53 done, Tasks 8.2 and 10.4-10.7 failing)."""
+    import shutil
+    copy = str(tmp_path / "course")
+    shutil.copytree(release, copy)
+    filled = sorted(name for name in os.listdir(os.path.join(REPO, "solutions"))
+                    if name.startswith("template_") and name.endswith(".py"))
+    assert len(filled) >= 14 and all(os.path.exists(os.path.join(copy, name)) for name in filled), filled
+    for name in filled:
+        shutil.copyfile(os.path.join(REPO, "solutions", name), os.path.join(copy, name))
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "check.py", "--timeout", "1700"], cwd=copy, capture_output=True, text=True,
+                          timeout=1750)
+    out = done.stdout + done.stderr
+    tasks = re.findall(r"^  Task (\d+\.\d+) .* (done|not started|blocked|failing|hang|error|not run|skipped|no tests)$",
+                       done.stdout, re.M)
+    want = re.findall(r"^\s+task(\d+)_(\d+):", open(os.path.join(REPO, "pytest.ini")).read(), re.M)
+    assert len(tasks) == len(want) >= 53, out[-3000:]
+    not_done = [(task, status) for task, status in tasks if status != "done"]
+    assert not not_done and done.returncode == 0, f"in a release filled with the answers, not done: {not_done}\n" + \
+        out[-6000:]
+    print(f"check.py in the filled release: {len(tasks)} tasks done in {time.monotonic() - start:.0f} s")

@@ -18,6 +18,7 @@ import torch
 
 import data
 import train_ddp
+from conftest import REFERENCE
 from harness import run_ranks
 from mistakes import Mistake, make_submission
 
@@ -131,7 +132,7 @@ def refused(tmp_path_factory):
     repo = make_submission(str(tmp_path_factory.mktemp("unfilled") / "repo"), [stub])
     started = {"unfilled": start([sys.executable, "train_ddp.py", "--data", "synthetic"], cwd=repo),
                # a global batch of 0: refused on any machine
-               "setting": start([sys.executable, "train_ddp.py", "--impl", "solutions", "--data", "synthetic",
+               "setting": start([sys.executable, "train_ddp.py", "--impl", REFERENCE, "--data", "synthetic",
                                  "--train-samples", "64", "--epochs", "1", "--batch-size", "0"])}
     yield started
     for proc in started.values():  # a test left out (-k): its command ends with the module
@@ -144,7 +145,7 @@ def refused(tmp_path_factory):
 def test_an_unfilled_task_stops_training_with_one_clear_message(refused):
     code, out = finish(refused["unfilled"], timeout=60)
     assert code == 1, out
-    assert "Task 2.3 in template_trainer.py is not done yet" in out and "--impl solutions" in out, out
+    assert "Task 2.3 in template_trainer.py is not done yet" in out and f"--impl {REFERENCE}" in out, out
     assert "python check.py 2.3" in out, out
     assert "Traceback" not in out, out
 
@@ -160,7 +161,7 @@ def test_a_setting_that_cannot_work_gives_one_line(refused):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU, so NCCL works")
     with pytest.raises(ValueError, match="NCCL backend needs GPUs"):
-        train_ddp.main(train_ddp.parse_args(["--impl", "solutions", "--data", "synthetic", "--train-samples", "64",
+        train_ddp.main(train_ddp.parse_args(["--impl", REFERENCE, "--data", "synthetic", "--train-samples", "64",
                                              "--epochs", "1", "--backend", "nccl"]))
 
 
@@ -298,7 +299,7 @@ def test_send_and_recv_over_gloo_on_a_gpu_are_refused_in_one_line(flags, monkeyp
     abort the process ("writev ... Bad address", torch 2.11 on an H200). Refused before anything starts."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 sets it
-    args = train_ddp.parse_args(["--impl", "solutions", "--data", "synthetic", "--backend", "gloo", *flags])
+    args = train_ddp.parse_args(["--impl", REFERENCE, "--data", "synthetic", "--backend", "gloo", *flags])
     with pytest.raises(ValueError, match="gloo does for CPU tensors only") as refused:
         train_ddp.check_flags(args)
     assert f"{flags[0]} {flags[1]}" in str(refused.value) and "CUDA_VISIBLE_DEVICES=" in str(refused.value), refused.value

@@ -134,7 +134,7 @@ def test_an_unwritable_output_path_is_refused_before_training(flag, tmp_path):
 def test_sigterm_at_start_up_points_at_the_rank_that_failed():
     """torchrun stops every rank with SIGTERM when one exits with an error: the others used to say
     'interrupted at start-up', which reads as a Ctrl-C."""
-    proc = subprocess.run([sys.executable, "-c", "import signal, tools.interrupt as i; "
+    proc = subprocess.run([sys.executable, "-c", "import signal, support.interrupt as i; "
                            "i.stop_on_interrupt(signal.SIGTERM, None)"],
                           cwd=REPO, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "none"})  # as torchrun sets it
@@ -240,7 +240,7 @@ def test_a_task_not_done_under_torchrun_is_said_once_and_not_retried(tmp_path):
 def test_only_a_torchrun_worker_with_restarts_left_stops_its_parent():
     """stop_torchrun_restarts() SIGTERMs the parent process (torchrun's agent) only under torchrun
     and while a restart is left; otherwise the parent (here a shell) lives on."""
-    call = (f"import sys; sys.path.insert(0, {REPO!r}); from tools.interrupt import stop_torchrun_restarts; "
+    call = (f"import sys; sys.path.insert(0, {REPO!r}); from support.interrupt import stop_torchrun_restarts; "
             "print(stop_torchrun_restarts())")
     # The shell waits 0.5 s after its child unless the child stops it. os.kill() has made the SIGTERM
     # pending on the shell (blocked in wait() for the child) before the child can exit, so a stopped shell

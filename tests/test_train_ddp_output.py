@@ -13,14 +13,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.repo
 
-# A rank that warns many times, with or without tools.interrupt.whole_lines(): under PYTHONUNBUFFERED=1
+# A rank that warns many times, with or without support.interrupt.whole_lines(): under PYTHONUNBUFFERED=1
 # print() writes a line in two pieces. Past its imports it says so on the `ready` pipe and waits for
 # the parent's go on its stdin, so that both ranks warn at the same moment (a barrier, not a timed wait).
 WARN = """
 import os, sys
 sys.path.insert(0, sys.argv[4])
 if sys.argv[2] == "whole":
-    from tools.interrupt import whole_lines
+    from support.interrupt import whole_lines
     whole_lines()
 os.write(int(sys.argv[3]), b"r")
 sys.stdin.read(1)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import train_ddp
+from conftest import REFERENCE
 from test_train_ddp import run
 
 QUICK = ["--data", "synthetic", "--epochs", "1", "--train-samples", "2048", "--test-samples", "512",
@@ -55,7 +56,7 @@ def _torchrun(n):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The reference: one process trains on the whole global batch (Tasks 1-2 of solutions/)."""
-    train_loss, test_loss, _ = _train([sys.executable], ["--impl", "solutions"], tmp_path_factory.mktemp("one"))
+    train_loss, test_loss, _ = _train([sys.executable], ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))
     return train_loss, test_loss
 
 

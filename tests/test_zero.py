@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from conftest import call_alone, load, load_with_reference
+from conftest import REFERENCE, call_alone, load, load_with_reference
 from harness import run_ranks
 
 T61 = "Task 6.1 (template_zero.py, partition_parameters)"
@@ -472,7 +472,7 @@ def _not_contiguous(rank, world_size, impl):
 
 
 def test_a_parameter_that_is_not_contiguous_is_refused_with_what_to_do():
-    for message in run_ranks(_not_contiguous, 2, "solutions"):
+    for message in run_ranks(_not_contiguous, 2, REFERENCE):
         assert message is not None and "contiguous" in message, message
 
 
@@ -493,7 +493,7 @@ def _replaced_memory(rank, world_size, impl):
 
 def test_parameters_given_new_memory_are_still_updated():
     """The given _follow_moved_parameters points the views at the parameters' new memory."""
-    for rank, difference in enumerate(run_ranks(_replaced_memory, 2, "solutions")):
+    for rank, difference in enumerate(run_ranks(_replaced_memory, 2, REFERENCE)):
         assert difference <= 1e-6, f"rank {rank}: off the unsharded Adam by {difference:.2e} after param.data = ..."
 
 
@@ -514,7 +514,7 @@ def test_train_ddp_with_sharded_adamw_equals_unsharded(tmp_path):
     for shard in ["none", "optimizer"]:
         metrics = tmp_path / f"{shard}.csv"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
-                   "--impl", "solutions", "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
+                   "--impl", REFERENCE, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
                    "--test-samples", "500", "--batch-size", "128", "--optimizer", "adamw", "--shard", shard,
                    "--metrics", str(metrics)]
         try:

@@ -82,7 +82,7 @@ step gpu-tests 300 "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider
 step nccl-solutions 120 "${NCCL[@]}" "${TRAIN[@]}" --metrics "$LOG/nccl-solutions.csv"
 step nccl-ddp 120 "${NCCL[@]}" "${TRAIN[@]}" --impl ddp --metrics "$LOG/nccl-ddp.csv"
 step nccl-overlap-profile 120 "${NCCL[@]}" "${TRAIN[@]}" --sync overlap --profile "$LOG/profile"
-step nccl-profile-streams 60 "$PYTHON" tools/timeline.py --streams "$LOG/profile/trace.json"
+step nccl-profile-streams 60 "$PYTHON" support/timeline.py --streams "$LOG/profile/trace.json"
 # Task 8: save on the GPU, resume from it (torch.load with map_location)
 step nccl-checkpoint-save 120 "${NCCL[@]}" "${TRAIN[@]}" --checkpoint-dir "$LOG/ckpt"
 step nccl-checkpoint-resume 120 "${NCCL[@]}" "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$LOG/ckpt"

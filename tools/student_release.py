@@ -6,12 +6,13 @@
 
 Left out, and why (the release's README.md says so too):
 - solutions/: the answers.
-- the catalogue of typical wrong answers in tests/mistakes.py (MISTAKES): it is written as
+- the catalogue of typical wrong answers in tests/mistakes.py (MISTAKES, and RIGHT_ANSWERS): it is written as
   edits of the answers (its `old=` strings are pieces of them). The file stays, with an empty
   catalogue, for the tests that import its helpers; tests/test_mistakes.py and
   tests/test_check_grade.py, which check and grade that catalogue, are left out.
-- benchmarks/*.py that import solutions/: they measure the reference answers (their results
-  and plots stay).
+- benchmarks/*.py that import solutions/ (anywhere in the file): they measure the reference
+  answers (their results and plots stay).
+- tools/gpu_check.sh: what an instructor runs on a GPU node, with the reference answers.
 
 In the release, `pytest`, `python check.py` and `torchrun ... train_ddp.py` run the student's
 template_*.py files. A task's tests use the student's own answers to the other tasks where the
@@ -19,11 +20,19 @@ course uses the reference answers (tests/conftest.py), and check.py names an ear
 fails as the likely cause. Links in the Markdown pages to what is left out become plain text.
 
 Before writing, the release is checked: the templates are the course's untouched ones (each
-fence holds its TODO and its raise) and no fenced answer of solutions/ appears in any file
-(except one that the template's own docstring gives, like Task 7.3's one line).
+fence holds its TODO and its raise), no fenced answer of solutions/ appears in any file
+(except one that the template's own docstring gives, like Task 7.3's one line), and no shipped
+code names solutions/ (solutions_references): an import of it at any depth, a string that is
+"solutions" or starts with "solutions." or "solutions/", `--impl solutions` in a shell script.
+Tests take the reference answers through conftest.load, load_with_reference and REFERENCE,
+which fall back to the student's files in a release; a few files handle a course without
+solutions/ themselves (HANDLES_NO_SOLUTIONS), and test files marked `repo` as a whole are
+skipped in a release (--impl template).
 Either failing stops with what was found, and nothing is left behind.
 """
 import argparse
+import ast
+import functools
 import os
 import re
 import shutil
@@ -36,15 +45,31 @@ sys.path.insert(0, REPO)
 from grading.course import copy_course  # noqa: E402
 
 # (path or folder/, why): what a release leaves out
-MISTAKES = re.compile(r"^MISTAKES = \[\n.*?^\]\n", re.M | re.S)
-EMPTIED = ("MISTAKES = []  # the catalogue of typical wrong answers is not part of the student release: "
-           "its entries are edits of the answers\n")
+MISTAKES = re.compile(r"^(MISTAKES|RIGHT_ANSWERS) = \[\n.*?^\]\n", re.M | re.S)
+EMPTIED = ("{} = []  # the catalogue of typical wrong (and accepted) answers is not part of the student "
+           "release: its entries are edits of the answers\n")
 LEFT_OUT = [
     ("solutions/", "the answers"),
     ("tests/test_mistakes.py", "checks that catalogue against the answers"),
     ("tests/test_check_grade.py", "grades submissions made from that catalogue"),
+    ("tools/gpu_check.sh", "an instructor's check of the reference answers on a GPU node"),
 ]
-IMPORTS_SOLUTIONS = re.compile(r"^(?:from|import)\s+solutions\b", re.M)  # at the top level of a file
+# Shipped files that name solutions/ and work without it, and why (solutions_references skips them)
+HANDLES_NO_SOLUTIONS = {
+    "check.py": "--impl solutions: refused with one line where solutions/ is missing",
+    "train_ddp.py": "--impl solutions: refused with one line (strategies/__init__.py)",
+    "strategies/__init__.py": "refuses --impl solutions without solutions/",
+    "strategies/course_files.py": "has_solutions(): --impl ddp takes the student's files in a release",
+    "tests/conftest.py": "load() falls back to the student's files; REFERENCE is 'template' in a release",
+    "tests/impl_option.py": "--impl's choices",
+    "grading/checker.py": "says, in a release, that a task is judged with the student's other answers",
+    "grading/grade.py": "skips a submission's solutions/ folder",
+    "tools/student_release.py": "makes the release from a course that has solutions/",
+    "tools/elastic_demo.py": "trains with --impl solutions only where solutions/ exists",
+    "tests/mistakes.py": "make_submission copies solutions/, for tests marked repo (skipped in a release)",
+}
+NAMES_SOLUTIONS = re.compile(r"^solutions(?:$|[./])")
+IMPL_SOLUTIONS = re.compile(r"--impl[ =]solutions\b|\bsolutions/")
 FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---[ \t]*\n(.*?)^[ \t]*# --- Task \1 end ---", re.M | re.S)
 UNTOUCHED = re.compile(r"\A[ \t]*# TODO Task [\d.]+:[^\n]*\n[ \t]*raise NotImplementedError\([^\n]*\)\n?\Z")
 LINK = re.compile(r"(!?)\[((?:[^\]]|\][^(])*?)\]\(([^)\s]+)\)")
@@ -58,11 +83,53 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+@functools.lru_cache(maxsize=1024)  # a test session checks the same files more than once (parsing them: 1.3 s)
+def solutions_references(path, text):
+    """[(line, what)]: where the shipped file `path` ('/'-separated) names solutions/ in its code, so
+    that it would fail in a release: Python, an import of solutions at any depth or a string (not a
+    docstring) that is "solutions", or starts with "solutions.", "solutions/" or "--impl solutions",
+    other than the first argument of conftest's load() or load_with_reference() or a comparison; a shell script, a line (not a comment) that runs
+    `--impl solutions` or a path in solutions/."""
+    if "solutions" not in text:
+        return ()
+    if path.endswith(".sh"):
+        return tuple((number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+                     if IMPL_SOLUTIONS.search(line.split("#", 1)[0]))
+    if not path.endswith(".py"):
+        return ()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ()
+    if path.startswith("tests/") and re.search(r"^pytestmark\b.*\bmark\.repo\b", text, re.M):
+        return ()  # every test of the file is skipped in a release (conftest.pytest_runtest_setup)
+    allowed = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            allowed.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+                "load", "load_with_reference"):
+            allowed.update(id(arg) for arg in node.args[:1])  # conftest.load("solutions", ...) falls back
+        if isinstance(node, ast.Compare):
+            allowed.update(id(part) for part in [node.left, *node.comparators])  # impl == "solutions"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if NAMES_SOLUTIONS.match(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and NAMES_SOLUTIONS.match(node.module or ""):
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in allowed and (
+                NAMES_SOLUTIONS.match(node.value) or re.match(r"--impl[ =]solutions\b", node.value)):
+            found.append((node.lineno, repr(node.value[:60])))
+    return tuple(sorted(found))  # cached: not to be changed
+
+
 def left_out(path, repo=REPO):
     """Why `path` (relative, '/'-separated) is not in a release, or None."""
     if path.startswith("benchmarks/") and path.endswith(".py") and os.path.isfile(os.path.join(repo, path)):
         with open(os.path.join(repo, path), encoding="utf-8") as f:
-            if IMPORTS_SOLUTIONS.search(f.read()):
+            if any(what.startswith(("import", "from")) for _, what in solutions_references(path, f.read())):
                 return "measures the reference answers"
     for prefix, why in LEFT_OUT:
         if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
@@ -87,15 +154,18 @@ def _normal(text):
 
 def problems(release, solutions):
     """What would make `release` leak an answer or break: a filled-in template, an answer found,
-    a test file that imports solutions/ when it is collected."""
+    code that names solutions/ (solutions_references)."""
     found = []
-    tests = os.path.join(release, "tests")
-    for name in sorted(os.listdir(tests)) if os.path.isdir(tests) else []:
-        if name.endswith(".py"):
-            with open(os.path.join(tests, name), encoding="utf-8") as f:
-                if IMPORTS_SOLUTIONS.search(f.read()):
-                    found.append(f"tests/{name} imports solutions/ at its top: the release could not collect it "
-                                 f"(take the reference answers through conftest.load(\"solutions\", ...) in the tests)")
+    for here, dirs, files in os.walk(release):
+        dirs[:] = sorted(d for d in dirs if d not in (".git", "__pycache__"))
+        for name in sorted(files):
+            path = os.path.relpath(os.path.join(here, name), release).replace(os.sep, "/")
+            if path in HANDLES_NO_SOLUTIONS or not name.endswith((".py", ".sh")):
+                continue
+            with open(os.path.join(here, name), encoding="utf-8") as f:
+                for line, what in solutions_references(path, f.read()):
+                    found.append(f"{path}:{line} names solutions/ ({what}), which a release has not: take the "
+                                 f"reference answers through conftest's load(\"solutions\", ...) or REFERENCE")
     for name in sorted(os.listdir(release)):
         if name.startswith("template_") and name.endswith(".py"):
             with open(os.path.join(release, name), encoding="utf-8") as f:
@@ -172,8 +242,8 @@ def build(dest, repo=REPO):
         mistakes = os.path.join(staged, "tests", "mistakes.py")
         if os.path.exists(mistakes):
             with open(mistakes, encoding="utf-8") as f:
-                text, count = MISTAKES.subn(EMPTIED, f.read())
-            if count != 1:
+                text, count = MISTAKES.subn(lambda match: EMPTIED.format(match.group(1)), f.read())
+            if not count or "MISTAKES = []" not in text:
                 return ["tests/mistakes.py: no `MISTAKES = [` ... `]` list found to empty"]
             with open(mistakes, "w", encoding="utf-8") as f:
                 f.write(text)

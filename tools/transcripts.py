@@ -40,7 +40,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from tools.interrupt import worker_pid  # noqa: E402
+from support.interrupt import worker_pid  # noqa: E402
 MARKER = re.compile(r"^<!-- transcript((?: [\w.,-]+)*): ([^\n]+?) -->\n```text\n(.*?)^```$", re.M | re.S)
 OPTIONS = {"kill-rank-1-at-step", "mistakes", "not-started", "exit"}  # each takes one word
 TIMEOUT = 300  # seconds a command may run before it counts as a hang

@@ -1,8 +1,8 @@
 """Draw a torch.profiler Chrome trace as a timeline: forward, backward, the all-reduces and the
 optimizer step, each on its own row.
 
-    python tools/timeline.py runs/profile/trace.json runs/profile/timeline.png
-    python tools/timeline.py --streams runs/profile/trace.json   # a GPU trace: which kernels ran on which stream
+    python support/timeline.py runs/profile/trace.json runs/profile/timeline.png
+    python support/timeline.py --streams runs/profile/trace.json   # a GPU trace: which kernels ran on which stream
 
 train_ddp.py --profile DIR calls plot_timeline() itself. The rows, from the trace's events:
 
@@ -160,4 +160,4 @@ if __name__ == "__main__":
     elif len(sys.argv) in (3, 4):
         plot_timeline(*sys.argv[1:])
     else:
-        sys.exit("usage: python tools/timeline.py TRACE.json OUT.png [TITLE]  or  python tools/timeline.py --streams TRACE.json")
+        sys.exit("usage: python support/timeline.py TRACE.json OUT.png [TITLE]  or  python support/timeline.py --streams TRACE.json")

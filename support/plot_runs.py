@@ -1,7 +1,7 @@
 """Plot the metrics CSVs that train_ddp.py writes: one run, or several overlaid in one figure.
 
-    python tools/plot_runs.py runs/metrics.csv -o runs/metrics.png
-    python tools/plot_runs.py runs/ours.csv runs/ddp.csv -o runs/compare.png --labels solutions ddp
+    python support/plot_runs.py runs/metrics.csv -o runs/metrics.png
+    python support/plot_runs.py runs/ours.csv runs/ddp.csv -o runs/compare.png --labels solutions ddp
 
 Three panels per epoch: the training loss (solid) and test loss (dashed), the test accuracy,
 and the throughput in images/s over all ranks. train_ddp.py draws its own run with the same
