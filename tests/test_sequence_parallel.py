@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load, load_with_reference
+from conftest import REFERENCE, load, load_with_reference
 from harness import run_ranks
 from models import MLP, Attention, Block, ViT
 from wire import Wire
@@ -781,7 +781,7 @@ def _train_ddp(flags, tmp_path, ranks=4):
 @pytest.fixture(scope="module")
 def dp_only(tmp_path_factory):
     """The reference: the same ViT, 4-way data parallel (Tasks 1-2 of solutions/), the same global batches."""
-    train_loss, test_loss, _ = _train_ddp(["--impl", "solutions"], tmp_path_factory.mktemp("dp"))
+    train_loss, test_loss, _ = _train_ddp(["--impl", REFERENCE], tmp_path_factory.mktemp("dp"))
     return train_loss, test_loss
 
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import train_ddp
+from conftest import REFERENCE
 from test_train_ddp import run
 
 # 258 test images: shards of 65, 65, 64, 64, 3 batches of 32 on two ranks and 2 on the others (an expert-parallel
@@ -60,7 +61,7 @@ def _train(ranks, flags, tmp_path):
 def test_expert_parallel_training_gives_the_references_losses(impl, tmp_path):
     """torchrun --nproc_per_node=4 train_ddp.py --impl solutions --data synthetic --model vit --moe 4 --ep 2,
     against Task 2's data parallelism and PyTorch's DDP on 4 ranks, every rank holding all 4 experts."""
-    ours_train, ours_test, _ = _train(4, ["--impl", "solutions"], tmp_path / "dp")
+    ours_train, ours_test, _ = _train(4, ["--impl", REFERENCE], tmp_path / "dp")
     ddp_train, ddp_test, _ = _train(4, ["--impl", "ddp"], tmp_path / "ddp")
     train_loss, test_loss, out = _train(4, ["--impl", impl, "--ep", "2"], tmp_path / "ep")
     assert "sync=expert-parallel ep=2 expert copies=2" in out, out[-3000:]

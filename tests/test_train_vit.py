@@ -17,6 +17,7 @@ import torch
 
 import models
 import train_ddp
+from conftest import REFERENCE
 from test_train_ddp import run
 
 QUICK = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "1024",
@@ -78,7 +79,7 @@ def _torchrun(n):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The reference: one process trains the ViT on the whole global batch (solutions/' Tasks 1-2)."""
-    return _train([sys.executable], ["--impl", "solutions"], tmp_path_factory.mktemp("one"))[0]
+    return _train([sys.executable], ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))[0]
 
 
 EXACT = [
