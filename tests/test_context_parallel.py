@@ -12,7 +12,6 @@ computes (causal load balance), how many other ranks' K/V blocks are alive at on
 references to every received buffer), and what the ring saves for backward. The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
-import csv
 import re
 import sys
 import weakref
@@ -682,32 +681,25 @@ QUICK_VIT = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-
              "--batch-size", "128", "--no-plot"]
 
 
-def _losses(command, flags, tmp_path):
-    from test_train_ddp import run
-    metrics = tmp_path / "metrics.csv"
-    code, out = run(command + ["train_ddp.py", *QUICK_VIT, *flags, "--metrics", str(metrics)], timeout=300)
-    assert code == 0, out[-3000:]
-    with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return float(row["train_loss"]), float(row["test_loss"]), out
-
-
-def _torchrun(n):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+def _losses(ranks, flags, tmp_path):
+    """(train loss, test loss, output) of train_ddp.py's training on `ranks` harness ranks (test_train_ddp.trained)."""
+    from test_train_ddp import trained
+    figures, out = trained(ranks, [*QUICK_VIT, *flags], tmp_path)
+    return figures["train_loss"], figures["test_loss"], out
 
 
 @pytest.fixture(scope="module")
 def data_parallel_vit(impl, tmp_path_factory):
     """The reference: the same ViT, data parallel only, on 2 ranks (the 2 replicas of --cp 2 on 4 ranks)."""
-    return _losses(_torchrun(2), ["--impl", impl], tmp_path_factory.mktemp("dp"))[:2]
+    return _losses(2, ["--impl", impl], tmp_path_factory.mktemp("dp"))[:2]
 
 
 @pytest.mark.slow
 @pytest.mark.e2e  # no task marker: check.py would run it after Task 15.6's tests, minutes on 2 cores
 @pytest.mark.parametrize("cp_impl", ["ring", "ulysses"])
 def test_cp_2_on_4_ranks_trains_like_data_parallelism(impl, cp_impl, data_parallel_vit, tmp_path):
-    """torchrun --nproc_per_node=4 train_ddp.py --model vit --cp 2: 2 replicas, each image's 64 tokens on 2 ranks."""
-    train_loss, test_loss, out = _losses(_torchrun(4), ["--impl", impl, "--cp", "2", "--cp-impl", cp_impl], tmp_path)
+    """train_ddp.py --model vit --cp 2 on 4 ranks: 2 replicas, each image's 64 tokens on 2 ranks."""
+    train_loss, test_loss, out = _losses(4, ["--impl", impl, "--cp", "2", "--cp-impl", cp_impl], tmp_path)
     assert "ranks consistent: all 4 ranks hold bit-identical parameters" in out, out[-3000:]
     assert abs(train_loss - data_parallel_vit[0]) < 1e-4 and abs(test_loss - data_parallel_vit[1]) < 1e-4, (
         f"{T156}: --cp 2 --cp-impl {cp_impl} on 4 ranks: losses {train_loss:.6f}, {test_loss:.6f}; data parallel "

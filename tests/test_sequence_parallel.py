@@ -758,16 +758,10 @@ E2E = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-sample
 
 
 def _train_ddp(flags, tmp_path, ranks=4):
-    """(train loss, test loss) of a 4-rank torchrun of train_ddp.py, and its output."""
-    import csv
-    from test_train_ddp import run  # here: the ranks of the tests above need not import train_ddp.py
-    metrics = tmp_path / "metrics.csv"
-    code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                     "train_ddp.py", *E2E, *flags, "--metrics", str(metrics)], timeout=300)
-    assert code == 0, out[-3000:]
-    with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return float(row["train_loss"]), float(row["test_loss"]), out
+    """(train loss, test loss) of train_ddp.py's training on 4 harness ranks (test_train_ddp.trained), and its output."""
+    from test_train_ddp import trained  # here: the ranks of the tests above need not import train_ddp.py
+    figures, out = trained(ranks, [*E2E, *flags], tmp_path)
+    return figures["train_loss"], figures["test_loss"], out
 
 
 @pytest.fixture(scope="module")

@@ -85,18 +85,16 @@ def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
     assert f"plot: {metrics.with_suffix('.png')}" in out and metrics.with_suffix(".png").stat().st_size, out
 
 
-# What torchrun sets for each of 2 processes on one node (OMP_NUM_THREADS=1: "to avoid your system being overloaded").
-TORCHRUN_ENV = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-
-
-def _train_with_pytorch_ddp(rank, world_size, metrics):
-    """train_ddp.py's training with --impl ddp in a harness rank (in a gloo group of 2 already), with the
-    variables torchrun would set; what it printed. The environment and threads are put back after."""
-    env = {**TORCHRUN_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+def _train_in_rank(rank, world_size, argv):
+    """train_ddp.py's training with the flags `argv` in a harness rank (in a gloo group already), with the
+    variables torchrun sets for each of its processes on one node (OMP_NUM_THREADS=1: "to avoid your system
+    being overloaded"); (exit code, what it printed). The environment and threads are put back after."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+           "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}
     saved, threads = {name: os.environ.get(name) for name in env}, torch.get_num_threads()
     os.environ.update(env)
     try:
-        args = train_ddp.parse_args(["--impl", "ddp", *QUICK, "--metrics", metrics, "--no-plot"])
+        args = train_ddp.parse_args(argv)
         with contextlib.redirect_stdout(io.StringIO()) as printed:
             code = train_ddp.train(args, rank, world_size, torch.device("cpu"))
     finally:
@@ -104,6 +102,26 @@ def _train_with_pytorch_ddp(rank, world_size, metrics):
             os.environ.pop(name, None) if value is None else os.environ.update({name: value})
         torch.set_num_threads(threads)
     return code, printed.getvalue()
+
+
+def train_in_ranks(ranks, argv, timeout=240):
+    """`torchrun --nproc_per_node=ranks train_ddp.py *argv` without torchrun: train_ddp.train on `ranks`
+    harness ranks; [(exit code, what it printed)] by rank. torchrun and main() are checked end to end by
+    test_torchrun_training_learns_and_keeps_ranks_identical; a run here starts no interpreter (under
+    torchrun one a rank and torchrun's own, each importing torch: most of such a short run's time)."""
+    return run_ranks(_train_in_rank, ranks, list(argv), timeout=timeout)
+
+
+def trained(ranks, argv, tmp_path, timeout=240):
+    """(the first epoch's figures, what the ranks printed) of train_in_ranks(ranks, argv + --metrics in
+    tmp_path): {"train_loss": ..., "test_loss": ..., "test_accuracy": ...}. Every rank must end with 0."""
+    metrics = tmp_path / "metrics.csv"
+    runs = train_in_ranks(ranks, [*argv, "--metrics", str(metrics)], timeout=timeout)
+    out = "".join(printed for _, printed in runs)
+    assert [code for code, _ in runs] == [0] * ranks, out[-3000:]
+    with open(metrics) as f:
+        row = next(csv.DictReader(f))
+    return {name: float(row[name]) for name in ("train_loss", "test_loss", "test_accuracy")}, out
 
 
 @pytest.mark.e2e
@@ -114,7 +132,8 @@ def test_pytorch_ddp_training_learns_and_keeps_ranks_identical(impl, tmp_path):
     if impl == "template":
         pytest.skip("--impl ddp uses PyTorch's DDP, not your code (plain pytest runs it)")
     metrics = tmp_path / "metrics.csv"
-    (code0, out), (code1, out1) = run_ranks(_train_with_pytorch_ddp, 2, str(metrics), timeout=150)
+    (code0, out), (code1, out1) = train_in_ranks(2, ["--impl", "ddp", *QUICK, "--metrics", str(metrics), "--no-plot"],
+                                                 timeout=150)
     assert (code0, code1) == (0, 0), out + out1
     assert "world_size=2" in out and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
     with open(metrics) as f:

@@ -1,7 +1,7 @@
 """train_ddp.py with a mixture of experts: --moe E (any strategy) and --ep N (Task 16's expert parallelism).
 
     pytest tests/test_train_experts.py               # the flags that cannot work: one line each
-    pytest -m slow tests/test_train_experts.py       # torchrun end to end, against the references
+    pytest -m slow tests/test_train_experts.py       # train_ddp.py on 4 ranks end to end, against the references
 
 Each rank routes its own slice of every global batch (capacity per rank's tokens), so the reference is
 not one process on the global batch but the MoE run on each rank's slice in turn, its gradients averaged:
@@ -10,15 +10,13 @@ sums, the same losses to float rounding) and PyTorch's DDP (--impl ddp --moe 4: 
 which moves the losses by some 1e-4 over a few steps of SGD with momentum, and a router's choice with it).
 Expert parallelism must give the former's losses to 4 decimals and stay within 5e-4 of the latter's.
 """
-import csv
 import re
-import sys
 
 import pytest
 
 import train_ddp
 from conftest import REFERENCE
-from test_train_ddp import run
+from test_train_ddp import trained
 
 # 258 test images: shards of 65, 65, 64, 64, 3 batches of 32 on two ranks and 2 on the others (an expert-parallel
 # forward in evaluation would leave two ranks waiting in its all-to-all)
@@ -44,22 +42,17 @@ def test_a_moe_setting_that_cannot_work_is_one_line_before_any_rank_starts(world
 
 
 def _train(ranks, flags, tmp_path):
-    """(train loss, test loss) of the epoch, and the output."""
+    """(train loss, test loss) of the epoch on `ranks` harness ranks (test_train_ddp.trained), and the output."""
     tmp_path.mkdir(exist_ok=True)
-    metrics = tmp_path / "metrics.csv"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    code, out = run(command + ["train_ddp.py", *QUICK, "--moe", "4", *flags, "--metrics", str(metrics)], timeout=300)
-    assert code == 0, out
-    with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return float(row["train_loss"]), float(row["test_loss"]), out
+    figures, out = trained(ranks, [*QUICK, "--moe", "4", *flags], tmp_path)
+    return figures["train_loss"], figures["test_loss"], out
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(900)  # three 4-rank runs of train_ddp.py: 40-60 s each at load 7 on 2 cores
 def test_expert_parallel_training_gives_the_references_losses(impl, tmp_path):
-    """torchrun --nproc_per_node=4 train_ddp.py --impl solutions --data synthetic --model vit --moe 4 --ep 2,
+    """train_ddp.py --impl solutions --data synthetic --model vit --moe 4 --ep 2 on 4 ranks,
     against Task 2's data parallelism and PyTorch's DDP on 4 ranks, every rank holding all 4 experts."""
     ours_train, ours_test, _ = _train(4, ["--impl", REFERENCE], tmp_path / "dp")
     ddp_train, ddp_test, _ = _train(4, ["--impl", "ddp"], tmp_path / "ddp")

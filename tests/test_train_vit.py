@@ -2,23 +2,20 @@
 on the model's layers.
 
     pytest tests/test_train_vit.py               # the flags that cannot train the ViT: one line each
-    pytest -m slow tests/test_train_vit.py       # torchrun end to end, against one process
+    pytest -m slow tests/test_train_vit.py       # train_ddp.py's training on 1, 2 and 4 ranks, against one process
 
 The ViT has no BatchNorm and no dropout, so every exact strategy (the all-reduces of Tasks 2-3, DDP
 ours and PyTorch's, ZeRO-1, FSDP, checkpoints) must give the losses of one process on the global
 batch, up to float rounding, and end with bit-identical ranks. Compression, local SGD and DiLoCo
 change the training on purpose: they must train the ViT and end consistent.
 """
-import csv
-import sys
-
 import pytest
 import torch
 
 import models
 import train_ddp
 from conftest import REFERENCE
-from test_train_ddp import run
+from test_train_ddp import trained
 
 QUICK = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "1024",
          "--test-samples", "256", "--batch-size", "128", "--no-plot"]
@@ -62,24 +59,17 @@ def test_a_strategy_cut_from_the_cnn_refuses_the_vit_in_one_line(flags, message,
         train_ddp.check_flags(train_ddp.parse_args(QUICK + flags))
 
 
-def _train(command, flags, tmp_path):
-    """(train loss, test loss, test accuracy) of the epoch, and the output."""
-    metrics = tmp_path / "metrics.csv"
-    code, out = run(command + ["train_ddp.py", *QUICK, *flags, "--metrics", str(metrics)], timeout=300)
-    assert code == 0, out[-3000:]
-    with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return (float(row["train_loss"]), float(row["test_loss"]), float(row["test_accuracy"])), out
-
-
-def _torchrun(n):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+def _train(ranks, flags, tmp_path):
+    """(train loss, test loss, test accuracy) of the epoch on `ranks` ranks, and the output (torchrun and
+    main() are test_train_ddp.py's: `trained` runs train_ddp.train in harness ranks)."""
+    figures, out = trained(ranks, [*QUICK, *flags], tmp_path)
+    return (figures["train_loss"], figures["test_loss"], figures["test_accuracy"]), out
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The reference: one process trains the ViT on the whole global batch (solutions/' Tasks 1-2)."""
-    return _train([sys.executable], ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))[0]
+    return _train(1, ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))[0]
 
 
 EXACT = [
@@ -108,7 +98,7 @@ def test_the_vit_trains_like_one_process_under_an_exact_strategy(ranks, flags, i
         pytest.skip("--impl ddp uses PyTorch's implementation, not your code (plain pytest runs it)")
     flags = [flag.format(tmp=tmp_path) for flag in flags]
     flags = flags if "ddp" in flags else ["--impl", impl, *flags]
-    figures, out = _train(_torchrun(ranks), flags, tmp_path)
+    figures, out = _train(ranks, flags, tmp_path)
     assert f"ranks consistent: all {ranks} ranks hold bit-identical parameters" in out, out[-3000:]
     # 8 steps of SGD with momentum; another summation order moves the losses by 1e-6 relative here, a
     # wrong global batch or a gradient off by a factor by 1e-2 or more
@@ -121,7 +111,7 @@ def test_the_vit_trains_like_one_process_under_an_exact_strategy(ranks, flags, i
 @pytest.mark.e2e
 @pytest.mark.parametrize("ranks,flags", CHANGED, ids=lambda v: " ".join(v) if isinstance(v, list) else str(v))
 def test_the_vit_trains_under_a_strategy_that_changes_the_training(ranks, flags, impl, tmp_path):
-    (train_loss, test_loss, _), out = _train(_torchrun(ranks), ["--impl", impl, *flags], tmp_path)
+    (train_loss, test_loss, _), out = _train(ranks, ["--impl", impl, *flags], tmp_path)
     assert f"ranks consistent: all {ranks} ranks hold bit-identical parameters" in out, out[-3000:]
     # it learns: ln 10 = 2.30 is chance; the exact run's test loss after this epoch is 2.01, DiLoCo's 1.65
     assert train_loss < 2.30 and test_loss < 2.25, out[-3000:]
