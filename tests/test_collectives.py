@@ -242,6 +242,7 @@ def test_async_all_reduce_overlaps_and_waits(impl, world_size, tmp_path):
 
 
 # --------------------------------------------------------------------------- the script
+@pytest.mark.slow  # torchrun and its 2 ranks, three interpreters importing torch: 9-13 s of the default run
 def test_script_runs_under_torchrun(impl):
     script = os.path.relpath(load(impl, "template_collectives").__file__, REPO)  # solutions/' or yours
     # python -m torch.distributed.run is torchrun; --standalone picks a free port itself

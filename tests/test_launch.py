@@ -71,6 +71,7 @@ def test_shellcheck(script):
     assert result.returncode == 0, f"shellcheck {script}:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.slow  # a new interpreter importing torch: 3.6-5 s of the default run
 def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
     """tools/gpu_check.sh is for GPU nodes (docs/gpu.md); the processes tests start see no GPU (conftest.py)."""
     result = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh"), str(tmp_path)], capture_output=True,

@@ -159,6 +159,7 @@ def test_a_resumed_run_keeps_the_metrics_history(tmp_path):
     assert float(rows[0]["train_loss"]) > 0, rows
 
 
+@pytest.mark.slow  # a release made, then three interpreters importing torch: 5-6 s of the default run
 def test_a_student_release_trains_with_the_students_files_only(tmp_path):
     """tools/student_release.py leaves solutions/ out: --impl solutions (train_ddp.py and check.py)
     says so in one line, and --impl ddp, which shares the evaluation loaders and counts with our code,

@@ -84,6 +84,7 @@ def run_train_ddp(env, *extra):
     return run.stdout
 
 
+@pytest.mark.slow  # a new interpreter importing torch and training: 5-9 s of the default run
 def test_train_ddp_writes_whole_lines_and_says_its_threads():
     """One run: its streams write whole lines (the fix above is in place), and OMP_NUM_THREADS=3,
     set by the user, is the thread count its header line shows."""
