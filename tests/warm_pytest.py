@@ -40,26 +40,41 @@ class WarmPytest:
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       cwd=self._folder.name, text=True, start_new_session=True)
         self._runs = 0
+        self._started, self._ended = {}, {}  # by run number: the requests sent, the exit codes replied
 
     def run(self, args, cwd, timeout=110.0, env=None):
         """(returncode, output) of `python -m pytest *args` in `cwd`. Past `timeout` s it is killed, with
         everything it started, and TimeoutError says so (as subprocess.run's timeout would)."""
+        return self.result(self.start(args, cwd, timeout, env))
+
+    def start(self, args, cwd, timeout=110.0, env=None):
+        """Start `python -m pytest *args` in `cwd` and return at once: a number for result(). Runs started
+        together run at the same time (test_mistakes.py starts the next mistake's while it reads one's)."""
         self._runs += 1
         log = os.path.join(self._folder.name, f"run{self._runs}.log")
-        request = {"args": list(args), "cwd": os.path.abspath(cwd), "log": log, "timeout": timeout,
+        request = {"id": self._runs, "args": list(args), "cwd": os.path.abspath(cwd), "log": log, "timeout": timeout,
                    "env": {"PYTHONDONTWRITEBYTECODE": "1", **(env or {})}}
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the warm pytest server ended (exit code {self._proc.wait()})")
-        reply = json.loads(line)
-        with open(log, encoding="utf-8", errors="replace") as f:
+        self._started[self._runs] = request
+        return self._runs
+
+    def result(self, run):
+        """(returncode, output) of a start()ed run, once it has ended; TimeoutError past its time limit."""
+        while run not in self._ended:
+            line = self._proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the warm pytest server ended (exit code {self._proc.wait()})")
+            reply = json.loads(line)
+            self._ended[reply["id"]] = reply["returncode"]
+        returncode, request = self._ended.pop(run), self._started.pop(run)
+        with open(request["log"], encoding="utf-8", errors="replace") as f:
             output = f.read()
-        os.remove(log)
-        if reply["returncode"] is None:
-            raise TimeoutError(f"pytest {' '.join(args)} (in {cwd}) ran past {timeout:.0f} s:\n{output[-3000:]}")
-        return reply["returncode"], output
+        os.remove(request["log"])
+        if returncode is None:
+            raise TimeoutError(f"pytest {' '.join(request['args'])} (in {request['cwd']}) ran past "
+                               f"{request['timeout']:.0f} s:\n{output[-3000:]}")
+        return returncode, output
 
     def close(self):
         if self._proc.poll() is None:
@@ -79,7 +94,8 @@ class WarmPytest:
 
 
 def serve():
-    """The server: read requests (JSON lines) from stdin, fork a pytest for each, reply its exit code."""
+    """The server: read requests (JSON lines) from stdin, fork a pytest for each at once, and reply each
+    exit code as its run ends (None for a run killed at its time limit)."""
     # Replies go to the client on a copy of stdout; what the forkserver and its ranks print (they keep
     # this process's stdout and stderr) goes to a file, never into a reply.
     replies = os.fdopen(os.dup(1), "w")
@@ -89,27 +105,50 @@ def serve():
     os.close(log)
     import harness  # noqa: F401  torch, torch.distributed; starts the forkserver with harness.py's preload
     import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
     import pytest  # noqa: F401
     # No file of the course stays imported or importable from here: the child imports the copy's own.
     sys.path.remove(HERE)
     del sys.modules["harness"], sys.modules["warm_pytest"]
     server = multiprocessing.forkserver._forkserver
-    for line in sys.stdin:
-        request = json.loads(line)
-        server.ensure_running()  # started again if it ended (it is this process's child)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            # The child's harness.py calls ensure_running() again, which would wait for a forkserver that
-            # is not its child: the shared one is running (the server checked it just now).
-            def ensure_running():
-                multiprocessing.resource_tracker.ensure_running()
-            server.ensure_running = multiprocessing.forkserver.ensure_running = ensure_running
-            _child(request)  # never returns
-        returncode = _wait(pid, request["timeout"])
-        print(json.dumps({"returncode": returncode}), file=replies, flush=True)
+    running = {}  # pid: (run number, deadline)
+    pending = b""
+    while True:
+        # stdin read as bytes from its descriptor: a buffered reader could hold a second request that
+        # select() would then not see
+        if select.select([0], [], [], 0.02)[0]:
+            chunk = os.read(0, 65536)
+            if not chunk:  # the client closed stdin (close()): nobody reads what still runs
+                for pid in running:
+                    _ended(pid, deadline=0)
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                running[_fork(server, request)] = (request["id"], time.monotonic() + request["timeout"])
+        for pid, (run, deadline) in list(running.items()):
+            returncode = _ended(pid, deadline)
+            if returncode is not False:
+                del running[pid]
+                print(json.dumps({"id": run, "returncode": returncode}), file=replies, flush=True)
+
+
+def _fork(server, request):
+    """A child running the request's pytest; its pid."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+    server.ensure_running()  # started again if it ended (it is this process's child)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        # The child's harness.py calls ensure_running() again, which would wait for a forkserver that
+        # is not its child: the shared one is running (the server checked it just now).
+        def ensure_running():
+            multiprocessing.resource_tracker.ensure_running()
+        server.ensure_running = multiprocessing.forkserver.ensure_running = ensure_running
+        _child(request)  # never returns
+    return pid
 
 
 def _child(request):
@@ -140,22 +179,17 @@ def _child(request):
             os._exit(code)  # not the server's atexit handlers (they would remove the forkserver's socket)
 
 
-def _wait(pid, timeout):
-    """The child's exit code, or None after killing its process group at `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
-        if time.monotonic() > deadline:
-            code = None
-            break
-        select.select([], [], [], 0.02)
+def _ended(pid, deadline):
+    """False while the child runs; then its exit code, or None once killed at `deadline`. Either way
+    its process group is killed: what its tests left running (a torchrun, a stuck subprocess)."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if not done and time.monotonic() <= deadline:
+        return False
     try:
-        os.killpg(pid, signal.SIGKILL)  # what the tests left running (a torchrun, a stuck subprocess)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if code is None:
+    if not done:
         os.waitpid(pid, 0)
-    return code
+        return None
+    return os.waitstatus_to_exitcode(status)
