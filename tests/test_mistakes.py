@@ -4,7 +4,9 @@
 
 Each run is `pytest` in a fresh copy of the course, forked from a server that has imported torch and
 pytest and started the ranks' forkserver once (warm_pytest.py): a new `python -m pytest` spent some
-5 s of CPU a mistake on those imports alone.
+5 s of CPU a mistake on those imports alone. Two mistakes run at once (the next one starts while a test
+reads its own): one run's pytest and ranks often wait on each other, and a mistake that hangs waits for
+its time limit with the cores idle.
 
 A test that passes a wrong answer teaches a wrong thing, so each mistake must fail, and
 the failure must say what is likely wrong (the mistake's hint).
