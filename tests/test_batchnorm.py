@@ -892,25 +892,18 @@ def test_train_ddp_batchnorm_sync_trains_as_one_process_and_local_does_not(tmp_p
     """torchrun train_ddp.py --batchnorm sync on 2 ranks gives one process's losses on the global batch
     (plain BatchNorm there) and ends consistent; --batchnorm local gives other losses (16 images a rank)
     and ends saying which running statistics differ between the ranks."""
-    import csv
-    import sys
-
-    from test_train_ddp import TORCHRUN, run
+    from test_train_ddp import trained
 
     losses, outputs = {}, {}
-    one_process = ["env", "OMP_NUM_THREADS=1", sys.executable]
-    for name, launcher, batchnorm in (("one process", one_process, "local"), ("sync", TORCHRUN, "sync"),
-                                      ("local", TORCHRUN, "local")):
-        metrics = tmp_path / f"{name.replace(' ', '_')}.csv"
+    for name, ranks, batchnorm in (("one process", 1, "local"), ("sync", 2, "sync"), ("local", 2, "local")):
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
         # one thread in the one process too, as torchrun gives each rank: the same kernels, so the only
         # difference left is the order of the sums over the ranks
-        code, out = run(launcher + ["train_ddp.py", "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1",
-                                    "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
-                                    "--batchnorm", batchnorm, "--metrics", str(metrics), "--no-plot"])
-        assert code == 0, f"train_ddp.py --batchnorm {batchnorm} ({name}) exited with {code}:\n{out[-3000:]}"
-        with open(metrics) as f:
-            losses[name] = torch.tensor([[float(r["train_loss"]), float(r["test_loss"])] for r in csv.DictReader(f)])
-        outputs[name] = out
+        rows, outputs[name] = trained(ranks, ["--impl", REFERENCE, "--data", "synthetic", "--epochs", "1",
+                                              "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
+                                              "--batchnorm", batchnorm, "--no-plot"], folder)
+        losses[name] = torch.tensor([[row["train_loss"], row["test_loss"]] for row in rows])
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in outputs["sync"], outputs["sync"][-2000:]
     assert "batchnorm=sync" in outputs["sync"] and "batchnorm=local" in outputs["local"], outputs["sync"][-2000:]
     assert "their BatchNorm running statistics differ (features.1.running_mean" in outputs["local"], (

@@ -856,12 +856,11 @@ SMALL = ["--data", "synthetic", "--epochs", "1", "--train-samples", "1024", "--t
     pytest.param(["--impl", "ddp", "--compress", "powersgd", "--powersgd-rank", "2"], marks=pytest.mark.slow),
     pytest.param(["--impl", REFERENCE, "--sync", "overlap", "--compress", "bf16"], marks=pytest.mark.slow),
 ], ids=["overlap-powersgd", "ddp-powersgd", "overlap-bf16"])
-def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags):
+def test_train_ddp_compresses_and_keeps_the_ranks_identical(flags, tmp_path):
     # here, not at the top: every rank imports this file, and train_ddp.py's imports cost each 60 ms
-    from test_train_ddp import TORCHRUN, run  # a command killed whole on timeout, torchrun's ranks too
+    from test_train_ddp import trained  # train_ddp.py's training on 2 harness ranks
 
-    code, out = run(TORCHRUN + ["train_ddp.py", *flags, *SMALL], timeout=240)
-    assert code == 0, out
+    _, out = trained(2, [*flags, *SMALL, "--no-plot"], tmp_path)
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
     assert re.search(r"compression \d+\.\dx fewer (numbers|bytes)", out), out
     if "powersgd" in flags:  # 8 steps: plain averages for 2, then compressed

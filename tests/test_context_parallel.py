@@ -684,7 +684,7 @@ QUICK_VIT = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-
 def _losses(ranks, flags, tmp_path):
     """(train loss, test loss, output) of train_ddp.py's training on `ranks` harness ranks (test_train_ddp.trained)."""
     from test_train_ddp import trained
-    figures, out = trained(ranks, [*QUICK_VIT, *flags], tmp_path)
+    (figures, *_), out = trained(ranks, [*QUICK_VIT, *flags], tmp_path)
     return figures["train_loss"], figures["test_loss"], out
 
 

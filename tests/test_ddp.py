@@ -793,29 +793,20 @@ def test_train_ddp_rejects_task5_flags_that_cannot_work(flags, message):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
-    """torchrun train_ddp.py --sync overlap, with and without --accumulate 2: the optimizer sees the same
+    """train_ddp.py --sync overlap on 2 ranks, with and without --accumulate 2: the optimizer sees the same
     global batches, so the losses agree up to float rounding, and the ranks stay bit-identical.
     The run with --accumulate 2 also writes a --profile, whose timeline has a forward bar per micro-batch."""
-    import csv
-    import subprocess
-    import sys
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from test_train_ddp import trained
     losses = {}
     for accumulate in (1, 2):
-        metrics = tmp_path / f"k{accumulate}.csv"
-        proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
-             "--impl", REFERENCE, "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
-             "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb", "0.1",
-             "--accumulate", str(accumulate), "--metrics", str(metrics)]
-            + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),
-            cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0 and "ranks consistent" in out, out[-3000:]
-        with open(metrics) as f:
-            row = next(csv.DictReader(f))
-        losses[accumulate] = float(row["train_loss"]), float(row["test_loss"])
+        (tmp_path / f"k{accumulate}").mkdir()
+        (row,), out = trained(2, ["--impl", REFERENCE, "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
+                                  "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb",
+                                  "0.1", "--accumulate", str(accumulate)]
+                              + (["--profile", str(tmp_path / "profile")] if accumulate == 2 else []),
+                              tmp_path / f"k{accumulate}", timeout=150)
+        assert "ranks consistent" in out, out[-3000:]
+        losses[accumulate] = row["train_loss"], row["test_loss"]
     assert (tmp_path / "profile" / "trace.json").exists() and (tmp_path / "profile" / "timeline.png").exists()
     from support.timeline import timeline_rows
     rows, steps = timeline_rows(str(tmp_path / "profile" / "trace.json"))

@@ -531,13 +531,12 @@ def test_gathered_params_equal_pytorch_fully_shard(impl, world_size, optimizer_n
 @pytest.mark.e2e
 @pytest.mark.parametrize("which", ["checked", "ddp"])
 def test_train_ddp_shard_full_learns_and_ends_with_identical_full_params(which, impl, tmp_path):
-    """torchrun train_ddp.py --shard full --optimizer adamw: Task 7's FSDP, and fully_shard with --impl ddp."""
-    from test_train_ddp import QUICK, TORCHRUN, run
+    """train_ddp.py --shard full --optimizer adamw on 2 ranks: Task 7's FSDP, and fully_shard with --impl ddp."""
+    from test_train_ddp import QUICK, trained
     if which == "ddp" and impl == "template":
         pytest.skip("--impl ddp uses PyTorch's fully_shard, not your code (plain pytest runs it)")
-    code, out = run(TORCHRUN + ["train_ddp.py", "--impl", impl if which == "checked" else "ddp", *QUICK,
-                                "--shard", "full", "--optimizer", "adamw", "--metrics", str(tmp_path / "m.csv")])
-    assert code == 0, out
+    _, out = trained(2, ["--impl", impl if which == "checked" else "ddp", *QUICK, "--shard", "full", "--optimizer",
+                         "adamw", "--no-plot"], tmp_path, timeout=150)
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out
     accuracy = float(out.split("test accuracy ")[-1].split("%")[0])
     assert accuracy > 50, f"2 quick epochs of AdamW on the synthetic data should pass 50%:\n{out}"

@@ -1133,25 +1133,15 @@ def test_diloco_equals_torchfts_diloco(impl):
 
 # --------------------------------------------------------------------------- train_ddp.py --local-sgd, --diloco
 def _train_ddp(tmp_path, name, *flags, impl=REFERENCE):
-    """torchrun train_ddp.py on 2 ranks, 2 short epochs: (its output, [(train loss, test loss)] per epoch)."""
-    import csv
-    import os
-    import subprocess
-    import sys
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    metrics = tmp_path / f"{name}.csv"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py",
-               "--impl", impl, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
-               "--test-samples", "500", "--batch-size", "128", "--metrics", str(metrics), "--no-plot", *flags]
-    try:
-        proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=150, start_new_session=True)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"train_ddp.py {' '.join(flags)} did not finish in 150 s (a hang?): {error.stdout}")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out[-3000:]
-    with open(metrics) as f:
-        return out, [(float(r["train_loss"]), float(r["test_loss"])) for r in csv.DictReader(f)]
+    """train_ddp.py's training on 2 ranks (test_train_ddp.trained), 2 short epochs: (its output,
+    [(train loss, test loss)] per epoch); the ranks must end bit-identical."""
+    from test_train_ddp import trained
+    (tmp_path / name).mkdir()
+    rows, out = trained(2, ["--impl", impl, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
+                            "--test-samples", "500", "--batch-size", "128", "--no-plot", *flags], tmp_path / name,
+                        timeout=150)
+    assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out[-3000:]
+    return out, [(row["train_loss"], row["test_loss"]) for row in rows]
 
 
 @pytest.mark.slow

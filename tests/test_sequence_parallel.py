@@ -760,7 +760,7 @@ E2E = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-sample
 def _train_ddp(flags, tmp_path, ranks=4):
     """(train loss, test loss) of train_ddp.py's training on 4 harness ranks (test_train_ddp.trained), and its output."""
     from test_train_ddp import trained  # here: the ranks of the tests above need not import train_ddp.py
-    figures, out = trained(ranks, [*E2E, *flags], tmp_path)
+    (figures, *_), out = trained(ranks, [*E2E, *flags], tmp_path)
     return figures["train_loss"], figures["test_loss"], out
 
 

@@ -113,15 +113,15 @@ def train_in_ranks(ranks, argv, timeout=240):
 
 
 def trained(ranks, argv, tmp_path, timeout=240):
-    """(the first epoch's figures, what the ranks printed) of train_in_ranks(ranks, argv + --metrics in
-    tmp_path): {"train_loss": ..., "test_loss": ..., "test_accuracy": ...}. Every rank must end with 0."""
+    """(the figures of every epoch, what the ranks printed) of train_in_ranks(ranks, argv + --metrics in
+    tmp_path): [{"train_loss": ..., "test_loss": ..., "test_accuracy": ...}, ...]. Every rank must end with 0."""
     metrics = tmp_path / "metrics.csv"
     runs = train_in_ranks(ranks, [*argv, "--metrics", str(metrics)], timeout=timeout)
     out = "".join(printed for _, printed in runs)
     assert [code for code, _ in runs] == [0] * ranks, out[-3000:]
     with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return {name: float(row[name]) for name in ("train_loss", "test_loss", "test_accuracy")}, out
+        rows = list(csv.DictReader(f))
+    return [{name: float(row[name]) for name in ("train_loss", "test_loss", "test_accuracy")} for row in rows], out
 
 
 @pytest.mark.e2e

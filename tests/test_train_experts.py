@@ -44,7 +44,7 @@ def test_a_moe_setting_that_cannot_work_is_one_line_before_any_rank_starts(world
 def _train(ranks, flags, tmp_path):
     """(train loss, test loss) of the epoch on `ranks` harness ranks (test_train_ddp.trained), and the output."""
     tmp_path.mkdir(exist_ok=True)
-    figures, out = trained(ranks, [*QUICK, "--moe", "4", *flags], tmp_path)
+    (figures, *_), out = trained(ranks, [*QUICK, "--moe", "4", *flags], tmp_path)
     return figures["train_loss"], figures["test_loss"], out
 
 

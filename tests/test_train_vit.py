@@ -62,7 +62,7 @@ def test_a_strategy_cut_from_the_cnn_refuses_the_vit_in_one_line(flags, message,
 def _train(ranks, flags, tmp_path):
     """(train loss, test loss, test accuracy) of the epoch on `ranks` ranks, and the output (torchrun and
     main() are test_train_ddp.py's: `trained` runs train_ddp.train in harness ranks)."""
-    figures, out = trained(ranks, [*QUICK, *flags], tmp_path)
+    (figures, *_), out = trained(ranks, [*QUICK, *flags], tmp_path)
     return (figures["train_loss"], figures["test_loss"], figures["test_accuracy"]), out
 
 
