@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -88,20 +89,27 @@ def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
 def _train_in_rank(rank, world_size, argv):
     """train_ddp.py's training with the flags `argv` in a harness rank (in a gloo group already), with the
     variables torchrun sets for each of its processes on one node (OMP_NUM_THREADS=1: "to avoid your system
-    being overloaded"); (exit code, what it printed). The environment and threads are put back after."""
+    being overloaded"); (exit code, what it printed, then its warnings, as torchrun's output holds both). The
+    environment and threads are put back after."""
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
            "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}
     saved, threads = {name: os.environ.get(name) for name in env}, torch.get_num_threads()
     os.environ.update(env)
     try:
         args = train_ddp.parse_args(argv)
-        with contextlib.redirect_stdout(io.StringIO()) as printed:
+        # a rank forked from pytest's process inherits pytest's warning capture: its warnings are recorded
+        # here, shown as a new interpreter would show them (once a place; no DeprecationWarning)
+        with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("default")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
             code = train_ddp.train(args, rank, world_size, torch.device("cpu"))
     finally:
         for name, value in saved.items():
             os.environ.pop(name, None) if value is None else os.environ.update({name: value})
         torch.set_num_threads(threads)
-    return code, printed.getvalue()
+    return code, printed.getvalue() + "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                                              for w in warned)
 
 
 def train_in_ranks(ranks, argv, timeout=240):

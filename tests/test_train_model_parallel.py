@@ -1,21 +1,18 @@
 """train_ddp.py with the model split: --tp (Task 9) and --pp (Task 10), ours and PyTorch's.
 
     pytest tests/test_train_model_parallel.py            # the flags that cannot work: one line each
-    pytest -m slow tests/test_train_model_parallel.py    # torchrun end to end, against one process
+    pytest -m slow tests/test_train_model_parallel.py    # train_ddp.py on 1, 2 and 4 ranks, against one process
 
 A step trains on the same global batch whatever splits the model, so every run must give the
 losses of single-process training on the global batch, up to float rounding, and end with
 bit-identical ranks (the whole model gathered on every rank: strategies/'s full_parameters).
 """
-import csv
-import sys
-
 import pytest
 import torch
 
 import train_ddp
 from conftest import REFERENCE
-from test_train_ddp import run
+from test_train_ddp import trained
 
 QUICK = ["--data", "synthetic", "--epochs", "1", "--train-samples", "2048", "--test-samples", "512",
          "--batch-size", "128", "--no-plot"]
@@ -39,24 +36,17 @@ def test_a_split_that_cannot_work_is_one_line_before_any_rank_starts(world_size,
         train_ddp.check_flags(train_ddp.parse_args(flags))
 
 
-def _train(command, flags, tmp_path):
-    """(train loss, test loss) of the first epoch, and the output."""
-    metrics = tmp_path / "metrics.csv"
-    code, out = run(command + ["train_ddp.py", *QUICK, *flags, "--metrics", str(metrics)], timeout=240)
-    assert code == 0, out
-    with open(metrics) as f:
-        row = next(csv.DictReader(f))
-    return float(row["train_loss"]), float(row["test_loss"]), out
-
-
-def _torchrun(n):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+def _train(ranks, flags, tmp_path):
+    """(train loss, test loss) of the first epoch on `ranks` ranks, and the output (warnings included):
+    train_ddp.py's training in harness ranks (test_train_ddp.trained; torchrun and main() are that file's)."""
+    (figures, *_), out = trained(ranks, [*QUICK, *flags], tmp_path)
+    return figures["train_loss"], figures["test_loss"], out
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The reference: one process trains on the whole global batch (Tasks 1-2 of solutions/)."""
-    train_loss, test_loss, _ = _train([sys.executable], ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))
+    train_loss, test_loss, _ = _train(1, ["--impl", REFERENCE], tmp_path_factory.mktemp("one"))
     return train_loss, test_loss
 
 
@@ -73,7 +63,7 @@ def test_a_split_model_trains_like_one_process(ranks, flags, impl, one_process, 
     if "ddp" in flags and impl == "template":
         pytest.skip("--impl ddp uses PyTorch's implementation, not your code (plain pytest runs it)")
     flags = flags if "ddp" in flags else ["--impl", impl, *flags]
-    train_loss, test_loss, out = _train(_torchrun(ranks), flags, tmp_path)
+    train_loss, test_loss, out = _train(ranks, flags, tmp_path)
     assert f"ranks consistent: all {ranks} ranks hold bit-identical parameters" in out, out
     if "ddp" in flags and "--tp" in flags:  # warnings checked harmless and silenced in strategies/ (trial item 13)
         assert "returned a view tensor" not in out and "sequential all_gather" not in out, out[-3000:]
