@@ -171,12 +171,21 @@ def test_the_ddp_benchmark_figure_shows_the_spread(monkeypatch, tmp_path):
     assert (low, high) == ([50.0 - 25.0], [100.0 - 50.0]) and (tmp_path / "ddp_bench.png").exists(), drawn
 
 
-@pytest.mark.slow  # a pytest of its own, collecting every test
-@pytest.mark.parametrize("impl", [["--impl", "solutions"], ["--impl", "template"], ["--impl=solutions"]])
-def test_pytest_takes_impl_with_a_space_or_an_equals_sign(impl):
+@pytest.mark.slow  # three pytests of their own, each collecting every test: started side by side on 2 cores
+def test_pytest_takes_impl_with_a_space_or_an_equals_sign():
     """`pytest --impl solutions` stopped with "unrecognized arguments" (pytest took `solutions` for
     the folder to test before tests/conftest.py defined --impl); pytest.ini loads the option first."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", *impl, "--collect-only", "-q", "-m", "task0_1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "tests/test_collectives.py::" in proc.stdout, proc.stdout
+    started = {" ".join(impl): subprocess.Popen([sys.executable, "-m", "pytest", *impl, "--collect-only", "-q", "-m",
+                                                 "task0_1"], cwd=REPO, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True)
+               for impl in (["--impl", "solutions"], ["--impl", "template"], ["--impl=solutions"])}
+    try:
+        for impl, proc in started.items():
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"pytest {impl}:\n{out}"
+            assert "tests/test_collectives.py::" in out, f"pytest {impl}:\n{out}"
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
