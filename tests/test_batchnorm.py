@@ -889,20 +889,19 @@ def _ours_and_pytorchs(rank, world_size):
 @pytest.mark.e2e
 @pytest.mark.timeout(450)  # three runs of train_ddp.py: about a minute on a quiet machine
 def test_train_ddp_batchnorm_sync_trains_as_one_process_and_local_does_not(tmp_path):
-    """torchrun train_ddp.py --batchnorm sync on 2 ranks gives one process's losses on the global batch
+    """train_ddp.py --batchnorm sync on 2 ranks gives one process's losses on the global batch
     (plain BatchNorm there) and ends consistent; --batchnorm local gives other losses (16 images a rank)
     and ends saying which running statistics differ between the ranks."""
     from test_train_ddp import trained
 
     losses, outputs = {}, {}
     for name, ranks, batchnorm in (("one process", 1, "local"), ("sync", 2, "sync"), ("local", 2, "local")):
-        folder = tmp_path / name.replace(" ", "_")
-        folder.mkdir()
         # one thread in the one process too, as torchrun gives each rank: the same kernels, so the only
         # difference left is the order of the sums over the ranks
         rows, outputs[name] = trained(ranks, ["--impl", REFERENCE, "--data", "synthetic", "--epochs", "1",
                                               "--train-samples", "512", "--test-samples", "256", "--batch-size", "32",
-                                              "--batchnorm", batchnorm, "--no-plot"], folder)
+                                              "--batchnorm", batchnorm, "--no-plot"],
+                                      tmp_path / name.replace(" ", "_"))
         losses[name] = torch.tensor([[row["train_loss"], row["test_loss"]] for row in rows])
     assert "ranks consistent: all 2 ranks hold bit-identical parameters" in outputs["sync"], outputs["sync"][-2000:]
     assert "batchnorm=sync" in outputs["sync"] and "batchnorm=local" in outputs["local"], outputs["sync"][-2000:]

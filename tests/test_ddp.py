@@ -799,7 +799,6 @@ def test_train_ddp_overlap_with_accumulation_trains_like_without(tmp_path):
     from test_train_ddp import trained
     losses = {}
     for accumulate in (1, 2):
-        (tmp_path / f"k{accumulate}").mkdir()
         (row,), out = trained(2, ["--impl", REFERENCE, "--data", "synthetic", "--epochs", "1", "--train-samples", "1024",
                                   "--test-samples", "500", "--batch-size", "128", "--sync", "overlap", "--bucket-mb",
                                   "0.1", "--accumulate", str(accumulate)]

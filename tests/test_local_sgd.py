@@ -1136,7 +1136,6 @@ def _train_ddp(tmp_path, name, *flags, impl=REFERENCE):
     """train_ddp.py's training on 2 ranks (test_train_ddp.trained), 2 short epochs: (its output,
     [(train loss, test loss)] per epoch); the ranks must end bit-identical."""
     from test_train_ddp import trained
-    (tmp_path / name).mkdir()
     rows, out = trained(2, ["--impl", impl, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
                             "--test-samples", "500", "--batch-size", "128", "--no-plot", *flags], tmp_path / name,
                         timeout=150)

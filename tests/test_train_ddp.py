@@ -122,7 +122,9 @@ def train_in_ranks(ranks, argv, timeout=240):
 
 def trained(ranks, argv, tmp_path, timeout=240):
     """(the figures of every epoch, what the ranks printed) of train_in_ranks(ranks, argv + --metrics in
-    tmp_path): [{"train_loss": ..., "test_loss": ..., "test_accuracy": ...}, ...]. Every rank must end with 0."""
+    tmp_path, made if missing): [{"train_loss": ..., "test_loss": ..., "test_accuracy": ...}, ...]. Every rank
+    must end with 0."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     metrics = tmp_path / "metrics.csv"
     runs = train_in_ranks(ranks, [*argv, "--metrics", str(metrics)], timeout=timeout)
     out = "".join(printed for _, printed in runs)

@@ -507,7 +507,6 @@ def test_train_ddp_with_sharded_adamw_equals_unsharded(tmp_path):
     from test_train_ddp import trained
     losses = {}
     for shard in ["none", "optimizer"]:
-        (tmp_path / shard).mkdir()
         rows, _ = trained(2, ["--impl", REFERENCE, "--data", "synthetic", "--epochs", "2", "--train-samples", "2048",
                               "--test-samples", "500", "--batch-size", "128", "--optimizer", "adamw", "--shard", shard,
                               "--no-plot"], tmp_path / shard, timeout=150)
