@@ -64,3 +64,21 @@ def test_expert_parallel_training_gives_the_references_losses(impl, tmp_path):
         f"{ours_train:.6f}, {ours_test:.6f}\n{out[-3000:]}")
     assert (train_loss, test_loss) == pytest.approx((ddp_train, ddp_test), rel=5e-4), (
         f"--ep 2: losses {train_loss:.6f}, {test_loss:.6f}; PyTorch's DDP: {ddp_train:.6f}, {ddp_test:.6f}")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(600)  # four 2-rank runs of train_ddp.py
+def test_moe_under_every_data_parallel_strategy_gives_task_2s_losses(tmp_path):
+    """--moe 4 on 2 ranks with our overlapping DDP (--sync overlap), ZeRO-1 (--shard optimizer) and FSDP
+    (--shard full), against Task 2's averaging: each rank routes its own slice in all four, so the
+    losses agree to 4 decimals, the load-balancing loss's gradient included (a strategy that ran the
+    template's forward_backward instead of the MoE feature's would leave it out)."""
+    reference_train, reference_test, _ = _train(2, ["--impl", REFERENCE], tmp_path / "task2")
+    for flags in (["--sync", "overlap"], ["--shard", "optimizer"], ["--shard", "full"]):
+        train_loss, test_loss, out = _train(2, ["--impl", REFERENCE, *flags], tmp_path / flags[-1])
+        assert "ranks consistent: all 2 ranks hold bit-identical parameters" in out, out[-3000:]
+        assert re.search(r"moe: dropped \d+\.\d% of [\d,]+ token choices", out), out[-3000:]
+        assert (round(train_loss, 4), round(test_loss, 4)) == (round(reference_train, 4), round(reference_test, 4)), (
+            f"--moe 4 {' '.join(flags)}: losses {train_loss:.6f}, {test_loss:.6f}; Task 2's averaging: "
+            f"{reference_train:.6f}, {reference_test:.6f}\n{out[-3000:]}")
