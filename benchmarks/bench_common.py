@@ -9,8 +9,10 @@ replaces them (the grader would then report the course as modified).
 import datetime
 import multiprocessing
 import os
+import queue
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # committed: the pages' figures
@@ -125,7 +127,11 @@ def run_ranks(world_size, fn, *args, timeout=900, device="cpu"):
         for proc in procs:
             proc.start()
         try:
-            out = results.get(timeout=timeout)
+            out = _rank_0_result(results, procs, world_size, timeout)
+        except BaseException:  # a rank died, or Ctrl-C: the others would wait for it in a collective
+            for proc in procs:
+                proc.kill()
+            raise
         finally:
             for proc in procs:
                 proc.join(timeout=30)
@@ -134,6 +140,22 @@ def run_ranks(world_size, fn, *args, timeout=900, device="cpu"):
         if any(proc.exitcode for proc in procs):
             raise SystemExit(f"a rank failed on {world_size} ranks (exit codes {[p.exitcode for p in procs]})")
     return out
+
+
+def _rank_0_result(results, procs, world_size, timeout):
+    """What rank 0 put on `results`, or SystemExit as soon as a rank has died: the others would wait
+    for it in their next collective until the process group's 300 s, and this until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=1)
+        except queue.Empty:
+            failed = [rank for rank, proc in enumerate(procs) if proc.exitcode not in (None, 0)]
+            if failed:
+                codes = ", ".join(str(procs[rank].exitcode) for rank in failed)
+                raise SystemExit(f"rank{'s' * (len(failed) > 1)} {', '.join(map(str, failed))} of {world_size} failed "
+                                 f"(exit code {codes}; tracebacks above): the other ranks were stopped") from None
+    raise SystemExit(f"no result from rank 0 of {world_size} after {timeout} s: the ranks were stopped")
 
 
 def _rank_main(rank, world_size, store, fn, args, results, device):

@@ -189,3 +189,35 @@ def test_pytest_takes_impl_with_a_space_or_an_equals_sign():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+_A_RANK_THAT_DIES = """
+import sys, time
+sys.path.insert(0, "benchmarks")
+from bench_common import run_ranks
+
+
+def fn(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("rank 1 broke")
+    time.sleep(600)  # rank 0 still at work, or in a collective that does not notice the dead rank
+    return "unreachable"
+
+
+start = time.monotonic()
+try:
+    run_ranks(2, fn)
+except SystemExit as stop:
+    print(f"stopped after {time.monotonic() - start:.0f} s: {stop}")
+"""
+
+
+@pytest.mark.slow
+def test_a_benchmark_whose_rank_dies_stops_at_once():
+    # bench_common.run_ranks waited for rank 0's result for 900 s while rank 0 waited for the dead one
+    done = subprocess.run([sys.executable, "-c", _A_RANK_THAT_DIES], cwd=REPO, capture_output=True, text=True,
+                          timeout=100)
+    out = done.stdout + done.stderr
+    assert "RuntimeError: rank 1 broke" in out, out
+    assert "rank 1 of 2 failed (exit code 1; tracebacks above): the other ranks were stopped" in out, out
+    assert int(out.split("stopped after ")[1].split(" s")[0]) < 60, out
