@@ -105,6 +105,9 @@ QUICK = {
     "benchmarks/allreduce_bench.py": ["--max-size", "16KB", "--warmup", "1", "--repeats", "2"],
     "template_replicas.py": ["--steps", "2"],
     "benchmarks/compression_bench.py": ["--repeats", "1", "--steps", "4", "--rounds", "1", "--no-resnet"],
+    # the page's --update-results is its whole benchmark (6 minutes on 2 cores): here the quick one's sizes
+    "benchmarks/context_parallel_bench.py": ["--quick"],
+    "benchmarks/sequence_parallel_bench.py": ["--ranks", "1,2", "--steps", "2"],
 }
 
 # Pages of Phase 2 that other pages may link to before they land. Empty it once they exist:
