@@ -239,8 +239,10 @@ def run_tests(repo, task_ids, workdir, impl="template", timeout=600.0, test_time
     if test_timeout:
         command.append(f"--timeout={test_timeout}")
     command += task_test_files(repo, markers)
+    # PYTHONDONTWRITEBYTECODE is left as the caller has it: unset, the checks after the first read the course's
+    # compiled files from __pycache__ (which git ignores) in pytest and in every rank, as docs/checking.md says
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-               PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1")
     if wrap:
         command, env = wrap(command, env, workdir)
     start = time.monotonic()
