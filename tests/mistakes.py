@@ -1397,6 +1397,10 @@ MISTAKES = [
             "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n",
             "    for i in range(warmup, num_microbatches - 1):\n        forward(i)\n        backward()\n",
             "with no forward left to pair"),
+    Mistake("10.5", "receives-on-the-last-stage-too", "template_pipeline.py",  # was told send_backward was missing
+            "    if stage.is_last:\n        output.backward()\n    else:\n"
+            "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+            "    output.backward(stage.recv_backward(output.shape, output.dtype))\n", "the last stage has no next stage"),
     # where elements go: positions in the shard, in the flat, of the input
     Mistake("8.3", "at-from-the-parameter", "template_checkpoint.py",
             "            entries.append((name, low - offset, high - low, low - start))",

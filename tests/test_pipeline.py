@@ -130,6 +130,10 @@ class WrongPeer(RuntimeError):
     """A send to another rank than the peer it was given (said by the sender, at once)."""
 
 
+class AnySource(RuntimeError):
+    """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
+
+
 class WrongShape(RuntimeError):
     """A receive into a buffer of another shape than the message's (refused before gloo sees it: gloo aborts)."""
 
@@ -142,12 +146,20 @@ def messages_wire(expect_dtype=None, shapes=None):
     """A Wire recording every point-to-point message of a rank (wire.py says where), on which a
     blocking dist.recv gives up after RECV_LIMIT seconds with RecvNeverCame, saying where it waited;
     with expect_dtype, a receive into a buffer of another dtype raises WrongDtype; with shapes
-    ({peer: [the shapes its messages have]}), a receive of another shape raises WrongShape."""
+    ({peer: [the shapes its messages have]}), a receive of another size raises WrongShape."""
     def check(call, group):
         if expect_dtype is not None and call.kind in ("recv", "irecv") and call.dtype != expect_dtype:
             raise WrongDtype(f"asked to receive {expect_dtype}, it received into a {call.dtype} "
                              f"buffer of shape {call.shape}")
-        if shapes and call.kind in ("recv", "irecv") and call.peer in shapes and call.shape not in shapes[call.peer]:
+        if shapes is not None and call.kind in ("recv", "irecv") and call.peer is None:
+            inside = waiting_in(sys._getframe(2))
+            what = {"recv_backward": "the gradient of its output (recv_backward)",
+                    "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
+            raise AnySource(f"rank {dist.get_rank()} asked to receive {what} from rank None, from any source: this "
+                            "stage has no such neighbour")
+        if shapes and call.kind in ("recv", "irecv") and call.peer in shapes and math.prod(call.shape) not in [
+                math.prod(shape) for shape in shapes[call.peer]]:  # a buffer of the same size but another shape is
+            # right (received flat, then viewed): gloo aborts on the size only
             inside = waiting_in(sys._getframe(2))
             what = {"recv_backward": "the gradient of its output (recv_backward)",
                     "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
@@ -186,6 +198,9 @@ def never_came(src, tensor):
             "recv_forward": "an activation (recv_forward)",
             "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
     where = progress()
+    if where and inside == "recv_forward" or (where and inside == "recv_backward" and not warmup_hint(
+            "10.7", f"recv_backward {where}")):
+        time.sleep(2)  # not proven wrong here: a neighbour whose counts show its mistake reports first
     return RecvNeverCame(f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape "
                          f"{tuple(tensor.shape)} from rank {src}, which never sent it "
                          f"(waiting in {' <- '.join(names)}{'; ' + where if where else ''})")
@@ -378,6 +393,9 @@ def warmup_hint(task, text):
 
 def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
+    if "raised AnySource" in text:
+        said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
+        return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
     if "raised WrongShape" in text:
         said = re.search(r"raised WrongShape: ([^\n]*)", text).group(1)
         fix = ("receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
