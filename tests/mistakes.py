@@ -1348,6 +1348,71 @@ MISTAKES = [
     Mistake("8.4", "per-element-by-key-name", "template_checkpoint.py",  # passed: momentum_buffer kept whole
             "        if not per_element(value, saved[0][1][\"param\"]):\n",
             "        if key not in (\"param\", \"exp_avg\", \"exp_avg_sq\"):\n", "not by its key's name"),
+    # Issue 45, section 4 (a trial of Tasks 8.3-10.7): wrong answers that passed, or were told a bare difference,
+    # a raw exception or another cause. What goes on the wire: the peer, the source, the shape
+    Mistake("10.2", "sends-to-the-next-stage-always", "template_pipeline.py",  # was told the Work was not kept
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        dst = self.next_rank if self.next_rank is not None else peer\n"
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), dst))\n",
+            "_send must send to `peer`"),
+    Mistake("10.2", "waits-for-the-previous-send", "template_pipeline.py",  # was told to keep every Work
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        self.wait_sends()  # one message in flight at a time\n"
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "called wait_sends() before starting its send"),
+    Mistake("10.3", "recv-from-any-source", "template_pipeline.py",  # passed: on 2 ranks any source is the peer
+            "        dist.recv(tensor, peer)\n", "        dist.recv(tensor)\n", "received from any source"),
+    Mistake("10.5", "recv-grad-in-input-shape", "template_pipeline.py",  # was gloo's SIGABRT
+            "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+            "        output.backward(stage.recv_backward(input.shape, input.dtype))\n",
+            "stage.recv_backward(output.shape, output.dtype)"),
+    Mistake("10.5", "sends-the-input-back", "template_pipeline.py",  # was a bare difference of gradients
+            "        stage.send_backward(input.grad)\n", "        stage.send_backward(input.detach())\n",
+            "not the input itself"),
+    Mistake("10.6", "learn-shapes-every-micro-batch", "template_pipeline.py",  # was a bare difference of the wire
+            "    for i in range(num_microbatches):\n        input, output = forward_step(",
+            "    for i in range(num_microbatches):\n        stage.learn_shapes(inputs, num_microbatches)\n"
+            "        input, output = forward_step(", "once, at the start of the step"),
+    # state and counts: the scaling, the ends of the pipeline, the schedule's counts (each was a bare
+    # difference or a raw exception)
+    Mistake("10.4", "loss-scaled-by-stages", "template_pipeline.py",  # right when M = num_stages
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output, target) / stage.num_stages\n", "not 1/num_stages"),
+    Mistake("10.4", "returns-x-as-input", "template_pipeline.py",
+            "    return input, output\n    # --- Task 10.4 end ---", "    return x, output\n    # --- Task 10.4 end ---",
+            "with the input it computed with"),
+    Mistake("10.1", "refuses-one-layer-a-stage", "template_pipeline.py",
+            "    if not 1 <= num_stages <= num_layers:\n", "    if not 1 <= num_stages < num_layers:\n",
+            "refuse only MORE stages than layers"),
+    Mistake("10.6", "targets-split-on-every-stage", "template_pipeline.py",
+            "    ys = split(targets, num_microbatches) if stage.is_last else [None] * num_microbatches\n"
+            "    trace, saved, loss = [], [], None\n    for i in range(num_microbatches):\n        input, output",
+            "    ys = split(targets, num_microbatches)\n"
+            "    trace, saved, loss = [], [], None\n    for i in range(num_microbatches):\n        input, output",
+            "split() was given None"),
+    Mistake("10.7", "warmup-not-capped-by-m", "template_pipeline.py",  # M < num_stages
+            "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
+            "    warmup = stage.num_stages - stage.stage_index - 1\n", "never more than M"),
+    Mistake("10.7", "steady-state-one-short", "template_pipeline.py",  # the last forward missing
+            "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n",
+            "    for i in range(warmup, num_microbatches - 1):\n        forward(i)\n        backward()\n",
+            "with no forward left to pair"),
+    Mistake("10.5", "receives-on-the-last-stage-too", "template_pipeline.py",  # was told send_backward was missing
+            "    if stage.is_last:\n        output.backward()\n    else:\n"
+            "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+            "    output.backward(stage.recv_backward(output.shape, output.dtype))\n", "the last stage has no next stage"),
+    # where elements go: positions in the shard, in the flat, of the input
+    Mistake("8.3", "at-from-the-parameter", "template_checkpoint.py",
+            "            entries.append((name, low - offset, high - low, low - start))",
+            "            entries.append((name, low - offset, high - low, low - offset))",
+            "counts from the start of this rank's"),
+    Mistake("8.4", "copied-at-the-offset", "template_checkpoint.py",
+            "            flat[at:at + length] = torch.cat([part for _, part in parts])\n",
+            "            flat[offset:offset + length] = torch.cat([part for _, part in parts])\n",
+            "their position in the PARAMETER"),
+    Mistake("9.2", "row-ignores-input-is-parallel", "template_tensor_parallel.py",
+            "        if not self.input_is_parallel:\n            x = _split_last_dim(x, self.group)\n", "",
+            "multiplied the WHOLE input"),
 ]
 
 

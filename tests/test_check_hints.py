@@ -213,6 +213,26 @@ def test_pipeline_hints_only_where_their_condition_holds():
     assert loss_hint(2.0, 2.0, 1) == "" and loss_hint(1.0, 2.0, 1) == ""  # one micro-batch: no 1/M to blame
     assert "a second time" in loss_hint(0.5, 2.0, 4) and "a second time" not in loss_hint(0.51, 2.0, 4)
     assert "scale each micro-batch's loss" in loss_hint(8.0, 2.0, 4) and loss_hint(7.9, 2.0, 4) == ""
+    # Issue 45, section 4: 1/num_stages for 1/M, said only where the ratio is M / num_stages
+    assert "not 1/num_stages" in loss_hint(1.0, 2.0, 1, 2) and loss_hint(1.1, 2.0, 1, 2) == ""
+    assert "not 1/num_stages" not in loss_hint(1.0, 2.0, 2, 2)  # M = num_stages: nothing to tell apart
+
+
+def test_pipeline_warm_up_and_index_hints_only_where_the_counts_prove_them():
+    """Issue 45, section 4: a 1F1B stage waiting for a gradient, or out of micro-batches, is told which count was
+    wrong only where the forwards and backwards it ran prove it."""
+    from test_pipeline import raised_hint, warmup_hint
+    waits = "waited 10 s to receive the gradient of its output (recv_backward) ... (waiting in _recv <- recv_backward; "
+    short = warmup_hint("10.7", waits + "after 1 forwards and 1 backwards started of M = 4, on stage 0 of 4)")
+    assert "first gradient after 1 forward" in short and "= 3 forwards, then one forward" in short, short
+    # 4 forwards before the first backward is 1F1B's own count on stage 0 of 4: no warm-up to blame
+    assert warmup_hint("10.7", waits + "after 4 forwards and 1 backwards started of M = 4, on stage 0 of 4)") is None
+    assert warmup_hint("10.6", waits + "after 1 forwards and 1 backwards started of M = 4, on stage 0 of 4)") is None
+    beyond = "rank 0 raised IndexError: list index out of range [after {} forwards and 0 backwards started of M = 2, on stage 0 of 4]"
+    assert "never more than M" in raised_hint("10.7", beyond.format(2))
+    assert raised_hint("10.7", beyond.format(1)) is None  # an index error with forwards left: no count proven
+    popped = "rank 3 raised IndexError: pop from empty list [after 1 forwards and 1 backwards started of M = 2, on stage 3 of 4]"
+    assert "no forward left to pair" in raised_hint("10.7", popped)
 
 
 def test_a_traceback_stays_in_pytests_report_not_in_the_line():

@@ -126,18 +126,46 @@ class RecvNeverCame(RuntimeError):
     """A blocking dist.recv in a test waited RECV_LIMIT seconds for its message."""
 
 
+class WrongPeer(RuntimeError):
+    """A send to another rank than the peer it was given (said by the sender, at once)."""
+
+
+class AnySource(RuntimeError):
+    """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
+
+
+class WrongShape(RuntimeError):
+    """A receive into a buffer of another shape than the message's (refused before gloo sees it: gloo aborts)."""
+
+
 class WrongDtype(RuntimeError):
     """A receive into a buffer of another dtype than the one asked for (refused before gloo sees it)."""
 
 
-def messages_wire(expect_dtype=None):
+def messages_wire(expect_dtype=None, shapes=None):
     """A Wire recording every point-to-point message of a rank (wire.py says where), on which a
     blocking dist.recv gives up after RECV_LIMIT seconds with RecvNeverCame, saying where it waited;
-    with expect_dtype, a receive into a buffer of another dtype raises WrongDtype."""
+    with expect_dtype, a receive into a buffer of another dtype raises WrongDtype; with shapes
+    ({peer: [the shapes its messages have]}), a receive of another size raises WrongShape."""
     def check(call, group):
         if expect_dtype is not None and call.kind in ("recv", "irecv") and call.dtype != expect_dtype:
             raise WrongDtype(f"asked to receive {expect_dtype}, it received into a {call.dtype} "
                              f"buffer of shape {call.shape}")
+        if shapes is not None and call.kind in ("recv", "irecv") and call.peer is None:
+            inside = waiting_in(sys._getframe(2))
+            what = {"recv_backward": "the gradient of its output (recv_backward)",
+                    "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
+            raise AnySource(f"rank {dist.get_rank()} asked to receive {what} from rank None, from any source: this "
+                            "stage has no such neighbour")
+        if shapes and call.kind in ("recv", "irecv") and call.peer in shapes and math.prod(call.shape) not in [
+                math.prod(shape) for shape in shapes[call.peer]]:  # a buffer of the same size but another shape is
+            # right (received flat, then viewed): gloo aborts on the size only
+            inside = waiting_in(sys._getframe(2))
+            what = {"recv_backward": "the gradient of its output (recv_backward)",
+                    "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
+            raise WrongShape(f"rank {dist.get_rank()} asked to receive {what} of shape {call.shape} from rank "
+                             f"{call.peer}, whose messages have the shape {' or '.join(map(str, shapes[call.peer]))}"
+                             f" (gloo aborts the process on a buffer of another size than the message)")
     return Wire(MESSAGES, check=check, recv_limit=RECV_LIMIT, never_came=never_came)
 
 
@@ -164,18 +192,36 @@ def patient(fn):
 def never_came(src, tensor):
     """For a receive that never completed, RecvNeverCame saying what it waited for: from whom, in which
     function of the course."""
-    names = []
-    frame = sys._getframe(2)  # the caller of dist.recv
-    while frame is not None and frame.f_code.co_filename != __file__:  # up to the test's own code
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
+    names = frames_up(sys._getframe(2))  # from the caller of dist.recv
     inside = next((n for n in names if n in ("recv_backward", "recv_forward", "learn_shapes")), None)
     what = {"recv_backward": "the gradient of its output (recv_backward)",
             "recv_forward": "an activation (recv_forward)",
             "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
+    where = progress()
+    if where and inside == "recv_forward" or (where and inside == "recv_backward" and not warmup_hint(
+            "10.7", f"recv_backward {where}")):
+        time.sleep(2)  # not proven wrong here: a neighbour whose counts show its mistake reports first
     return RecvNeverCame(f"rank {dist.get_rank()} waited {RECV_LIMIT:.0f} s to receive {what} of shape "
                          f"{tuple(tensor.shape)} from rank {src}, which never sent it "
-                         f"(waiting in {' <- '.join(names)})")
+                         f"(waiting in {' <- '.join(names)}{'; ' + where if where else ''})")
+
+
+def frames_up(frame):
+    """The names of the functions from `frame` up to the test's own code (the test's wrappers of the course's
+    functions skipped: Alive and _schedule_run's counters)."""
+    names = []
+    while frame is not None and (frame.f_code.co_filename != __file__ or frame.f_code.co_name in WRAPPERS):
+        if frame.f_code.co_filename != __file__:
+            names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+WRAPPERS = ("__call__", "counted_backward", "kept_send_forward", "kept_recv_backward")
+
+
+def waiting_in(frame):
+    return next((n for n in frames_up(frame) if n in ("recv_backward", "recv_forward", "learn_shapes")), None)
 
 
 # A receive that waits for a message never sent: the likely cause, by task and by where it waited.
@@ -269,8 +315,9 @@ def as_task_failure(error, task, what):
     text = str(error)
     if isinstance(error, RankFailed) and "RecvNeverCame" in text:
         said = re.search(r"raised RecvNeverCame: ([^\n]*)", text)
-        hint = never_sent_hint(task, said.group(1) if said else text) or WAITS_FOR.get(task) or (
-            "every message must be sent: forward_step sends each output, backward_step each input's gradient")
+        hint = (no_peer_hint(said.group(1) if said else text) or warmup_hint(task, said.group(1) if said else text)
+                or never_sent_hint(task, said.group(1) if said else text) or WAITS_FOR.get(task) or (
+                    "every message must be sent: forward_step sends each output, backward_step each input's gradient"))
         trace = text[text.find("--- rank"):] if "--- rank" in text else text
         return AssertionError(f"{where}: a message was never sent ({what}): {said.group(1) if said else ''}. "
                               f"Likely: {hint}.\n{trace}")
@@ -296,12 +343,88 @@ def as_task_failure(error, task, what):
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
             "for backward, and sends, must stay attached to the graph (do not detach it), or the earlier "
             f"stages get no gradient.\n{error}")
+    # Issue 45: raw exceptions, each told by the cause the traceback proves
+    said = next((hint for hint in (raised_hint(task, text),) if hint), None)
+    if isinstance(error, RankFailed) and said:
+        return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
         head, _, trace = text.partition("\n\n--- rank")
         frames = re.findall(r'File "[^"]*?(template_pipeline\.py)", line (\d+), in (\w+)', trace)
         at = f" (at template_pipeline.py:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
         return AssertionError(f"{where}: a rank failed ({what}): {' '.join(head.split())}{at}\n\n--- rank{trace}")
     return AssertionError(f"{where}: a rank failed ({what}).\n{error}")
+
+
+def no_peer_hint(text):
+    """A receive from rank None (a stage's missing neighbour: dist.recv then takes any source): which end."""
+    if "from rank None" not in text:
+        return None
+    if "recv_backward" in text:
+        return ("the last stage has no next stage (stage.next_rank is None), so no gradient comes to it: there "
+                "output is the scaled loss, and backward_step runs output.backward() without receiving (if "
+                "stage.is_last)")
+    if "recv_forward" in text:
+        return ("the first stage has no previous stage (stage.prev_rank is None): its input is x, the micro-batch "
+                "given to forward_step (if stage.is_first)")
+    return None
+
+
+def warmup_hint(task, text):
+    """A 1F1B stage waiting for a gradient before it ran the forwards the schedule runs before that backward."""
+    found = progress_of(text)
+    if task != "10.7" or "recv_backward" not in text or not found:
+        return None
+    forwards, started, m, stage, num_stages = found
+    backwards = max(started - 1, 0)  # waiting inside backward_step: the one it waits for is counted as started
+    warmup = min(num_stages - stage - 1, m)
+    due = min(warmup + 1 + backwards, m)  # the forwards 1F1B has run before backward number `backwards`
+    if forwards >= due:
+        return None
+    if backwards == 0:
+        return (f"stage {stage} of {num_stages} waited for its first gradient after {forwards} forward"
+                f"{'' if forwards == 1 else 's'}: its warm-up is min(num_stages - stage_index - 1, M) = {warmup} "
+                + ("forwards, all M of them, before its first backward. The " if due == warmup else
+                   f"forwards, then one forward of the steady state: {due} before its first backward. The ") +
+                "next stage sends its first gradient only after its own warm-up, so a short warm-up waits for "
+                "ever (the warm-up counts from this stage to the LAST one)")
+    return (f"stage {stage} of {num_stages} waited for gradient {backwards} after {forwards} forwards: 1F1B has run "
+            f"{due} by then (a warm-up of {warmup}, then one forward before each backward)")
+
+
+def raised_hint(task, text):
+    """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
+    if "raised AnySource" in text:
+        said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
+        return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
+    if "raised WrongShape" in text:
+        said = re.search(r"raised WrongShape: ([^\n]*)", text).group(1)
+        fix = ("receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
+               "output.dtype)" if "recv_backward" in said else
+               "receive the activation in the shape learn_shapes found: stage.recv_forward(stage.input_shape, "
+               "stage.input_dtype)" if "recv_forward" in said else "receive in the shape the neighbour sends")
+        return f"a receive of the wrong shape: {said}. Likely: {fix}"
+    if task == "10.4" and "'NoneType' object has no attribute 'grad'" in text and "in backward_step" in text:
+        return ("backward_step found no input to send the gradient of (input is None): forward_step must return "
+                "(input, output) with the input it computed with, the activation recv_forward returned on every "
+                "stage but the first (x is None there)")
+    if task in ("10.6", "10.7") and "'NoneType' object has no attribute 'shape'" in text and "in split" in text:
+        return ("split() was given None: the first stage alone gets `inputs`, the last alone `targets` (the others "
+                "may pass None): split(inputs, M) only if stage.is_first, split(targets, M) only if stage.is_last")
+    if task in ("10.6", "10.7") and "not NoneType" in text and "in _recv" in text:
+        return ("a receive of shape None: stage.input_shape is set by stage.learn_shapes(inputs, M), which the step "
+                "must call first, before any forward")
+    found = progress_of(text) if task in ("10.6", "10.7") and "raised IndexError" in text else None
+    if found:
+        forwards, backwards, m, stage, num_stages = found
+        if forwards >= m and "list index out of range" in text:
+            return (f"stage {stage} of {num_stages} asked for a forward after all M = {m} forwards: the warm-up "
+                    "and the steady state run M forwards in all; the warm-up is min(num_stages - stage_index - 1, "
+                    "M), never more than M")
+        if forwards < m and backwards >= forwards:  # every forward run had had its backward
+            return (f"stage {stage} of {num_stages} started backward {backwards} after only {forwards} of the M = "
+                    f"{m} forwards, with no forward left to pair: every micro-batch's forward runs before its "
+                    "backward (the warm-up and the steady state run all M forwards; the cool-down only backwards)")
+    return None
 
 
 def run(fn, world_size, task, what, *args, timeout=25):
@@ -317,7 +440,13 @@ def test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage(impl):
     lib = judging(impl, "10.1")
     for num_layers in range(1, 14):
         for num_stages in range(1, num_layers + 1):
-            got = [lib.partition(num_layers, num_stages, s) for s in range(num_stages)]
+            try:
+                got = [lib.partition(num_layers, num_stages, s) for s in range(num_stages)]
+            except ValueError as error:  # a split it must make, refused: say which (was a raw ValueError)
+                raise AssertionError(
+                    f"{T101}: partition({num_layers}, {num_stages}, s) raised ValueError ({error}): {num_stages} "
+                    f"stages for {num_layers} layers is a split to make (every stage gets at least one layer); "
+                    "refuse only MORE stages than layers (num_stages > num_layers)") from None
             layers = [i for r in got for i in r]
             assert sorted(layers) == list(range(num_layers)) and len(layers) == num_layers, (
                 f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: every layer in "
@@ -365,11 +494,29 @@ def _round_trip(rank, world_size, impl, task, send=None):
     stage = lib.Stage(model, rank, world_size)
     assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
     activation = stage.module(torch.full((2, 3), float(rank)))  # requires grad, as a real output
+    waited_in_send = []  # wait_sends() called from inside _send: each send waited for the ones before it
+    wait_sends = lib.Stage.wait_sends
+
+    def watched_wait_sends(self):
+        if sys._getframe(1).f_code.co_name == "_send":
+            waited_in_send.append(len(self.pending_sends))
+        return wait_sends(self)
+    lib.Stage.wait_sends = watched_wait_sends
+
+    def sent_to(peer, what):
+        """A send must go to the peer it was given: said at once, not as the neighbour's receive that never comes."""
+        sends = [c for c in wire.calls if c.kind in ("send", "isend")]
+        if sends and sends[-1].peer != peer:
+            raise WrongPeer(f"rank {rank}'s {what} (stage.{what}, which calls _send(tensor, {peer})) sent to rank "
+                            f"{sends[-1].peer}, not to rank {peer}: _send must send to `peer`, the global rank it "
+                            "is given")
     with messages_wire() as wire:
         if not stage.is_last:
             stage.send_forward(activation)
+            sent_to(stage.next_rank, "send_forward")
         if not stage.is_first:
             stage.send_backward(torch.full((2, 3), 100.0 + rank))
+            sent_to(stage.prev_rank, "send_backward")
         got = {}
         if not stage.is_first:
             received = stage.recv_forward((2, 3), torch.float32)
@@ -418,7 +565,8 @@ def _round_trip(rank, world_size, impl, task, send=None):
             got["strided"] = strided
         if sent.item():
             stage.wait_sends()
-    return got, expected_activation, records_of(wire), len(pending), done, stage.pending_sends == []
+    lib.Stage.wait_sends = wait_sends
+    return got, expected_activation, records_of(wire), len(pending), done, stage.pending_sends == [], waited_in_send
 
 
 @pytest.mark.parametrize("task", [pytest.param("10.2", marks=pytest.mark.task10_2),
@@ -442,9 +590,19 @@ def test_a_send_through_batch_isend_irecv_passes_the_round_trip():
 
 def check_round_trip(results, task, world_size):
     where = WHERE[task]
-    for rank, (got, expected_activation, records, pending, done, emptied) in enumerate(results):
+    for rank, (got, expected_activation, records, pending, done, emptied, waited_in_send) in enumerate(results):
         sends = [r for r in records if r[0] in ("send", "isend")]
+        if task == "10.3":  # Issue 45: passed on 2 ranks, where any source is the one neighbour
+            anywhere = [r for r in records if r[0] in ("recv", "irecv") and r[1] is None]
+            assert not anywhere, (
+                f"{where}: rank {rank} received from any source (dist.recv(tensor) without its src), "
+                f"{len(anywhere)} time(s): receive from `peer`, dist.recv(tensor, peer); a middle stage gets "
+                "activations from one neighbour and gradients from the other, and takes whichever came first")
         if task == "10.2":
+            assert not waited_in_send, (
+                f"{where}: rank {rank}'s _send called wait_sends() before starting its send: each send then waits "
+                "until the sends before it are received, and stage.pending_sends loses their Works. _send only "
+                "starts the send (dist.isend) and appends its Work; the step calls wait_sends() once, at its end")
             assert all(r[0] == "isend" for r in sends), (
                 f"{where}: rank {rank} sent with {[r[0] for r in sends]}: use dist.isend, a blocking dist.send "
                 "waits for its receiver on gloo")
@@ -538,9 +696,30 @@ class Alive:
             gc.collect()  # only reference cycles would need it: counted again when it matters
             count = sum(ref() is not None for ref in self.outputs)
             self.most = max(self.most, (count, len(self.outputs)))
+        if PROGRESS:
+            PROGRESS["forwards"] += 1
         input, output = self.forward_step(*args, **kwargs)
         self.outputs.append(weakref.ref(output))
         return input, output
+
+
+# This rank's place in the schedule under test (_schedule_run): said where a receive waits in vain, or the
+# schedule runs out of micro-batches, so that the message can tell which count was wrong.
+PROGRESS = {}
+
+
+def progress():
+    if not PROGRESS.get("m"):
+        return ""
+    p = PROGRESS
+    return (f"after {p['forwards']} forwards and {p['backwards']} backwards started of M = {p['m']}, on stage {p['stage']} "
+            f"of {p['num_stages']}")
+
+
+def progress_of(text):
+    """progress()'s numbers read back from a message: (forwards, backwards, M, stage, stages) or None."""
+    found = re.search(r"after (\d+) forwards and (\d+) backwards started of M = (\d+), on stage (\d+) of (\d+)", text)
+    return tuple(map(int, found.groups())) if found else None
 
 
 @patient
@@ -557,21 +736,53 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         group, stage_index, num_stages = groups[mine], pipes[mine].index(rank), len(pipes[mine])
     first, last = stage_index == 0, stage_index == num_stages - 1
     out = []
+    backward_step, send_forward, recv_backward = lib.backward_step, lib.Stage.send_forward, lib.Stage.recv_backward
     for m in microbatch_counts:
         torch.manual_seed(0)
         model = lib.flat_cnn()
         stage = lib.Stage(model, stage_index, num_stages, group=group)
         alive = Alive(lib.forward_step)
+        PROGRESS.clear()  # counted where the schedule under test is the student's (10.6, 10.7)
+        if task in ("10.6", "10.7"):
+            PROGRESS.update(forwards=0, backwards=0, m=m, stage=stage_index, num_stages=num_stages)
+        sent, received = [], []  # the activations this stage sent, the gradients it received
+
+        def counted_backward(*args, **kwargs):
+            PROGRESS["backwards"] += 1
+            return backward_step(*args, **kwargs)
+
+        def kept_send_forward(self, activation):
+            sent.append(activation.detach().clone())
+            return send_forward(self, activation)
+
+        def kept_recv_backward(self, shape, dtype):
+            grad = recv_backward(self, shape, dtype)
+            received.append(grad.detach().clone())
+            return grad
         if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
-            lib.forward_step = alive
+            lib.forward_step, lib.backward_step = alive, counted_backward
+        lib.Stage.send_forward, lib.Stage.recv_backward = kept_send_forward, kept_recv_backward
+        shapes = activation_shapes(num_stages, BATCH // m)
+        want = {peer: kinds for peer, kinds in ((stage.prev_rank, [(10,), shapes.get(stage_index)]),
+                                                (stage.next_rank, [shapes.get(stage_index + 1)])) if peer is not None}
         try:
-            with messages_wire() as wire:
+            with messages_wire(shapes=want) as wire:
                 step = (reference_gpipe(lib) if task in ("10.4", "10.5") else
                         lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step)
                 # inputs to the first stage only, targets to the last only, as the spec allows
-                loss, trace = step(stage, inputs if first else None, targets if last else None, F.cross_entropy, m)
+                try:
+                    loss, trace = step(stage, inputs if first else None, targets if last else None, F.cross_entropy,
+                                       m)
+                except IndexError as error:  # where the schedule was when it ran out of micro-batches
+                    if not PROGRESS:
+                        raise
+                    raise IndexError(f"{error} [{progress()}]") from error
         finally:
-            lib.forward_step = alive.forward_step
+            lib.forward_step, lib.backward_step = alive.forward_step, backward_step
+            lib.Stage.send_forward, lib.Stage.recv_backward = send_forward, recv_backward
+        # Issue 45: the activation sent back as its own gradient was a bare difference of gradients
+        echoed = next((i for i, grad in enumerate(received) if any(
+            a.shape == grad.shape and torch.equal(a, grad) for a in sent)), None)
         done = all(w.is_completed() for w in wire.works)
         grads = {i: [None if p.grad is None else p.grad.clone() for p in model[i].parameters()] for i in stage.layers}
         # PyTorch's pipelining on the same split, from the same weights (Schedule1F1B refuses M < stages)
@@ -588,7 +799,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         loss = None if loss is None else torch.as_tensor(loss).detach().clone()
         out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=records_of(wire), done=done,
                         torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers),
-                        loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most))
+                        loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most, echoed=echoed))
         dist.barrier()
     return out
 
@@ -622,6 +833,11 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
             what = f"{world_size} stages, M = {m}, stage {rank}"
             if on_group:
                 what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
+            if r["echoed"] is not None:
+                raise AssertionError(
+                    f"{where}: {what}: the gradient stage {rank} received from stage {rank + 1} for micro-batch "
+                    f"{r['echoed']} is exactly an activation stage {rank} sent it: backward_step sends input.grad, "
+                    "the gradient of the loss with respect to its input, not the input itself")
             if schedule == "1f1b" or task in ("10.6", "10.7"):
                 want = expected_trace(schedule, world_size, rank, m)
                 assert r["trace"] == want, (
@@ -654,7 +870,7 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 r["loss"] = r["loss"].item()
                 assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
-                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m))
+                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m, world_size))
             else:
                 assert r["loss"] is None, (
                     f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage "
@@ -669,6 +885,9 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                         ratio = (got.norm() / want.norm()).item()
                         hint = (f" The gradients are {ratio:.2f}x too large: scale each micro-batch's loss by "
                                 "1/num_microbatches." if m > 1 and abs(ratio - m) < 1e-3 * m else
+                                f" The gradients are {ratio:.2f}x the right ones, M / num_stages = {m}/{world_size}: "
+                                "scale each micro-batch's loss by 1/num_microbatches, not 1/num_stages."
+                                if m != world_size and abs(ratio - m / world_size) < 1e-3 * m / world_size else
                                 f" The gradients are {ratio:.2f}x too small: the loss is scaled by 1/M more than "
                                 "once." if m > 1 and abs(ratio * m - 1) < 1e-3 else
                                 one_micro_batch_hint(got, i, j, m) or (  # Issue 45: `X or Y if c else ""` is
@@ -730,7 +949,7 @@ def one_micro_batch_hint(got, layer, index, m):
     return ""
 
 
-def loss_hint(loss, ref_loss, m):
+def loss_hint(loss, ref_loss, m, num_stages=None):
     """Why the last stage's loss is off, only where the numbers show that cause: M times too large (no
     1/M), M times too small (a mean of losses already scaled by 1/M)."""
     if m > 1 and math.isclose(loss, ref_loss * m, rel_tol=1e-4):
@@ -738,6 +957,9 @@ def loss_hint(loss, ref_loss, m):
     if m > 1 and math.isclose(loss * m, ref_loss, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum them; their mean divides by "
                 "M a second time)")
+    if num_stages and m != num_stages and math.isclose(loss * num_stages, ref_loss * m, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x = M / num_stages: scale each micro-batch's loss by 1/num_microbatches, "
+                "not 1/num_stages)")
     return ""
 
 
@@ -757,6 +979,10 @@ def check_wire(r, where, what, rank, world_size, m, shapes, ranks):
     if rank < world_size - 1:
         want[("send", ranks[rank + 1])] = header + [(shapes[rank + 1], "float32")] * m
         want[("recv", ranks[rank + 1])] = [(shapes[rank + 1], "float32")] * m
+    headers = sum(1 for call, _, shape, dtype, _ in records if call in ("send", "isend") and dtype == "int64")
+    assert headers <= 1, (
+        f"{where}: {what}: stage {rank} sent {headers} shape messages (int64, learn_shapes') to the next stage: "
+        "call stage.learn_shapes(inputs, M) once, at the start of the step, not once a micro-batch")
     assert by == want, (f"{where}: {what}: what went on the wire, {by}, is not one shape message then M "
                         f"activations forward and M gradients back: {want}")
     assert r["done"], f"{where}: {what}: the step returned before its sends completed: end it with stage.wait_sends()"

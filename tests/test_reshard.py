@@ -92,8 +92,22 @@ def check_shard_index(ckpt, names, numels, shards):
                 f"are data; the rest is padding, read as data (a parameter ends where its numel says)")
             if entries != want_entries:
                 shard_relative = [(n, a, l, a) for n, _, l, a in want_entries]
+                parameter_relative = [(n, o, l, o) for n, o, l, _ in want_entries]
+                empty = [e[0] for e in entries if len(e) == 4 and e[2] <= 0]
+                missing = [n for n, *_ in want_entries if n not in [e[0] for e in entries]]
+                starts = [sum(numels[:i]) for i in range(len(numels))]
                 hint = ("offsets must be global, counted from the start of the parameter, not of this rank's shard"
                         if entries == shard_relative else
+                        # Issue 45: these three were a bare difference
+                        "the position in the shard (the 4th number, at) counts from the start of this rank's "
+                        "shard (low - start), not of the parameter" if entries == parameter_relative else
+                        f"an entry of length 0 for {', '.join(empty)}: list only the parameters that [start, end) "
+                        "overlaps (low < high)" if empty and [e for e in entries if e[2] > 0] == want_entries else
+                        f"no entry for {', '.join(missing)}, which [{start}, {end}) overlaps ("
+                        + ", ".join(f"{n} is line elements {a}..{a + k - 1}" for n, a, k in zip(names, starts, numels)
+                                    if n in missing)
+                        + "): each parameter starts on the line where the one before it ends, whether or not this "
+                        "shard overlaps the one before" if missing and all(e in want_entries for e in entries) else
                         "(name, offset in the parameter, length, position in the shard), in the line's order")
                 assert False, f"{where}: got {entries}, expected {want_entries}: {hint}"
             assert padding == want_padding, (
@@ -161,8 +175,36 @@ def test_read_overlaps_glues_the_pieces_in_order_without_padding_and_keeps_the_s
                     if sorted(got.tolist()) == sorted((want * scale).tolist()):
                         hint = "the right elements in the wrong order: glue the pieces by their offset, not file order"
                     else:
-                        hint = "each element from the saved entry of the same name whose offsets cover it"
+                        hint = overlaps_hint(got, want * scale, wanted, saved) or (
+                            "each element from the saved entry of the same name whose offsets cover it")
                     assert False, f"{where}: '{key}' is {got.tolist()}, expected {(want * scale).tolist()}: {hint}"
+
+
+def overlaps_hint(got, want, wanted, saved):
+    """Why read_overlaps' flat differs, where the numbers prove it (Issue 45: each was a bare difference): the
+    padding not zero, entries copied at their offset in the parameter, an entry glued from one saved part."""
+    data = torch.zeros(len(want), dtype=torch.bool)
+    for _, _, length, at in wanted:
+        data[at:at + length] = True
+    if torch.equal(got[data], want[data]) and not torch.equal(got[~data], torch.zeros_like(got[~data])):
+        return (f"the elements past the data, {int(data.sum())}..{len(want) - 1} (the new flat's padding), are "
+                f"{got[~data].tolist()}, not zeros: make the flat with value.new_zeros(numel) (torch.empty leaves "
+                "whatever its memory held)")
+    if any(o != a for _, o, _, a in wanted) and all(
+            torch.equal(got[o:o + k], want[a:a + k]) for _, o, k, a in wanted if o + k <= len(got)):
+        return ("each entry's elements were copied to flat[offset:offset + length], their position in the "
+                "PARAMETER; they go to flat[at:at + length], their position in this rank's flat")
+    for name, offset, length, at in wanted:
+        parts = sum(1 for entries, _ in saved for n, o, k, _ in entries
+                    if n == name and max(o, offset) < min(o + k, offset + length))
+        mine, right = got[at:at + length], want[at:at + length]
+        if parts > 1 and not torch.equal(mine, right):
+            cut = next(i for i in range(length) if mine[i] != right[i])
+            if cut and torch.equal(mine[:cut], right[:cut]) and not mine[cut:].any():
+                return (f"{name}'s elements {offset}..{offset + length - 1} lie in {parts} saved flats, and only the "
+                        f"first {cut} were copied: glue every saved part that overlaps a wanted entry, in the order "
+                        "of their offsets")
+    return None
 
 
 @pytest.mark.task8_4

@@ -176,6 +176,14 @@ def _check_operator(name, rank, world_size, grank, gsize, got):
                "changed the gradient")
         pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()} for the incoming {grad_expected.tolist()}: it "
                     f"{did}; g's backward is the identity (return grad as it is)")
+    if name == "gather_from_tp" and gsize > 1 and not torch.equal(grad_x, grad_expected):
+        # Issue 45: was told "not the global rank" as well: say which of the two the numbers show
+        total = sum(_rank_valued(r, grad_x.shape[:-1] + (grad_x.shape[-1] * gsize,), 0.5) for r in range(gsize))
+        k = grad_x.shape[-1]
+        if torch.equal(grad_x, total[..., grank * k:(grank + 1) * k]):
+            pytest.fail(f"{T91}: {where}'s backward gave {grad_x.tolist()}, the slice of the ranks' gradients SUMMED "
+                        f"(expected {grad_expected.tolist()}): gather's backward takes this rank's slice of its own "
+                        "gradient, no all-reduce (every rank already holds the whole output's gradient)")
     assert torch.equal(grad_x, grad_expected), (
         f"{T91}: {where}'s backward gave {grad_x.tolist()}, expected {grad_expected.tolist()} "
         + ("(f's backward: the all-reduce SUM of the gradient over the group)" if name == "copy_to_tp" else
@@ -389,6 +397,12 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
     else:
         assert got["bias"] is not None and torch.equal(got["bias"], ref["bias"]), (
             f"{T92}: {where}: the bias must be the whole bias, on every rank")
+    if got["error"] and not input_is_parallel and gsize > 1 and re.search(
+            rf"mat1 and mat2 shapes cannot be multiplied \(\d+x{ref['weight'].shape[1]} and {k}x", got["error"]):
+        # Issue 45: a raw shape error; the whole input's last dimension met this rank's columns of the weight
+        pytest.fail(f"{T92}: {where}'s forward multiplied the WHOLE input ({ref['weight'].shape[1]} features) by "
+                    f"this rank's {k} columns of the weight: {got['error']}. With input_is_parallel=False the input is "
+                    "whole on every rank: take this rank's slice of its last dimension first (_split_last_dim)")
     assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
     if ref["bias"] is not None:
         if gsize > 1 and _close(got["y"], ref["y"] + (gsize - 1) * ref["bias"]):
