@@ -586,6 +586,9 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                 continue
             if "running" in key and torch.equal(value, own[key]):
                 pytest.fail(f"{T131}: {where}: {key} kept this rank's value: {MISTAKES['no-buffers'][1]}")
+            if key == "ema" and torch.equal(value, own[key]) and all(
+                    torch.equal(out["state"][k], own[k]) for k in own if "running" in k):
+                pytest.fail(f"{T131}: {where}: no buffer was averaged: {MISTAKES['no-buffers'][1]}")
             if key == "ema" and torch.equal(value, own[key]):
                 pytest.fail(f"{T131}: {where}: the floating-point buffer `ema` (not BatchNorm's) kept this rank's "
                             "value: average EVERY floating-point buffer of model.buffers() (buffer.is_floating_point()), "
