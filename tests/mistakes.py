@@ -977,9 +977,6 @@ MISTAKES = [
     Mistake("12.3", "viewed-by-the-last-dimension", "template_compression.py",  # PyTorch views (shape[0], -1)
             "        matrix = tensor.view(tensor.shape[0], -1)\n", "        matrix = tensor.view(-1, tensor.shape[-1])\n",
             "viewed as (-1, shape[-1])"),
-    Mistake("12.3", "forgets-every-buckets-p-and-q", "template_compression.py",  # others are still in flight
-            "            del state.p_memory_dict[index], state.q_memory_dict[index]\n",
-            "            state.p_memory_dict.clear()\n            state.q_memory_dict.clear()\n", "only its OWN P and Q"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),

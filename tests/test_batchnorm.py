@@ -456,6 +456,11 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
                         "and the variance depend on every rank's x. All-reduce the per-channel sums of dy and of "
                         "dy * x_hat (one collective, both packed together) and divide by the global count")
         numels = [numel for _, _, numel in calls]
+        if len(calls) > 1 and all(numel <= 2 * C for numel in numels):
+            pytest.fail(f"{where}: backward ran {calls} (kind, dtype, elements): {len(calls)} all-reduces where ONE "
+                        f"does: pack the {2 * C} per-channel sums of dy and dy * x_hat into one tensor (torch.cat) and "
+                        "all-reduce it once (all-reduced in place, sum(dy) and sum(dy * x_hat) would also be the "
+                        "weight's and bias's gradients, summed over the ranks)")
         assert len(calls) == 1 and numels[0] <= 2 * C, (
             f"{where}: backward ran {calls} (kind, dtype, elements): ONE all-reduce of the {2 * C} per-channel sums "
             f"of dy and dy * x_hat, not of dy itself (dy has {sizes[grank] * dx[0].numel()} elements here, and the "
