@@ -846,6 +846,24 @@ MISTAKES = [
     Mistake("11.3", "convert-returns-the-original", "template_batchnorm.py",
             "        return converted\n        # --- Task 11.3 end ---", "        return module\n        # --- Task 11.3 end ---",
             "must come back converted"),
+    # issue 45, a held-out-style trial of Tasks 11-13 (branch trial-11-13): wrong answers that passed, or were
+    # told a wrong cause, a bare diff or a raw exception
+    Mistake("11.2", "backward-sums-averaged", "template_batchnorm.py",  # the AVG op: the sums / N
+            "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
+            "            dist.all_reduce(packed, op=dist.ReduceOp.AVG, group=ctx.group)\n", "not summed"),
+    Mistake("11.2", "gradient-for-a-none-weight", "template_batchnorm.py",  # affine=False: autograd refuses it
+            "        if weight is not None and ctx.needs_input_grad[1]:\n", "        if True:\n",
+            "None for an input that is None"),
+    Mistake("11.2", "empty-slice-skips-backward", "template_batchnorm.py",  # the others wait in its all-reduce
+            "        x_hat, invstd, weight = ctx.saved_tensors\n",
+            "        x_hat, invstd, weight = ctx.saved_tensors\n        if grad_y.shape[0] == 0:\n"
+            "            return torch.zeros_like(grad_y), None if weight is None else torch.zeros_like(weight), "
+            "None if weight is None else torch.zeros_like(weight), None, None, None, None, None\n",
+            "a hang in backward"),
+    Mistake("11.3", "running-stats-updated-without-tracking", "template_batchnorm.py",  # they are None
+            "            if self.track_running_stats:\n                self.num_batches_tracked.add_(1)\n",
+            "            if True:\n                self.num_batches_tracked.add_(1)\n",
+            "in training, there are no running statistics to update"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -946,6 +964,19 @@ MISTAKES = [
             "still hold this rank's own gradients"),
     Mistake("12.3", "wanted-aliases-the-buffer", "template_compression.py",  # the residual is always zero
             "        wanted = buffer.detach().clone()", "        wanted = buffer", "(a copy, buffer.clone()"),
+    # issue 45, the trial of Tasks 11-13 (branch trial-11-13)
+    Mistake("12.1", "divides-before-the-cast", "template_compression.py",  # in float32: other roundings
+            "    compressed = buffer.to(dtype).div_(group.size())\n", "    compressed = buffer.div_(group.size()).to(dtype)\n",
+            "divided by the world size in its own dtype"),
+    Mistake("12.2", "next-column-only", "template_compression.py",  # right for r = 2, wrong from r = 3
+            "            rest = matrix[:, i + 1:]\n", "            rest = matrix[:, i + 1:i + 2]\n",
+            "orthogonal to its neighbours only"),
+    Mistake("12.3", "never-warm-starts", "template_compression.py",
+            "    new_qs = not state.warm_start or index not in state.p_memory_dict\n", "    new_qs = True\n",
+            "drew new Qs"),
+    Mistake("12.3", "viewed-by-the-last-dimension", "template_compression.py",  # PyTorch views (shape[0], -1)
+            "        matrix = tensor.view(tensor.shape[0], -1)\n", "        matrix = tensor.view(-1, tensor.shape[-1])\n",
+            "viewed as (-1, shape[-1])"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),
@@ -1095,6 +1126,24 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "        self.synced = [param.detach().clone() for param in self.params]\n", "not on the CPU"),
+    # issue 45, the trial of Tasks 11-13 (branch trial-11-13)
+    Mistake("13.1", "buffers-picked-by-name", "template_local_sgd.py",  # BatchNorm's only
+            "    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n",
+            "    buffers = [buffer for name, buffer in model.named_buffers() if name.endswith((\"running_mean\", "
+            "\"running_var\"))]\n", "picked by name"),
+    Mistake("13.3", "pseudo-gradient-on-the-cpu", "template_local_sgd.py",  # right on CPUs, fails on a GPU
+            "param.grad = synced.to(param.device) - param", "param.grad = synced - param.detach().cpu()",
+            "computed on the CPU"),
+    Mistake("13.3", "averages-integer-buffers", "template_local_sgd.py",  # num_batches_tracked: a raw cast error
+            "            buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n",
+            "            buffers = list(self.model.buffers())\n", "an integer buffer"),
+    Mistake("13.3", "outer-zero-grad-before-its-step", "template_local_sgd.py",  # the step sees no gradient
+            "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n"
+            "        self.outer_optimizer.zero_grad()\n",
+            "        self.outer_optimizer.zero_grad()\n        self.outer_optimizer.step()\n", "the outer step moved nothing"),
+    Mistake("13.3", "never-resets-the-count", "template_local_sgd.py",
+            "        self.local_step = 0\n        with torch.no_grad():\n", "        with torch.no_grad():\n",
+            "never set back to 0"),
     # Task 14 (the transformer: tensor and sequence parallelism)
     Mistake("14.1", "contiguous-qkv-split", "template_sequence_parallel.py",  # rank 0 gets all of q
             "    attn.qkv = column.from_linear(regrouped, group)\n", "    attn.qkv = column.from_linear(attn.qkv, group)\n",
@@ -1444,6 +1493,15 @@ RIGHT_ANSWERS = [
                 "    index, dtype = bucket.index(), buffer.dtype\n", ""),
         Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
                 "        state.maybe_increase_iter(bucket)\n        return buffer\n", "        return buffer\n", ""))),
+    RightAnswer("13.3", "parameters-averaged-then-pseudo-gradient", "synced - mean(param) is mean(synced - param)", (
+        Mistake("13.3", "parameters-averaged-then-pseudo-gradient", "template_local_sgd.py",
+                "            for param, synced in zip(self.params, self.synced):\n"
+                "                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n"
+                "            buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n"
+                "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+                "            average_parameters(self.model, self.group)\n"
+                "            for param, synced in zip(self.params, self.synced):\n"
+                "                param.grad = synced.to(param.device) - param\n", ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",

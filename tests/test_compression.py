@@ -144,8 +144,12 @@ def _compress_direct(rank, world_size, impl, name):
                 if refused is None:
                     raise
                 raise refused from None
+        # a symptom, not a reference: the mean divided in the buffer's own dtype, then cast (and sent)
+        divided_first = (torch.cat([t.reshape(-1) for t in tensors]) / world_size).to(DTYPES[name])
+        dist.all_reduce(divided_first)
         out.append(dict(ours=ours, theirs=theirs.clone(), early=early, records=sent_by(wire),
-                        ops=[call.op for call in wire.calls], waited=waited_in_hook(wire)))
+                        ops=[call.op for call in wire.calls], waited=waited_in_hook(wire),
+                        divided_first=divided_first.to(dtype)))
     return out
 
 
@@ -184,6 +188,10 @@ def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
             f"{T121} ({name}): on a {theirs.dtype} bucket the Future held {ours.dtype}, expected {theirs.dtype}: "
             "copy the reduced tensor back into bucket.buffer() (copy_ casts it to the buffer's dtype) and return "
             "the buffer, not a tensor of another dtype")
+        if not torch.equal(ours, theirs) and torch.equal(ours, got["divided_first"]):
+            pytest.fail(f"{T121} ({name}): rank {rank}: the bucket was divided by the world size in its own dtype "
+                        f"({theirs.dtype}), then cast to {dtype}: PyTorch casts first (a new tensor, "
+                        f"buffer.to({dtype})) and divides that, in {dtype}; the roundings differ")
         if not torch.equal(ours, theirs):
             bad = (ours != theirs).sum().item()
             pytest.fail(f"{T121} ({name}): rank {rank}: {bad} of {ours.numel()} elements differ from PyTorch's "
@@ -304,6 +312,10 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
             elif not torch.allclose(norms, torch.ones_like(norms), atol=1e-4):
                 hint = (f"the columns' norms are {[round(n, 3) for n in norms.tolist()]}, not 1: divide each column by "
                         "its own norm, torch.linalg.vector_norm(col, dim=0) (over its n entries)")
+            elif matrix.shape[1] > 2 and torch.diagonal(gram, 1).abs().max() < 1e-4:
+                hint = ("each column is orthogonal to its neighbours only (columns i and i + 1), not to those further "
+                        "on: subtract column i's component from EVERY later column (matrix[:, i + 1:]), not from "
+                        "column i + 1 alone")
             else:
                 hint = ("the columns have norm 1 but are not orthogonal: normalise column i FIRST, then subtract its "
                         "component from every later column, col_j -= (col_i . col_j) col_i (that projection needs a "
@@ -388,11 +400,14 @@ def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=tor
         raise
 
 
-def _expected_sizes(shapes, rank_r, min_rate):
-    """(numbers sent whole, P numbers, Q numbers) of one bucket, PyTorch's rule."""
+def _expected_sizes(shapes, rank_r, min_rate, last_dim=False):
+    """(numbers sent whole, P numbers, Q numbers) of one bucket, PyTorch's rule (each gradient viewed as
+    (shape[0], -1)); with last_dim, a mistake's: viewed as (-1, shape[-1])."""
     whole = p = q = 0
     for shape in shapes:
         n, m = shape[0], (shape[1] if len(shape) > 1 else 1)
+        if last_dim:
+            n, m = torch.Size(shape[:-1]).numel(), shape[-1]
         r = min(n, m, rank_r)
         if n * m > r * (n + m) * min_rate:
             p, q = p + n * r, q + m * r
@@ -423,6 +438,11 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
     if whole and len(whole_sent) > 1 and sum(whole_sent) == whole:
         return (f"the tensors sent whole went in {len(whole_sent)} all-reduces ({whole_sent} numbers): concatenate "
                 "them into one flat tensor, one all-reduce")
+    whole_l, p_l, q_l = _expected_sizes(shapes, rank_r, min_rate, last_dim=True)
+    if sent == ([whole_l] if whole_l else []) + ([p_l, q_l] if p_l else []):
+        return (f"expected [sent whole, P, Q] = {expected} numbers: these are the sizes of each gradient viewed as "
+                "(-1, shape[-1]): view it as (shape[0], -1), as PyTorch does (n = shape[0], m = the rest; a bias (n,) "
+                "is n x 1)")
     if p and len(sent) == len(expected) and sent[:-2] == expected[:-2]:
         return (f"expected [sent whole, P, Q] = {expected} numbers: r = min(n, m, matrix_approximation_rank) (a "
                 "matrix n x m has rank at most min(n, m)), P is n x r, Q is m x r")
@@ -461,6 +481,11 @@ def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
     if got["step"] == start:
         return ("at the first compressed step: the first Qs (state.rng's seed, torch.randn in the bucket's order), "
                 "orthogonalised; P = M Q summed, orthogonalised; Q = M^T P averaged; M' = P Q^T")
+    if _first_q_drawn_in(got, shapes, rank_r, min_rate) is not None:  # warm_start: the default, in these tests
+        return ("at a later step (the first one agreed) the hook drew new Qs from state.rng's next seed: with "
+                "state.warm_start (the default), keep each bucket's P and Q buffers (state.p_memory_dict[i], "
+                "state.q_memory_dict[i]) and start from last step's averaged Q; new Qs only for a bucket that has none "
+                "yet")
     return ("at a later step (the first one agreed): the warm start begins from last step's averaged Q "
             "(state.q_memory_dict), not from P; the error feedback adds the residual once")
 

@@ -427,7 +427,8 @@ def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
 # --------------------------------------------------------------------------- Task 13.1
 class Mixed(nn.Module):
     """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers; a frozen parameter
-    (requires_grad=False: averaged too)."""
+    (requires_grad=False: averaged too); a floating-point buffer that is not BatchNorm's (`ema`: averaged too, so
+    an answer that picks BatchNorm's running statistics by name shows)."""
 
     def __init__(self):
         super().__init__()
@@ -436,6 +437,7 @@ class Mixed(nn.Module):
         self.b = nn.Linear(4, 3)  # float32
         self.c = nn.Linear(3, 2).double()
         self.frozen = nn.Parameter(torch.zeros(3, dtype=torch.float64), requires_grad=False)
+        self.register_buffer("ema", torch.zeros(2, dtype=torch.float64))
 
 
 def _rank_valued(model, rank):
@@ -584,6 +586,13 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                 continue
             if "running" in key and torch.equal(value, own[key]):
                 pytest.fail(f"{T131}: {where}: {key} kept this rank's value: {MISTAKES['no-buffers'][1]}")
+            if key == "ema" and torch.equal(value, own[key]) and all(
+                    torch.equal(out["state"][k], own[k]) for k in own if "running" in k):
+                pytest.fail(f"{T131}: {where}: no buffer was averaged: {MISTAKES['no-buffers'][1]}")
+            if key == "ema" and torch.equal(value, own[key]):
+                pytest.fail(f"{T131}: {where}: the floating-point buffer `ema` (not BatchNorm's) kept this rank's "
+                            "value: average EVERY floating-point buffer of model.buffers() (buffer.is_floating_point()), "
+                            "not BatchNorm's running statistics picked by name")
             if key == "frozen" and torch.equal(value, own[key]):
                 pytest.fail(f"{T131}: {where}: the frozen parameter (requires_grad=False) kept this rank's value: "
                             "average every parameter of model.parameters(), frozen ones too (the ranks may differ "
@@ -844,6 +853,11 @@ def check_lowered_mid_round(task, results):
                         f"{what} came at step 4, and the count went on ({counts}): compare the count with "
                         "sync_every using >=, not ==: sync_every may be lowered in the middle of a round below the "
                         "steps already counted (train_ddp.py lowers it at an epoch's end)")
+        if counts == list(range(1, len(counts) + 1)) and sent[3]:
+            pytest.fail(f"{task}: rank {rank}: self.local_step after each step was {counts}, and steps "
+                        f"{[i + 1 for i, n in enumerate(sent) if n]} sent something: the count was never set back to "
+                        f"0, so once it reached sync_every every step came with an {what}: set self.local_step = 0 "
+                        f"at each {what}")
         assert counts == [1, 2, 3, 0, 1, 2, 3, 0] and [bool(n) for n in sent] == [False] * 3 + [True] + \
             [False] * 3 + [True], (f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
@@ -874,6 +888,15 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
             wire.step = step + 1
             try:
                 take_step(diloco, model, rank, step, closures)
+            except RuntimeError as error:
+                integers = [c for c in calls_of(wire) if c[2] in ("int64", "int32", "long", "int")]
+                if "can't be cast to the desired output type" not in str(error) or not integers:
+                    raise
+                raise AssertionError(
+                    f"{T133}: step {step + 1}: DiLoCo.step() all-reduced {integers[0][3]} {integers[0][2]} element(s), "
+                    f"then raised RuntimeError: {error}: an integer buffer (BatchNorm's num_batches_tracked, a count) "
+                    "went to all_reduce_mean, whose mean is no integer: average only the floating-point buffers "
+                    "(buffer.is_floating_point()), and leave the integer ones as they are") from None
             except AttributeError as error:
                 line = _template_line(error)
                 if "'NoneType' object" not in str(error) or ".grad" not in line:
@@ -936,6 +959,14 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
         for rank, out in enumerate(results):
             check_wire(T133, out["calls"], [3, 6, 9], [("float64", n)], rank, "DiLoCo", len(out["members"]))
             check_counts(T133, rank, out["counts"], sync_every, "inner steps since the last outer step")
+            start = list(make(Net).parameters())
+            after_round = out["history"][sync_every - 1][:len(start)]
+            if all(buf is None for buf in out["outer"]) and all(torch.equal(a, b) for a, b in zip(after_round, start)):
+                pytest.fail(f"{T133}: rank {rank}: the outer step moved nothing: after step {sync_every} the parameters "
+                            "were where the round started, and self.outer_optimizer has no momentum buffer: its step "
+                            "saw no gradient. Set each param.grad to its averaged pseudo-gradient, then "
+                            "self.outer_optimizer.step(), and only then its zero_grad() (before the step, it clears "
+                            "the pseudo-gradients the step needs)")
             if any(buf is None for buf in out["outer"]):
                 pytest.fail(f"{T133}: rank {rank}: self.outer_optimizer has no momentum buffer for some parameters: "
                             "it never stepped them. Put the averaged pseudo-gradient in each param.grad and call "
@@ -969,7 +1000,8 @@ def test_diloco_keeps_synced_on_the_cpu_whatever_the_parameters_device(impl):
     device (shapes, no data: what a CPU machine has besides the CPU), the all-reduce left out: a self.synced
     made on the parameters' device shows there; a CPU copy cannot take a meta tensor's values (it raises)."""
     lib = judging(impl, "13.3")  # a fresh copy of the module: the all-reduce swapped out below stays here
-    lib.all_reduce_mean = lambda tensors, group=None: None
+    averaged_devices = []  # the devices of what each all_reduce_mean call got
+    lib.all_reduce_mean = lambda tensors, group=None: averaged_devices.append({t.device.type for t in tensors})
     model = make(Net)
     diloco = lib.DiLoCo(model, optimizer("adamw", model.parameters()), 1)
     for t in [*model.parameters(), *model.buffers()]:
@@ -977,13 +1009,23 @@ def test_diloco_keeps_synced_on_the_cpu_whatever_the_parameters_device(impl):
         torch.utils.swap_tensors(t, nn.Parameter(meta, t.requires_grad) if isinstance(t, nn.Parameter) else meta)
     for param in model.parameters():
         param.grad = torch.ones_like(param) if param.requires_grad else None
+    copied_out = None  # the line that copied a meta parameter's values to the CPU before the all-reduce
     try:
         diloco.step()
     except NotImplementedError as error:
         if "meta" not in str(error):
             raise  # the unfilled TODO: "not started"
+        if not averaged_devices:
+            copied_out = _template_line(error)
     except Exception:  # noqa: BLE001  (something else meta or the missing process group refuses: no verdict here)
         pass
+    assert not copied_out and all(devices <= {"meta"} for devices in averaged_devices), (
+        f"{T133}: the pseudo-gradients were computed on the CPU"
+        + (f" (`{copied_out}` copied a parameter there, before the all-reduce)" if copied_out else
+           f" (all_reduce_mean got tensors on {sorted(set().union(*averaged_devices))})")
+        + ", with the parameters on another device (as on a GPU): compute each on its parameter's device, "
+        "param.grad = synced.to(param.device) - param. A GPU's whole model would go to the CPU and back every round, "
+        "and NCCL all-reduces GPU tensors only")
     devices = sorted({str(synced.device) for synced in diloco.synced} - {"cpu"})
     assert not devices, (
         f"{T133}: self.synced was made on the parameters' device ({', '.join(devices)}), not on the CPU (parameters "
