@@ -37,8 +37,10 @@ TASK_PREFIX = re.compile(r"Tasks? [\d., ]+(?: \(.*\))?:")
 # Errors that come from Python or PyTorch rather than from a test, and what they usually mean.
 # (regex on "ExceptionType: message", the sentence to add)
 HINTS = [
-    (r"ReduceOp\.AVG|Cannot use ReduceOp\.AVG",
-     "Gloo has no ReduceOp.AVG: all_reduce with SUM, then divide by the world size."),
+    # gloo's own refusal only: a test's message may name ReduceOp.AVG, which gloo takes since torch 2.7
+    (r"Cannot use ReduceOp\.AVG",
+     "This PyTorch's gloo has no ReduceOp.AVG (torch 2.7 added it): all_reduce with SUM, then divide by the "
+     "world size."),
     (r"a leaf Variable that requires grad is being used in an in-place operation",
      "Write into parameters under torch.no_grad(), so that autograd does not record the copy."),
     (r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|No CUDA GPUs are available",

@@ -172,6 +172,13 @@ def test_errors_that_no_test_explains_get_a_hint(exc_type, message, expected):
     assert expected in text and "pair.cc" not in text and "GLHF" not in text
 
 
+def test_a_tests_message_that_names_avg_is_not_told_gloo_lacks_it():
+    # torch 2.14's gloo takes ReduceOp.AVG: only gloo's own refusal may bring the hint
+    said = "Task 11.2 (template_batchnorm.py, backward): the sums were averaged (ReduceOp.AVG), not summed"
+    text, _ = explain("AssertionError", said, "template_batchnorm.py:1 in backward")
+    assert "has no ReduceOp.AVG" not in text, text
+
+
 # --------------------------------------------------------------------------- slow: real runs
 
 # The grading itself is judged here; the sandbox around it (bubblewrap, which .ci/run installs) in
