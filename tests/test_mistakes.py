@@ -11,7 +11,10 @@ its time limit with the cores idle.
 A test that passes a wrong answer teaches a wrong thing, so each mistake must fail, and
 the failure must say what is likely wrong (the mistake's hint).
 """
+import os
 import re
+import signal
+import time
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -168,3 +171,56 @@ def test_tasks_built_on_others_are_judged_alone(task, name, marker, tmp_path, wa
                                 *files_with(marker)], cwd=repo, timeout=110)
     assert returncode == 0, (f"a wrong answer to Task {task} ({name}) fails the tests of {marker} too: judge "
                              f"that task with solutions/' answers to the others (judging(impl, task))\n{out[-3000:]}")
+
+
+_RANKS_THAT_OUTLIVE_THEIR_RUN = '''
+import time
+from harness import run_ranks
+
+
+def _sleep(rank, world_size):
+    time.sleep(600)
+
+
+def test_sleeps():
+    run_ranks(_sleep, 2, timeout=600)
+'''
+
+
+@pytest.mark.slow
+def test_the_warm_server_leaves_no_rank_behind(tmp_path):
+    """A run killed mid-test (its client gone: a `timeout` around pytest -m slow) leaves its ranks, which the
+    forkserver made in the server's process group, not the run's: the server takes that group down as it ends.
+    They once stayed for ever, a rank's results pipe full with no reader."""
+    repo = copy_course(str(tmp_path / "repo"))
+    (tmp_path / "repo" / "tests" / "test_sleeps.py").write_text(_RANKS_THAT_OUTLIVE_THEIR_RUN)
+    warm = WarmPytest()
+    try:
+        warm.start(["-q", "-p", "no:cacheprovider", "tests/test_sleeps.py"], cwd=repo, timeout=300)
+        group, deadline = os.getpgid(warm._proc.pid), time.monotonic() + 60
+        while len(_processes_in(group)) < 4 and time.monotonic() < deadline:  # server, forkserver, 2 ranks
+            time.sleep(0.2)
+        assert len(_processes_in(group)) >= 4, f"the ranks did not start: {_processes_in(group)}"
+    finally:
+        warm.close()
+    deadline = time.monotonic() + 10
+    while _processes_in(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _processes_in(group)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the warm server's group outlived it: {left}"
+
+
+def _processes_in(group):
+    """The pids of the live processes in process group `group` (zombies left out)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(pid))
+    return found

@@ -78,7 +78,7 @@ class WarmPytest:
 
     def close(self):
         if self._proc.poll() is None:
-            self._proc.stdin.close()  # the server's loop ends; its forkserver follows (its alive pipe closes)
+            self._proc.stdin.close()  # the server ends, taking its process group down: its forkserver, any rank
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -117,10 +117,12 @@ def serve():
         # select() would then not see
         if select.select([0], [], [], 0.02)[0]:
             chunk = os.read(0, 65536)
-            if not chunk:  # the client closed stdin (close()): nobody reads what still runs
+            if not chunk:  # the client closed stdin (close(), or it was killed): nobody reads what still runs
                 for pid in running:
                     _ended(pid, deadline=0)
-                return
+                # and the forkserver with any rank of a killed run: those are in this process group, not in
+                # their run's, and a rank whose results pipe is full waits for a reader for ever
+                os.killpg(0, signal.SIGKILL)
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
