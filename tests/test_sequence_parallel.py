@@ -617,7 +617,9 @@ def _layers_alone(rank, world_size, impl):
     out["column_out"] = (y.detach(), xi.grad)
     layer = sp.SequenceParallelRowLinear.from_linear(row, None)
     hi = h.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
-    y = layer(hi)
+    with Wire() as wire:
+        y = layer(hi)
+    out["row_forward"] = wire.take()
     if y.shape == _shard(up_row, rank, world_size).shape:
         (y * _shard(up_row, rank, world_size)).sum().backward()
     out["row_out"] = (y.detach(), hi.grad, layer.bias.grad)
@@ -657,8 +659,12 @@ def _check_layers_alone(rank, world_size, got):
         pytest.fail(f"{where}: the output counts the bias {world_size} times: it was added to every rank's partial "
                     "product, before the reduce-scatter; add it once, after")
     assert _close(y_row, y_expected), f"{where}: the output differs from nn.Linear's on this rank's tokens"
+    sent = [kind for kind, _, _ in got["row_forward"]]
     assert _close(grad_row, h.grad.chunk(world_size, dim=-1)[rank]), (
-        f"{where}: the input's gradient differs from nn.Linear's slice")
+        f"{where}: the input's gradient differs from nn.Linear's slice" + (
+            f": its forward sent {got['row_forward']}: dist.all_reduce has no backward (autograd passes the "
+            "gradient through it as if nothing were summed); reduce_scatter_sequence replaces g here: one "
+            "reduce-scatter, whose backward is the all-gather" if any(kind not in REDUCE_SCATTER for kind in sent) else ""))
     assert grad_bias is not None, f"{where}: the bias got no gradient"
 
 
