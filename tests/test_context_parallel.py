@@ -225,8 +225,19 @@ class Recorder:
 
 
 def _rings(rank, size, impl, task, cases, backward, shape):
-    """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part)."""
-    return [_ring(rank, size, impl, task, causal, layout, backward, shape) for causal, layout in cases]
+    """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part). A ring
+    that sent more or fewer K/V bytes than it should stops the cases there: a message left over would be received
+    by the next case's ring, which then waits forever (the first case's check says what was sent)."""
+    results = []
+    for causal, layout in cases:
+        got = _ring(rank, size, impl, task, causal, layout, backward, shape)
+        results.append(got)
+        kv = 2 * got["out"].numel()
+        for when, blocks in (("forward", size - 1), ("backward", 2 * size - 1)):
+            sent = sum(m[2] for m in (got[when] or {}).get("messages", []) if m[0] in ("send", "isend"))
+            if got[when] is not None and sent != blocks * kv:
+                return results
+    return results
 
 
 def _ring(rank, size, impl, task, causal, layout, backward, shape):
@@ -444,9 +455,14 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
     for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
         if not _close(g, e):
             why = ""
+            elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
             if what != "dq" and sent <= (size - 1) * kv_numel:
                 why = (": dk and dv were left on the rank that computed them; they belong to the block's owner, "
                        "and must travel with their K/V block round the ring to end there")
+            elif what != "dq" and elsewhere:
+                why = (f": rank {rank} sent to rank(s) {elsewhere} in backward: dk and dv travel WITH their K/V block, "
+                       f"the same way round the ring (to r + 1 = {(rank + 1) % size}, from r - 1), so that after N "
+                       "hops they reach the block's owner")
             elif layout == "contiguous":
                 dq_shares, dkv_shares = _shares(rank, size, causal, shape)
                 shares = dq_shares if what == "dq" else [dkv[what == "dv"] for dkv in dkv_shares]
@@ -770,7 +786,10 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
             ratio = (grad.norm() / expected[name].norm()).item()
             where = "head" if name.startswith("head.") else "before the pooling"
             why = ""
-            if abs(ratio - cp_size) < 1e-6 and where == "head":
+            if grad.numel() > 1 and torch.all(grad == grad.flatten()[0]):
+                why = (f": every element of it is {grad.flatten()[0].item():g}: the gradient was overwritten by a number "
+                       "(the divisor?), not divided by it: mind the parentheses around a conditional divisor")
+            elif abs(ratio - cp_size) < 1e-6 and where == "head":
                 why = (f": the head's gradients are N = {cp_size} times too large: every rank of a context group holds "
                        "the whole gradient of its replica's head already (it saw the same pooled features); summed over "
                        "the group it counts N times")
