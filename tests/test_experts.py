@@ -261,6 +261,8 @@ def _counts_check(rank, expected_rows, task):
 
     def check(call, group):
         if call.kind not in ("all_to_all_single", "all_to_all"):
+            if call.dtype is not None and not call.dtype.is_floating_point:
+                seen["counts"] += 1  # counts sent otherwise (an all-gather): said by the checks of the wire
             return
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
@@ -323,11 +325,18 @@ def _layer(rank, world_size, impl, task, configs):
                 aux = layer.aux_loss
                 loss = (y.view(TOKENS, DIM) * grads[rank]).sum() + AUX * (aux if isinstance(aux, torch.Tensor) else 0.)
                 loss.backward()
-            except (RuntimeError, IndexError) as error:  # said here, at once: the other ranks may wait in a collective
+            except (RuntimeError, IndexError, ValueError) as error:  # said here, at once: the other ranks may wait
                 kept = ref["kept"][rank]
                 hint = ("; the output has one row per kept choice: combine returned the outputs in the order dispatch "
                         "sent them, not in token order (add each at its token, plan.token)"
-                        if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else "")
+                        if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else
+                        "; combine's all-to-all goes back the reverse way of dispatch's: it sends the rows that arrived "
+                        "(sum(plan.output_splits)) and receives the rows that were sent (sum(plan.input_splits)): "
+                        "all_to_all(send, plan.input_splits, plan.output_splits)"
+                        if task == "16.3" and "Split sizes" in str(error) else
+                        "; the layer gets (B, S, dim) tokens, models.route takes (T, E) logits: flatten the tokens to "
+                        "(T, dim) first, as models.MoE does, and reshape the output back"
+                        if isinstance(error, ValueError) and "unpack" in str(error) else "")
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
@@ -418,7 +427,9 @@ def _check_expert_inputs(rank, world_size, got):
     assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
         f"of the tokens; it sent {got['dispatch_wire']}" + (
-            ": exchange the counts first" if len(kinds) < 2 else ""))
+            ": exchange the counts first" if len(kinds) < 2 else
+            ": the counts went by an all-gather, every rank receiving all N x E counts; one all-to-all of the E "
+            "counts gives each rank just those of its own experts, from each rank" if "gather" in kinds[0] else ""))
     counts = got["dispatch_wire"][0][1]
     assert all(not d.startswith("float") and n == E for d, n in counts), (
         f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
