@@ -1209,6 +1209,13 @@ MISTAKES = [
     Mistake("15.2", "own-positions-for-every-block", "template_context_parallel.py",  # told as the ring turning wrongly
             "            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...",
             "            owner = rank", "with its OWN tokens' positions"),
+    Mistake("15.2", "send-on-the-last-step-too", "template_context_parallel.py",  # was a hang: the next case's ring
+            "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block",
+            "            if True:\n                incoming = torch.empty_like(kv)\n"
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block", "N - 1 times"),
     Mistake("15.3", "dk-dv-left-on-the-computing-rank", "template_context_parallel.py",
             "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
             "                grad_incoming = torch.empty_like(dkv)\n"
