@@ -1153,6 +1153,16 @@ MISTAKES = [
     Mistake("14.1", "uneven-heads-not-refused", "template_sequence_parallel.py",
             "    if attn.heads % size:\n        raise ValueError(", "    if False:\n        raise ValueError(",
             "ValueError naming the heads"),
+    Mistake("14.1", "strided-head-features", "template_sequence_parallel.py",  # every N-th feature, not whole heads
+            "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)",
+            "    order = torch.arange(3 * dim).view(3, dim // size, size).permute(2, 0, 1).reshape(-1)",
+            "whole heads of 4 features each"),
+    Mistake("14.1", "proj-column-parallel", "template_sequence_parallel.py",  # a shape error in the rank, before
+            "    attn.proj = row.from_linear(attn.proj, group)", "    attn.proj = column.from_linear(attn.proj, group)",
+            "proj must be row-parallel"),
+    Mistake("14.2", "mlp-ignores-sequence-parallel", "template_sequence_parallel.py",  # passed: 14.2 ran without SP only
+            "    column, row = _layers(sequence_parallel)\n    mlp.fc1",
+            "    column, row = ColumnParallelLinear, RowParallelLinear\n    mlp.fc1", "passing the flag on"),
     Mistake("14.3", "gather-backward-all-gathers", "template_sequence_parallel.py",  # gather and reduce-scatter swapped
             "        out = torch.empty_like(pieces[rank])\n"
             "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n        return out, None, None\n",
@@ -1168,6 +1178,10 @@ MISTAKES = [
     Mistake("14.3", "uneven-tokens-not-refused", "template_sequence_parallel.py",
             "        if x.shape[1] % size:\n            raise ValueError(f\"reduce_scatter_sequence:",
             "        if False:\n            raise ValueError(f\"reduce_scatter_sequence:", "ValueError naming the tokens"),
+    Mistake("14.3", "gather-default-group", "template_sequence_parallel.py",  # passed: the tests had no sub-group
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
+            "        dist.all_gather(pieces, x.contiguous())\n        return torch.cat(pieces, dim=1)",
+            "not over the 2 of the group it was given"),
     Mistake("14.4", "row-bias-before-reduce-scatter", "template_sequence_parallel.py",  # the bias counted T times
             "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
             "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
@@ -1177,6 +1191,9 @@ MISTAKES = [
             "        return F.linear(x, self.weight, self.bias)  # no f: the gather's backward already sums x's gradient\n",
             "        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)\n",
             "no f in the sequence-parallel column layer"),
+    Mistake("14.4", "mlp-input-not-gathered", "template_sequence_parallel.py",  # a shape error at the residual, before
+            "        for module in (block.attn, block.mlp):", "        for module in (block.attn,):",
+            "attn and mlp EACH get the whole sequence"),
     Mistake("14.5", "norms-not-summed", "template_sequence_parallel.py",
             "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n", "", "was left as it was"),
     Mistake("14.5", "norms-averaged", "template_sequence_parallel.py",
@@ -1198,6 +1215,10 @@ MISTAKES = [
     Mistake("14.5", "last-gather-reduce-scatters", "template_sequence_parallel.py",  # tensor_parallel_output_grad
             "gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False)", "gather_sequence(args[0], tp_group)",
             "tensor_parallel_output_grad=False"),
+    Mistake("14.5", "first-split-without-f", "template_sequence_parallel.py",  # the embedding's gradient partial
+            "model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))",
+            "model.blocks[0].register_forward_pre_hook(lambda module, args: "
+            "(args[0].chunk(dist.get_world_size(tp_group), dim=1)[dist.get_rank(tp_group)],))", "no f before the slice"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -1227,12 +1248,36 @@ MISTAKES = [
             "        send_to, recv_from = (rank + 1) % size, (rank - 1) % size\n"
             "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
             "        q_pieces = _pieces(q, q_chunks)\n        outs", "take GLOBAL ranks"),
+    Mistake("15.2", "diagonal-block-not-masked", "template_context_parallel.py",  # only the values said so
+            "_pieces(kv[1], k_chunks)[j],\n                                           causal, q_chunks[i][1], k_chunks[j][1])",
+            "_pieces(kv[1], k_chunks)[j],\n                                           False, q_chunks[i][1], k_chunks[j][1])",
+            "without the causal mask"),
+    Mistake("15.2", "diagonal-block-skipped", "template_context_parallel.py",  # rank 0 computes nothing: a TypeError
+            "            if not causal or k_id <= q_id]", "            if not causal or k_id < q_id]",
+            "a pair of equal ids (the diagonal block) is kept"),
+    Mistake("15.2", "own-positions-for-every-block", "template_context_parallel.py",  # told as the ring turning wrongly
+            "            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...",
+            "            owner = rank", "with its OWN tokens' positions"),
+    Mistake("15.2", "send-on-the-last-step-too", "template_context_parallel.py",  # was a hang: the next case's ring
+            "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block",
+            "            if True:\n                incoming = torch.empty_like(kv)\n"
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block", "N - 1 times"),
     Mistake("15.3", "dk-dv-left-on-the-computing-rank", "template_context_parallel.py",
             "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
             "                grad_incoming = torch.empty_like(dkv)\n"
             "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, "
             "group=group)]\n",
             "            grad_incoming, grad_works = dkv, []\n", "dk and dv were left on the rank that computed them"),
+    Mistake("15.3", "dkv-restarted-every-step", "template_context_parallel.py",  # each hop drops what came before
+            "            if step > 0:  # the dk, dv that this block has gathered so far, from r - 1\n"
+            "                for work in grad_works:\n                    work.wait()\n"
+            "                dkv, grad_works = grad_incoming, None\n"
+            "            else:\n                dkv = torch.zeros_like(kv)\n",
+            "            if step > 0:\n                for work in grad_works:\n                    work.wait()\n"
+            "            dkv = torch.zeros_like(kv)\n", "not restarted from zeros"),
     Mistake("15.4", "zigzag-chunks-swapped", "template_context_parallel.py",
             "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
             "    return torch.cat([chunks[2 * size - 1 - rank], chunks[rank]], dim=dim)", "in the wrong order"),
@@ -1240,6 +1285,14 @@ MISTAKES = [
             "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)",
             "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=3, gather_dim=2)",
             "the all-to-all splits the wrong dimension"),
+    Mistake("15.5", "backward-same-dims", "template_context_parallel.py",  # autograd's shape error, before
+            "        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None",
+            "        return _AllToAll.apply(grad, ctx.group, ctx.scatter_dim, ctx.gather_dim), None, None, None",
+            "scatter_dim and gather_dim swapped"),
+    Mistake("15.5", "all-to-all-without-group", "template_context_parallel.py",  # passed: no sub-group in 15.5's tests
+            "        dist.all_to_all_single(received, send, group=group)\n        return torch.cat(received.unbind(0), dim=gather_dim)",
+            "        dist.all_to_all_single(received, send)\n        return torch.cat(received.unbind(0), dim=gather_dim)",
+            "not over the 2 of the group it was given"),
     Mistake("15.6", "pooled-feature-not-reduced", "template_context_parallel.py",
             "        dist.all_reduce(total, group=group)\n", "", "not reduced over the context group"),
     Mistake("15.6", "head-gradients-times-n", "template_context_parallel.py",
@@ -1252,6 +1305,10 @@ MISTAKES = [
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
             "ctx.output_splits, ctx.input_splits, group=ctx.group)", "swapped"),
+    Mistake("16.1", "all-to-all-default-group", "template_experts.py",  # passed: no sub-group in 16.1's tests
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)",
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits)",
+            "not over the 2 of the group it was given"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
@@ -1269,6 +1326,14 @@ MISTAKES = [
     Mistake("16.3", "dispatch-order", "template_experts.py",
             "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
             "    return gate * back\n", "not in token order"),
+    Mistake("16.3", "outputs-sent-back-expert-major", "template_experts.py",  # the rows come back to wrong tokens
+            "    send = torch.cat([by_expert[j][s] for s in range(size) for j in range(per_rank)])",
+            "    send = torch.cat(expert_outputs)", "the outputs come back to the wrong tokens"),
+    Mistake("16.3", "index-copy-not-add", "template_experts.py",  # top-2: one choice kept per token
+            "index_add(0, plan.token, gate * back)", "index_copy(0, plan.token, gate * back)", "must be ADDED"),
+    Mistake("16.3", "gate-not-cast", "template_experts.py",  # passed: float64 everywhere; fails in any float32 model
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)",
+            "    gate = plan.weight[plan.token, plan.choice].unsqueeze(-1)", "cast the gate to the outputs' dtype"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -1278,11 +1343,18 @@ MISTAKES = [
             "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n",
             "        aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)  # noqa: F841\n",
             "vit.aux_loss() finds it"),
+    Mistake("16.4", "idle-experts-skipped", "template_experts.py",  # None gradients, not zeros, for an idle expert
+            "        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
+            "        outputs = [expert(rows) if len(rows) else rows for expert, rows in zip(self.experts, expert_inputs)]",
+            "has no gradient (None)"),
     # Task 16.5
     Mistake("16.5", "expert-grads-not-scaled", "template_experts.py",
             "expert_dp_group, size * copies)", "expert_dp_group, copies)", "times too large"),
     Mistake("16.5", "expert-grads-averaged-over-ep", "template_experts.py",
             "expert_dp_group, size * copies)", "expert_dp_group, size * size * copies)", "times too small"),
+    Mistake("16.5", "experts-reduced-over-ep-group", "template_experts.py",  # sums different experts' gradients
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)",
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ep_group)", "which hold DIFFERENT experts"),
     Mistake("16.5", "one-all-reduce-per-parameter", "template_experts.py",
             "            flat = torch.cat([g.reshape(-1) for g in grads])\n"
             "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
@@ -1481,6 +1553,13 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("15.2", "mask-only-the-diagonal-block", "block_pairs keeps a key chunk before its query chunk, wholly "
+                "visible: only the pair of equal ids needs the causal mask (the test's check of an unmasked block "
+                "looks at the positions, not at the flag)", (
+        Mistake("15.2", "mask-only-the-diagonal-block", "template_context_parallel.py",
+                "_pieces(kv[1], k_chunks)[j],\n                                           causal, q_chunks[i][1], k_chunks[j][1])",
+                "_pieces(kv[1], k_chunks)[j],\n                                           "
+                "causal and q_chunks[i][0] == k_chunks[j][0], q_chunks[i][1], k_chunks[j][1])", ""),)),
     RightAnswer("12.3", "p-averaged-not-summed", "orthogonalising P removes any positive factor", (
         Mistake("12.3", "p-averaged-not-summed", "template_compression.py",
                 "    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n",

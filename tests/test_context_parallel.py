@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import load, load_with_reference, raise_if_unfilled
+from support.attention import attention_block, attention_block_backward
 from harness import RankFailed, RankTimeout, run_ranks
 from wire import Wire
 
@@ -149,7 +150,7 @@ class Recorder:
     keys it was given, how many query-key pairs) and the other ranks' K/V bytes alive at each receive."""
 
     def __init__(self, cp, k_full, v_full, size, layout, kv_numel):
-        self.cp, self.events, self.blocks, self.alive_peak = cp, [], [], 0
+        self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
         self.received, self.kv_numel = [], kv_numel
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
         self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
@@ -187,6 +188,7 @@ class Recorder:
 
         def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
             self.events.append(("compute", len(self.wire.calls)))
+            self.masks.append((bool(causal), None if q_pos is None else q_pos.clone(), self.which_keys(k)))
             self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
             self.alive_peak = max(self.alive_peak, self.alive())
             return block(q, k, v, causal, q_pos, k_pos)
@@ -211,19 +213,31 @@ class Recorder:
         """What happened since the last take: (messages, collectives, events, blocks, alive peak)."""
         calls = self.wire.calls[getattr(self, "_taken", 0):]
         self._taken = len(self.wire.calls)
-        events, blocks, peak = self.events, self.blocks, self.alive_peak
-        self.events, self.blocks, self.alive_peak = [], [], self.alive()
+        events, blocks, peak, masks = self.events, self.blocks, self.alive_peak, self.masks
+        self.events, self.blocks, self.alive_peak, self.masks = [], [], self.alive(), []
         messages = [(c.kind, str(c.dtype).replace("torch.", ""), c.numel, c.peer) for c in calls
                     if c.kind in ("send", "isend", "recv", "irecv")]
         collectives = [c.kind for c in calls if c.kind not in ("send", "isend", "recv", "irecv")]
         return dict(messages=messages, collectives=collectives, events=[e for e in events],
                     blocks=[(n, None if p is None else p.tolist(), None if w is None else w.tolist()) for n, p, w in blocks],
-                    alive_peak=peak)
+                    alive_peak=peak, masks=[(c, None if q is None else q.tolist(), None if k is None else k.tolist())
+                                            for c, q, k in masks])
 
 
 def _rings(rank, size, impl, task, cases, backward, shape):
-    """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part)."""
-    return [_ring(rank, size, impl, task, causal, layout, backward, shape) for causal, layout in cases]
+    """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part). A ring
+    that sent more or fewer K/V bytes than it should stops the cases there: a message left over would be received
+    by the next case's ring, which then waits forever (the first case's check says what was sent)."""
+    results = []
+    for causal, layout in cases:
+        got = _ring(rank, size, impl, task, causal, layout, backward, shape)
+        results.append(got)
+        kv = 2 * got["out"].numel()
+        for when, blocks in (("forward", size - 1), ("backward", 2 * size - 1)):
+            sent = sum(m[2] for m in (got[when] or {}).get("messages", []) if m[0] in ("send", "isend"))
+            if got[when] is not None and sent != blocks * kv:
+                return results
+    return results
 
 
 def _ring(rank, size, impl, task, causal, layout, backward, shape):
@@ -267,11 +281,34 @@ def _check_order(rank, size, events):
                "post them, compute, THEN wait (each Work once)"))
 
 
+def token_chunks_of(rank, size, tokens, layout):
+    """The positions of the chunks of `rank` (a list per chunk, and the whole block), as the layouts define them:
+    the test's own, not the code under test's."""
+    if layout == "contiguous":
+        return [list(range(rank * tokens, (rank + 1) * tokens))]
+    half = tokens // 2
+    chunks = [list(range(c * half, (c + 1) * half)) for c in (rank, 2 * size - 1 - rank)]
+    return chunks + [chunks[0] + chunks[1]]
+
+
 def _check_forward(rank, size, got, causal, layout, shape):
     out, _ = _expected_mine(rank, size, layout, causal, shape)
     fwd, kv_numel = got["forward"], 2 * out.numel()
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
+    own = token_chunks_of(rank, size, out.shape[2], layout)
     if not _close(got["out"], out):
+        if wrong_way and all(p in own for p, _ in wrong_way):
+            pytest.fail(f"{T152}: rank {rank} computed every block with its OWN tokens' positions as the keys' "
+                        f"positions (keys of positions {wrong_way[0][1][:3]}... masked as {wrong_way[0][0][:3]}...): the "
+                        "block held at step s is rank r - s's (its owner): take the key positions from "
+                        "token_chunks(owner, ...), not from this rank's")
+        unmasked = [(q, k) for c, q, k in fwd["masks"] if causal and not c and q is not None and k is not None
+                    and max(k) > min(q)]
+        if unmasked:
+            pytest.fail(f"{T152}: rank {rank} computed the queries of positions {unmasked[0][0][:3]}... against the "
+                        f"keys of positions {unmasked[0][1][:3]}... without the causal mask: a block with keys after "
+                        "some of its queries (the diagonal block, equal chunk ids) must be masked: pass causal (and "
+                        "the positions) to attention_block")
         if wrong_way:
             pytest.fail(f"{T152}: rank {rank} computed a block with the positions {wrong_way[0][0][:3]}... of one rank "
                         f"and the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way (or the "
@@ -297,10 +334,31 @@ def _check_forward(rank, size, got, causal, layout, shape):
         "only this rank's q, k, v, out and lse (save_for_backward): the other blocks travel again in backward")
 
 
+def _check_block_pairs(cp):
+    """block_pairs on chunk lists written here (contiguous and zig-zag, 3 ranks), before any rank starts: a pair it
+    leaves out makes a ring that fails with an error saying nothing of the cause."""
+    def chunks(ids):
+        return [(c, torch.arange(2 * c, 2 * c + 2)) for c in ids]
+    for q_ids, k_ids in (([1], [1]), ([2], [0]), ([0], [2]), ([1, 4], [1, 4]), ([0, 5], [2, 3]), ([2, 3], [0, 5])):
+        for causal in (False, True):
+            got = cp.block_pairs(chunks(q_ids), chunks(k_ids), causal)
+            expected = [(i, j) for i, q in enumerate(q_ids) for j, k in enumerate(k_ids) if not causal or k <= q]
+            missing = [(i, j) for i, j in expected if (i, j) not in got]
+            if missing:
+                i, j = missing[0]
+                pytest.fail(f"{T152}: block_pairs(query chunk ids {q_ids}, key chunk ids {k_ids}, causal={causal}) gave "
+                            f"{got}: it left out the pair {(i, j)}, query chunk {q_ids[i]} and key chunk {k_ids[j]}"
+                            + (": a pair of equal ids (the diagonal block) is kept with causal, attention_block masks "
+                               "it by the positions; only a key chunk wholly AFTER the query chunk (a larger id) is "
+                               "left out" if q_ids[i] == k_ids[j] else
+                               ": without causal every pair is computed" if not causal else
+                               ": a key chunk before the query chunk is wholly visible"))
+
+
 @pytest.mark.task15_2
 @pytest.mark.parametrize("size", [3, slow(2), slow(4)])
 def test_ring_forward_is_attention_over_the_whole_sequence(impl, size):
-    judging(impl, "15.2")
+    _check_block_pairs(judging(impl, "15.2"))
     shape = (2, 2, 4 * size, 4)
     cases = [(False, "contiguous"), (True, "contiguous")]
     for rank, runs in enumerate(run_ranks(_rings, size, impl, "15.2", cases, False, shape)):
@@ -366,6 +424,28 @@ def test_ring_runs_inside_groups_that_do_not_start_at_rank_0(impl):
 
 
 # --------------------------------------------------------------------------- Task 15.3
+def _shares(rank, size, causal, shape):
+    """Contiguous layout: the parts of this rank's gradients that one block pair gives (support/attention.py's
+    given blocks, with the whole sequence's out and lse): [dq from each owner's keys], [(dk, dv) from each
+    rank's queries]. To name a sum that kept one part only; the values are judged against SDPA."""
+    q, k, v, dout = _inputs(*shape)
+    tokens = shape[2] // size
+    whole = torch.arange(shape[2])
+
+    def mine(x, r):
+        return x.chunk(size, dim=2)[r]
+
+    def pos(r):
+        return torch.arange(r * tokens, (r + 1) * tokens)
+
+    def backward(s, owner):
+        out, lse = attention_block(mine(q, s), k, v, causal, pos(s), whole)
+        return attention_block_backward(mine(dout, s), mine(q, s), mine(k, owner), mine(v, owner), out, lse, causal,
+                                        pos(s), pos(owner))
+    return ([backward(rank, owner)[0] for owner in range(size)],
+            [backward(s, rank)[1:] for s in range(size)])
+
+
 def _check_backward(rank, size, got, causal, layout, shape, task):
     name = T153 if task == "15.3" else T154
     _, grads = _expected_mine(rank, size, layout, causal, shape)
@@ -375,9 +455,26 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
     for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
         if not _close(g, e):
             why = ""
+            elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
             if what != "dq" and sent <= (size - 1) * kv_numel:
                 why = (": dk and dv were left on the rank that computed them; they belong to the block's owner, "
                        "and must travel with their K/V block round the ring to end there")
+            elif what != "dq" and elsewhere:
+                why = (f": rank {rank} sent to rank(s) {elsewhere} in backward: dk and dv travel WITH their K/V block, "
+                       f"the same way round the ring (to r + 1 = {(rank + 1) % size}, from r - 1), so that after N "
+                       "hops they reach the block's owner")
+            elif layout == "contiguous":
+                dq_shares, dkv_shares = _shares(rank, size, causal, shape)
+                shares = dq_shares if what == "dq" else [dkv[what == "dv"] for dkv in dkv_shares]
+                one = [i for i, share in enumerate(shares) if share.abs().max() > 0 and _close(g, share)]
+                if one and what == "dq":
+                    why = (f": dq holds the share of one K/V block only (rank {one[0]}'s keys): this rank's queries "
+                           "meet every block in turn, and dq is the SUM of their shares: add each block's dq, do not "
+                           "overwrite it")
+                elif one:
+                    why = (f": {what} holds the share of one rank's queries only (rank {one[0]}'s): the block's dK/dV "
+                           "must be SUMMED as it travels round the ring (add this rank's share to what arrived from "
+                           "r - 1), not restarted from zeros at each step")
             pytest.fail(f"{name}: rank {rank}'s {what} ({'causal' if causal else 'not causal'}, {layout}, {size} "
                         f"ranks) differs from F.scaled_dot_product_attention's by "
                         f"{(g - e).abs().max() if g.shape == e.shape else 'shape'}{why}")
@@ -441,7 +538,10 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
         assert got["chunks"] == [(c, list(range(c * 2, c * 2 + 2))) for c in (rank, 2 * size - 1 - rank)], (
             f"{T154}: token_chunks({rank}, {size}, 4, 'zigzag') gave {got['chunks']}; expected chunk ids {rank} and "
             f"{2 * size - 1 - rank} (in that order) with their global positions, 2 tokens each")
-        assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order"
+        parts = torch.cat([_mine(x, r, size, "zigzag") for r in range(size)], dim=2)
+        assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order" + (
+            ": it concatenated the ranks' parts as they lie; rank r's part is chunks r and 2N-1-r of the sequence: put "
+            "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else "")
         assert got["uneven"] is not None, (
             f"{T154}: zigzag_shard of {2 * size + 1} tokens over {size} ranks did not raise ValueError")
     work = []
@@ -466,7 +566,10 @@ def _ulysses(rank, size, impl, heads, causal):
     with Wire() as wire:
         y = cp.all_to_all(x, None, 1, 2)
         out["a2a"] = y.detach()
-        out["a2a_grad"], = torch.autograd.grad(y, x, torch.ones_like(y) * (rank + 1))
+        try:  # said by the test: autograd's shape error names no cause
+            out["a2a_grad"], = torch.autograd.grad(y, x, torch.ones_like(y) * (rank + 1))
+        except RuntimeError as error:
+            return dict(out, a2a_error=str(error).splitlines()[0][:300])
     out["a2a_calls"] = [c.sent for c in wire.calls]
     q, k, v, dout = _inputs(2, heads, 4 * size, 4)
     mine = [_mine(t, rank, size, "contiguous") for t in (q, k, v, dout)]
@@ -499,6 +602,10 @@ def _ulysses(rank, size, impl, heads, causal):
 def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
     judging(impl, "15.5")
     for rank, (got, refused) in enumerate(run_ranks(_ulysses_and_refused, size, impl, heads, causal)):
+        if "a2a_error" in got:
+            pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
+                        f"{got['a2a_error']}: its backward is the reverse all-to-all, the same one with scatter_dim and "
+                        "gather_dim swapped (the gradient's pieces go back along the dim they came in by)")
         _check_refused(rank, refused)
         # the all-to-all: rank r gets heads r*6/N... of every rank's tokens, in rank order along the sequence
         xs = [torch.arange(2.0 * 12 * 2 * 3).view(2, 12, 2, 3) + 1000 * r for r in range(size)]
@@ -520,10 +627,14 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
         out, grads = _expected_mine(rank, size, "contiguous", causal, (2, heads, 4 * size, 4))
         if not _close(got["out"], out):
             wrong = [s for s in got["shapes"] if s[1:3] != (heads // size, 4 * size)]
+            other, _ = _expected_mine(rank, size, "contiguous", not causal, (2, heads, 4 * size, 4))
             pytest.fail(f"{T155}: rank {rank}'s Ulysses output differs from F.scaled_dot_product_attention over the "
                         "whole sequence" + (f": attention ran on shape {wrong[0]}, expected (B, H / N, S, D) = "
                                             f"(2, {heads // size}, {4 * size}, 4): the all-to-all splits the wrong "
-                                            "dimension (scatter the heads, gather the sequence)" if wrong else ""))
+                                            "dimension (scatter the heads, gather the sequence)" if wrong else
+                                            f": it is the attention {'without' if causal else 'with'} the causal mask "
+                                            f"(causal={causal} was asked): pass is_causal=causal to "
+                                            "F.scaled_dot_product_attention" if _close(got["out"], other) else ""))
         for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
             assert _close(g, e), f"{T155}: rank {rank}'s {what} differs from F.scaled_dot_product_attention's"
         for when in ("forward", "backward"):
@@ -533,6 +644,41 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
                 and sum(c[2] for c in calls) == 4 * numel and len(calls) in (2, 4), (
                     f"{T155}: rank {rank}'s Ulysses {when} sent {calls}: expected all-to-alls of q, k, v and out "
                     f"(4 x {numel} float64 elements in all; 4 calls, or 2 with q, k and v packed in one)")
+
+
+def _ulysses_in_groups(rank, size, impl):
+    """Ulysses (forward and backward) inside the groups [0, 1] and [2, 3] of 4 ranks: (its output, its gradients, the
+    sizes of the groups its collectives ran over), or the error as text."""
+    cp = judging(impl, "15.5")
+    group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    q, k, v, dout = _inputs(2, 4, 8, 4, seed=rank // 2)
+    mine = [_mine(t, rank % 2, 2, "contiguous") for t in (q, k, v, dout)]
+    q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
+    with Wire() as wire:
+        try:
+            out = cp.ulysses_attention(q_l, k_l, v_l, group, True)
+            grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3])
+        except RuntimeError as error:
+            return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}", sorted({c.group_size for c in wire.calls})
+    return (out.detach(), grads), sorted({c.group_size for c in wire.calls})
+
+
+@pytest.mark.task15_5
+@pytest.mark.slow
+def test_ulysses_runs_inside_the_group_it_is_given(impl):
+    judging(impl, "15.5")
+    for rank, (got, sizes) in enumerate(run_ranks(_ulysses_in_groups, 4, impl)):
+        where = f"{T155}: rank {rank} (rank {rank % 2} of the group {[rank - rank % 2, rank - rank % 2 + 1]} of 4 ranks)"
+        assert sizes == [2], (
+            f"{where}: Ulysses ran collectives over groups of {sizes} ranks, not over the 2 of the group it was given: "
+            "pass group=group to every all-to-all (the default group is all 4)" + (f" ({got})" if isinstance(got, str) else ""))
+        assert not isinstance(got, str), f"{where}: Ulysses inside a group failed: {got}"
+        q, k, v, dout = _inputs(2, 4, 8, 4, seed=rank // 2)
+        expected, expected_grads = _reference(q, k, v, dout, True)
+        assert _close(got[0], _mine(expected, rank % 2, 2, "contiguous")), (
+            f"{where}: Ulysses inside a group differs from SDPA over the group's sequence")
+        for what, g, e in zip(("dq", "dk", "dv"), got[1], expected_grads):
+            assert _close(g, _mine(e, rank % 2, 2, "contiguous")), f"{where}: {what} inside a group differs from SDPA's"
 
 
 def _ulysses_and_refused(rank, size, impl, heads, causal):
@@ -585,7 +731,10 @@ def _check_pooling(results):
             pytest.fail(f"{T156}: sequence_mean on rank {rank} is not the mean over every rank's tokens"
                         + (": the pooled feature was not reduced over the context group (each rank pooled its own "
                            "tokens only)" if torch.allclose(got["y"], xs[rank].sum(1) / (3 * size)) or
-                           torch.allclose(got["y"], xs[rank].mean(1)) else ""))
+                           torch.allclose(got["y"], xs[rank].mean(1)) else
+                           f": it is {size} times the mean: the sum over every rank's tokens was divided by this "
+                           f"rank's token count (3), not by the whole sequence's S = {size} x 3"
+                           if torch.allclose(got["y"], size * whole) else ""))
         assert [c[0] for c in got["forward"]] == ["all_reduce"], (
             f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
@@ -637,7 +786,10 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
             ratio = (grad.norm() / expected[name].norm()).item()
             where = "head" if name.startswith("head.") else "before the pooling"
             why = ""
-            if abs(ratio - cp_size) < 1e-6 and where == "head":
+            if grad.numel() > 1 and torch.all(grad == grad.flatten()[0]):
+                why = (f": every element of it is {grad.flatten()[0].item():g}: the gradient was overwritten by a number "
+                       "(the divisor?), not divided by it: mind the parentheses around a conditional divisor")
+            elif abs(ratio - cp_size) < 1e-6 and where == "head":
                 why = (f": the head's gradients are N = {cp_size} times too large: every rank of a context group holds "
                        "the whole gradient of its replica's head already (it saw the same pooled features); summed over "
                        "the group it counts N times")

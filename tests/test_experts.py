@@ -20,6 +20,7 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import models
@@ -133,7 +134,10 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert got["error"] is None, (
                 f"{T161}: {where} failed: {got['error']}. Forward receives output_splits[s] rows from rank s; "
                 "backward sends each row's gradient back where the row came from: the all-to-all with output_splits "
-                "and input_splits swapped")
+                "and input_splits swapped" + (
+                    "; and each tensor's rows must add up to its split list: the output of the forward has "
+                    "sum(output_splits) rows, the output of the backward sum(input_splits) (not the incoming "
+                    "gradient's row count)" if "Split sizes" in got["error"] else ""))
             assert _close(got["y"], y_expected), (
                 f"{T161}: {where} received {got['y'][:, 0].tolist()}, expected {y_expected[:, 0].tolist()} (row r of "
                 "rank s is 100 s + r): rank s's rows for this rank, in rank order, a new tensor of sum(output_splits) rows")
@@ -148,6 +152,45 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
                 f"out, {received} in), it sent {got['backward']}")
+
+
+def _a2a_in_groups(rank, world_size, impl):
+    """all_to_all inside the groups [0, 1] and [2, 3] of 4 ranks: (group rank, result or error, the sizes of the
+    groups its collectives ran over)."""
+    ep = judging(impl, "16.1")
+    group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    grank, splits = rank % 2, GROUP_SPLITS
+    input_splits, output_splits = splits[grank], [splits[s][grank] for s in range(2)]
+    x = _rows(grank, sum(input_splits)).requires_grad_()
+    grad_out = _rows(grank, sum(output_splits), offset=1000.0)
+    with Wire() as wire:
+        try:
+            y = ep.all_to_all(x, output_splits, input_splits, group)
+            (grad_x,) = torch.autograd.grad(y, x, grad_out)
+        except RuntimeError as error:
+            return grank, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}", sorted({c.group_size for c in wire.calls})
+    return grank, (y.detach(), grad_x), sorted({c.group_size for c in wire.calls})
+
+
+GROUP_SPLITS = [[1, 2], [0, 3]]  # in a group of 2: rank 0 sends 1 row to itself and 2 to rank 1; rank 1 3 to itself
+
+
+@pytest.mark.task16_1
+@pytest.mark.slow
+def test_all_to_all_runs_inside_the_group_it_is_given(impl):
+    judging(impl, "16.1")
+    for rank, (grank, got, sizes) in enumerate(run_ranks(_a2a_in_groups, 4, impl)):
+        where = (f"all_to_all on rank {rank} (rank {grank} of the group {[rank - grank, rank - grank + 1]} of 4 ranks, "
+                 f"splits {GROUP_SPLITS})")
+        assert sizes == [2], (
+            f"{T161}: {where} ran all-to-alls over groups of {sizes} ranks, not over the 2 of the group it was given: "
+            "pass group=group to dist.all_to_all_single, forward and backward (the default group is all 4)"
+            + (f" ({got})" if isinstance(got, str) else ""))
+        assert not isinstance(got, str), f"{T161}: {where} failed: {got}"
+        y_expected, grad_expected = _expected_a2a(grank, 2, GROUP_SPLITS)
+        assert _close(got[0], y_expected) and _close(got[1], grad_expected), (
+            f"{T161}: {where}: received {got[0][:, 0].tolist()} and x's gradient {got[1][:, 0].tolist()}; expected "
+            f"{y_expected[:, 0].tolist()} and {grad_expected[:, 0].tolist()}")
 
 
 # --------------------------------------------------------------------------- the MoE layer (16.2-16.4)
@@ -182,7 +225,7 @@ def _reference(moe, xs, grads):
     """models.MoE on each rank's slice in turn: outputs, aux losses, each slice's input gradient and
     router gradient (its own loss's), and every expert's gradient summed over the slices' losses."""
     moe = copy.deepcopy(moe)
-    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[])
+    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[], x=[x.clone() for x in xs])
     total = 0
     for x, g in zip(xs, grads):
         x = x.clone().requires_grad_()
@@ -218,6 +261,8 @@ def _counts_check(rank, expected_rows, task):
 
     def check(call, group):
         if call.kind not in ("all_to_all_single", "all_to_all"):
+            if call.dtype is not None and not call.dtype.is_floating_point:
+                seen["counts"] += 1  # counts sent otherwise (an all-gather): said by the checks of the wire
             return
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
@@ -252,14 +297,26 @@ def _layer(rank, world_size, impl, task, configs):
         # dispatch alone, on the reference routing
         routing = models.route(moe.router(xs[rank]), top_k, capacity_factor)
         with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
-            inputs, _ = ep.dispatch(xs[rank], routing, num_experts)
+            inputs, plan = ep.dispatch(xs[rank], routing, num_experts)
         got["expert_inputs"] = [t.detach().clone() for t in inputs]
         got["dispatch_wire"] = [(c.kind, c.tensors) for c in wire.calls]
-        got.update(ref=ref, mine=list(mine))
+        got.update(ref=ref, mine=list(mine), routing=routing)
         if task == "16.2":
             _check_expert_inputs(rank, world_size, got)
+        if task == "16.3":  # combine alone, every expert the identity: y[t] = (token t's kept gates' sum) x[t]
+            try:
+                got["identity"] = ep.combine([t.detach().clone() for t in inputs], plan).detach()
+            except (RuntimeError, IndexError):  # the layer below says it, with its own hint
+                got["identity"] = None
+            try:  # float32 outputs, float64 gates (models.route's, of a float64 router): y is float32
+                got["identity_float32"] = ep.combine([t.detach().float() for t in inputs], plan).dtype
+            except (RuntimeError, IndexError) as error:
+                got["identity_float32"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         # the layer
-        layer = ep.ExpertParallelMoE.from_moe(copy.deepcopy(moe))
+        copied = copy.deepcopy(moe)
+        layer = ep.ExpertParallelMoE.from_moe(copied)
+        got["held"] = [_which_expert(moe, mlp) for mlp in layer.experts]
+        del copied
         x = xs[rank].clone().requires_grad_()
         with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
             try:
@@ -268,11 +325,18 @@ def _layer(rank, world_size, impl, task, configs):
                 aux = layer.aux_loss
                 loss = (y.view(TOKENS, DIM) * grads[rank]).sum() + AUX * (aux if isinstance(aux, torch.Tensor) else 0.)
                 loss.backward()
-            except (RuntimeError, IndexError) as error:  # said here, at once: the other ranks may wait in a collective
+            except (RuntimeError, IndexError, ValueError) as error:  # said here, at once: the other ranks may wait
                 kept = ref["kept"][rank]
                 hint = ("; the output has one row per kept choice: combine returned the outputs in the order dispatch "
                         "sent them, not in token order (add each at its token, plan.token)"
-                        if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else "")
+                        if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else
+                        "; combine's all-to-all goes back the reverse way of dispatch's: it sends the rows that arrived "
+                        "(sum(plan.output_splits)) and receives the rows that were sent (sum(plan.input_splits)): "
+                        "all_to_all(send, plan.input_splits, plan.output_splits)"
+                        if task == "16.3" and "Split sizes" in str(error) else
+                        "; the layer gets (B, S, dim) tokens, models.route takes (T, E) logits: flatten the tokens to "
+                        "(T, dim) first, as models.MoE does, and reshape the output back"
+                        if isinstance(error, ValueError) and "unpack" in str(error) else "")
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
@@ -286,6 +350,41 @@ def _layer(rank, world_size, impl, task, configs):
                    received=expected_rows)
         results.append(got)
     return results
+
+
+def _which_expert(moe, mlp):
+    """The index of the expert of `moe` whose fc1 weight `mlp` holds, or None."""
+    weight = getattr(getattr(mlp, "fc1", None), "weight", None)
+    return next((e for e, expert in enumerate(moe.experts) if isinstance(weight, torch.Tensor)
+                 and weight.shape == expert.fc1.weight.shape and torch.equal(expert.fc1.weight, weight)), None)
+
+
+def _combine_hint(got, rank):
+    """Why combine's output differs, from combine alone on identity experts (got["identity"]): y[t] should be the
+    sum of token t's kept gates times x[t]. '' when that says nothing."""
+    y, routing = got.get("identity"), got["routing"]
+    if y is None:
+        return ""
+    x = got["ref"]["x"][rank]
+    if y.shape != x.shape:
+        return ""
+    gates = (routing.weight * routing.kept).to(x.dtype)  # (T, k)
+    expected = gates.sum(dim=1, keepdim=True) * x
+    if _close(y, expected):
+        return ""
+    scale = (y * x).sum(dim=1) / (x * x).sum(dim=1)
+    if not _close(y, scale.unsqueeze(1) * x):
+        wrong = next(t for t in range(x.shape[0]) if not torch.allclose(y[t], expected[t], atol=1e-10, rtol=1e-9))
+        return (f": combine alone, every expert the identity, put at token {wrong} rows that are not token {wrong}'s: "
+                "the outputs come back to the wrong tokens. Send them back in the order dispatch received them (for "
+                "each source rank, its rows for local expert 0, then expert 1, ...: plan.received), so that the "
+                "all-to-all with the splits swapped returns every rank its rows in the order it sent them")
+    several = routing.kept.sum(dim=1) > 1
+    single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
+    if single and all(single):
+        return (": combine alone, every expert the identity, gave each token ONE of its kept choices' outputs: a "
+                "token's top-k outputs must be ADDED (index_add), not written over each other (index_copy, y[token] = ...)")
+    return ""
 
 
 def _check_expert_inputs(rank, world_size, got):
@@ -315,13 +414,22 @@ def _check_expert_inputs(rank, world_size, got):
                     "is dropped, it travels nowhere")
         elif got_j.shape == want.shape and torch.equal(got_j.sort(dim=0).values, want.sort(dim=0).values):
             hint = ": the right rows in another order: rank 0's first, then rank 1's, ..., each in token order"
+        else:
+            owners = sorted({e for row in got_j for s in range(world_size) for e in range(E)
+                             if any(torch.equal(row, other) for other in ref["expert_inputs"][s][e])} - {mine[j]})
+            if owners:
+                hint = (f": it holds rows routed to expert(s) {owners}, not to expert {mine[j]}: each rank sends its "
+                        "pairs sorted by expert, ASCENDING (rank s's experts consecutive, in the order of the counts "
+                        "that the receivers split them by), within an expert in token order")
         raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has {got_j.shape[0]} "
                              f"rows, expected {want.shape[0]}{hint}")
     kinds = [kind for kind, _ in got["dispatch_wire"]]
     assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
         f"of the tokens; it sent {got['dispatch_wire']}" + (
-            ": exchange the counts first" if len(kinds) < 2 else ""))
+            ": exchange the counts first" if len(kinds) < 2 else
+            ": the counts went by an all-gather, every rank receiving all N x E counts; one all-to-all of the E "
+            "counts gives each rank just those of its own experts, from each rank" if "gather" in kinds[0] else ""))
     counts = got["dispatch_wire"][0][1]
     assert all(not d.startswith("float") and n == E for d, n in counts), (
         f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
@@ -335,12 +443,21 @@ def _check_layer(task, rank, world_size, got):
     assert got["num_local"] == len(mine), (
         f"{T}: {where}: the layer holds {got['num_local']} experts in `experts`, expected E / N = {len(mine)}: a rank keeps "
         "its own experts only, the others' memory is not freed otherwise")
+    assert got["held"] == mine, (
+        f"{T}: {where}: the layer holds the experts {got['held']} of the models.MoE, expected {mine}: rank r holds the "
+        "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to")
     forward, backward = got["forward"], got["backward"]
     send, recv = got["sent"] * DIM, got["received"] * DIM
     tokens = [("float64", recv), ("float64", send)]
     expected_forward = [tokens, tokens[::-1]]
     token_calls = [tensors for kind, tensors in forward if kind == "all_to_all_single" and tensors[0][0] == "float64"]
     others = [(kind, tensors) for kind, tensors in forward if not (kind == "all_to_all_single" and tensors[0][0] == "float64")]
+    if token_calls and len(token_calls[0]) == 2 and token_calls[0][1][1] != send:
+        rows = token_calls[0][1][1] // DIM
+        pytest.fail(f"{T}: {where}: the layer sent {rows} rows of its {TOKENS} tokens' choices; models.MoE keeps "
+                    f"{got['sent']} of them (models.route: capacity = ceil(capacity_factor * T * k / E) counted on THIS "
+                    "rank's T tokens, and only the kept pairs travel): route this rank's tokens as models.MoE does, "
+                    "models.route(logits, self.top_k, self.capacity_factor)")
     assert len(others) == 1 and token_calls == expected_forward, (
         f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
         f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
@@ -359,21 +476,35 @@ def _check_layer(task, rank, world_size, got):
         elif tokens_y and _close(y, ref["y_ungated"][rank]):
             hint = (": the expert outputs were summed without their gates: weight by the gate, "
                     "plan.weight[token, choice]; without it the router gets no gradient and never learns")
+        else:
+            hint = _combine_hint(got, rank)
         pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
                     f"{(y - y_ref).abs().max().item() if tokens_y else 'its shape ' + str(tuple(y.shape))}{hint}")
     assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
         f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
         "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
-    assert _close(got["grad_x"], ref["grad_x"][rank]), (
-        f"{T}: {where}: the input's gradient differs from models.MoE's")
+    # the router's first: with the outputs right, only the gates' path makes it differ (and then x's too)
     if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
         pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
                     + ("None" if got["grad_router"] is None else f"by {(got['grad_router'] - ref['grad_router'][rank]).abs().max().item():.3g}")
                     + "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
-                    "graph: that is how the router learns")
+                    "graph (not detached): that is how the router learns")
+    assert _close(got["grad_x"], ref["grad_x"][rank]), (
+        f"{T}: {where}: the input's gradient differs from models.MoE's")
+    if got.get("identity_float32") not in (None, torch.float32) and got.get("identity") is not None:
+        pytest.fail(f"{T}: {where}: combine of float32 expert outputs with float64 gates "
+                    + (f"failed ({got['identity_float32']})" if isinstance(got["identity_float32"], str) else
+                       f"returned {got['identity_float32']}")
+                    + ": cast the gate to the outputs' dtype (plan.weight is float32 at least, models.route's "
+                    "softmax, whatever the experts' dtype: a bfloat16 model's MoE layer must still return bfloat16)")
     for j, e in enumerate(mine):
         for name, want in ref["grad_experts"][e].items():
             have = got["grad_experts"][j][name]
+            if have is None:
+                pytest.fail(f"{T}: {where}: local expert {j} (global {e}) {name} has no gradient (None), models.MoE's is "
+                            + ("zeros" if not want.any() else "not") + ": every local expert runs, also on no row "
+                            "(a (0, dim) tensor) when none came, so that its gradients are zeros, not None (the "
+                            "optimizer and the gradient sync then see the same parameters on every rank)")
             assert _close(have, want), (
                 f"{T}: {where}: local expert {j} (global {e}) {name}'s gradient differs from the sum over the ranks' "
                 f"losses of models.MoE's (max difference "
@@ -512,7 +643,8 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     if task == "16.5":  # a float32 parameter among the float64 ones: one collective per group AND dtype
         with torch.no_grad():
             vit.head.bias.data, vit.head.bias.grad = vit.head.bias.data.float(), vit.head.bias.grad.float()
-    with Wire() as wire:
+    members = []  # the global ranks of each collective's group, in call order (the sizes alone cannot tell groups apart)
+    with Wire(check=lambda call, group: members.append(dist.get_process_group_ranks(group or dist.group.WORLD))) as wire:
         ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
     per_rank = num_experts // ep_size
     first = (rank % ep_size) * per_rank
@@ -525,6 +657,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
+                members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()))
 
@@ -562,11 +695,23 @@ def _check_vit(task, rank, world_size, ep_size, got):
             hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
                     "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
                     "divide by N and average over expert_dp_group only")
+        else:
+            mixed = [ranks for (_, _, numel, _), ranks in zip(got["wire"], got["members"])
+                     if numel == got["expert_numel"] and ranks != got["expert_dp"]]
+            if mixed:
+                hint = (f": the experts' gradients were all-reduced over the ranks {mixed[0]}, which hold DIFFERENT experts "
+                        "(the sum adds one expert's gradient to another's): divide them by the expert-parallel size and "
+                        f"average them over expert_dp_group only, the ranks {got['expert_dp']} holding copies of the "
+                        "same experts" + (" (here one copy: no collective for them)" if got["copies"] == 1 else ""))
         pytest.fail(f"{T}: {where}: the experts' gradients differ from one process's ({experts[:2]}, ratio {r[:2]}){hint}")
     if dense:
         r = [ratio.get(name, float("nan")) for name in dense]
+        same = all(abs(x - r[0]) < 1e-6 for x in r) and r[0] > 0
         hint = (f": {world_size} times too large: summed over the ranks, not averaged (divide by the world size)"
                 if all(abs(x - world_size) < 1e-6 for x in r) else
+                f": {r[0]:.4g} times one process's: the all-reduce SUMS the {world_size} ranks' gradients, so divide "
+                f"by the world size {world_size} (it was divided by {world_size / r[0]:.4g})" if same and any(
+                    kind == "all_reduce" and size == world_size for kind, _, _, size in got["wire"]) else
                 ": not averaged over the ranks: a parameter outside the experts is data parallel, its gradient is the "
                 "mean over all ranks (all-reduce, divide by the world size)")
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
