@@ -698,10 +698,10 @@ def _refused(rank, size, impl):
 
 
 def _check_refused(rank, got):
-        assert got["refused"] is not None and got["calls"] == [], (
-            f"{T155}: rank {rank}: ulysses_attention with heads that do not divide by the ranks must raise ValueError (one line, saying "
-            f"that the heads must divide by the ranks) before any collective; got {got.get('refused')!r}, "
-            f"calls {got.get('calls')}")
+    assert got["refused"] is not None and got["calls"] == [], (
+        f"{T155}: rank {rank}: ulysses_attention with heads that do not divide by the ranks must raise ValueError "
+        f"(one line, saying that the heads must divide by the ranks) before any collective; got "
+        f"{got.get('refused')!r}, calls {got.get('calls')}")
 
 
 # --------------------------------------------------------------------------- Task 15.6
