@@ -142,6 +142,12 @@ class WrongDtype(RuntimeError):
     """A receive into a buffer of another dtype than the one asked for (refused before gloo sees it)."""
 
 
+# What a receive waits for, by the course's function it waits in (frames_up, waiting_in)
+RECEIVING = {"recv_backward": "the gradient of its output (recv_backward)",
+             "recv_forward": "an activation (recv_forward)",
+             "learn_shapes": "the shape message of learn_shapes"}
+
+
 def messages_wire(expect_dtype=None, shapes=None):
     """A Wire recording every point-to-point message of a rank (wire.py says where), on which a
     blocking dist.recv gives up after RECV_LIMIT seconds with RecvNeverCame, saying where it waited;
@@ -152,17 +158,13 @@ def messages_wire(expect_dtype=None, shapes=None):
             raise WrongDtype(f"asked to receive {expect_dtype}, it received into a {call.dtype} "
                              f"buffer of shape {call.shape}")
         if shapes is not None and call.kind in ("recv", "irecv") and call.peer is None:
-            inside = waiting_in(sys._getframe(2))
-            what = {"recv_backward": "the gradient of its output (recv_backward)",
-                    "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
+            what = RECEIVING.get(waiting_in(sys._getframe(2)), "a message")
             raise AnySource(f"rank {dist.get_rank()} asked to receive {what} from rank None, from any source: this "
                             "stage has no such neighbour")
         if shapes and call.kind in ("recv", "irecv") and call.peer in shapes and math.prod(call.shape) not in [
                 math.prod(shape) for shape in shapes[call.peer]]:  # a buffer of the same size but another shape is
             # right (received flat, then viewed): gloo aborts on the size only
-            inside = waiting_in(sys._getframe(2))
-            what = {"recv_backward": "the gradient of its output (recv_backward)",
-                    "recv_forward": "an activation (recv_forward)"}.get(inside, "a message")
+            what = RECEIVING.get(waiting_in(sys._getframe(2)), "a message")
             raise WrongShape(f"rank {dist.get_rank()} asked to receive {what} of shape {call.shape} from rank "
                              f"{call.peer}, whose messages have the shape {' or '.join(map(str, shapes[call.peer]))}"
                              f" (gloo aborts the process on a buffer of another size than the message)")
@@ -194,9 +196,7 @@ def never_came(src, tensor):
     function of the course."""
     names = frames_up(sys._getframe(2))  # from the caller of dist.recv
     inside = next((n for n in names if n in ("recv_backward", "recv_forward", "learn_shapes")), None)
-    what = {"recv_backward": "the gradient of its output (recv_backward)",
-            "recv_forward": "an activation (recv_forward)",
-            "learn_shapes": "the shape message of learn_shapes"}.get(inside, "a message")
+    what = RECEIVING.get(inside, "a message")
     where = progress()
     if where and inside == "recv_forward" or (where and inside == "recv_backward" and not warmup_hint(
             "10.7", f"recv_backward {where}")):
