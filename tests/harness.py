@@ -390,6 +390,12 @@ def expectation(test_name):
     return words + (f" ({params.rstrip(']')})" if params else "")
 
 
+def one_line(error, limit=200):
+    """"ExceptionType: the first line of its message", cut at `limit` characters: how a rank reports an error
+    of the code under test that it caught, for the test to explain in its own words."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:limit]}"
+
+
 def named_failure(error, tasks, test_name):
     """`error`, escaping a test of `tasks` ("Task 9.2 (template_tensor_parallel.py, from_linear())", ...),
     as a failure whose first line names the task, where the student's code raised, and what the test

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from conftest import load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
-from harness import RankFailed, RankTimeout, run_ranks
+from harness import RankFailed, RankTimeout, one_line, run_ranks
 from wire import Wire
 
 FILE = "template_context_parallel.py"
@@ -659,7 +659,7 @@ def _ulysses_in_groups(rank, size, impl):
             out = cp.ulysses_attention(q_l, k_l, v_l, group, True)
             grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3])
         except RuntimeError as error:
-            return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}", sorted({c.group_size for c in wire.calls})
+            return one_line(error), sorted({c.group_size for c in wire.calls})
     return (out.detach(), grads), sorted({c.group_size for c in wire.calls})
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import models
 from conftest import load_with_reference, raise_if_unfilled
-from harness import run_ranks
+from harness import one_line, run_ranks
 from wire import Wire, dtype_name
 
 T161 = "Task 16.1 (template_experts.py, all_to_all)"
@@ -168,7 +168,7 @@ def _a2a_in_groups(rank, world_size, impl):
             y = ep.all_to_all(x, output_splits, input_splits, group)
             (grad_x,) = torch.autograd.grad(y, x, grad_out)
         except RuntimeError as error:
-            return grank, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}", sorted({c.group_size for c in wire.calls})
+            return grank, one_line(error), sorted({c.group_size for c in wire.calls})
     return grank, (y.detach(), grad_x), sorted({c.group_size for c in wire.calls})
 
 
@@ -311,7 +311,7 @@ def _layer(rank, world_size, impl, task, configs):
             try:  # float32 outputs, float64 gates (models.route's, of a float64 router): y is float32
                 got["identity_float32"] = ep.combine([t.detach().float() for t in inputs], plan).dtype
             except (RuntimeError, IndexError) as error:
-                got["identity_float32"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                got["identity_float32"] = one_line(error)
         # the layer
         copied = copy.deepcopy(moe)
         layer = ep.ExpertParallelMoE.from_moe(copied)

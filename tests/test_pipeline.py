@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference
-from harness import RankFailed, RankTimeout, run_ranks
+from harness import RankFailed, RankTimeout, one_line, run_ranks
 from wire import MESSAGES, Wire, dtype_name
 
 T101 = "Task 10.1 (template_pipeline.py, partition)"
@@ -545,7 +545,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
         except RecvNeverCame:
             raise
         except Exception as error:  # noqa: BLE001 (reported as the test's finding, in the test's words)
-            got["dtypes"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            got["dtypes"] = one_line(error)
     received = torch.tensor([0 if isinstance(got.get("dtypes"), str) else 1])
     dist.all_reduce(received, op=dist.ReduceOp.MIN)
     if received.item():  # else a message was refused: its send never completes
@@ -556,7 +556,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
             try:
                 stage._send(torch.arange(6.0).view(2, 3).t() + rank, stage.next_rank)
             except RuntimeError as error:
-                strided = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                strided = one_line(error)
         sent = torch.tensor([0 if strided else 1])
         dist.all_reduce(sent, op=dist.ReduceOp.MIN)
         if sent.item() and not stage.is_first:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import REFERENCE, load, load_with_reference, raise_if_unfilled
-from harness import run_ranks
+from harness import one_line, run_ranks
 from models import MLP, Attention, Block, ViT
 from wire import Wire
 
@@ -331,7 +331,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
             try:  # said by the test, with the layers this rank holds: a shape error alone names no cause
                 y = split(xi)
             except RuntimeError as failed:
-                error = f"{type(failed).__name__}: {str(failed).splitlines()[0][:200]}"
+                error = one_line(failed)
             forward = wire.take()
             if error is None and y.shape == upstream.shape:
                 (y * upstream).sum().backward()

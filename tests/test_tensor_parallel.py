@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import load_with_reference, raise_if_unfilled
-from harness import RankTimeout, run_ranks
+from harness import RankTimeout, one_line, run_ranks
 from models import CNN
 from wire import Wire
 
@@ -758,7 +758,7 @@ def _parallelize_in_groups(rank, world_size, impl):
     try:
         returned = tp.parallelize_classifier(model, groups[rank // 2])
     except Exception as error:  # noqa: BLE001 (the test's to explain: a broadcast from a rank not in the group)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        return one_line(error, 300)
     layers = {i: model.classifier[i] for i in (1, 3)}
     return dict(same=returned is model, kinds={i: type(layer).__name__ for i, layer in layers.items()},
                 weights={i: getattr(layer, "weight", torch.empty(0)).detach().clone() for i, layer in layers.items()},
