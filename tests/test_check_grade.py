@@ -144,6 +144,26 @@ def test_a_crash_is_an_error_and_the_tasks_after_it_were_not_run():
     assert not crashed.certain and not after.certain  # the grader runs both again, apart
 
 
+def test_only_an_error_a_busy_machine_can_cause_is_run_again():
+    """A RuntimeError of the code (a shape, autograd) comes again on a second run: check.py and the grader
+    report it at once. One that says a peer left or a time-out came, or a lost connection, may be the
+    machine's, and is run again."""
+    trace = "\n\n--- rank 1 traceback ---\nTraceback ..."
+    messages = {
+        "1.1": "rank 1 raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 4x3)" + trace,
+        "2.1": "rank 1 raised RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer" + trace,
+        "2.2": "rank 0 raised DistBackendError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out" + trace,
+        "2.3": "rank 0 raised ValueError: too many values to unpack (expected 2)" + trace,
+        "1.2": "rank 0 was killed by SIGKILL (exit code -9) without reporting: killed from outside (out of memory?)",
+    }
+    run = _run(*[event for task, message in messages.items()
+                 for event in _test(f"t::{task}", task, "failed", "RankFailed", message)])
+    results = {r.task.id: r for r in summarize(_tasks(*messages), run)}
+    assert {task: r.status for task, r in results.items()} == dict.fromkeys(messages, "failing")
+    assert {task: r.certain for task, r in results.items()} == {
+        "1.1": True, "2.1": False, "2.2": False, "2.3": True, "1.2": False}
+
+
 def test_points_all_or_nothing_or_in_proportion():
     from grading.checker import TaskResult
     from grading.grade import points_for
