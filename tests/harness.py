@@ -54,11 +54,25 @@ _STARTING_A_RANK = getattr(multiprocessing.current_process(), "_inheriting", Fal
 # after torch is not safe on macOS) it is started at once, and imports its preload while
 # this process imports torch too.
 _FORK_THE_SERVER = sys.platform.startswith("linux")
+# A rank computes with one thread in each of its threads, as a process that torchrun starts with
+# OMP_NUM_THREADS=1 does: in its main thread (torch.set_num_threads(1), _rank_main) and in gloo's, where a
+# DDP comm hook's callback runs (PowerSGD's decompress). OpenMP reads the variable once, as torch loads it,
+# for every thread that is not the caller of set_num_threads; the ranks are forks of this process. With the
+# machine's 2 cores there, a matmul in the callback gave other bits than in a main thread, and two ranks
+# of a right answer ended "ranks INCONSISTENT" (1 ulp). For the import only: what a test starts in a new
+# process gets the variable as it was.
+_THREADS = os.environ.get("OMP_NUM_THREADS")
+os.environ["OMP_NUM_THREADS"] = "1"
 if not _STARTING_A_RANK and not _FORK_THE_SERVER:
     multiprocessing.forkserver.ensure_running()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+if _THREADS is None:
+    del os.environ["OMP_NUM_THREADS"]
+else:
+    os.environ["OMP_NUM_THREADS"] = _THREADS
 
 
 def freeze_inherited_objects():
