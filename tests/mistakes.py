@@ -1160,6 +1160,16 @@ MISTAKES = [
     Mistake("14.1", "proj-column-parallel", "template_sequence_parallel.py",  # a shape error in the rank, before
             "    attn.proj = row.from_linear(attn.proj, group)", "    attn.proj = column.from_linear(attn.proj, group)",
             "proj must be row-parallel"),
+    Mistake("14.1", "qkv-rows-a-view-of-the-whole", "template_sequence_parallel.py",  # the right rows, all the memory
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "    weight = attn.qkv.weight.detach()[order].chunk(size, dim=0)[rank]\n"
+            "    bias = None if attn.qkv.bias is None else attn.qkv.bias.detach()[order].chunk(size, dim=0)[rank]\n"
+            "    attn.qkv = column(weight, bias, dim, 3 * dim, group)\n",
+            "not a view of the whole weight"),
     Mistake("14.2", "mlp-ignores-sequence-parallel", "template_sequence_parallel.py",  # passed: 14.2 ran without SP only
             "    column, row = _layers(sequence_parallel)\n    mlp.fc1",
             "    column, row = ColumnParallelLinear, RowParallelLinear\n    mlp.fc1", "passing the flag on"),
