@@ -1268,6 +1268,11 @@ MISTAKES = [
     Mistake("15.2", "own-positions-for-every-block", "template_context_parallel.py",  # told as the ring turning wrongly
             "            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...",
             "            owner = rank", "with its OWN tokens' positions"),
+    Mistake("15.2", "receive-first-loop-variable-keeps-the-send", "template_context_parallel.py",  # 3 blocks alive
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block",
+            "                works = [dist.irecv(incoming, recv_from, group=group), dist.isend(kv, send_to, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block", "the loop variable"),
     Mistake("15.2", "send-on-the-last-step-too", "template_context_parallel.py",  # was a hang: the next case's ring
             "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
             "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
