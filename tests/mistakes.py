@@ -1160,6 +1160,16 @@ MISTAKES = [
     Mistake("14.1", "proj-column-parallel", "template_sequence_parallel.py",  # a shape error in the rank, before
             "    attn.proj = row.from_linear(attn.proj, group)", "    attn.proj = column.from_linear(attn.proj, group)",
             "proj must be row-parallel"),
+    Mistake("14.1", "qkv-rows-a-view-of-the-whole", "template_sequence_parallel.py",  # the right rows, all the memory
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "    weight = attn.qkv.weight.detach()[order].chunk(size, dim=0)[rank]\n"
+            "    bias = None if attn.qkv.bias is None else attn.qkv.bias.detach()[order].chunk(size, dim=0)[rank]\n"
+            "    attn.qkv = column(weight, bias, dim, 3 * dim, group)\n",
+            "not a view of the whole weight"),
     Mistake("14.2", "mlp-ignores-sequence-parallel", "template_sequence_parallel.py",  # passed: 14.2 ran without SP only
             "    column, row = _layers(sequence_parallel)\n    mlp.fc1",
             "    column, row = ColumnParallelLinear, RowParallelLinear\n    mlp.fc1", "passing the flag on"),
@@ -1258,6 +1268,11 @@ MISTAKES = [
     Mistake("15.2", "own-positions-for-every-block", "template_context_parallel.py",  # told as the ring turning wrongly
             "            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...",
             "            owner = rank", "with its OWN tokens' positions"),
+    Mistake("15.2", "receive-first-loop-variable-keeps-the-send", "template_context_parallel.py",  # 3 blocks alive
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block",
+            "                works = [dist.irecv(incoming, recv_from, group=group), dist.isend(kv, send_to, group=group)]\n"
+            "            owner = (rank - step) % size  # whose block", "the loop variable"),
     Mistake("15.2", "send-on-the-last-step-too", "template_context_parallel.py",  # was a hang: the next case's ring
             "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
             "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
@@ -1585,6 +1600,306 @@ RIGHT_ANSWERS = [
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
                 ""),)),
+    RightAnswer("14.1", "own-rows-into-the-constructor",
+                "'a column-parallel layer ... whose weight and bias are the rows of rank r's heads in q, then in "
+                "k, then in v ... held in new tensors of that size': the layer's own constructor takes them, no "
+                "from_linear asked", (
+        Mistake("14.1", "own-rows-into-the-constructor", "template_sequence_parallel.py",
+                "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)\n"
+                "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+                "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+                "    if attn.qkv.bias is not None:\n"
+                "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+                "    attn.qkv = column.from_linear(regrouped, group)\n",
+                "    def mine(t):  # this rank's heads of q, of k and of v: a new tensor of 3 * dim / N rows\n"
+                "        return None if t is None else torch.cat([part.chunk(size, dim=0)[rank] for part in t.detach().chunk(3)])\n"
+                "    attn.qkv = column(mine(attn.qkv.weight), mine(attn.qkv.bias), dim, 3 * dim, group)\n", ""),)),
+    RightAnswer("14.3", "into-tensor-collectives",
+                "'all-gathered' and 'reduce-scattered (SUM)': the docstrings name the collectives, not the calls;"
+                " all_gather_into_tensor and reduce_scatter_tensor take the ranks' pieces one after another along"
+                " dim 0", (
+        Mistake("14.3", "into-tensor-collectives", "template_sequence_parallel.py",
+                "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]\n"
+                "        dist.all_gather(pieces, x.contiguous(), group=group)\n"
+                "        return torch.cat(pieces, dim=1)\n",
+                "        size = dist.get_world_size(group)\n"
+                "        out = x.new_empty((size * x.shape[0], *x.shape[1:]))  # the ranks' shards one after another along dim 0\n"
+                "        dist.all_gather_into_tensor(out, x.contiguous(), group=group)\n"
+                "        return torch.cat(out.chunk(size, dim=0), dim=1)\n", ""),
+        Mistake("14.3", "into-tensor-collectives", "template_sequence_parallel.py",
+                "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n"
+                "        out = torch.empty_like(pieces[0])\n"
+                "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n"
+                "        return out\n",
+                "        stacked = torch.cat(x.chunk(size, dim=1), dim=0).contiguous()  # rank j's tokens j-th along dim 0\n"
+                "        out = x.new_empty((x.shape[0], x.shape[1] // size, *x.shape[2:]))\n"
+                "        dist.reduce_scatter_tensor(out, stacked, group=group)\n"
+                "        return out\n", ""),
+        Mistake("14.3", "into-tensor-collectives", "template_sequence_parallel.py",
+                "        pieces = [torch.empty_like(grad, memory_format=torch.contiguous_format) for _ in range(size)]\n"
+                "        dist.all_gather(pieces, grad.contiguous(), group=ctx.group)\n"
+                "        return torch.cat(pieces, dim=1), None\n",
+                "        gathered = grad.new_empty((size * grad.shape[0], *grad.shape[1:]))\n"
+                "        dist.all_gather_into_tensor(gathered, grad.contiguous(), group=ctx.group)\n"
+                "        return torch.cat(gathered.chunk(size, dim=0), dim=1), None\n", ""),)),
+    RightAnswer("14.4", "row-bias-added-in-place",
+                "'the bias counted once', after the reduce-scatter: y is the reduce-scatter's new tensor, which "
+                "autograd saved nowhere, so y += bias is y + bias", (
+        Mistake("14.4", "row-bias-added-in-place", "template_sequence_parallel.py",
+                "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+                "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+                "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+                "        if self.bias is not None:\n"
+                "            y += self.bias  # y is a new tensor (the reduce-scatter's): adding in place changes nothing autograd saved\n"
+                "        return y\n", ""),)),
+    RightAnswer("14.5", "norms-and-row-biases-by-name",
+                "'the LayerNorms' weights and biases and the row-parallel layers' biases ... one all-reduce (SUM)"
+                " over group per dtype': in a models.Block they are norm1, norm2, attn.proj.bias and "
+                "mlp.fc2.bias, in any order", (
+        Mistake("14.5", "norms-and-row-biases-by-name", "template_sequence_parallel.py",
+                "    params = {}\n"
+                "    for block in model.modules():\n"
+                "        if not getattr(block, \"sequence_parallel\", False):\n"
+                "            continue\n"
+                "        for module in block.modules():\n"
+                "            if isinstance(module, nn.LayerNorm):\n"
+                "                params.update({id(p): p for p in module.parameters(recurse=False)})\n"
+                "            elif getattr(module, \"split_dim\", None) == 1 and module.bias is not None:\n"
+                "                params[id(module.bias)] = module.bias\n"
+                "    by_dtype = {}\n"
+                "    for param in params.values():\n"
+                "        if param.grad is not None:\n"
+                "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n"
+                "    for same in by_dtype.values():\n"
+                "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+                "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+                "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+                "            param.grad.copy_(summed.view_as(param.grad))\n",
+                "    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors\n"
+                "    grads = []\n"
+                "    for block in model.modules():\n"
+                "        if getattr(block, \"sequence_parallel\", False):\n"
+                "            for p in (block.attn.proj.bias, block.mlp.fc2.bias, *block.norm2.parameters(), *block.norm1.parameters()):\n"
+                "                if p is not None and p.grad is not None:\n"
+                "                    grads.append(p.grad)\n"
+                "    for dtype in {g.dtype for g in grads}:\n"
+                "        same = [g for g in grads if g.dtype == dtype]\n"
+                "        flat = _flatten_dense_tensors(same)\n"
+                "        dist.all_reduce(flat, group=group)\n"
+                "        for g, summed in zip(same, _unflatten_dense_tensors(flat, same)):\n"
+                "            g.copy_(summed)\n", ""),)),
+    RightAnswer("15.1", "max-then-log-sum-exp",
+                "'(out, lse) exactly as attention_block over the concatenated keys ... no overflow': max + "
+                "log(sum of exp(lse - max)) is the log-sum-exp, each side weighted by its share", (
+        Mistake("15.1", "max-then-log-sum-exp", "template_context_parallel.py",
+                "    lse = torch.logaddexp(lse_a, lse_b)\n"
+                "    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # both -inf: weights 0, not NaN\n"
+                "    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n"
+                "    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n"
+                "    return weight_a * out_a + weight_b * out_b, lse\n",
+                "    m = torch.maximum(lse_a, lse_b)\n"
+                "    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: shift by 0, not NaN\n"
+                "    ea, eb = torch.exp(lse_a - m), torch.exp(lse_b - m)\n"
+                "    total = ea + eb\n"
+                "    lse = m + torch.log(total)\n"
+                "    safe = torch.where(total == 0, torch.ones_like(total), total)\n"
+                "    return (ea / safe).unsqueeze(-1) * out_a + (eb / safe).unsqueeze(-1) * out_b, lse\n", ""),)),
+    RightAnswer("15.2", "receive-posted-first",
+                "'Each step's send and receive are posted BEFORE that step's blocks are computed and waited for "
+                "after': which of the two goes first is not said; every finished Work dropped, so at most 2 "
+                "blocks are held", (
+        Mistake("15.2", "receive-posted-first", "template_context_parallel.py",
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+                "            owner = (rank - step) % size  # whose",
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = [dist.irecv(incoming, recv_from, group=group), dist.isend(kv, send_to, group=group)]\n"
+                "            owner = (rank - step) % size  # whose", ""),
+        Mistake("15.2", "receive-posted-first", "template_context_parallel.py",
+                "            if step < size - 1:\n"
+                "                for work in works:\n"
+                "                    work.wait()\n"
+                "                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n",
+                "            if step < size - 1:\n"
+                "                while works:\n"
+                "                    works.pop().wait()  # and dropped: a Work keeps its tensor alive\n"
+                "                kv = incoming\n", ""),)),
+    RightAnswer("15.2", "batch-isend-irecv",
+                "'rank r sending to r + 1 and receiving from r - 1 ..., point to point': dist.batch_isend_irecv "
+                "posts that isend and irecv (the page names it)", (
+        Mistake("15.2", "batch-isend-irecv", "template_context_parallel.py",
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+                "            owner = (rank - step) % size  # whose",
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, send_to, group),\n"
+                "                                                dist.P2POp(dist.irecv, incoming, recv_from, group)])\n"
+                "            owner = (rank - step) % size  # whose", ""),)),
+    RightAnswer("15.3", "block-and-gradients-in-one-message",
+                "'The K/V blocks go round again, each with its dk, dv, summed as it travels': k, v, dk and dv in "
+                "one message (on the last hop home the gradients only); the backward is not asked to overlap", (
+        Mistake("15.3", "block-and-gradients-in-one-message", "template_context_parallel.py",
+                "        kv = torch.stack([k, v])\n"
+                "        for step in range(size):\n"
+                "            if step < size - 1:\n"
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+                "            owner = (rank - step) % size\n"
+                "            k_chunks = token_chunks(owner, size, tokens, layout)\n"
+                "            if step > 0:  # the dk, dv that this block has gathered so far, from r - 1\n"
+                "                for work in grad_works:\n"
+                "                    work.wait()\n"
+                "                dkv, grad_works = grad_incoming, None\n"
+                "            else:\n"
+                "                dkv = torch.zeros_like(kv)\n"
+                "            for i, j in block_pairs(q_chunks, k_chunks, causal):\n"
+                "                dq_b, dk_b, dv_b = attention_block_backward(\n"
+                "                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n"
+                "                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n"
+                "                dq_pieces[i].add_(dq_b)\n"
+                "                _pieces(dkv[0], k_chunks)[j].add_(dk_b)\n"
+                "                _pieces(dkv[1], k_chunks)[j].add_(dv_b)\n"
+                "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
+                "                grad_incoming = torch.empty_like(dkv)\n"
+                "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n"
+                "            if step < size - 1:\n"
+                "                for work in works:\n"
+                "                    work.wait()\n"
+                "                kv, works = incoming, None\n"
+                "        if size > 1:\n"
+                "            for work in grad_works:\n"
+                "                work.wait()\n"
+                "            dkv = grad_incoming\n"
+                "        return dq, dkv[0], dkv[1], None, None, None\n",
+                "        kv = torch.stack([k, v])\n"
+                "        buf = torch.cat([kv, torch.zeros_like(kv)])  # k, v, dk, dv: the block travels with its gradients\n"
+                "        for step in range(size):\n"
+                "            owner = (rank - step) % size\n"
+                "            k_chunks = token_chunks(owner, size, tokens, layout)\n"
+                "            for i, j in block_pairs(q_chunks, k_chunks, causal):\n"
+                "                dq_b, dk_b, dv_b = attention_block_backward(\n"
+                "                    dout_pieces[i], q_pieces[i], _pieces(buf[0], k_chunks)[j], _pieces(buf[1], k_chunks)[j],\n"
+                "                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n"
+                "                dq_pieces[i].add_(dq_b)\n"
+                "                _pieces(buf[2], k_chunks)[j].add_(dk_b)\n"
+                "                _pieces(buf[3], k_chunks)[j].add_(dv_b)\n"
+                "            if size > 1:\n"
+                "                message = buf if step < size - 1 else buf[2:].contiguous()  # the last hop home: the gradients only\n"
+                "                incoming = torch.empty_like(message)\n"
+                "                works = [dist.isend(message, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+                "                for work in works:\n"
+                "                    work.wait()\n"
+                "                buf, works = incoming, None\n"
+                "        return dq, buf[-2], buf[-1], None, None, None\n", ""),)),
+    RightAnswer("15.4", "unshard-by-all-reduce",
+                "zigzag_unshard is 'a collective over group', not a given one: each rank's chunks at their places"
+                " and zeros elsewhere, summed, are the whole sequence", (
+        Mistake("15.4", "unshard-by-all-reduce", "template_context_parallel.py",
+                "    parts = [torch.empty_like(x) for _ in range(size)]\n"
+                "    dist.all_gather(parts, x.contiguous(), group=group)\n"
+                "    chunks = [None] * (2 * size)\n"
+                "    for rank, part in enumerate(parts):\n"
+                "        chunks[rank], chunks[2 * size - 1 - rank] = part.chunk(2, dim=dim)\n"
+                "    return torch.cat(chunks, dim=dim)\n",
+                "    rank = dist.get_rank(group)\n"
+                "    shape = list(x.shape)\n"
+                "    shape[dim] *= size\n"
+                "    whole = x.new_zeros(shape)  # this rank's chunks at their places, zeros elsewhere: the sum is the sequence\n"
+                "    positions = torch.cat([p for _, p in token_chunks(rank, size, x.shape[dim], \"zigzag\")])\n"
+                "    whole.index_copy_(dim, positions, x)\n"
+                "    dist.all_reduce(whole, group=group)\n"
+                "    return whole\n", ""),)),
+    RightAnswer("15.5", "q-k-v-sent-one-by-one",
+                "'all-to-alls of q, k, v and out each way (4 calls, or 2 with q, k and v packed in one)'", (
+        Mistake("15.5", "q-k-v-sent-one-by-one", "template_context_parallel.py",
+                "        send = torch.stack(x.chunk(size, dim=scatter_dim)).contiguous()  # piece j first-dim j: rank j's\n"
+                "        received = torch.empty_like(send)\n"
+                "        dist.all_to_all_single(received, send, group=group)\n"
+                "        return torch.cat(received.unbind(0), dim=gather_dim)\n",
+                "        send = x.unflatten(scatter_dim, (size, -1)).movedim(scatter_dim, 0).contiguous()\n"
+                "        received = torch.empty_like(send)\n"
+                "        dist.all_to_all_single(received, send, group=group)\n"
+                "        return torch.cat(list(received), dim=gather_dim)\n", ""),
+        Mistake("15.5", "q-k-v-sent-one-by-one", "template_context_parallel.py",
+                "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)  # (3, B, H / N, S, D)\n"
+                "    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)\n",
+                "    q_h, k_h, v_h = (all_to_all(t, group, scatter_dim=1, gather_dim=2) for t in (q, k, v))  # (B, H / N, S, D)\n"
+                "    out = F.scaled_dot_product_attention(q_h, k_h, v_h, is_causal=causal)\n", ""),)),
+    RightAnswer("16.2", "int32-counts-experts-in-turn",
+                "'the number of pairs per expert goes ... in ONE all-to-all of E integers': any integer dtype; a "
+                "token chooses an expert at most once, so each expert's pairs from torch.where are in token order", (
+        Mistake("16.2", "int32-counts-experts-in-turn", "template_experts.py",
+                "    token, choice = torch.where(routing.kept)  # token order, then choice\n"
+                "    expert = routing.expert[token, choice]\n"
+                "    order = torch.argsort(expert, stable=True)  # by expert; within one, token order stays\n"
+                "    token, choice, expert = token[order], choice[order], expert[order]\n"
+                "    counts = torch.bincount(expert, minlength=num_experts)  # pairs this rank sends to each expert\n"
+                "    received = torch.empty_like(counts)\n"
+                "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n"
+                "    received = received.view(size, len(experts))  # [source rank, local expert]\n",
+                "    tokens, choices = [], []\n"
+                "    for e in range(num_experts):  # a token chooses an expert at most once: token order within it\n"
+                "        t, c = torch.where((routing.expert == e) & routing.kept)\n"
+                "        tokens.append(t)\n"
+                "        choices.append(c)\n"
+                "    counts = torch.tensor([len(t) for t in tokens], dtype=torch.int32)\n"
+                "    token, choice = torch.cat(tokens), torch.cat(choices)\n"
+                "    received = torch.empty_like(counts)\n"
+                "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n"
+                "    received = received.long().view(size, len(experts))  # [source rank, local expert]\n"
+                "    counts = counts.long()\n", ""),)),
+    RightAnswer("16.3", "a-slot-per-choice",
+                "'y[t] = the sum over token t's kept choices c of weight[t, c] * (the expert's output for (t, c))"
+                " ... zeros for a token with no kept choice': a (T, k, dim) buffer, zero where dropped, weighted "
+                "and summed over k", (
+        Mistake("16.3", "a-slot-per-choice", "template_experts.py",
+                "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n"
+                "    tokens = plan.weight.shape[0]\n"
+                "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
+                "    tokens, k = plan.weight.shape\n"
+                "    slots = back.new_zeros((tokens, k, back.shape[-1]))  # one row per (token, choice); zeros where dropped\n"
+                "    slots = slots.index_put((plan.token, plan.choice), back)\n"
+                "    return (slots * plan.weight.to(back.dtype).unsqueeze(-1)).sum(dim=1)\n", ""),)),
+    RightAnswer("16.4", "copies-of-the-router-and-experts",
+                "'its router, whole, and its local experts ..., the same models.MLP modules or copies'; aux_loss "
+                "set 'as models.MoE sets it', before or after the experts run", (
+        Mistake("16.4", "copies-of-the-router-and-experts", "template_experts.py",
+                "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
+                "        return cls(moe.router, experts, moe.num_experts, moe.top_k, moe.capacity_factor, group)\n",
+                "        import copy\n"
+                "        experts = [copy.deepcopy(moe.experts[e]) for e in local_experts(moe.num_experts, group)]\n"
+                "        return cls(copy.deepcopy(moe.router), experts, moe.num_experts, moe.top_k, moe.capacity_factor, group)\n", ""),
+        Mistake("16.4", "copies-of-the-router-and-experts", "template_experts.py",
+                "        probs = logits.softmax(dim=-1, dtype=routing.weight.dtype)\n"
+                "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n"
+                "        expert_inputs, plan = dispatch(tokens, routing, self.num_experts, self.group)\n"
+                "        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]\n"
+                "        return combine(outputs, plan, self.group).reshape(x.shape)\n",
+                "        expert_inputs, plan = dispatch(tokens, routing, self.num_experts, self.group)\n"
+                "        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]\n"
+                "        y = combine(outputs, plan, self.group)\n"
+                "        self.aux_loss = models.load_balancing_loss(logits.softmax(dim=-1, dtype=routing.weight.dtype), routing.expert,\n"
+                "                                                   self.num_experts)\n"
+                "        return y.view_as(x)\n", ""),)),
+    RightAnswer("16.5", "divided-before-the-sum",
+                "'averaged over all W ranks' and 'divided by N, and averaged over expert_dp_group': dividing "
+                "before the all-reduce sums the same shares; the groups and dtypes in any order", (
+        Mistake("16.5", "divided-before-the-sum", "template_experts.py",
+                "    for params, ranks, divisor in (([p for p in with_grad if id(p) not in experts], \"all\", dist.get_world_size()),\n"
+                "                                   ([p for p in with_grad if id(p) in experts], expert_dp_group, size * copies)):\n"
+                "        for dtype in sorted({p.grad.dtype for p in params}, key=str):  # one flat buffer per dtype\n"
+                "            grads = [p.grad for p in params if p.grad.dtype == dtype]\n"
+                "            flat = torch.cat([g.reshape(-1) for g in grads])\n"
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n"
+                "            flat /= divisor\n",
+                "    for params, ranks, divisor in (([p for p in with_grad if id(p) in experts], expert_dp_group, size * copies),\n"
+                "                                   ([p for p in with_grad if id(p) not in experts], \"all\", dist.get_world_size())):\n"
+                "        for dtype in {p.grad.dtype for p in params}:  # one flat buffer per dtype\n"
+                "            grads = [p.grad for p in params if p.grad.dtype == dtype]\n"
+                "            flat = torch.cat([g.reshape(-1) for g in grads]) / divisor\n"
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n", ""),)),
 ]
 
 

@@ -291,6 +291,13 @@ def token_chunks_of(rank, size, tokens, layout):
     return chunks + [chunks[0] + chunks[1]]
 
 
+# A block that the code dropped can still be held: a finished Work keeps its tensor alive, and after
+# `for work in works: work.wait()` the loop variable holds the last Work (a send of the old block, where the
+# receive was posted first; measured with gloo, torch 2.14.1)
+WORK_KEEPS_ITS_TENSOR = (" (a finished Work keeps its tensor alive: drop it too, also the last one that the loop "
+                         "variable of `for work in works: work.wait()` still holds)")
+
+
 def _check_forward(rank, size, got, causal, layout, shape):
     out, _ = _expected_mine(rank, size, layout, causal, shape)
     fwd, kv_numel = got["forward"], 2 * out.numel()
@@ -328,7 +335,7 @@ def _check_forward(rank, size, got, causal, layout, shape):
         f"{T152}: rank {rank} sent to ranks {sorted({m[3] for m in sends})}: the ring sends to r + 1 only")
     assert fwd["alive_peak"] <= 2 + 1e-9, (
         f"{T152}: rank {rank} held {fwd['alive_peak']:g} other ranks' K/V blocks at once: at most 2 (the one being "
-        "computed and the one arriving); let each go once the next has arrived")
+        f"computed and the one arriving); let each go once the next has arrived{WORK_KEEPS_ITS_TENSOR}")
     assert sorted(got["saved"]) == sorted([got["shapes"]["q"]] * 4 + [got["shapes"]["lse"]]) and not got["extra"], (
         f"{T152}: RingAttention saved tensors of shapes {got['saved']} (and ctx tensors {got['extra']}) for backward: "
         "only this rank's q, k, v, out and lse (save_for_backward): the other blocks travel again in backward")
@@ -486,7 +493,7 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
         f"blocks and N = {size} dK/dV blocks ({kv_numel} elements each) to rank {(rank + 1) % size}")
     assert back["alive_peak"] <= 4 + 1e-9, (
         f"{name}: rank {rank} held {back['alive_peak']:g} other ranks' blocks at once in backward (K/V and dK/dV): at "
-        "most 2 of each")
+        f"most 2 of each{WORK_KEEPS_ITS_TENSOR}")
 
 
 @pytest.mark.task15_3
