@@ -53,7 +53,7 @@ class WarmPytest:
         self._runs += 1
         log = os.path.join(self._folder.name, f"run{self._runs}.log")
         request = {"id": self._runs, "args": list(args), "cwd": os.path.abspath(cwd), "log": log, "timeout": timeout,
-                   "env": {"PYTHONDONTWRITEBYTECODE": "1", **(env or {})}}
+                   "env": dict(env or {})}  # PYTHONDONTWRITEBYTECODE as the client has it (.ci/run unsets it)
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         self._started[self._runs] = request
