@@ -237,6 +237,29 @@ def set_torchrun_variables(environ=None):
     return me
 
 
+def threads_per_process(environ=None):
+    """How many threads each operation of this process may compute with: OMP_NUM_THREADS when set
+    to a number (torchrun sets 1 when it starts several processes), else in a task that srun started
+    its CPUs (SLURM_CPUS_PER_TASK), else the cores this process may use shared out between the
+    processes its launcher started on this machine; at least one. More threads than free cores is
+    slower: each operation waits for its slowest thread (docs/training.md). Only os and the launcher's
+    variables are read, so train_ddp.py can ask before torch is imported."""
+    env = os.environ if environ is None else environ
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) >= 1:
+        return int(threads)
+    # srun may or may not bind a task to its CPUs (that is the cluster's setting), so the cores a task
+    # sees can be its own or the whole node's: the number it was given says which share is its own.
+    if is_srun_task(env) and env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        processes = who_am_i(env).local_world_size
+    except LaunchError:  # main() says what is wrong with the variables, in one line
+        processes = 1
+    return max(1, cores // processes)
+
+
 def launcher_name(environ=None):
     """Who started this process, for messages: "torchrun", "mpirun (...)", "srun", or None
     (plain python, or a launcher that leaves no trace of its own, such as Ray)."""

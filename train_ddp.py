@@ -32,10 +32,18 @@ import os
 import signal
 import sys
 
+import launchers
+
+if __name__ == "__main__":
+    # Before torch is imported: OpenMP reads the variable once, when torch loads it, for every thread
+    # it will ever run. torch.set_num_threads (set_threads below) sets the calling thread's alone, and
+    # gloo's threads, where PowerSGD's decompress computes, would keep OpenMP's default of every core:
+    # other bits than the main thread's, and "ranks INCONSISTENT" under mpirun --bind-to none or srun.
+    os.environ["OMP_NUM_THREADS"] = str(launchers.threads_per_process())
+
 import torch
 import torch.distributed as dist
 
-import launchers
 import strategies
 from strategies.course_files import course_module, not_done
 from data import get_datasets
@@ -217,15 +225,11 @@ def epoch_row(args, strategy, model, test_loader, stats, epoch, device):
 
 
 def set_threads():
-    """This process's intra-op threads: OMP_NUM_THREADS when set (torchrun sets 1 for several processes),
-    else the cores it may use shared out between the processes of its node (LOCAL_WORLD_SIZE), at least one:
-    more threads than free cores is slower, each operation waits for its slowest thread (docs/training.md)."""
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if not threads.isdigit() or int(threads) < 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    torch.set_num_threads(int(threads))
-    return int(threads)
+    """This process's intra-op threads: launchers.threads_per_process(), OMP_NUM_THREADS or the cores shared
+    out between the node's processes; run as a script, the same number was given to OpenMP at the top."""
+    threads = launchers.threads_per_process()
+    torch.set_num_threads(threads)
+    return threads
 
 
 def optimizer_class(args):

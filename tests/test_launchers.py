@@ -413,13 +413,15 @@ def read_metrics(path):
 # ------------------------------------------------------------------ the real launchers (slow)
 # Each trains TINY on 2 processes and must give torchrun's losses and accuracy to the last
 # digit of the metrics file: the same ranks, the same shards, the same sums. One thread per
-# process everywhere (torchrun sets OMP_NUM_THREADS=1 itself), so the arithmetic is the same.
+# process everywhere (torchrun sets OMP_NUM_THREADS=1 itself), so the arithmetic is the same;
+# mpirun sets none, and train_ddp.py gives each of its 2 processes on the 2 cores one thread.
 
 
 def run(cmd, timeout=150, **env):
     """Run a launcher in its own session; killed with everything it started after timeout s."""
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+                            start_new_session=True,
+                            env={k: v for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **env}.items() if v is not None})
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -466,13 +468,18 @@ def mpich():
 @pytest.mark.parametrize("mpirun", ["Open MPI", "MPICH"])
 def test_mpirun_trains_like_torchrun(mpirun, torchrun_metrics, tmp_path):
     """`mpirun -np 2 python train_ddp.py ...`: Open MPI as root needs --allow-run-as-root, and
-    more processes than cores --oversubscribe (both as docs/clusters.md says)."""
+    more processes than cores --oversubscribe (both as docs/clusters.md says). As a student types it: no
+    OMP_NUM_THREADS, and (Open MPI) no binding, so that each process may use both cores and train_ddp.py
+    must share them out itself, in gloo's threads too."""
     if mpirun == "Open MPI":
-        cmd = [open_mpi(), *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe"]
+        cmd = [open_mpi(), *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--oversubscribe", "--bind-to",
+               "none"]
     else:
         cmd = [mpich()]
-    code, out = run([*cmd, "-np", "2", sys.executable, "train_ddp.py", *TINY, "--metrics", str(tmp_path / "m.csv")])
+    code, out = run([*cmd, "-np", "2", sys.executable, "train_ddp.py", *TINY, "--metrics", str(tmp_path / "m.csv")],
+                    OMP_NUM_THREADS=None)
     assert code == 0, out
+    assert f" threads={max(1, len(os.sched_getaffinity(0)) // 2)} " in out, out
     assert_like_torchrun(out, read_metrics(tmp_path / "m.csv"), torchrun_metrics)
 
 

@@ -2,6 +2,7 @@
 
     pytest tests/test_train_ddp_output.py
 """
+import json
 import os
 import subprocess
 import sys
@@ -93,21 +94,45 @@ def test_train_ddp_writes_whole_lines_and_says_its_threads():
     assert " threads=3 " in out.splitlines()[0], f"the header line does not show OMP_NUM_THREADS=3:\n{out}"
 
 
-@pytest.mark.parametrize("omp, local_world, cores, expected", [
-    (None, None, 4, 4),    # python train_ddp.py: every core
-    (None, "2", 4, 2),     # two processes on the node share them
-    (None, "8", 4, 1),     # at least one
-    ("3", "2", 4, 3),      # the user's (or torchrun's) OMP_NUM_THREADS wins
-    ("", "2", 4, 2),       # empty: not set
+# What the launchers set in each of 2 processes on one node (as torchrun, as Open MPI's mpirun)
+TWO_HERE = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
+OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "1289814017"}
+SRUN = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2",
+        "SLURM_JOB_NODELIST": "node007", "SLURM_STEP_NODELIST": "node007"}
+BATCH = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "2",
+         "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node007"}
+
+
+def unlaunched(environ):
+    """environ without any launcher's variables (pytest itself may run in a SLURM job, or under torchrun)."""
+    names = set(TWO_HERE) | {"TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}
+    return {name: value for name, value in environ.items()
+            if name not in names and not name.startswith(("SLURM_", "OMPI_", "PMI_"))}
+
+
+@pytest.mark.parametrize("omp, launch, cores, expected", [
+    (None, {}, 4, 4),                                   # python train_ddp.py: every core
+    (None, TWO_HERE, 4, 2),                             # two processes on the node share them
+    (None, OPEN_MPI, 4, 2),                             # whoever started them (before main() renames)
+    (None, {**TWO_HERE, "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "8"}, 4, 1),  # at least one
+    ("3", TWO_HERE, 4, 3),                              # the user's (or torchrun's) OMP_NUM_THREADS wins
+    ("", TWO_HERE, 4, 2),                               # empty: not set
+    (None, {**TWO_HERE, "LOCAL_RANK": "5"}, 4, 4),      # variables that cannot work: main() says so
+    (None, {**SRUN, "SLURM_CPUS_PER_TASK": "3"}, 8, 3),  # srun gave each task its CPUs, bound to them or not
+    (None, {**SRUN, "SLURM_CPUS_PER_TASK": "3"}, 3, 3),
+    (None, SRUN, 4, 2),                                 # srun without --cpus-per-task: shared out
+    (None, {**BATCH, "SLURM_CPUS_PER_TASK": "3"}, 4, 4),  # the batch script itself is one process
 ])
-def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, omp, local_world, cores, expected):
+def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, omp, launch, cores, expected):
     sys.path.insert(0, REPO)
     import train_ddp
-    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", local_world)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
+    for name in [*unlaunched(os.environ).keys() ^ os.environ.keys(), "OMP_NUM_THREADS"]:  # pytest under a launcher
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**launch, **({} if omp is None else {"OMP_NUM_THREADS": omp})}.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     before = torch.get_num_threads()
     try:
@@ -115,3 +140,47 @@ def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, 
         assert torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
+
+
+# train_ddp.py run as a script (stopped at --help, past its imports), then the threads as train() sets them, and
+# the bits of a product in the main thread and in a new one: gloo's threads, where PowerSGD's decompress computes.
+EVERY_THREAD = """
+import json, runpy, sys, threading
+sys.argv = ["train_ddp.py", "--help"]
+try:
+    runpy.run_path("train_ddp.py", run_name="__main__")
+except SystemExit:
+    pass
+import torch
+import train_ddp
+threads = train_ddp.set_threads()
+generator, differing = torch.Generator().manual_seed(0), 0
+for _ in range(20):
+    p, q = torch.randn(10, 2, generator=generator), torch.randn(128, 2, generator=generator)
+    main, other = torch.matmul(p, q.T), {}
+    thread = threading.Thread(target=lambda: other.update(product=torch.matmul(p, q.T)))
+    thread.start()
+    thread.join()
+    differing += int((other["product"] != main).sum())
+print(json.dumps({"threads": threads, "differing": differing}))
+"""
+
+
+@pytest.mark.slow  # a new interpreter importing torch: 2-5 s
+def test_every_thread_computes_as_the_main_thread_without_omp_num_threads():
+    """mpirun --bind-to none (or srun with several CPUs a task) sets no OMP_NUM_THREADS, and each process may use
+    every core. train_ddp.py gave its main thread its share of the cores while gloo's threads kept OpenMP's default
+    of all of them: PowerSGD's decompress, which runs there, computed other bits, and right answers ended "ranks
+    INCONSISTENT" (1 of 2 runs of `mpirun --bind-to none -np 2 ... --compress powersgd`). Run as a script, it gives
+    OpenMP the same number before torch loads it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: every thread computes with one thread whatever train_ddp.py sets")
+    env = {name: value for name, value in unlaunched(os.environ).items() if name != "OMP_NUM_THREADS"}
+    run = subprocess.run([sys.executable, "-c", EVERY_THREAD], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**env, **OPEN_MPI})
+    assert run.returncode == 0, run.stdout + run.stderr
+    said = json.loads(run.stdout.splitlines()[-1])
+    assert said["threads"] == max(1, len(os.sched_getaffinity(0)) // 2), said
+    assert said["differing"] == 0, (
+        f"{said['differing']} elements of a product computed in a new thread differ from the main thread's: "
+        "train_ddp.py must set OMP_NUM_THREADS to the threads it gives its main thread before it imports torch")
