@@ -76,7 +76,7 @@ def token_chunks(rank, world_size, tokens, layout="contiguous"):
 # ----------------------------------------------------------------------------- Task 15.2
 def block_pairs(q_chunks, k_chunks, causal):
     """The (query chunk, key chunk) pairs to compute: [(i, j)], indices into q_chunks and k_chunks
-    (token_chunks' lists), in order. Without causal, every pair. With causal, a pair whose key chunk
+    (token_chunks' lists), in any order. Without causal, every pair. With causal, a pair whose key chunk
     lies wholly after its query chunk (a larger id) is left out: it would be fully masked. A pair
     with equal ids is kept; attention_block masks it by the positions."""
     # --- Task 15.2 begin ---
@@ -194,8 +194,8 @@ def ulysses_attention(q, k, v, group=None, causal=False):
 # ----------------------------------------------------------------------------- Task 15.6
 class _SequenceMean(torch.autograd.Function):
     """The mean over the WHOLE sequence of x (B, S / N, dim), this rank's tokens: (B, dim), the same
-    on every rank of `group`. Forward: one all-reduce (SUM) of this rank's token sum, then / S.
-    Backward: every rank already holds the whole gradient of the mean (the loss after it is computed
+    on every rank of `group`. Forward: one all-reduce (SUM) of this rank's token sum, then / S
+    (or / S before it: the same up to rounding). Backward: every rank already holds the whole gradient of the mean (the loss after it is computed
     the same on every rank): each of its tokens gets grad / S, with no collective."""
 
     @staticmethod

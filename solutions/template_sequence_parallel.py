@@ -237,7 +237,7 @@ def parallelize_block(block, group=None, sequence_parallel=False):
     forward, one in backward). With it the block takes and returns this rank's (B, S / N, dim)
     shard, and each of attn and mlp gets the whole sequence from gather_sequence at its input (a
     forward pre-hook, as PyTorch's PrepareModuleInput: Attention.forward reads the token count from
-    its input), and gives back its shard through the row-parallel layer's reduce-scatter: per pair,
+    its input; a post-hook on the norm before it is the same), and gives back its shard through the row-parallel layer's reduce-scatter: per pair,
     one all-gather and one reduce-scatter of (B, S / N, dim) pieces in forward, the same in backward,
     nothing else. Either way block(x) is the unsplit block's output (on this rank's tokens, with
     sequence parallelism). block.sequence_parallel records the choice (Task 14.5 reads it).

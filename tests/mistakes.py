@@ -1825,6 +1825,16 @@ RIGHT_ANSWERS = [
                 "    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)\n",
                 "    q_h, k_h, v_h = (all_to_all(t, group, scatter_dim=1, gather_dim=2) for t in (q, k, v))  # (B, H / N, S, D)\n"
                 "    out = F.scaled_dot_product_attention(q_h, k_h, v_h, is_causal=causal)\n", ""),)),
+    RightAnswer("15.6", "divided-before-the-all-reduce",
+                "'one all-reduce (SUM) of this rank's token sum, then / S (or / S before it)': each rank's share of "
+                "the mean, summed, is the mean up to rounding, and the wire is the same", (
+        Mistake("15.6", "divided-before-the-all-reduce", "template_context_parallel.py",
+                "        total = x.sum(dim=1)\n"
+                "        dist.all_reduce(total, group=group)\n"
+                "        return total / ctx.tokens\n",
+                "        share = x.sum(dim=1) / ctx.tokens  # this rank's share of the mean; the shares add up to it\n"
+                "        dist.all_reduce(share, group=group)\n"
+                "        return share\n", ""),)),
     RightAnswer("16.2", "int32-counts-experts-in-turn",
                 "'the number of pairs per expert goes ... in ONE all-to-all of E integers': any integer dtype; a "
                 "token chooses an expert at most once, so each expert's pairs from torch.where are in token order", (
