@@ -75,6 +75,24 @@ else:
     os.environ["OMP_NUM_THREADS"] = _THREADS
 
 
+def differing_in_another_thread():
+    """How many elements of 20 products p @ q.T computed in a new thread (as gloo runs a comm hook's callback)
+    differ in their bits from the same products in the calling thread: 0 when OpenMP gives every thread the
+    calling thread's count (the variable above), about 1245 of 25,600 on 2 cores when it does not."""
+    import threading
+
+    generator = torch.Generator().manual_seed(0)
+    differing = 0
+    for _ in range(20):
+        p, q = torch.randn(10, 2, generator=generator), torch.randn(128, 2, generator=generator)
+        main, other = torch.matmul(p, q.T), {}
+        thread = threading.Thread(target=lambda: other.update(product=torch.matmul(p, q.T)))
+        thread.start()
+        thread.join()
+        differing += int((other["product"] != main).sum())
+    return differing
+
+
 def freeze_inherited_objects():
     """gc.freeze() in a process forked from the server: the garbage collector leaves alone the objects
     it inherited (torch, pytest: millions), which it would otherwise walk at each full collection,

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankStartupTimeout, _raise_startup_timeout, _StartupStalled, run_ranks
+from harness import RankStartupTimeout, _raise_startup_timeout, _StartupStalled, differing_in_another_thread, run_ranks
 
 pytestmark = pytest.mark.repo
 
@@ -111,20 +111,7 @@ def test_a_stuck_ranks_report_ends_at_the_rank_and_ranks_leave_inherited_objects
 
 
 def _matmul_bits_in_another_thread(rank, world_size):
-    """How many elements of p @ q.T, computed in a new thread (as gloo runs a comm hook's callback), differ in
-    their bits from the same product in the rank's main thread."""
-    import threading
-
-    generator = torch.Generator().manual_seed(0)
-    differing = 0
-    for _ in range(20):
-        p, q = torch.randn(10, 2, generator=generator), torch.randn(128, 2, generator=generator)
-        main, other = torch.matmul(p, q.T), {}
-        thread = threading.Thread(target=lambda: other.update(product=torch.matmul(p, q.T)))
-        thread.start()
-        thread.join()
-        differing += int((other["product"] != main).sum())
-    return differing, os.environ.get("OMP_NUM_THREADS")
+    return differing_in_another_thread(), os.environ.get("OMP_NUM_THREADS")
 
 
 def test_every_thread_of_a_rank_computes_as_its_main_thread():
