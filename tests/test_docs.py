@@ -303,7 +303,8 @@ def parse_like_the_script(path, argv, is_module):
         original(self, argv, namespace)
         raise _Parsed
 
-    saved_argv, saved_path = sys.argv, list(sys.path)
+    # and what the script's top sets for itself (train_ddp.py: OMP_NUM_THREADS) must not reach the tests after
+    saved_argv, saved_path, saved_environ = sys.argv, list(sys.path), dict(os.environ)
     sys.argv = [path] + list(argv)
     argparse.ArgumentParser.parse_args = parse_args
     err = io.StringIO()
@@ -321,6 +322,8 @@ def parse_like_the_script(path, argv, is_module):
     finally:
         argparse.ArgumentParser.parse_args = original
         sys.argv, sys.path[:] = saved_argv, saved_path
+        os.environ.clear()
+        os.environ.update(saved_environ)
     return "it never parsed its arguments with argparse"
 
 
