@@ -143,7 +143,7 @@ def slug(heading):
 
 def anchors(path):
     found, seen = set(), {}
-    for line in prose(read(path)).splitlines():
+    for line in FENCE.sub("", read(path)).splitlines():  # a heading's inline code counts: slug keeps its text
         match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if match:
             base = slug(match.group(1))
