@@ -106,11 +106,10 @@ BATCH = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_
          "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node007"}
 
 
-def unlaunched(environ):
-    """environ without any launcher's variables (pytest itself may run in a SLURM job, or under torchrun)."""
-    names = set(TWO_HERE) | {"TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}
-    return {name: value for name, value in environ.items()
-            if name not in names and not name.startswith(("SLURM_", "OMPI_", "PMI_"))}
+def set_by_a_launcher(name):
+    """A variable that tells this process of a launcher (pytest itself may run in a SLURM job, or under torchrun)."""
+    return (name in {*TWO_HERE, "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}
+            or name.startswith(("SLURM_", "OMPI_", "PMI_")))
 
 
 @pytest.mark.parametrize("omp, launch, cores, expected", [
@@ -129,7 +128,7 @@ def unlaunched(environ):
 def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, omp, launch, cores, expected):
     sys.path.insert(0, REPO)
     import train_ddp
-    for name in [*unlaunched(os.environ).keys() ^ os.environ.keys(), "OMP_NUM_THREADS"]:  # pytest under a launcher
+    for name in [*filter(set_by_a_launcher, os.environ), "OMP_NUM_THREADS"]:
         monkeypatch.delenv(name, raising=False)
     for name, value in {**launch, **({} if omp is None else {"OMP_NUM_THREADS": omp})}.items():
         monkeypatch.setenv(name, value)
@@ -169,7 +168,8 @@ def test_every_thread_computes_as_the_main_thread_without_omp_num_threads():
     OpenMP the same number before torch loads it."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: every thread computes with one thread whatever train_ddp.py sets")
-    env = {name: value for name, value in unlaunched(os.environ).items() if name != "OMP_NUM_THREADS"}
+    env = {name: value for name, value in os.environ.items()
+           if not set_by_a_launcher(name) and name != "OMP_NUM_THREADS"}
     run = subprocess.run([sys.executable, "-c", EVERY_THREAD], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**env, **OPEN_MPI})
     assert run.returncode == 0, run.stdout + run.stderr
