@@ -55,8 +55,8 @@ def parallelize_attention(attn, group=None, sequence_parallel=False):
     layers holds the same). attn.qkv's output is laid out [q | k | v], each [head 0 | head 1 | ...]
     of dim / H features: it becomes a column-parallel layer (the first of _layers(sequence_parallel), below)
     whose weight and bias are the rows of rank r's heads in q, then in k, then in v, in that order
-    (3 * dim / N rows, held in new tensors of that size, as Task 9's from_linear holds its slice: a
-    view of a whole-size weight keeps all of its memory); attn.proj becomes the row-parallel layer
+    (3 * dim / N rows, held in new tensors of that size and of the weight's dtype and device, as Task
+    9's from_linear holds its slice: a view of a whole-size weight keeps all of its memory); attn.proj becomes the row-parallel layer
     (the second) from_linear of it; attn.heads becomes H / N, what this rank's qkv holds
     (Attention.forward reads the head width from it). Then attn(x) returns the unsplit module's
     output, on every rank.

@@ -1160,6 +1160,18 @@ MISTAKES = [
     Mistake("14.1", "proj-column-parallel", "template_sequence_parallel.py",  # a shape error in the rank, before
             "    attn.proj = row.from_linear(attn.proj, group)", "    attn.proj = column.from_linear(attn.proj, group)",
             "proj must be row-parallel"),
+    Mistake("14.1", "regrouped-linear-in-the-default-dtype", "template_sequence_parallel.py",  # a student trial's:
+            # the hint's "an nn.Linear with those rows", made float32 for float64 weights: equal values, half the bytes
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None)\n"
+            "    with torch.no_grad():\n"
+            "        regrouped.weight.copy_(attn.qkv.weight[order])\n"
+            "        if attn.qkv.bias is not None:\n"
+            "            regrouped.bias.copy_(attn.qkv.bias[order])\n",
+            "a new nn.Linear (or tensor) is made in torch's default dtype"),
     Mistake("14.1", "qkv-rows-a-view-of-the-whole", "template_sequence_parallel.py",  # the right rows, all the memory
             "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
             "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"

@@ -423,6 +423,11 @@ def _check_split(task_name, results, world_size, kind):
                 assert local is not None and torch.equal(local, expected), (
                     f"{where}: {name} holds {None if local is None else tuple(local.shape)}, not its part of the unsplit "
                     f"parameter {tuple(expected.shape)}" + (" (the q, k and v rows of this rank's heads)" if "qkv" in name else ""))
+                if local.dtype != full.dtype or local.device != full.device:  # equal values, even so
+                    pytest.fail(f"{where}: {name} is {local.dtype} on {local.device}, the unsplit parameter "
+                                f"{full.dtype} on {full.device}: a new nn.Linear (or tensor) is made in torch's default "
+                                "dtype on the CPU; make it with the module's own (dtype=weight.dtype, "
+                                "device=weight.device)")
                 stored, whole = got["stored"][name], full.numel() * full.element_size()
                 if name.endswith(("qkv.weight", "proj.weight", "fc1.weight", "fc2.weight")):
                     assert stored == whole // world_size, (
