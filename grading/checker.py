@@ -28,6 +28,9 @@ MARKER_LINE = re.compile(r"^\s*task(\d+)_(\d+)\s*:\s*(.*?)\s*$", re.MULTILINE)
 # where a task is: its fence, or its TODO line (a template may keep either)
 FENCE = re.compile(r"#\s*(?:---\s*Task (\d+)\.(\d+) begin\s*---|TODO Task (\d+)\.(\d+)\b)")
 TASK_NAMED = re.compile(r"Task (\d+\.\d+)")
+# an unfilled TODO's own words (the templates' NotImplementedError), also inside a test's message where the test
+# caught the rank's error to say it (a NotImplementedError is a RuntimeError) and ran into another task's TODO
+TODO_RAISED = re.compile(r"NotImplementedError: Task (\d+\.\d+): .*? is not done yet")
 # "rank 1 raised ValueError: ...", from the harness; after "Task 9.2 (...): " where the tests' conftest.py
 # named the task (tests/harness.py, named_failure)
 RANK_FAILED = re.compile(r"^(Tasks? [\d., ]+(?: \(.*?\))?: )?rank (\d+) raised (\w+): (.*?)"
@@ -443,7 +446,7 @@ def _blame_own_answers(results, course):
         else:
             continue
         result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
-            (".", "!", "?", ")")) else ".") + " " + why
+            (".", "!", "?")) else ".") + " " + why  # "... (Task 14.1)" ends no sentence either
 
 
 def _summarize_task(task, tests, run, collect_errors):
@@ -488,7 +491,7 @@ def _summarize_task(task, tests, run, collect_errors):
     elif failed:
         started = [t for t in failed if not _not_implemented(t)]
         if not started:
-            named = [TASK_NAMED.search(t.message) for t in failed]
+            named = [TODO_RAISED.search(t.message) or TASK_NAMED.search(t.message) for t in failed]
             others = sorted({m[1] for m in named if m and m[1] != task.id}, key=lambda s: tuple(map(int, s.split("."))))
             mine = [m for m in named if not m or m[1] == task.id]
             if mine or not others:
@@ -536,7 +539,8 @@ def _last_line(path):
 
 
 def _not_implemented(test):
-    return test.exc_type == "NotImplementedError" or test.message.startswith("NotImplementedError")
+    return (test.exc_type == "NotImplementedError" or test.message.startswith("NotImplementedError")
+            or TODO_RAISED.search(test.message) is not None)
 
 
 def _short_id(nodeid):

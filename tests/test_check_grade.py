@@ -121,6 +121,28 @@ def test_the_summary_names_each_state():
     assert any("reduce_metrics" in line for line in results["2.3"].details)
 
 
+def test_a_later_tasks_todo_said_in_a_tests_own_words_is_blocked_not_failing():
+    """A student trial: 14.1's test catches the rank's RuntimeError to say it with the layers the rank holds, and a
+    NotImplementedError is a RuntimeError, so the unfilled 14.3 it ran into read 'failing ... Next: fix Task 14.1'."""
+    tasks = _tasks("14.1", "14.3")
+    todo = "NotImplementedError: Task 14.3: _GatherSequence.forward in template_sequence_parallel.py is not done yet"
+    run = _run(
+        *_test("t::a", "14.1", "failed", "RankFailed", "rank 0 raised AssertionError: Task 14.1 (template_sequence_"
+               "parallel.py, parallelize_attention): Attention over 2 ranks with sequence parallelism, rank 0: "
+               f"{todo} (docs/task14-sequence-parallel.md)\n\n--- rank 0 traceback ---\nTraceback ..."),
+        *_test("t::b", "14.3", "failed", "NotImplementedError", todo.removeprefix("NotImplementedError: ")),
+    )
+    results = {r.task.id: r for r in summarize(tasks, run)}
+    assert results["14.1"].status == "blocked" and "need Task 14.3 first" in results["14.1"].explanation, results["14.1"]
+    assert results["14.3"].status == "not started"
+    mine = _run(*_test("t::a", "14.1", "failed", "RankFailed", "rank 0 raised AssertionError: Task 14.1 (...): "
+                       "rank 0: " + todo.replace("14.3", "14.1")))
+    assert summarize(_tasks("14.1"), mine)[0].status == "not started"
+    wrong = _run(*_test("t::a", "14.1", "failed", "RankFailed", "rank 0 raised AssertionError: Task 14.1 (...): "
+                        "qkv's weight holds rows 0...23 of the [q | k | v] weight"))
+    assert summarize(_tasks("14.1"), wrong)[0].status == "failing"
+
+
 def test_a_run_killed_at_the_limit_names_the_test_that_was_running():
     tasks = _tasks("1.1", "1.2", "2.1")
     run = _run(*_test("t::a", "1.1"), {"event": "collected", "nodeid": "t::b", "tasks": ["1.2"]},
