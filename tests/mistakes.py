@@ -1320,6 +1320,21 @@ MISTAKES = [
             "        dist.all_to_all_single(received, send, group=group)\n        return torch.cat(received.unbind(0), dim=gather_dim)",
             "        dist.all_to_all_single(received, send)\n        return torch.cat(received.unbind(0), dim=gather_dim)",
             "not over the 2 of the group it was given"),
+    Mistake("15.5", "heads-not-refused", "template_context_parallel.py",  # a student trial's: was a raw shape error
+            "    if heads % size:\n        raise ValueError(", "    if False:\n        raise ValueError(",
+            "no ValueError: it went on and raised"),
+    Mistake("15.5", "way-back-with-the-wrappers-defaults", "template_context_parallel.py",  # a student trial's: was
+            # a bare "differs"
+            "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
+            "    return all_to_all(out, group)", "the all-to-all back is the reverse of the one in"),
+    Mistake("15.6", "one-all-reduce-a-parameter", "template_context_parallel.py",  # a student trial's: passed
+            "    flat = torch.cat([param.grad.reshape(-1) for param in params])\n"
+            "    dist.all_reduce(flat, group=group)\n"
+            "    for param, grad in zip(params, flat.split([param.numel() for param in params])):\n",
+            "    for param in params:\n"
+            "        dist.all_reduce(param.grad, group=group)\n"
+            "    for param, grad in zip(params, [param.grad.reshape(-1).clone() for param in params]):\n",
+            "expected one all-reduce of the"),
     Mistake("15.6", "pooled-feature-not-reduced", "template_context_parallel.py",
             "        dist.all_reduce(total, group=group)\n", "", "not reduced over the context group"),
     Mistake("15.6", "head-gradients-times-n", "template_context_parallel.py",
