@@ -106,7 +106,8 @@ class RingAttention(torch.autograd.Function):
     at most 2 other ranks' K/V blocks at a time. Only the pairs of block_pairs are computed; the
     partial results are merged with merge_attention. Saves for backward only q, k, v, out and lse,
     in that order (save_for_backward), and keeps ctx.group, ctx.causal, ctx.layout: Task 15.3's
-    backward is judged with the reference forward, and reads them so.
+    backward is judged with the reference forward where solutions/ is there, and reads them so. (In a
+    student release the tests run your own forward and backward together: write both, then check.)
 
     Backward: dq of this rank's queries, and dk, dv of this rank's OWN keys and values: the gradient
     that every rank's queries give them. The K/V blocks go round again, each with its dk, dv, summed

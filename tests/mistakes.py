@@ -1308,6 +1308,10 @@ MISTAKES = [
     Mistake("15.4", "zigzag-chunks-swapped", "template_context_parallel.py",
             "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
             "    return torch.cat([chunks[2 * size - 1 - rank], chunks[rank]], dim=dim)", "in the wrong order"),
+    Mistake("15.4", "shard-along-dim-2-always", "template_context_parallel.py",  # a student trial's: passed
+            "    chunks = x.chunk(2 * size, dim=dim)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
+            "    chunks = x.chunk(2 * size, dim=2)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=2)",
+            "cut, check and concatenate along `dim`"),
     Mistake("15.5", "all-to-all-splits-the-sequence", "template_context_parallel.py",
             "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)",
             "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=3, gather_dim=2)",

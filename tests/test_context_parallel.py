@@ -520,6 +520,14 @@ def _zigzag(rank, size, impl):
     with Wire() as wire:
         out["whole"] = cp.zigzag_unshard(_mine(x, rank, size, "zigzag"))
     out["unshard_calls"] = [c.kind for c in wire.calls]
+    # along another dim (tokens first: (B, S, H, D)), as the docstring's `dim` allows
+    try:  # said by the test: an index error alone names no cause
+        out["shard_dim1"] = cp.zigzag_shard(x.movedim(2, 1), dim=1)
+        out["whole_dim1"] = cp.zigzag_unshard(_mine(x, rank, size, "zigzag").movedim(2, 1), dim=1)
+    except (IndexError, RuntimeError, ValueError) as error:
+        if isinstance(error, NotImplementedError):
+            raise
+        out["shard_dim1"] = out["whole_dim1"] = one_line(error)
     try:
         cp.zigzag_shard(torch.zeros(1, 1, 2 * size + 1, 1))
         out["uneven"] = None
@@ -551,6 +559,12 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
             "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else "")
         assert got["uneven"] is not None, (
             f"{T154}: zigzag_shard of {2 * size + 1} tokens over {size} ranks did not raise ValueError")
+        raised = "" if torch.is_tensor(got["shard_dim1"]) else f" (it raised {got['shard_dim1']})"
+        assert not raised and torch.equal(got["shard_dim1"], mine.movedim(2, 1)) and torch.equal(
+            got["whole_dim1"], x.movedim(2, 1)), (
+            f"{T154}: zigzag_shard / zigzag_unshard with dim=1 (tokens in dim 1) on rank {rank}{raised}: not chunks "
+            f"{rank} and {2 * size - 1 - rank} along dim 1, or not the whole sequence back along it: cut, check and "
+            "concatenate along `dim`, not along 2")
     work = []
     for rank, (_, got) in enumerate(results):
         out, _ = _expected_mine(rank, size, "zigzag", True, shape)
