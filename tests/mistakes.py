@@ -1160,6 +1160,11 @@ MISTAKES = [
     Mistake("14.1", "proj-column-parallel", "template_sequence_parallel.py",  # a shape error in the rank, before
             "    attn.proj = row.from_linear(attn.proj, group)", "    attn.proj = column.from_linear(attn.proj, group)",
             "proj must be row-parallel"),
+    Mistake("14.3", "keep-returns-the-whole-gradient", "template_sequence_parallel.py",  # a student trial's: was
+            # told that gather_sequence's backward is a reduce-scatter, which the other branch is
+            "        if not ctx.reduce:\n            return pieces[rank], None, None\n",
+            "        if not ctx.reduce:\n            return grad, None, None\n",
+            "with tensor_parallel_output_grad=False it returns this rank's slice"),
     Mistake("14.1", "regrouped-linear-in-the-default-dtype", "template_sequence_parallel.py",  # a student trial's:
             # the hint's "an nn.Linear with those rows", made float32 for float64 weights: equal values, half the bytes
             "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
@@ -1216,6 +1221,16 @@ MISTAKES = [
     Mistake("14.4", "mlp-input-not-gathered", "template_sequence_parallel.py",  # a shape error at the residual, before
             "        for module in (block.attn, block.mlp):", "        for module in (block.attn,):",
             "attn and mlp EACH get the whole sequence"),
+    Mistake("14.5", "one-all-reduce-a-parameter", "template_sequence_parallel.py",  # a student trial's: was a raw list
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+            "            param.grad.copy_(summed.view_as(param.grad))\n",
+            "    for same in by_dtype.values():\n"
+            "        for param in same:\n"
+            "            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)\n",
+            "flatten them into one buffer"),
     Mistake("14.5", "norms-not-summed", "template_sequence_parallel.py",
             "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n", "", "was left as it was"),
     Mistake("14.5", "norms-averaged", "template_sequence_parallel.py",

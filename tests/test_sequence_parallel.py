@@ -182,7 +182,12 @@ def _check_operator(name, rank, size, got):
             pytest.fail(f"{where}, inside the group [0, 1] or [2, 3] of 4 ranks: it ran a collective over "
                         f"{got['wrong_group'][0]} ranks, not over the {size} of the group it was given: pass "
                         f"group=... to every collective (the default group is all 4) ({got['error'][:200]})")
-        if "invalid gradient" in got["error"] or "shape" in got["error"]:
+        if ("invalid gradient" in got["error"] or "shape" in got["error"]) and name == "gather_keep" and \
+                got["y_shape"] == tuple(y_expected.shape):
+            hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
+                    "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
+                    "collective: every rank already holds the whole gradient")
+        elif "invalid gradient" in got["error"] or "shape" in got["error"]:
             hint = (": its backward returned a gradient of the wrong shape; gather_sequence's backward is a "
                     "reduce-scatter (each rank keeps its S / N tokens of the summed gradient) and "
                     "reduce_scatter_sequence's an all-gather: the conjugate of each forward, not the same "
@@ -435,7 +440,8 @@ def _check_split(task_name, results, world_size, kind):
                         f"of the unsplit {whole}: keep a copy of the slice, not a view of the whole weight")
             local_heads = HEADS // world_size
             if got["heads"] and any(h != local_heads for h in got["heads"]):
-                pytest.fail(f"{where}: after the split attn.heads is {got['heads']}, expected {local_heads}: this rank's "
+                heads = got["heads"][0] if len(set(got["heads"])) == 1 else got["heads"]
+                pytest.fail(f"{where}: after the split attn.heads is {heads}, expected {local_heads}: this rank's "
                             f"qkv holds {local_heads} of the {HEADS} heads, and Attention.forward cuts qkv's output into "
                             "attn.heads heads: with the whole count it attends over heads of the wrong width "
                             "(set attn.heads to the number of heads this rank holds, Task 14.1)")
@@ -813,7 +819,10 @@ def _check_sync_in(results, world_size, ranks, world):
         got = sorted(calls)
         expected = sorted(("all_reduce", dtype, numel) for dtype, numel in sizes.items())
         assert got == expected, (
-            f"{where} sent {calls}; expected one all-reduce per dtype of exactly those gradients, {expected}")
+            f"{where} sent {calls[:4]}{' ...' if len(calls) > 4 else ''} ({len(calls)} calls); expected one all-reduce "
+            f"per dtype of exactly those gradients, {expected}"
+            + (": flatten them into one buffer (torch.cat of the flattened .grads), all-reduce it once, copy the pieces "
+               "back" if len(calls) > len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else ""))
 
 
 def _tiny_vit():
