@@ -1409,6 +1409,12 @@ MISTAKES = [
             "        outputs = [expert(rows) if len(rows) else rows for expert, rows in zip(self.experts, expert_inputs)]",
             "has no gradient (None)"),
     # Task 16.5
+    Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
+            # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
+            '                dist.all_reduce(flat, group=None if ranks == "all" else ranks)',
+            '                dist.all_reduce(flat, group=ep_group if ranks == "all" else ranks)', "averaged over a group of"),
+    Mistake("16.2", "unstable-sort-by-expert", "template_experts.py",  # a student trial's: "12 rows, expected 12"
+            "    order = torch.argsort(expert, stable=True)", "    order = torch.argsort(expert)", "a stable sort"),
     Mistake("16.5", "expert-grads-not-scaled", "template_experts.py",
             "expert_dp_group, size * copies)", "expert_dp_group, copies)", "times too large"),
     Mistake("16.5", "expert-grads-averaged-over-ep", "template_experts.py",

@@ -413,7 +413,10 @@ def _check_expert_inputs(rank, world_size, got):
             hint = (": more rows than the kept choices: a choice past its expert's capacity (routing.kept False) "
                     "is dropped, it travels nowhere")
         elif got_j.shape == want.shape and torch.equal(got_j.sort(dim=0).values, want.sort(dim=0).values):
-            hint = ": the right rows in another order: rank 0's first, then rank 1's, ..., each in token order"
+            raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) holds the right "
+                                 f"{want.shape[0]} rows in another order: rank 0's first, then rank 1's, ..., each in "
+                                 "token order (sorting the pairs by expert: a stable sort, torch.argsort(..., "
+                                 "stable=True), keeps the token order within an expert)")
         else:
             owners = sorted({e for row in got_j for s in range(world_size) for e in range(E)
                              if any(torch.equal(row, other) for other in ref["expert_inputs"][s][e])} - {mine[j]})
@@ -707,11 +710,16 @@ def _check_vit(task, rank, world_size, ep_size, got):
     if dense:
         r = [ratio.get(name, float("nan")) for name in dense]
         same = all(abs(x - r[0]) < 1e-6 for x in r) and r[0] > 0
+        fewer = sorted({size for kind, _, numel, size in got["wire"]
+                        if kind == "all_reduce" and size < world_size and numel != got["expert_numel"]})
         hint = (f": {world_size} times too large: summed over the ranks, not averaged (divide by the world size)"
                 if all(abs(x - world_size) < 1e-6 for x in r) else
                 f": {r[0]:.4g} times one process's: the all-reduce SUMS the {world_size} ranks' gradients, so divide "
                 f"by the world size {world_size} (it was divided by {world_size / r[0]:.4g})" if same and any(
                     kind == "all_reduce" and size == world_size for kind, _, _, size in got["wire"]) else
+                f": averaged over a group of {fewer[0]} ranks, not over all {world_size}: a parameter outside the "
+                "experts is data parallel over the whole world (the default group), not over ep_group or "
+                "expert_dp_group" if fewer else
                 ": not averaged over the ranks: a parameter outside the experts is data parallel, its gradient is the "
                 "mean over all ranks (all-reduce, divide by the world size)")
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
