@@ -1323,6 +1323,13 @@ MISTAKES = [
     Mistake("15.4", "zigzag-chunks-swapped", "template_context_parallel.py",
             "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
             "    return torch.cat([chunks[2 * size - 1 - rank], chunks[rank]], dim=dim)", "in the wrong order"),
+    Mistake("15.2", "send-waited-twice", "template_context_parallel.py",  # a student trial's: a hang of 57 s, blamed
+            # on a collective that another rank never calls
+            "                for work in works:\n                    work.wait()\n"
+            "                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n",
+            "                for work in works:\n                    work.wait()\n                works[0].wait()\n"
+            "                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n",
+            "waited for a Work a second time"),
     Mistake("15.4", "shard-along-dim-2-always", "template_context_parallel.py",  # a student trial's: passed
             "    chunks = x.chunk(2 * size, dim=dim)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
             "    chunks = x.chunk(2 * size, dim=2)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=2)",

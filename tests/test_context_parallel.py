@@ -182,8 +182,14 @@ class Recorder:
             self.alive_peak = max(self.alive_peak, self.alive())
             return recv(group, tensors, src, *args, **kwargs)
 
+        waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
+
         def recorded_wait(work, *args, **kwargs):
             self.events.append(("wait", len(self.wire.calls)))
+            if work in waited:  # said here: on gloo a send's second wait() never returns (measured, torch 2.14.1)
+                raise AssertionError("RingAttention waited for a Work a second time: wait for each Work once (on gloo "
+                                     "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
+            waited.add(work)
             return wait(work, *args, **kwargs)
 
         def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
@@ -294,8 +300,9 @@ def token_chunks_of(rank, size, tokens, layout):
 # A block that the code dropped can still be held: a finished Work keeps its tensor alive, and after
 # `for work in works: work.wait()` the loop variable holds the last Work (a send of the old block, where the
 # receive was posted first; measured with gloo, torch 2.14.1)
-WORK_KEEPS_ITS_TENSOR = (" (a finished Work keeps its tensor alive: drop it too, also the last one that the loop "
-                         "variable of `for work in works: work.wait()` still holds)")
+WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a view of it, such as its k and v pieces from split or "
+                         "indexing kept in a variable past the step; a finished Work, which keeps its tensor alive, "
+                         "also the last one that the loop variable of `for work in works: work.wait()` still holds)")
 
 
 def _check_forward(rank, size, got, causal, layout, shape):
@@ -570,7 +577,9 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
         out, _ = _expected_mine(rank, size, "zigzag", True, shape)
         assert _close(got["out"], out), (
             f"{T154}: rank {rank}'s zig-zag causal output differs from F.scaled_dot_product_attention's over the "
-            "whole sequence: its chunks are r and 2N-1-r (token_chunks), masked by their true positions")
+            "whole sequence: its chunks are r and 2N-1-r (token_chunks), masked by their true positions; "
+            "RingAttention (Tasks 15.2, 15.3) must ask token_chunks with its `layout` for this rank's chunks and for "
+            "every block's owner")
         _check_backward(rank, size, got, True, "zigzag", shape, "15.4")
         work.append(len(got["forward"]["blocks"]))
     assert work == [2 * size + 1] * size, (
