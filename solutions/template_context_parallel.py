@@ -7,7 +7,8 @@ sequence. Context parallelism splits the SEQUENCE over the N ranks of a group, a
 q, k, v are (B, H, S / N, D) on every rank: batch, heads, this rank's tokens, head width.
 
     out = ring_attention(q, k, v, group)          # ring attention (Liu et al. 2023): the K/V blocks go round
-    out = ring_attention(zigzag_shard(q), ..., causal=True, layout="zigzag")  # causal, balanced
+    out = ring_attention(zigzag_shard(q_whole), ..., causal=True, layout="zigzag")  # causal, balanced
+                                                  # (zigzag_shard cuts this rank's part out of the WHOLE sequence)
     out = ulysses_attention(q, k, v, group)       # DeepSpeed-Ulysses: all-to-all to a split of the heads
 
 Ring attention passes each rank's K/V block to the next rank, N - 1 times, while computing with the
@@ -26,7 +27,8 @@ Your tasks:
 
 As PyTorch's torch.distributed.tensor.experimental.context_parallel (ring attention, CUDA only) and
 DeepSpeed's DistributedAttention (Ulysses). Simplified: no FlashAttention kernel (plain PyTorch,
-so it runs in float64 on a CPU), no attention mask but the causal one, one K/V message a step.
+so it runs in float64 on a CPU), no attention mask but the causal one, the K/V block sent whole
+each step (k and v stacked in one message, as the solution does, or in two).
 """
 import functools
 

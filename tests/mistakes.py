@@ -1330,6 +1330,31 @@ MISTAKES = [
             "                for work in works:\n                    work.wait()\n                works[0].wait()\n"
             "                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n",
             "waited for a Work a second time"),
+    Mistake("15.3", "gradients-sent-n-minus-1-times", "template_context_parallel.py",  # a student trial's: a bare
+            # "differs by 2.51"; what each rank returns is its successor's block's
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
+            "                grad_incoming = torch.empty_like(dkv)\n"
+            "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n"
+            "            if step < size - 1:\n"
+            "                for work in works:\n"
+            "                    work.wait()\n"
+            "                kv, works = incoming, None\n"
+            "        if size > 1:\n"
+            "            for work in grad_works:\n"
+            "                work.wait()\n"
+            "            dkv = grad_incoming\n",
+            "            if step < size - 1:  # the block's gradients go on with it, as the block itself\n"
+            "                grad_incoming = torch.empty_like(dkv)\n"
+            "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n"
+            "            if step < size - 1:\n"
+            "                for work in works:\n"
+            "                    work.wait()\n"
+            "                kv, works = incoming, None\n",
+            "the gradients need N"),
+    Mistake("15.2", "block-without-positions", "template_context_parallel.py",  # a student trial's: a bare "differs"
+            "_pieces(kv[1], k_chunks)[j],\n                                           causal, q_chunks[i][1], k_chunks[j][1])",
+            "_pieces(kv[1], k_chunks)[j],\n                                           causal)",
+            "without q_pos and k_pos"),
     Mistake("15.4", "shard-along-dim-2-always", "template_context_parallel.py",  # a student trial's: passed
             "    chunks = x.chunk(2 * size, dim=dim)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)",
             "    chunks = x.chunk(2 * size, dim=2)\n    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=2)",

@@ -323,6 +323,10 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         f"keys of positions {unmasked[0][1][:3]}... without the causal mask: a block with keys after "
                         "some of its queries (the diagonal block, equal chunk ids) must be masked: pass causal (and "
                         "the positions) to attention_block")
+        if causal and any(c and q is None for c, q, _ in fwd["masks"]):
+            pytest.fail(f"{T152}: rank {rank} called attention_block with causal but without q_pos and k_pos: it then "
+                        "masks by the block's own row and column numbers, as if its queries and keys sat at the same "
+                        "places; pass the global positions of the query chunk and of the key chunk (token_chunks)")
         if wrong_way:
             pytest.fail(f"{T152}: rank {rank} computed a block with the positions {wrong_way[0][0][:3]}... of one rank "
                         f"and the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way (or the "
@@ -477,6 +481,10 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent to rank(s) {elsewhere} in backward: dk and dv travel WITH their K/V block, "
                        f"the same way round the ring (to r + 1 = {(rank + 1) % size}, from r - 1), so that after N "
                        "hops they reach the block's owner")
+            elif what != "dq" and sent == (2 * size - 2) * kv_numel:
+                why = (f": rank {rank} sent N - 1 = {size - 1} dK/dV blocks, as many as K/V blocks: the gradients need N "
+                       f"= {size} sends, the last one bringing each block's summed dk, dv home to its owner (after N - 1 "
+                       f"a rank holds rank {(rank + 1) % size}'s)")
             elif layout == "contiguous":
                 dq_shares, dkv_shares = _shares(rank, size, causal, shape)
                 shares = dq_shares if what == "dq" else [dkv[what == "dv"] for dkv in dkv_shares]
