@@ -16,6 +16,9 @@ Each rank is its own process. `fn(rank, world_size, *args)` runs after
   was reported as a hang "in init_process_group". They get their own limit,
   `startup_timeout`; a start that misses it is tried once more, then RankStartupTimeout
   says so, and where each rank was.
+- A deadlock is reported as soon as it is certain, not at the time limit: once every rank
+  still running has waited STILL_FOR (3) seconds without using the CPU, neither sleeping on
+  purpose nor reading a disk (Linux; elsewhere the time limit alone).
 - A rank that raises fails the test with that rank's own error; NotImplementedError from
   an unfilled TODO comes through as NotImplementedError, the other ranks are killed at once.
 """
@@ -284,6 +287,7 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
     outputs = {}
     started, joined = set(), set()
     deadline = time.monotonic() + startup_timeout  # until every rank has joined; then `timeout`
+    stillness = None
     while len(outputs) < world_size:
         try:
             rank, status, payload = results.get(timeout=0.05)
@@ -299,6 +303,8 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
                 if len(joined) < world_size:
                     _raise_startup_timeout(procs, started, joined, startup_timeout, tmp)
                 _raise_timeout(procs, outputs, timeout, tmp)
+            if stillness and stillness.all_waiting([p.pid for r, p in enumerate(procs) if r not in outputs]):
+                _raise_timeout(procs, outputs, timeout, tmp, stillness)
             continue
         if status == "started":
             started.add(rank)
@@ -307,6 +313,7 @@ def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_T
             joined.add(rank)
             if len(joined) == world_size:
                 deadline = time.monotonic() + timeout
+                stillness = Stillness()
             continue
         if status == "ok":
             outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -361,7 +368,64 @@ def _raise_startup_timeout(procs, started, joined, startup_timeout, tmp):
     raise _StartupStalled("; ".join(parts))
 
 
-def _raise_timeout(procs, outputs, timeout, tmp):
+# A deadlock ends sooner than its time limit: once every rank still running has waited this long, none of them
+# using the CPU (blocked in gloo, 0-1 clock tick in 3 s, measured) and none sleeping on purpose or reading a
+# disk, nothing is left that could wake them. Hangs waited 10-40 s for their limit before, each time a
+# student's answer or the catalogue of mistakes had one.
+STILL_FOR = 3.0
+
+
+def _process_activity(pid):
+    """(CPU clock ticks used so far by the process and its children, whether it is busy without using the CPU:
+    its main thread sleeping on purpose (time.sleep), or a thread in disk I/O). None where /proc cannot say."""
+    ticks, busy, pids = 0, False, [pid]
+    try:
+        while pids:
+            one = pids.pop()
+            with open(f"/proc/{one}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime: every thread, ever
+            for tid in os.listdir(f"/proc/{one}/task"):
+                with open(f"/proc/{one}/task/{tid}/stat") as f:
+                    busy = busy or f.read().rsplit(")", 1)[1].split()[0] == "D"
+                with open(f"/proc/{one}/task/{tid}/children") as f:
+                    pids += [int(child) for child in f.read().split()]  # DataLoader's workers, say
+            if one == pid:
+                with open(f"/proc/{pid}/wchan") as f:
+                    busy = busy or "nanosleep" in f.read()
+    except (OSError, ValueError, IndexError):
+        return None
+    return ticks, busy
+
+
+class Stillness:
+    """Whether the ranks still running have all been waiting for STILL_FOR seconds: none used more than a few
+    clock ticks of CPU (a rank blocked in a collective uses 0-1 in 3 s; one computing, even at load 10 on 2
+    cores, dozens), none slept on purpose or read a disk. Linux only (/proc); elsewhere the time limit alone
+    ends a hang."""
+
+    def __init__(self, still_for=None):
+        self.still_for = STILL_FOR if still_for is None else still_for
+        self.started = self.since = self.looked = time.monotonic()
+        self.baseline = {}
+
+    def all_waiting(self, pids):
+        now = time.monotonic()
+        if now - self.looked < 0.5:
+            return False
+        gap, self.looked = now - self.looked, now
+        current = {pid: _process_activity(pid) for pid in pids}
+        if any(activity is None for activity in current.values()):
+            return False  # no /proc, or a rank ended just now: its report is on its way
+        moved = gap > 1.5 or any(  # > 1.5 s: this process itself was not run (a paused machine): look again
+            busy or ticks - self.baseline.get(pid, (-10**9,))[0] > 5 for pid, (ticks, busy) in current.items())
+        if moved:
+            self.since, self.baseline = now, current
+            return False
+        return now - self.since >= self.still_for
+
+
+def _raise_timeout(procs, outputs, timeout, tmp, stillness=None):
     stuck = [rank for rank, proc in enumerate(procs) if rank not in outputs and proc.is_alive()]
     for rank in stuck:
         os.kill(procs[rank].pid, signal.SIGUSR1)
@@ -375,12 +439,17 @@ def _raise_timeout(procs, outputs, timeout, tmp):
             text = ""
         where.append(f"  rank {rank} was at:\n      {_where(text)}")
     finished = sorted(outputs)
-    if not finished:
+    if not finished and stillness is None:
         where.append("  (No rank finished at all: a deadlock, or a machine too busy to finish in time; "
                      "if the stacks above are not in a collective, run the test again on a quieter machine.)")
+    if stillness is None:
+        facts = f"ranks {stuck} were still running after {timeout:.0f} s (ranks {finished} had finished). "
+    else:
+        facts = (f"ranks {stuck} were still running after {time.monotonic() - stillness.started:.0f} s (ranks "
+                 f"{finished} had finished), all of them waiting, without using the CPU, for the last "
+                 f"{stillness.still_for:g} s: nothing left running could wake them. ")
     raise RankTimeout(
-        f"ranks {stuck} were still running after {timeout:.0f} s (ranks {finished} had finished). "
-        "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "
+        facts + "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "
         "another rank never calls, or calls them in a different order.\n" + "\n".join(where)
     )
 

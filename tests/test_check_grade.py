@@ -374,7 +374,8 @@ def test_a_check_collects_the_files_that_mark_its_task_and_only_those():
 def test_a_deadlock_costs_one_time_limit_and_a_slow_hang_is_run_again(monkeypatch, capsys):
     """A Task 13.2 answer that averaged on rank 0 only hung in both of check.py's runs (2 x 45 s, 183 s under
     load): rank 1 had finished, rank 0 waited in all_reduce for it, which no machine can cause, so it is
-    reported after the first run. A hang where no rank finished, or a stuck rank not in torch.distributed
+    reported after the first run; so is one where no rank finished but none of the stuck ranks used the CPU
+    for seconds. A hang at the time limit where no rank finished, or a stuck rank not in torch.distributed
     (computing, perhaps slowly), is still run again."""
     import check
     from grading.checker import is_deadlock
@@ -388,6 +389,11 @@ def test_a_deadlock_costs_one_time_limit_and_a_slow_hang_is_run_again(monkeypatc
     assert not is_deadlock(deadlock.replace("/torch/distributed/distributed_c10d.py", "/template_local_sgd.py"))
     assert not is_deadlock(deadlock.replace("ranks [0] were", "ranks [0, 2] were"))  # rank 2: no stack said
     assert not is_deadlock("rank 1 raised ValueError: ...")
+    # no rank finished, but the harness saw every stuck rank wait without the CPU (harness.Stillness): certain too
+    still = deadlock.replace("(ranks [1] had finished).", "(ranks [] had finished), all of them waiting, without "
+                             "using the CPU, for the last 3 s: nothing left running could wake them.")
+    assert is_deadlock(still)
+    assert not is_deadlock(still.replace("/torch/distributed/distributed_c10d.py", "/template_local_sgd.py"))
 
     runs = [_run(*_test("t::a", "2.1", "failed", "RankTimeout", deadlock))]
     asked = []

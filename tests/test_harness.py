@@ -122,3 +122,57 @@ def test_every_thread_of_a_rank_computes_as_its_main_thread():
     [(differing, variable)] = run_ranks(_matmul_bits_in_another_thread, 1)
     assert differing == 0, f"{differing} elements of a matmul differ between a rank's main thread and another"
     assert variable == os.environ.get("OMP_NUM_THREADS")
+
+
+def _rank_1_waits_for_a_send_that_never_comes(rank, world_size):
+    if rank == 1:
+        dist.recv(torch.zeros(1), src=0)
+    return rank
+
+
+def test_a_deadlock_is_reported_once_every_rank_left_waits_not_at_the_time_limit(monkeypatch):
+    """Once every rank still running waits without using the CPU, nothing can wake them: the report comes
+    then (STILL_FOR, 3 s), not at the time limit, and says where each waits. The hangs of the catalogue
+    and of students' answers waited 10-40 s for their limits before."""
+    import harness
+    monkeypatch.setattr(harness, "STILL_FOR", 1.0)  # the pytest process reads it; a second less to wait
+    with pytest.raises(harness.RankTimeout) as hang:
+        run_ranks(_rank_1_waits_for_a_send_that_never_comes, 2, timeout=60)
+    report = str(hang.value)
+    assert report.startswith("ranks [1] were still running after ") and "(ranks [0] had finished), all of them " \
+        "waiting, without using the CPU, for the last 1 s: nothing left running could wake them" in report, report
+    assert "in _rank_1_waits_for_a_send_that_never_comes" in report.split("rank 1 was at:")[1], report
+    from grading.checker import is_deadlock
+    assert is_deadlock(report), "check.py would run this certain deadlock a second time"
+
+
+def _waits_while_the_other_rank_works(rank, world_size, how):
+    """Rank 1 waits in recv for 2.5 s while rank 0 sleeps, computes, or waits for a process that computes."""
+    import subprocess
+    import sys
+    tensor = torch.tensor([float(rank)])
+    if rank == 1:
+        dist.recv(tensor, src=0)
+        return tensor.item()
+    if how == "sleeps":
+        time.sleep(2.5)
+    elif how == "computes":
+        start = time.monotonic()
+        while time.monotonic() - start < 2.5:
+            torch.randn(64, 64) @ torch.randn(64, 64)
+    else:  # its child computes: a DataLoader's worker, a tool it runs
+        subprocess.run([sys.executable, "-c", "import time\nstart = time.monotonic()\n"
+                        "while time.monotonic() - start < 2.5: sum(range(1000))"], check=True)
+    dist.send(torch.tensor([42.0]), dst=1)
+    return tensor.item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sleeps", "computes", "waits-for-its-child"])
+def test_a_rank_that_sleeps_computes_or_waits_for_its_child_is_no_deadlock(monkeypatch, how):
+    """The other side of the test above: a rank that waits while another sleeps on purpose, computes, or waits
+    for a child process that computes, is waiting for something that will come. 2.5 s of it, against a
+    stillness of 1 s: reported as a hang, the test fails."""
+    import harness
+    monkeypatch.setattr(harness, "STILL_FOR", 1.0)
+    assert run_ranks(_waits_while_the_other_rank_works, 2, how, timeout=60) == [0.0, 42.0]
