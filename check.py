@@ -130,8 +130,10 @@ def next_step(results, impl, everything):
         return (f"nothing to fix in Task {task.id}: its ranks could not even start, twice, on this busy machine. "
                 f"Run `{again}` again when it is quieter.")
     if first.status == "hang":
-        return (f"fix the hang in Task {task.id} ({task.where()}): every rank must call the same collectives "
-                f"in the same order. Then `{again}`; the full report: `{details}`.")
+        # no cause here: "every rank must call the same collectives in the same order" was wrong for two
+        # neighbours that both send first (same calls, same order), and the lines above give the cause
+        return (f"fix the hang in Task {task.id} ({task.where()}): the lines above say where each rank waited. "
+                f"Then `{again}`; the full report: `{details}`.")
     return f"fix Task {task.id} ({task.where()}), then `{again}`; the full traceback: `{details}`."
 
 

@@ -407,6 +407,7 @@ def test_a_deadlock_costs_one_time_limit_and_a_slow_hang_is_run_again(monkeypatc
     out = capsys.readouterr().out
     assert asked == [["2.1"]] and "running it again" not in out, out
     assert "hang" in out and "rank 0 waits in all_reduce()" in out, out
+    assert "Next: fix the hang in Task 2.1 (" in out and "the lines above say where each rank waited" in out, out
 
 
 def test_fast_first_runs_a_tasks_slow_tests_last_and_not_after_it_failed(tmp_path):
