@@ -99,14 +99,16 @@ _STILL = re.compile(r"all of them waiting, without using the CPU, for the last [
 
 
 def is_deadlock(message):
-    """Whether a hang is one no machine can cause: every rank still running waits inside torch.distributed
-    (a collective, a send or a receive) for a peer, and either a rank finished its whole function or none of
-    them used the CPU for seconds. A rank that finished calls nothing more, and ranks that all wait give
-    nothing to each other, so these waits never end, however fast or slow the machine is: run again, the
-    test hangs again (a Task 13 mistake cost 2 x 45 s, 183 s under load). A hang at the time limit with no
-    rank finished, or a stuck rank that is computing, may be a slow machine."""
+    """Whether a hang is one no machine can cause: none of the ranks still running used the CPU for seconds
+    (harness.Stillness: they all wait, on whatever, and give nothing to each other), or a rank finished its
+    whole function and every rank still running waits inside torch.distributed (a collective, a send or a
+    receive) for a peer, which a finished rank never calls. These waits never end, however fast or slow the
+    machine is: run again, the test hangs again (a Task 13 mistake cost 2 x 45 s, 183 s under load). A hang
+    at the time limit with no rank finished, or a stuck rank that is computing, may be a slow machine."""
     found = _HANG_RANKS.search(message or "")
-    if not found or not (found[2].strip() or _STILL.search(message)):
+    if found and _STILL.search(message):
+        return True
+    if not found or not found[2].strip():
         return False
     stuck = [rank.strip() for rank in found[1].split(",") if rank.strip()]
     at = dict(_RANK_AT.findall(message))

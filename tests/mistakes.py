@@ -1633,6 +1633,9 @@ MISTAKES = [
     Mistake("9.2", "row-ignores-input-is-parallel", "template_tensor_parallel.py",
             "        if not self.input_is_parallel:\n            x = _split_last_dim(x, self.group)\n", "",
             "multiplied the WHOLE input"),
+    # the fourth trial of our own wrong answers (2026-11-28, 22:00): they passed, or their message named no cause
+    Mistake("15.4", "refuses-by-n-not-2n", "template_context_parallel.py",  # passed: 2N + 1 tokens do not divide by N
+            "    if x.shape[dim] % (2 * size):\n", "    if x.shape[dim] % size:\n", "divides by N = 3 but not by 2N"),
 ]
 
 

@@ -543,11 +543,17 @@ def _zigzag(rank, size, impl):
         raise
     except (IndexError, RuntimeError, ValueError) as error:
         out["shard_dim1"] = out["whole_dim1"] = one_line(error)
-    try:
-        cp.zigzag_shard(torch.zeros(1, 1, 2 * size + 1, 1))
-        out["uneven"] = None
-    except ValueError as error:
-        out["uneven"] = str(error)
+    out["uneven"] = {}
+    for tokens in (2 * size + 1, 3 * size):  # 3N: N divides it, 2N does not (a check of % N lets it through)
+        try:
+            cp.zigzag_shard(torch.zeros(1, 1, tokens, 1))
+            out["uneven"][tokens] = None
+        except NotImplementedError:
+            raise
+        except ValueError:
+            out["uneven"][tokens] = "ValueError"
+        except Exception as error:  # noqa: BLE001  said by the test
+            out["uneven"][tokens] = one_line(error)
     return out
 
 
@@ -572,8 +578,11 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
         assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order" + (
             ": it concatenated the ranks' parts as they lie; rank r's part is chunks r and 2N-1-r of the sequence: put "
             "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else "")
-        assert got["uneven"] is not None, (
-            f"{T154}: zigzag_shard of {2 * size + 1} tokens over {size} ranks did not raise ValueError")
+        for tokens, raised in got["uneven"].items():
+            assert raised == "ValueError", (
+                f"{T154}: zigzag_shard of {tokens} tokens over {size} ranks did not raise ValueError"
+                + (f" (it raised {raised})" if raised else " (it returned)") + ": the sequence must cut into 2N = "
+                f"{2 * size} equal chunks" + (f"; {tokens} divides by N = {size} but not by 2N" if tokens % size == 0 else ""))
         raised = "" if torch.is_tensor(got["shard_dim1"]) else f" (it raised {got['shard_dim1']})"
         assert not raised and torch.equal(got["shard_dim1"], mine.movedim(2, 1)) and torch.equal(
             got["whole_dim1"], x.movedim(2, 1)), (
