@@ -1636,6 +1636,17 @@ MISTAKES = [
     # the fourth trial of our own wrong answers (2026-11-28, 22:00): they passed, or their message named no cause
     Mistake("15.4", "refuses-by-n-not-2n", "template_context_parallel.py",  # passed: 2N + 1 tokens do not divide by N
             "    if x.shape[dim] % (2 * size):\n", "    if x.shape[dim] % size:\n", "divides by N = 3 but not by 2N"),
+    Mistake("16.2", "empty-rank-skips-the-counts", "template_experts.py",  # passed: no test had a rank with no tokens
+            "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
+            "    if counts.sum() == 0:\n        received.zero_()\n    else:\n"
+            "        dist.all_to_all_single(received, counts, group=group)\n",
+            "A rank with no tokens must still call every collective"),
+    Mistake("16.3", "idle-rank-skips-the-way-back", "template_experts.py",  # passed: nothing to send, nothing to get
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)  # in the order dispatch sent\n",
+            "    if sum(plan.input_splits) == 0 and sum(plan.output_splits) == 0:\n"
+            "        return send.new_zeros((plan.weight.shape[0], send.shape[-1]))\n"
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)  # in the order dispatch sent\n",
+            "A rank with no tokens must still call every collective"),
 ]
 
 
