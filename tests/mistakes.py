@@ -1647,6 +1647,19 @@ MISTAKES = [
             "        return send.new_zeros((plan.weight.shape[0], send.shape[-1]))\n"
             "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)  # in the order dispatch sent\n",
             "A rank with no tokens must still call every collective"),
+    # a group that is not the world: every test of Task 14 had run over the default group only
+    Mistake("14.1", "heads-counted-over-the-world", "template_sequence_parallel.py",
+            "    # --- Task 14.1 begin ---\n    rank, size = dist.get_rank(group), dist.get_world_size(group)\n",
+            "    # --- Task 14.1 begin ---\n    rank, size = dist.get_rank(group), dist.get_world_size()\n",
+            "not the default group's"),
+    Mistake("14.4", "block-gathers-over-the-world", "template_sequence_parallel.py",
+            "(gather_sequence(args[0], group), *args[1:])", "(gather_sequence(args[0]), *args[1:])",
+            "not the default group's"),
+    Mistake("14.5", "first-split-over-the-world", "template_sequence_parallel.py",
+            "(split_sequence(args[0], tp_group),)", "(split_sequence(args[0]),)", "not the default group's"),
+    Mistake("14.5", "last-gather-over-the-world", "template_sequence_parallel.py",
+            "(gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False),)",
+            "(gather_sequence(args[0], tensor_parallel_output_grad=False),)", "not the default group's"),
 ]
 
 
