@@ -1660,6 +1660,9 @@ MISTAKES = [
     Mistake("14.5", "last-gather-over-the-world", "template_sequence_parallel.py",
             "(gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False),)",
             "(gather_sequence(args[0], tensor_parallel_output_grad=False),)", "not the default group's"),
+    Mistake("16.5", "skips-an-all-zero-flat", "template_experts.py",  # passed: no rank had all-zero gradients
+            "            if ranks is not None:  # None: one copy", "            if ranks is not None and bool(flat.any()):  #",
+            "also one whose gradients are all zero"),
 ]
 
 

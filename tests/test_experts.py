@@ -807,6 +807,43 @@ def _check_vit(task, rank, world_size, ep_size, got):
         + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
 
 
+def _sync_with_zero_gradients(rank, world_size, impl):
+    """sync_moe_gradients on hand-set gradients, 4 ranks, --ep 2: rank 0's all zero (a rank whose slice chose no
+    expert, say), rank r's (r + 1)(i + 1) for parameter i: [(i, an expert's, its first element after the sync)]."""
+    ep = judging(impl, "16.5")
+    vit = _tiny_vit(4, 2, 1.0)
+    ep_group, expert_dp_group = ep.expert_parallel_groups(2)
+    ep.parallelize_moe(vit, ep_group)
+    for i, p in enumerate(vit.parameters()):
+        p.grad = torch.full_like(p, 0.0 if rank == 0 else (rank + 1) * (i + 1.0))
+    ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+    experts = ep.expert_parameters(vit)
+    return [(i, id(p) in experts, p.grad[(0,) * p.dim()].item()) for i, p in enumerate(vit.parameters())]
+
+
+@pytest.mark.task16_5
+@pytest.mark.slow
+def test_sync_moe_gradients_takes_part_also_with_gradients_all_zero(impl):
+    """Every rank calls every collective, also one whose gradients are all zero (rank 0 here): skipping the
+    all-reduce for nothing to add leaves the other ranks waiting, or pairs their next collective with the wrong one."""
+    judging(impl, "16.5")
+    try:
+        results = run_ranks(_sync_with_zero_gradients, 4, impl, timeout=60)
+    except (RankTimeout, RankFailed) as error:
+        raise AssertionError(
+            f"{T165}: 4 ranks, --ep 2, rank 0's gradients all zero: Every rank must call the same all-reduces, also one "
+            "whose gradients are all zero (it adds its zeros): a rank that skips one leaves the others waiting, or "
+            "gloo pairs their next collective with the wrong one.\n"
+            f"{str(error).split(': ', 1)[1] if str(error).startswith('Task ') else error}") from None
+    for rank, got in enumerate(results):
+        for i, expert, value in got:
+            scale = [0, 2, 3, 4]  # rank r's gradient is scale[r] * (i + 1)
+            want = (i + 1) * (sum(scale[r] for r in range(rank % 2, 4, 2)) / 2 / 2 if expert else sum(scale) / 4)
+            assert abs(value - want) < 1e-9, (
+                f"{T165}: 4 ranks, --ep 2, rank 0's gradients all zero: rank {rank}'s parameter {i} "
+                f"({'an expert' if expert else 'outside the experts'}) holds {value} after the sync, expected {want}")
+
+
 @pytest.mark.task16_5
 @pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
     (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
