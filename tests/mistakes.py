@@ -1663,6 +1663,11 @@ MISTAKES = [
     Mistake("16.5", "skips-an-all-zero-flat", "template_experts.py",  # passed: no rank had all-zero gradients
             "            if ranks is not None:  # None: one copy", "            if ranks is not None and bool(flat.any()):  #",
             "also one whose gradients are all zero"),
+    Mistake("12.1", "skips-a-bucket-of-zeros", "template_compression.py",  # passed: no bucket was all zero
+            "    compressed = buffer.to(dtype).div_(group.size())\n",
+            "    compressed = buffer.to(dtype).div_(group.size())\n    if not buffer.any():\n"
+            "        future = torch.futures.Future()\n        future.set_result(buffer)\n        return future\n",
+            "also one of zeros"),
 ]
 
 
