@@ -1668,6 +1668,9 @@ MISTAKES = [
             "    compressed = buffer.to(dtype).div_(group.size())\n    if not buffer.any():\n"
             "        future = torch.futures.Future()\n        future.set_result(buffer)\n        return future\n",
             "also one of zeros"),
+    Mistake("10.5", "gradient-received-as-float32", "template_pipeline.py",  # passed: every model was float32
+            "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+            "        output.backward(stage.recv_backward(output.shape, torch.float32))\n", "AND dtype"),
 ]
 
 
