@@ -1671,6 +1671,10 @@ MISTAKES = [
     Mistake("10.5", "gradient-received-as-float32", "template_pipeline.py",  # passed: every model was float32
             "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
             "        output.backward(stage.recv_backward(output.shape, torch.float32))\n", "AND dtype"),
+    Mistake("10.2", "sends-tagged-with-the-stage", "template_pipeline.py",  # was told its Work was dropped
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer, tag=self.stage_index))",
+            "no receive matches them"),
 ]
 
 

@@ -275,7 +275,10 @@ def hang_hint(task, text):
                           else "send with stage.send_forward / send_backward"))
         elif "wait_sends" in course:
             doing = "wait{s} in wait_sends() for {its} sends to complete: the neighbour never receives them"
-            hints.append(WAITS_FOR.get(task))
+            # its sends were started and kept (it waits for them): not the dropped Work of WAITS_FOR, they do not match
+            hints.append("the sends were started and kept, but no receive matches them: send to `peer`, the global "
+                         "rank _send is given, with no tag (the receives use the default tag, 0)"
+                         if task == "10.2" else WAITS_FOR.get(task))
         elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
                 "recv", "blocking_recv", "irecv"}:
             what = next((w for n, w in (("recv_backward", "a gradient (recv_backward)"),
