@@ -1023,7 +1023,7 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())\n"
             "        self.outer_optimizer.step()\n"
-            "        self.outer_optimizer.zero_grad()\n", "copied before the outer step"),
+            "        self.outer_optimizer.zero_grad()\n", "self.synced never moves"),
     Mistake("13.3", "outer-state-reset", "template_local_sgd.py",
             "        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n",
             "        self.outer_optimizer = torch.optim.SGD(self.params, **{key: self.outer_optimizer.defaults[key]\n"
@@ -1675,6 +1675,8 @@ MISTAKES = [
             "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
             "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer, tag=self.stage_index))",
             "no receive matches them"),
+    Mistake("13.3", "synced-never-copied", "template_local_sgd.py",  # was told it was copied before the step
+            "synced.copy_(param.detach())", "pass", "or never"),
 ]
 
 

@@ -298,8 +298,8 @@ MISTAKES = {
                                   "round, synced - param, nothing scaled (the outer learning rate sets the step)"),
     "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
                            "synced ones (self.synced) first, then step"),
-    "synced-stale": (T133, "self.synced was copied before the outer step (so it never moves): copy the parameters into "
-                           "self.synced after self.outer_optimizer.step()"),
+    "synced-stale": (T133, "self.synced never moves (copied before the outer step, or never: every round restarts "
+                           "from the start): copy the parameters into self.synced after self.outer_optimizer.step()"),
     "outer-reset": (T133, "the outer optimizer's state (its momentum) was reset: build it once (it is, in __init__) "
                           "and keep stepping that one"),
     "inner-reset": (T133, "the inner optimizer's state was reset at the synchronisation: it stays as it is, this "
