@@ -1677,6 +1677,10 @@ MISTAKES = [
             "no receive matches them"),
     Mistake("13.3", "synced-never-copied", "template_local_sgd.py",  # was told it was copied before the step
             "synced.copy_(param.detach())", "pass", "or never"),
+    Mistake("16.5", "all-reduce-not-waited", "template_experts.py",  # was told "not averaged"
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n",
+            "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks, async_op=True)\n",
+            "were never waited for"),
 ]
 
 

@@ -153,33 +153,6 @@ def _compress_direct(rank, world_size, impl, name):
     return out
 
 
-def _zero_bucket_on_rank_0(rank, world_size, impl):
-    comp, td = judging(impl, "12.1"), load("solutions", "template_ddp")
-    tensors = [torch.zeros(6) if rank == 0 else torch.arange(6.0) * (rank + 1)]
-    theirs = default_hooks.bf16_compress_hook(None, _grad_bucket(td, [t.clone() for t in tensors], 0, True)).wait()
-    ours = comp.bf16_compress_hook(None, _grad_bucket(td, tensors, 0, True)).wait()
-    return (ours[0] if isinstance(ours, list) else ours).clone(), theirs.clone()
-
-
-@pytest.mark.task12_1
-@pytest.mark.slow
-def test_a_bucket_of_zeros_is_still_all_reduced(impl):
-    """Rank 0's bucket all zeros (a layer that got no gradient there): it still takes part in the all-reduce, and
-    gets the mean like every rank. A hook that returns a finished Future for nothing to add passed before."""
-    try:
-        results = run_ranks(_zero_bucket_on_rank_0, 3, impl, timeout=30)
-    except (RankTimeout, RankFailed) as error:
-        raise AssertionError(
-            f"{T121}: 3 ranks, rank 0's bucket all zeros: Every rank must all-reduce its bucket, also one of zeros (it "
-            "adds nothing, but the others wait for it): a rank that skips one leaves the others waiting, or gloo "
-            f"pairs their next collective with the wrong one.\n"
-            f"{str(error).split(': ', 1)[1] if str(error).startswith('Task ') else error}") from None
-    for rank, (ours, theirs) in enumerate(results):
-        assert torch.equal(ours, theirs), (
-            f"{T121}: 3 ranks, rank 0's bucket all zeros: rank {rank} holds {ours.tolist()}, PyTorch's hook "
-            f"{theirs.tolist()}: every rank gets the mean, rank 0 too")
-
-
 @pytest.mark.task12_1
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
@@ -955,3 +928,30 @@ def test_a_refused_compression_stops_train_ddp_with_one_line_and_exit_2(monkeypa
     said = out.getvalue() + err.getvalue()
     assert code == 2 and said.count("\n") == 1 and "--compress bf16 hooks into DDP's gradient buckets" in err.getvalue(), (
         code, said)
+
+
+def _zero_bucket_on_rank_0(rank, world_size, impl):
+    comp, td = judging(impl, "12.1"), load("solutions", "template_ddp")
+    tensors = [torch.zeros(6) if rank == 0 else torch.arange(6.0) * (rank + 1)]
+    theirs = default_hooks.bf16_compress_hook(None, _grad_bucket(td, [t.clone() for t in tensors], 0, True)).wait()
+    ours = comp.bf16_compress_hook(None, _grad_bucket(td, tensors, 0, True)).wait()
+    return (ours[0] if isinstance(ours, list) else ours).clone(), theirs.clone()
+
+
+@pytest.mark.task12_1
+@pytest.mark.slow
+def test_a_bucket_of_zeros_is_still_all_reduced(impl):
+    """Rank 0's bucket all zeros (a layer that got no gradient there): it still takes part in the all-reduce, and
+    gets the mean like every rank. A hook that returns a finished Future for nothing to add passed before."""
+    try:
+        results = run_ranks(_zero_bucket_on_rank_0, 3, impl, timeout=30)
+    except (RankTimeout, RankFailed) as error:
+        raise AssertionError(
+            f"{T121}: 3 ranks, rank 0's bucket all zeros: Every rank must all-reduce its bucket, also one of zeros (it "
+            "adds nothing, but the others wait for it): a rank that skips one leaves the others waiting, or gloo "
+            f"pairs their next collective with the wrong one.\n"
+            f"{str(error).split(': ', 1)[1] if str(error).startswith('Task ') else error}") from None
+    for rank, (ours, theirs) in enumerate(results):
+        assert torch.equal(ours, theirs), (
+            f"{T121}: 3 ranks, rank 0's bucket all zeros: rank {rank} holds {ours.tolist()}, PyTorch's hook "
+            f"{theirs.tolist()}: every rank gets the mean, rank 0 too")

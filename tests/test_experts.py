@@ -193,78 +193,6 @@ def test_all_to_all_runs_inside_the_group_it_is_given(impl):
             f"{y_expected[:, 0].tolist()} and {grad_expected[:, 0].tolist()}")
 
 
-# --------------------------------------------------------------------------- a rank with no tokens (16.2, 16.3)
-EMPTY_RANK = 1  # of 3: its slice of the batch is empty (an uneven last batch); 6 experts, 2 a rank, k = 2
-EMPTY_CASES = ["its experts get rows", "its experts get none"]  # the second: rank 1 neither sends nor receives
-
-
-def _empty_rank_tokens(world_size, case):
-    """Each rank's tokens (rank 1's: none) and routing, the same on every rank (seeded)."""
-    torch.manual_seed(16)
-    moe = models.MoE(DIM, HIDDEN, 6, 2, 8.0).double()
-    xs = [torch.randn(0 if r == EMPTY_RANK else TOKENS, DIM, dtype=torch.float64) for r in range(world_size)]
-    if case == "its experts get none":  # every token has a positive first feature; experts 2 and 3 say no to it
-        with torch.no_grad():
-            for x in xs:
-                x[:, 0] = x[:, 0].abs() + 2.0
-            moe.router.weight[2:4] = 0.0
-            moe.router.weight[2:4, 0] = -5.0
-    routings = [models.route(moe.router(x).detach(), 2, 8.0) for x in xs]
-    idle = not any(((r.expert >= 2) & (r.expert < 4) & r.kept).any() for r in routings)
-    assert idle == (case == "its experts get none"), f"the test's case {case!r} does not hold: fix the test"
-    return xs, routings
-
-
-def _through_dispatch_and_combine(rank, world_size, impl, task):
-    """dispatch, experts that multiply by (global index + 2), combine: what this rank's experts got, and y."""
-    ep = judging(impl, task)
-    out = {}
-    for case in EMPTY_CASES:
-        xs, routings = _empty_rank_tokens(world_size, case)
-        inputs, plan = ep.dispatch(xs[rank], routings[rank], 6)
-        outputs = [x * (e + 2) for e, x in zip(ep.local_experts(6), inputs)]
-        out[case] = dict(inputs=[x.detach() for x in inputs], y=ep.combine(outputs, plan).detach())
-    return out
-
-
-@pytest.mark.parametrize("task", [pytest.param("16.2", marks=pytest.mark.task16_2),
-                                  pytest.param("16.3", marks=pytest.mark.task16_3)])
-def test_a_rank_with_no_tokens_still_takes_part_in_every_all_to_all(impl, task):
-    """An uneven last batch can leave a rank no token: it still calls every all-to-all (the counts', the
-    tokens' there and back), with zero counts and (0, dim) tensors, also when no row comes to its experts
-    either; one that skips them leaves the others waiting, or gloo pairs their next messages with the wrong
-    ones. 3 ranks, rank 1 empty."""
-    judging(impl, task)
-    try:
-        results = run_ranks(_through_dispatch_and_combine, 3, impl, task, timeout=60)
-    except (RankTimeout, RankFailed) as error:
-        raise AssertionError(  # the cause first, then the harness's report (check.py shows both)
-            f"{TASK[task]}: 3 ranks, rank {EMPTY_RANK} with no tokens (x of shape (0, {DIM})): A rank with no tokens "
-            "must still call every collective the others call (the counts' all-to-all, then the tokens' all_to_all "
-            "there and back), with zero counts and (0, dim) tensors, also when no row comes to its experts: a rank "
-            "that skips one leaves the others waiting, or gloo pairs their next message with the wrong one.\n"
-            f"{str(error).split(': ', 1)[1] if str(error).startswith('Task ') else error}") from None
-    for case in EMPTY_CASES:
-        xs, routings = _empty_rank_tokens(3, case)
-        for rank, out in enumerate(results):
-            got, mine = out[case], range(2 * rank, 2 * rank + 2)
-            want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(3)])
-                    for e in mine]
-            where = f"rank {rank} of 3, rank {EMPTY_RANK} with no tokens and {case}"
-            if task == "16.2":
-                assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
-                    f"{T162}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} "
-                    f"rows, expected {[tuple(w.shape) for w in want]}: every rank's kept rows for them")
-            routing, x = routings[rank], xs[rank]
-            gates = (routing.weight * routing.kept).to(x.dtype)
-            y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
-            assert _close(got["y"], y), (
-                f"{TASK[task]}: {where}: y is {tuple(got['y'].shape)}"
-                + (f", expected {tuple(y.shape)}" if got["y"].shape != y.shape else ", not the gated sum of the "
-                   "experts' outputs for its tokens") + (": a rank with no tokens returns a (0, dim) y"
-                                                         if rank == EMPTY_RANK else ""))
-
-
 # --------------------------------------------------------------------------- the MoE layer (16.2-16.4)
 def _moe_case(world_size, num_experts, top_k, capacity_factor, case):
     """(moe, xs, grads): a float64 models.MoE, each rank's (TOKENS, DIM) tokens and an upstream gradient for
@@ -733,6 +661,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
+                unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()))
 
@@ -760,6 +689,10 @@ def _check_vit(task, rank, world_size, ep_size, got):
             ratio[name] = (have @ want / (want @ want)).item()
     experts = [name for name in wrong if ".experts." in name]
     dense = [name for name in wrong if ".experts." not in name]
+    if wrong and got.get("unwaited"):  # the values below would say "not averaged", which the code meant to do
+        pytest.fail(f"{T}: {where}: the gradients differ from one process's ({wrong[:2]}), and {got['unwaited']} "
+                    "all-reduce(s) started with async_op=True were never waited for (wait()): the sum may not have "
+                    "arrived when the gradients were read back. Wait for each (or call it without async_op)")
     if experts:
         r = [ratio.get(name, float("nan")) for name in experts]
         hint = ""
@@ -807,6 +740,89 @@ def _check_vit(task, rank, world_size, ep_size, got):
         + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
 
 
+@pytest.mark.task16_5
+@pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
+    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
+    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
+def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
+    judging(impl, "16.5")
+    for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
+                                         timeout=60)):
+        _check_vit("16.5", rank, world_size, ep_size, got)
+
+
+# --------------------------------------------------------------------------- a rank with no tokens (16.2, 16.3)
+EMPTY_RANK = 1  # of 3: its slice of the batch is empty (an uneven last batch); 6 experts, 2 a rank, k = 2
+EMPTY_CASES = ["its experts get rows", "its experts get none"]  # the second: rank 1 neither sends nor receives
+
+
+def _empty_rank_tokens(world_size, case):
+    """Each rank's tokens (rank 1's: none) and routing, the same on every rank (seeded)."""
+    torch.manual_seed(16)
+    moe = models.MoE(DIM, HIDDEN, 6, 2, 8.0).double()
+    xs = [torch.randn(0 if r == EMPTY_RANK else TOKENS, DIM, dtype=torch.float64) for r in range(world_size)]
+    if case == "its experts get none":  # every token has a positive first feature; experts 2 and 3 say no to it
+        with torch.no_grad():
+            for x in xs:
+                x[:, 0] = x[:, 0].abs() + 2.0
+            moe.router.weight[2:4] = 0.0
+            moe.router.weight[2:4, 0] = -5.0
+    routings = [models.route(moe.router(x).detach(), 2, 8.0) for x in xs]
+    idle = not any(((r.expert >= 2) & (r.expert < 4) & r.kept).any() for r in routings)
+    assert idle == (case == "its experts get none"), f"the test's case {case!r} does not hold: fix the test"
+    return xs, routings
+
+
+def _through_dispatch_and_combine(rank, world_size, impl, task):
+    """dispatch, experts that multiply by (global index + 2), combine: what this rank's experts got, and y."""
+    ep = judging(impl, task)
+    out = {}
+    for case in EMPTY_CASES:
+        xs, routings = _empty_rank_tokens(world_size, case)
+        inputs, plan = ep.dispatch(xs[rank], routings[rank], 6)
+        outputs = [x * (e + 2) for e, x in zip(ep.local_experts(6), inputs)]
+        out[case] = dict(inputs=[x.detach() for x in inputs], y=ep.combine(outputs, plan).detach())
+    return out
+
+
+@pytest.mark.parametrize("task", [pytest.param("16.2", marks=pytest.mark.task16_2),
+                                  pytest.param("16.3", marks=pytest.mark.task16_3)])
+def test_a_rank_with_no_tokens_still_takes_part_in_every_all_to_all(impl, task):
+    """An uneven last batch can leave a rank no token: it still calls every all-to-all (the counts', the
+    tokens' there and back), with zero counts and (0, dim) tensors, also when no row comes to its experts
+    either; one that skips them leaves the others waiting, or gloo pairs their next messages with the wrong
+    ones. 3 ranks, rank 1 empty."""
+    judging(impl, task)
+    try:
+        results = run_ranks(_through_dispatch_and_combine, 3, impl, task, timeout=60)
+    except (RankTimeout, RankFailed) as error:
+        raise AssertionError(  # the cause first, then the harness's report (check.py shows both)
+            f"{TASK[task]}: 3 ranks, rank {EMPTY_RANK} with no tokens (x of shape (0, {DIM})): A rank with no tokens "
+            "must still call every collective the others call (the counts' all-to-all, then the tokens' all_to_all "
+            "there and back), with zero counts and (0, dim) tensors, also when no row comes to its experts: a rank "
+            "that skips one leaves the others waiting, or gloo pairs their next message with the wrong one.\n"
+            f"{str(error).split(': ', 1)[1] if str(error).startswith('Task ') else error}") from None
+    for case in EMPTY_CASES:
+        xs, routings = _empty_rank_tokens(3, case)
+        for rank, out in enumerate(results):
+            got, mine = out[case], range(2 * rank, 2 * rank + 2)
+            want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(3)])
+                    for e in mine]
+            where = f"rank {rank} of 3, rank {EMPTY_RANK} with no tokens and {case}"
+            if task == "16.2":
+                assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
+                    f"{T162}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} "
+                    f"rows, expected {[tuple(w.shape) for w in want]}: every rank's kept rows for them")
+            routing, x = routings[rank], xs[rank]
+            gates = (routing.weight * routing.kept).to(x.dtype)
+            y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
+            assert _close(got["y"], y), (
+                f"{TASK[task]}: {where}: y is {tuple(got['y'].shape)}"
+                + (f", expected {tuple(y.shape)}" if got["y"].shape != y.shape else ", not the gated sum of the "
+                   "experts' outputs for its tokens") + (": a rank with no tokens returns a (0, dim) y"
+                                                         if rank == EMPTY_RANK else ""))
+
+
 def _sync_with_zero_gradients(rank, world_size, impl):
     """sync_moe_gradients on hand-set gradients, 4 ranks, --ep 2: rank 0's all zero (a rank whose slice chose no
     expert, say), rank r's (r + 1)(i + 1) for parameter i: [(i, an expert's, its first element after the sync)]."""
@@ -842,14 +858,3 @@ def test_sync_moe_gradients_takes_part_also_with_gradients_all_zero(impl):
             assert abs(value - want) < 1e-9, (
                 f"{T165}: 4 ranks, --ep 2, rank 0's gradients all zero: rank {rank}'s parameter {i} "
                 f"({'an expert' if expert else 'outside the experts'}) holds {value} after the sync, expected {want}")
-
-
-@pytest.mark.task16_5
-@pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
-    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
-    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
-def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
-    judging(impl, "16.5")
-    for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
-                                         timeout=60)):
-        _check_vit("16.5", rank, world_size, ep_size, got)

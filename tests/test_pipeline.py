@@ -1009,45 +1009,6 @@ def test_schedule_equals_single_process_and_torch_pipelining(impl, task, schedul
     check_schedule(results, task, schedule, world_size)
 
 
-def _float64_step(rank, world_size, impl):
-    """One micro-batch of a float64 model over 2 stages (forward_step and backward_step, each its own task's
-    answer where judged): the layers' gradients, by global layer index."""
-    lib = judging(impl, "10.5")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
-    stage = lib.Stage(model, rank, world_size)
-    stage.learn_shapes(x, 1)
-    input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
-    lib.backward_step(stage, input, output)
-    stage.wait_sends()
-    return {i: [p.grad for p in layer.parameters()] for i, layer in enumerate(model) if layer in list(stage.module)}
-
-
-@pytest.mark.task10_5
-@pytest.mark.slow
-def test_backward_step_of_a_float64_model_equals_one_process(impl):
-    """A model may compute in float64 (the tests above use float32): the gradient comes in output's dtype."""
-    judging(impl, "10.5")
-    try:
-        results = run_ranks(_float64_step, 2, impl, timeout=25)
-    except (RankTimeout, RankFailed) as error:
-        raise AssertionError(
-            f"{T105}: a float64 model over 2 stages: {one_line(error)}. The gradient is received in output's shape "
-            "AND dtype (stage.recv_backward(output.shape, output.dtype)): a buffer of another size or dtype than the "
-            "message makes gloo abort") from None
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
-    x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
-    F.cross_entropy(model(x), target).backward()
-    for rank, grads in enumerate(results):
-        for i, got in grads.items():
-            want = [p.grad for p in model[i].parameters()]
-            assert all(g is not None and g.dtype == torch.float64 and torch.allclose(g, w, atol=1e-12)
-                       for g, w in zip(got, want)), (
-                f"{T105}: a float64 model over 2 stages: rank {rank}'s layer {i} gradients differ from one process's")
-
-
 @pytest.mark.task10_7
 def test_1f1b_on_two_pipelines_of_a_4_rank_world(impl):
     """Two pipelines of 2 stages, ranks [0, 1] and [2, 3], each in its own group: the stage numbers
@@ -1134,3 +1095,42 @@ def test_pp2_by_dp2_on_4_ranks_trains_like_one_process(impl):
             assert torch.allclose(state[name], value, rtol=RTOL, atol=ATOL), (
                 f"{T107}: pp=2 x dp=2, rank {rank}: after {steps} steps {name} differs from single-process training "
                 f"by {(state[name] - value).abs().max():.3g}")
+
+
+def _float64_step(rank, world_size, impl):
+    """One micro-batch of a float64 model over 2 stages (forward_step and backward_step, each its own task's
+    answer where judged): the layers' gradients, by global layer index."""
+    lib = judging(impl, "10.5")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
+    stage = lib.Stage(model, rank, world_size)
+    stage.learn_shapes(x, 1)
+    input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
+    lib.backward_step(stage, input, output)
+    stage.wait_sends()
+    return {i: [p.grad for p in layer.parameters()] for i, layer in enumerate(model) if layer in list(stage.module)}
+
+
+@pytest.mark.task10_5
+@pytest.mark.slow
+def test_backward_step_of_a_float64_model_equals_one_process(impl):
+    """A model may compute in float64 (the tests above use float32): the gradient comes in output's dtype."""
+    judging(impl, "10.5")
+    try:
+        results = run_ranks(_float64_step, 2, impl, timeout=25)
+    except (RankTimeout, RankFailed) as error:
+        raise AssertionError(
+            f"{T105}: a float64 model over 2 stages: {one_line(error)}. The gradient is received in output's shape "
+            "AND dtype (stage.recv_backward(output.shape, output.dtype)): a buffer of another size or dtype than the "
+            "message makes gloo abort") from None
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
+    F.cross_entropy(model(x), target).backward()
+    for rank, grads in enumerate(results):
+        for i, got in grads.items():
+            want = [p.grad for p in model[i].parameters()]
+            assert all(g is not None and g.dtype == torch.float64 and torch.allclose(g, w, atol=1e-12)
+                       for g, w in zip(got, want)), (
+                f"{T105}: a float64 model over 2 stages: rank {rank}'s layer {i} gradients differ from one process's")
