@@ -1681,6 +1681,11 @@ MISTAKES = [
             "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n",
             "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks, async_op=True)\n",
             "were never waited for"),
+    Mistake("16.1", "no-rows-skips-the-all-to-all", "template_experts.py",  # was told about message sizes only
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n",
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
+            "        if x.shape[0] == 0:\n            return x.new_zeros((sum(output_splits), *x.shape[1:]))\n",
+            "also one with no rows to send"),
 ]
 
 
