@@ -1686,6 +1686,15 @@ MISTAKES = [
             "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
             "        if x.shape[0] == 0:\n            return x.new_zeros((sum(output_splits), *x.shape[1:]))\n",
             "also one with no rows to send"),
+    Mistake("16.1", "output-in-the-default-dtype", "template_experts.py",  # was a raw ValueError
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n",
+            "        out = torch.empty((sum(output_splits), *x.shape[1:]))\n", "must have x's dtype"),
+    Mistake("16.2", "output-splits-are-the-input-splits", "template_experts.py",  # was a raw split error
+            "    output_splits = received.sum(dim=1).tolist()\n", "    output_splits = list(input_splits)\n",
+            "the rows this rank RECEIVES"),
+    Mistake("16.2", "counts-viewed-expert-major", "template_experts.py",  # was a raw "not equal to group size"
+            "    received = received.view(size, len(experts))  # [source rank, local expert]\n",
+            "    received = received.view(len(experts), size)\n", "one number per rank of the group"),
 ]
 
 
