@@ -1695,6 +1695,9 @@ MISTAKES = [
     Mistake("16.2", "counts-viewed-expert-major", "template_experts.py",  # was a raw "not equal to group size"
             "    received = received.view(size, len(experts))  # [source rank, local expert]\n",
             "    received = received.view(len(experts), size)\n", "one number per rank of the group"),
+    Mistake("14.2", "fc1-gathers-its-output", "template_sequence_parallel.py",  # was a raw shape error
+            "column.from_linear(mlp.fc1, group)", "column.from_linear(mlp.fc1, group, gather_output=True)",
+            "shapes do not chain"),
 ]
 
 

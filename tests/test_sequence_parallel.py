@@ -451,7 +451,10 @@ def _check_split(task_name, results, world_size, kind):
                     pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the whole sequence "
                                 f"({TOKENS}): with sequence parallelism attn and mlp EACH get the whole sequence from "
                                 "gather_sequence at their input (a forward pre-hook on both, parallelize_block)")
-            assert got["error"] is None, f"{where}: {got['error']}"
+            assert got["error"] is None, f"{where}: {got['error']}" + (
+                ": the split layers' shapes do not chain: the column-parallel layer (qkv, fc1) keeps its slice of the "
+                "output (no gather_output), and the row-parallel one (proj, fc2) takes that slice "
+                "(input_is_parallel=True) and returns the sum" if "cannot be multiplied" in got["error"] else "")
         # the output and the input's gradient: with sequence parallelism each rank holds its tokens
         for rank, got in enumerate(cases):
             where = f"{task_name}: {what} over {world_size} ranks {mode}, rank {rank}"
