@@ -50,6 +50,7 @@ def compress_hook(dtype, process_group, bucket):
       2. start dist.all_reduce of the compressed tensor (SUM, group=process_group, async_op=True);
       3. return work.get_future().then(decompress), where decompress copies the reduced tensor
          back into bucket.buffer() (copy_ casts it to the buffer's dtype) and returns the buffer.
+    Every rank all-reduces every bucket, also one of zeros (the others wait for it).
     Never wait here: returning the future lets backward go on while the bucket travels. A
     Future completed by hand before the all-reduce has finished would hand DDP numbers that
     are not summed yet.

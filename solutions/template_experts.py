@@ -114,7 +114,8 @@ def dispatch(x, routing, num_experts, group=None):
       expert, the rows that every rank sent for it: rank 0's first, then rank 1's, ..., each rank's in
       its token order. (0, dim) where none came.
     - plan: a Plan (above), everything combine needs.
-    Nothing else is sent: no all-gather of the tokens, no second count exchange.
+    Nothing else is sent: no all-gather of the tokens, no second count exchange. T may be 0 (an uneven
+    last batch): the rank still takes part in both all-to-alls, with zero counts and no rows.
     """
     experts = local_experts(num_experts, group)
     # --- Task 16.2 begin ---
@@ -144,7 +145,8 @@ def combine(expert_outputs, plan, group=None):
     expert_outputs[j]: the j-th local expert's output on dispatch's expert_inputs[j] (the same rows,
     the same order). One all-to-all back (all_to_all, 16.1), the reverse of dispatch's; then y[t] = the
     sum over token t's kept choices c of weight[t, c] * (the expert's output for (t, c)), the weight
-    cast to the outputs' dtype, in this rank's token order; zeros for a token with no kept choice.
+    cast to the outputs' dtype, in this rank's token order; zeros for a token with no kept choice. A
+    rank with nothing to send back or to get still takes part in the all-to-all (T may be 0).
     Differentiable into the expert outputs and into plan.weight (the router learns from it)."""
     # --- Task 16.3 begin ---
     size, per_rank = plan.received.shape
@@ -232,7 +234,8 @@ def sync_moe_gradients(model, ep_group=None, expert_dp_group=None):
       gradients: every rank's tokens went through the expert and the all-to-all's backward brought
       their gradients back to it. So it is divided by N, and averaged over expert_dp_group only
       (the ranks of another ep group hold other experts).
-    One collective per group and dtype (the gradients flattened together), not one per parameter;
+    One collective per group and dtype (the gradients flattened together), not one per parameter, on
+    every rank alike, also where the gradients are all zero;
     parameters without .grad are left alone. Expert parameters are those of expert_parameters(model).
     """
     experts = expert_parameters(model)
