@@ -360,6 +360,7 @@ def test_check_runs_a_hang_again_before_blaming_the_task(monkeypatch, tmp_path, 
     assert len(asked) == 2 and "nothing to fix in Task 2.1" in out and "could not even start" in out, out
 
 
+@pytest.mark.slow  # every task's files, read 69 times: 2 s
 def test_a_check_collects_the_files_that_mark_its_task_and_only_those():
     """check.py collects the files that mark a task (pytest.mark with its marker), not test_mistakes.py, whose lists only
     name the marker in a string: collecting it cost Task 8.2's check the import of the catalogue."""

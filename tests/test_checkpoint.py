@@ -426,6 +426,7 @@ def _interrupt_and_resume(rank, world_size, impl, root, stop_after):
 
 
 @pytest.mark.task8_2
+@pytest.mark.slow  # 2 s; check.py runs it after 8.2's other tests, as ever
 def test_train_ddp_stopped_mid_epoch_and_resumed_ends_bit_identical(impl, tmp_path):
     """256 images, global batch 32: 8 steps an epoch. SIGUSR1 after step 5 of epoch 1."""
     results = run_ranks(_interrupt_and_resume, 2, impl, str(tmp_path), 5, timeout=90)

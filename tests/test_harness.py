@@ -49,6 +49,7 @@ def _sum_of_ranks_after_a_while(rank, world_size, _):
     return _sum_of_ranks(rank, world_size, _)
 
 
+@pytest.mark.slow  # the three tests below wait on purpose (1.3, 2.2 and 2.2 s)
 def test_a_slow_start_does_not_count_against_the_time_limit():
     # the ranks take 1.1 s to start, the code under test has 0.6 s: fine, as the start is not its time. The
     # sleep alone outlasts the limit, so a harness that counted the start fails, whatever the load; the
@@ -57,6 +58,7 @@ def test_a_slow_start_does_not_count_against_the_time_limit():
     assert run_ranks(_sum_of_ranks_after_a_while, 2, SlowToStart(1.1), timeout=0.6) == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_a_start_that_stalls_is_tried_again(tmp_path):
     # the first rank to start stalls (as gloo's connection set-up can under load); no code under
     # test has run, so the harness starts the ranks again rather than report a hang. The test waits the
@@ -130,6 +132,7 @@ def _rank_1_waits_for_a_send_that_never_comes(rank, world_size):
     return rank
 
 
+@pytest.mark.slow
 def test_a_deadlock_is_reported_once_every_rank_left_waits_not_at_the_time_limit(monkeypatch):
     """Once every rank still running waits without using the CPU, nothing can wake them: the report comes
     then (STILL_FOR, 3 s), not at the time limit, and says where each waits. The hangs of the catalogue

@@ -327,6 +327,7 @@ def meet(rank, port):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow  # an interpreter and two stores that wait on purpose: 3 s
 def test_ranks_that_do_not_meet_are_one_line():
     """The three ways meeting at MASTER_ADDR:MASTER_PORT fails (launchers.meeting_failures_explained),
     each a DistNetworkError / DistStoreError traceback before: rank 0 of an srun task cannot listen on

@@ -424,6 +424,7 @@ def _expected_files(mode, old, new, rank):
 
 @pytest.mark.task8_4
 @pytest.mark.timeout(200)
+@pytest.mark.slow  # 1.6 s; check.py runs it after 8.4's other tests, as ever
 def test_saved_on_4_ranks_resumed_on_1_2_and_3(impl, tmp_path):
     """Plain data parallelism, --shard optimizer (Task 6) and --shard full (Task 7), each resumed on
     1, 2 and 3 ranks: the state gathered after the resume equals the saved one, bit for bit; each

@@ -74,6 +74,7 @@ def _learned(rows, out):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # torchrun and 3 interpreters importing torch: 9-14 s, the default run's longest
 def test_torchrun_training_learns_and_keeps_ranks_identical(impl, tmp_path):
     """With the files under test (solutions/, or yours with --impl template), launched by torchrun."""
     metrics = tmp_path / "metrics.csv"
@@ -171,6 +172,7 @@ def refused(tmp_path_factory):
 
 
 @pytest.mark.repo
+@pytest.mark.slow  # this and the next start two interpreters (the fixture): 2-3 s of the default run
 def test_an_unfilled_task_stops_training_with_one_clear_message(refused):
     code, out = finish(refused["unfilled"], timeout=60)
     assert code == 1, out
@@ -180,6 +182,7 @@ def test_an_unfilled_task_stops_training_with_one_clear_message(refused):
 
 
 @pytest.mark.repo
+@pytest.mark.slow
 def test_a_setting_that_cannot_work_gives_one_line(refused):
     """A refused setting is a ValueError out of main(), which the script's __main__ turns into one
     line and exit code 2. The script runs once, for that path (a global batch of 0, refused on any
