@@ -619,6 +619,28 @@ MISTAKES = [
             "    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)))\n"
             "    return dp_group, tp_group\n    for d in range(dp_size):\n",
             "each rank must create every group"),
+    # Task 9, trial A (caught, but the message did not name the cause)
+    Mistake("9.1", "gather-backward-slices-dim-0", "template_tensor_parallel.py",  # torch's "invalid gradient"
+            "return grad.chunk(size, dim=-1)[rank].contiguous(), None",
+            "return grad.chunk(size, dim=0)[rank].contiguous(), None", "sliced dimension 0"),
+    Mistake("9.2", "row-bias-only-on-rank-0", "template_tensor_parallel.py",  # right output, rank 1's bias no gradient
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias\n",
+            "        bias = self.bias if dist.get_rank(self.group) == 0 else None  # the bias counted once: on rank 0\n"
+            "        return reduce_from_tp(F.linear(x, self.weight, bias), self.group)\n",
+            "took no part in this rank's forward"),
+    Mistake("9.2", "row-bias-after-sum-only-on-rank-0", "template_tensor_parallel.py",
+            "        return y if self.bias is None else y + self.bias\n",
+            "        return y if self.bias is None or dist.get_rank(self.group) != 0 else y + self.bias\n",
+            "without the bias"),
+    Mistake("9.4", "all-reduce-of-a-copy", "template_tensor_parallel.py",  # the sum goes nowhere
+            "dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)",
+            "dist.all_reduce(param.grad.detach().clone(), op=dist.ReduceOp.SUM, group=dp_group)",
+            "its sum never reached param.grad"),
+    Mistake("9.4", "skips-by-requires-grad", "template_tensor_parallel.py",  # an unused parameter's .grad is None
+            "        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad",
+            "        if not param.requires_grad:\n            continue\n        dist.all_reduce(param.grad",
+            "skip every parameter whose .grad is None"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
