@@ -1278,6 +1278,24 @@ MISTAKES = [
             "model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))",
             "model.blocks[0].register_forward_pre_hook(lambda module, args: "
             "(args[0].chunk(dist.get_world_size(tp_group), dim=1)[dist.get_rank(tp_group)],))", "no f before the slice"),
+    # Task 14, trial A (caught, but the message did not name the cause)
+    Mistake("14.3", "gather-work-never-waited", "template_sequence_parallel.py",  # read before it ends: a race
+            "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
+            "dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n        return torch.cat(pieces, dim=1)",
+            "never waited on its Work"),
+    Mistake("14.5", "sum-work-never-waited", "template_sequence_parallel.py",  # was "left as it was": a missing sum
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)",
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)",
+            "never waited on its Work"),
+    Mistake("14.5", "gather-after-the-norm", "template_sequence_parallel.py",  # the norm sees this rank's tokens
+            "        model.norm.register_forward_pre_hook(\n"
+            "            lambda module, args: (gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False),))",
+            "        model.norm.register_forward_hook(\n"
+            "            lambda module, args, out: gather_sequence(out, tp_group, tensor_parallel_output_grad=False))",
+            "the final norm saw only this rank's tokens"),
+    Mistake("14.5", "split-hook-on-the-module-list", "template_sequence_parallel.py",  # a ModuleList is never called
+            "model.blocks[0].register_forward_pre_hook(", "model.blocks.register_forward_pre_hook(",
+            "that hook never runs"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
