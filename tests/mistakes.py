@@ -746,6 +746,18 @@ MISTAKES = [
     Mistake("7.1", "padding-on-the-default-device", "template_fsdp.py",
             "    padded = torch.cat([flat, flat.new_zeros(padding)])", "    padded = torch.cat([flat, torch.zeros(padding)])",
             "on the 'meta' device"),
+    # Task 10, trial A (caught, but the message did not name the cause)
+    Mistake("10.2", "send-work-dropped", "template_pipeline.py",  # was the neighbour's receive after 10 s
+            "self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
+            "dist.isend(tensor.detach().contiguous(), peer)", "did not keep the Work of its send"),
+    Mistake("10.6", "first-stage-skips-learn-shapes", "template_pipeline.py",  # was gloo's SIGABRT
+            "    # --- Task 10.6 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.6 begin ---\n    if not stage.is_first:  # the first stage knows its shapes\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
+    Mistake("10.7", "first-stage-skips-learn-shapes", "template_pipeline.py",
+            "    # --- Task 10.7 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.7 begin ---\n    if not stage.is_first:  # the first stage knows its shapes\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
