@@ -913,9 +913,9 @@ def _average(rank, world_size, impl, dp_size, tp_size):
                 raise
             # the only None the function is given is the bias's .grad (requires_grad=True, like an unused parameter's)
             raise AssertionError(
-                f"{T94}: average_gradients_over_dp raised {type(error).__name__}: {error} on a model whose bias has "
-                "requires_grad=True and .grad None (a parameter unused in this step): skip every parameter whose .grad "
-                "is None (requires_grad=True does not mean it has a gradient)") from None
+                f"{T94}: average_gradients_over_dp failed on a model whose bias has requires_grad=True and .grad None "
+                "(a parameter unused in this step): skip every parameter whose .grad is None (requires_grad=True does "
+                f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
     return model.weight.grad, model.bias.grad, wire.take()
 
 
