@@ -619,6 +619,28 @@ MISTAKES = [
             "    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)))\n"
             "    return dp_group, tp_group\n    for d in range(dp_size):\n",
             "each rank must create every group"),
+    # Task 9, trial A (caught, but the message did not name the cause)
+    Mistake("9.1", "gather-backward-slices-dim-0", "template_tensor_parallel.py",  # torch's "invalid gradient"
+            "return grad.chunk(size, dim=-1)[rank].contiguous(), None",
+            "return grad.chunk(size, dim=0)[rank].contiguous(), None", "sliced dimension 0"),
+    Mistake("9.2", "row-bias-only-on-rank-0", "template_tensor_parallel.py",  # right output, rank 1's bias no gradient
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias\n",
+            "        bias = self.bias if dist.get_rank(self.group) == 0 else None  # the bias counted once: on rank 0\n"
+            "        return reduce_from_tp(F.linear(x, self.weight, bias), self.group)\n",
+            "took no part in this rank's forward"),
+    Mistake("9.2", "row-bias-after-sum-only-on-rank-0", "template_tensor_parallel.py",
+            "        return y if self.bias is None else y + self.bias\n",
+            "        return y if self.bias is None or dist.get_rank(self.group) != 0 else y + self.bias\n",
+            "without the bias"),
+    Mistake("9.4", "all-reduce-of-a-copy", "template_tensor_parallel.py",  # the sum goes nowhere
+            "dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)",
+            "dist.all_reduce(param.grad.detach().clone(), op=dist.ReduceOp.SUM, group=dp_group)",
+            "its sum never reached param.grad"),
+    Mistake("9.4", "skips-by-requires-grad", "template_tensor_parallel.py",  # an unused parameter's .grad is None
+            "        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad",
+            "        if not param.requires_grad:\n            continue\n        dist.all_reduce(param.grad",
+            "skip every parameter whose .grad is None"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -724,6 +746,18 @@ MISTAKES = [
     Mistake("7.1", "padding-on-the-default-device", "template_fsdp.py",
             "    padded = torch.cat([flat, flat.new_zeros(padding)])", "    padded = torch.cat([flat, torch.zeros(padding)])",
             "on the 'meta' device"),
+    # Task 10, trial A (caught, but the message did not name the cause)
+    Mistake("10.2", "send-work-dropped", "template_pipeline.py",  # was the neighbour's receive after 10 s
+            "self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
+            "dist.isend(tensor.detach().contiguous(), peer)", "did not keep the Work of its send"),
+    Mistake("10.6", "first-stage-skips-learn-shapes", "template_pipeline.py",  # was gloo's SIGABRT
+            "    # --- Task 10.6 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.6 begin ---\n    if not stage.is_first:  # the first stage knows its shapes\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
+    Mistake("10.7", "first-stage-skips-learn-shapes", "template_pipeline.py",
+            "    # --- Task 10.7 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.7 begin ---\n    if not stage.is_first:  # the first stage knows its shapes\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
@@ -1256,6 +1290,24 @@ MISTAKES = [
             "model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))",
             "model.blocks[0].register_forward_pre_hook(lambda module, args: "
             "(args[0].chunk(dist.get_world_size(tp_group), dim=1)[dist.get_rank(tp_group)],))", "no f before the slice"),
+    # Task 14, trial A (caught, but the message did not name the cause)
+    Mistake("14.3", "gather-work-never-waited", "template_sequence_parallel.py",  # read before it ends: a race
+            "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
+            "dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n        return torch.cat(pieces, dim=1)",
+            "never waited on its Work"),
+    Mistake("14.5", "sum-work-never-waited", "template_sequence_parallel.py",  # was "left as it was": a missing sum
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)",
+            "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)",
+            "never waited on its Work"),
+    Mistake("14.5", "gather-after-the-norm", "template_sequence_parallel.py",  # the norm sees this rank's tokens
+            "        model.norm.register_forward_pre_hook(\n"
+            "            lambda module, args: (gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False),))",
+            "        model.norm.register_forward_hook(\n"
+            "            lambda module, args, out: gather_sequence(out, tp_group, tensor_parallel_output_grad=False))",
+            "the final norm saw only this rank's tokens"),
+    Mistake("14.5", "split-hook-on-the-module-list", "template_sequence_parallel.py",  # a ModuleList is never called
+            "model.blocks[0].register_forward_pre_hook(", "model.blocks.register_forward_pre_hook(",
+            "that hook never runs"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",

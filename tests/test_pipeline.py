@@ -130,6 +130,15 @@ class WrongPeer(RuntimeError):
     """A send to another rank than the peer it was given (said by the sender, at once)."""
 
 
+class WorkNotKept(RuntimeError):
+    """A send whose Work _send did not keep in stage.pending_sends (said by the sender, at once)."""
+
+
+class SentBeforeShapes(RuntimeError):
+    """A stage of a schedule that sent before it called stage.learn_shapes (said by the sender, at once: the next
+    stage's learn_shapes would receive that message as its shape message, and gloo aborts on its size)."""
+
+
 class AnySource(RuntimeError):
     """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
 
@@ -148,12 +157,20 @@ RECEIVING = {"recv_backward": "the gradient of its output (recv_backward)",
              "learn_shapes": "the shape message of learn_shapes"}
 
 
-def messages_wire(expect_dtype=None, shapes=None):
+def messages_wire(expect_dtype=None, shapes=None, learned=None):
     """A Wire recording every point-to-point message of a rank (wire.py says where), on which a
     blocking dist.recv gives up after RECV_LIMIT seconds with RecvNeverCame, saying where it waited;
     with expect_dtype, a receive into a buffer of another dtype raises WrongDtype; with shapes
-    ({peer: [the shapes its messages have]}), a receive of another size raises WrongShape."""
+    ({peer: [the shapes its messages have]}), a receive of another size raises WrongShape; with
+    learned (a list, empty until the stage calls learn_shapes), a send before it raises SentBeforeShapes."""
     def check(call, group):
+        if learned is not None and not learned and call.kind in ("send", "isend"):
+            raise SentBeforeShapes(
+                f"rank {dist.get_rank()} sent a message of shape {call.shape} to rank {call.peer} before it called "
+                "stage.learn_shapes: the next stage's learn_shapes receives a shape message first, and learn_shapes "
+                "is what sends it, so every stage, the first included, calls stage.learn_shapes(inputs, M) before "
+                "its first forward (the next stage would receive this message as its shape message: gloo aborts "
+                "on a message of another size)")
         if expect_dtype is not None and call.kind in ("recv", "irecv") and call.dtype != expect_dtype:
             raise WrongDtype(f"asked to receive {expect_dtype}, it received into a {call.dtype} "
                              f"buffer of shape {call.shape}")
@@ -217,7 +234,7 @@ def frames_up(frame):
     return names
 
 
-WRAPPERS = ("__call__", "counted_backward", "kept_send_forward", "kept_recv_backward")
+WRAPPERS = ("__call__", "counted_backward", "kept_send_forward", "kept_recv_backward", "counted_learn_shapes")
 
 
 def waiting_in(frame):
@@ -322,8 +339,13 @@ def as_task_failure(error, task, what):
                 or never_sent_hint(task, said.group(1) if said else text) or WAITS_FOR.get(task) or (
                     "every message must be sent: forward_step sends each output, backward_step each input's gradient"))
         trace = text[text.find("--- rank"):] if "--- rank" in text else text
+        # a blank line before the traceback: check.py's line ends there
         return AssertionError(f"{where}: a message was never sent ({what}): {said.group(1) if said else ''}. "
-                              f"Likely: {hint}.\n{trace}")
+                              f"Likely: {hint}.\n\n{trace}")
+    own = re.search(r"raised (?:WorkNotKept|SentBeforeShapes): ([^\n]*)", text)
+    if isinstance(error, RankFailed) and own:  # the sender's own finding, said at once: said once, the trace after
+        trace = text.partition("\n\n--- rank")[2]
+        return AssertionError(f"{where}: {own.group(1)} ({what}).\n\n--- rank{trace}")
     if isinstance(error, RankTimeout):
         return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
     if "stage 0: send_backward(grad) got None" in text and task == "10.5":  # Issue 45: was told about output.grad
@@ -513,6 +535,16 @@ def _round_trip(rank, world_size, impl, task, send=None):
             raise WrongPeer(f"rank {rank}'s {what} (stage.{what}, which calls _send(tensor, {peer})) sent to rank "
                             f"{sends[-1].peer}, not to rank {peer}: _send must send to `peer`, the global rank it "
                             "is given")
+        started = sum(c.kind == "isend" for c in wire.calls)
+        # said at once, not as the neighbour's receive that never comes (a wait_sends() inside _send empties the
+        # list: check_round_trip names that)
+        if not waited_in_send and len(stage.pending_sends) < started:
+            raise WorkNotKept(f"rank {rank}'s {what} started {started} isend{'s' * (started > 1)} and "
+                              f"stage.pending_sends holds {len(stage.pending_sends)} Work"
+                              f"{'s' * (len(stage.pending_sends) != 1)}: _send did not keep the Work of its send; "
+                              "append the Work dist.isend returns to stage.pending_sends (a Work nobody keeps is "
+                              "cancelled when it is garbage-collected, and the neighbour waits for a message that "
+                              "never comes)")
     with messages_wire() as wire:
         if not stage.is_last:
             stage.send_forward(activation)
@@ -740,6 +772,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
     first, last = stage_index == 0, stage_index == num_stages - 1
     out = []
     backward_step, send_forward, recv_backward = lib.backward_step, lib.Stage.send_forward, lib.Stage.recv_backward
+    learn_shapes = lib.Stage.learn_shapes
     for m in microbatch_counts:
         torch.manual_seed(0)
         model = lib.flat_cnn()
@@ -749,6 +782,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         if task in ("10.6", "10.7"):
             PROGRESS.update(forwards=0, backwards=0, m=m, stage=stage_index, num_stages=num_stages)
         sent, received = [], []  # the activations this stage sent, the gradients it received
+        learned = []  # stage.learn_shapes' calls: a send before the first is said at once (SentBeforeShapes)
 
         def counted_backward(*args, **kwargs):
             PROGRESS["backwards"] += 1
@@ -762,14 +796,19 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
             grad = recv_backward(self, shape, dtype)
             received.append(grad.detach().clone())
             return grad
+
+        def counted_learn_shapes(self, *args, **kwargs):
+            learned.append(True)
+            return learn_shapes(self, *args, **kwargs)
         if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
             lib.forward_step, lib.backward_step = alive, counted_backward
+            lib.Stage.learn_shapes = counted_learn_shapes
         lib.Stage.send_forward, lib.Stage.recv_backward = kept_send_forward, kept_recv_backward
         shapes = activation_shapes(num_stages, BATCH // m)
         want = {peer: kinds for peer, kinds in ((stage.prev_rank, [(10,), shapes.get(stage_index)]),
                                                 (stage.next_rank, [shapes.get(stage_index + 1)])) if peer is not None}
         try:
-            with messages_wire(shapes=want) as wire:
+            with messages_wire(shapes=want, learned=learned if task in ("10.6", "10.7") else None) as wire:
                 step = (reference_gpipe(lib) if task in ("10.4", "10.5") else
                         lib.gpipe_step if schedule == "gpipe" else lib.one_f_one_b_step)
                 # inputs to the first stage only, targets to the last only, as the spec allows
@@ -783,6 +822,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         finally:
             lib.forward_step, lib.backward_step = alive.forward_step, backward_step
             lib.Stage.send_forward, lib.Stage.recv_backward = send_forward, recv_backward
+            lib.Stage.learn_shapes = learn_shapes
         # Issue 45: the activation sent back as its own gradient was a bare difference of gradients
         echoed = next((i for i, grad in enumerate(received) if any(
             a.shape == grad.shape and torch.equal(a, grad) for a in sent)), None)

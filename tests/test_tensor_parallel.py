@@ -128,6 +128,15 @@ def _check_operator(name, rank, world_size, grank, gsize, got):
                        "dimension (torch.cat(pieces, dim=-1)), where the column-parallel slices of the output lie"
                        if name == "gather_from_tp" and got["y_shape"] == (2 * gsize, 3) else "")
                     + f", so its backward failed: {got['error'][:200]}")
+    shapes = re.search(r"invalid gradient at index 0 - got \[(\d+), (\d+)\] but expected shape compatible with "
+                       r"\[(\d+), (\d+)\]", got["error"] or "")
+    if name == "gather_from_tp" and shapes and gsize > 1:
+        got_rows, got_cols, rows, cols = map(int, shapes.groups())
+        if got_cols == cols * gsize and got_rows < rows:  # the whole last dimension kept, fewer rows: dim 0 sliced
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape [{got_rows}, {got_cols}] for x of "
+                        f"shape [{rows}, {cols}]: it kept the whole last dimension and sliced dimension 0; gather's "
+                        "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
+                        "(grad.chunk(size, dim=-1)[rank])")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -408,6 +417,9 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
         if gsize > 1 and _close(got["y"], ref["y"] + (gsize - 1) * ref["bias"]):
             pytest.fail(f"{T92}: {where} counts the bias {gsize} times: add the bias once, after the sum (g), "
                         "not to every rank's partial product")
+    if ref["bias"] is not None and gsize > 1 and not _close(got["y"], ref["y"]) and _close(got["y"], ref["y"] - ref["bias"]):
+        pytest.fail(f"{T92}: {where}'s output is nn.Linear's without the bias: every rank adds the whole bias, "
+                    "after the sum (g), so that every rank holds the whole output")
     assert _close(got["y"], ref["y"]), (
         f"{T92}: {where}'s output differs from nn.Linear's: the partial products summed by reduce_from_tp (g), "
         "then the bias")
@@ -418,6 +430,10 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
     assert _close(got["grad_weight"], ref["grad_weight"][:, cols]), (
         f"{T92}: {where}: the weight's gradient differs from nn.Linear's columns")
     if ref["bias"] is not None:
+        assert got["grad_bias"] is not None, (
+            f"{T92}: {where}: the bias got no gradient on this rank: it took no part in this rank's forward; every "
+            "rank adds the whole bias to the summed output (after g), so every rank's bias gets nn.Linear's whole "
+            "bias gradient (and the replicas stay equal)")
         assert _close(got["grad_bias"], ref["grad_bias"]), (
             f"{T92}: {where}: the bias's gradient differs from nn.Linear's (the whole bias, on every rank)")
     out_numel = ref["y"].numel()
@@ -890,7 +906,16 @@ def _average(rank, world_size, impl, dp_size, tp_size):
     model.weight.grad = torch.full((2, 3), float(rank + 1))
     model.bias.grad = None  # frozen, or unused: skipped
     with Wire() as wire:
-        tp.average_gradients_over_dp(model, dp_group)
+        try:
+            tp.average_gradients_over_dp(model, dp_group)
+        except (TypeError, AttributeError) as error:
+            if "NoneType" not in str(error):
+                raise
+            # the only None the function is given is the bias's .grad (requires_grad=True, like an unused parameter's)
+            raise AssertionError(
+                f"{T94}: average_gradients_over_dp failed on a model whose bias has requires_grad=True and .grad None "
+                "(a parameter unused in this step): skip every parameter whose .grad is None (requires_grad=True does "
+                f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
     return model.weight.grad, model.bias.grad, wire.take()
 
 
@@ -909,6 +934,10 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
                         "different slices); pass group=dp_group and divide by its size")
         if value == sum(r + 1 for r in peers):
             pytest.fail(f"{T94}: rank {rank}'s gradient is the sum over the dp group: divide by the dp group's size")
+        if value == (rank + 1) / dp_size and "all_reduce" in [kind for kind, _, _ in calls]:
+            pytest.fail(f"{T94}: rank {rank} holds {value}, its own gradient {rank + 1} divided by {dp_size}: an "
+                        f"all-reduce was sent ({calls}) but its sum never reached param.grad; all-reduce param.grad "
+                        "itself, in place (an all-reduce of a copy, such as .clone(), leaves param.grad as it was)")
         assert torch.equal(grad, torch.full((2, 3), expected)), (
             f"{T94}: rank {rank} (dp peers {peers}) holds {grad[0, 0].item()} after averaging, expected the mean over "
             f"the dp group, {expected}: all_reduce SUM with group=dp_group, then / dist.get_world_size(dp_group)")
