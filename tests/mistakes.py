@@ -619,6 +619,10 @@ MISTAKES = [
             "    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)))\n"
             "    return dp_group, tp_group\n    for d in range(dp_size):\n",
             "each rank must create every group"),
+    # Task 8.4, trial A (a raw RuntimeError)
+    Mistake("8.4", "missing-only-when-no-part", "template_checkpoint.py",  # some parts found, not all of them
+            "if sum(part.numel() for _, part in parts) != length:", "if not parts:",
+            "do not add up to the entry's length"),
     # Task 9, trial A (caught, but the message did not name the cause)
     Mistake("9.1", "gather-backward-slices-dim-0", "template_tensor_parallel.py",  # torch's "invalid gradient"
             "return grad.chunk(size, dim=-1)[rank].contiguous(), None",
