@@ -1481,6 +1481,14 @@ MISTAKES = [
             "        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
             "        outputs = [expert(rows) if len(rows) else rows for expert, rows in zip(self.experts, expert_inputs)]",
             "has no gradient (None)"),
+    Mistake("16.4", "experts-by-position-not-by-rank", "template_experts.py",  # trial B's: rank 0's output differed
+            "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]",
+            "        experts = [moe.experts[e] for e in range(len(local_experts(moe.num_experts, group)))]",
+            "this rank took rank 0's experts"),
+    Mistake("16.4", "top-level-children-only", "template_experts.py",  # trial B's: "converted 0 MoE layers" alone
+            "    for module in list(model.modules()):\n        for name, child in module.named_children():",
+            "    for module in [model]:\n        for name, child in module.named_children():",
+            "MoE layers nested inside blocks must be found"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
