@@ -1435,6 +1435,10 @@ MISTAKES = [
     Mistake("15.3", "dq-pieces-are-copies", "template_context_parallel.py",  # trial B's: a bare "differs"
             "        dq_pieces = _pieces(dq, q_chunks)",
             "        dq_pieces = [piece.clone() for piece in _pieces(dq, q_chunks)]", "none of them reached the dq"),
+    Mistake("15.3", "idle-step-keeps-the-gradients", "template_context_parallel.py",  # trial B's: a raw TypeError
+            "            if size > 1:  # the block's gradients go on with it",
+            "            if size > 1 and block_pairs(q_chunks, k_chunks, causal):  # the block's gradients go on with it",
+            "passed the block on without its dK/dV"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

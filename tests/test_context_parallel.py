@@ -155,7 +155,18 @@ class Recorder:
         self.received, self.kv_numel = [], kv_numel
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
         self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
-        self.k_full = k_full
+        self.k_full, self.v_full, self.log, self.recvs = k_full, v_full, [], weakref.WeakKeyDictionary()
+        self.owner = {int(p): r for r, chunks in enumerate(every) for _, pos in chunks for p in pos}
+
+    def block_of(self, t):
+        """("kv", owner) for a message holding a rank's keys or values (k and v stacked, or one of them), else
+        ("grad", None): what else the ring sends is gradients."""
+        for full in (self.k_full, self.v_full):
+            for x in ([t[0]] if t.dim() == 5 else [t] if t.dim() == 4 else []):
+                for _, pos in self.chunks:
+                    if len(pos) == x.shape[2] and torch.equal(x, full[:, :, pos]):
+                        return "kv", self.owner[int(pos[0])]
+        return "grad", None
 
     def which_keys(self, k):
         """The global positions whose keys k holds (a chunk or a rank's whole block), or None."""
@@ -198,6 +209,7 @@ class Recorder:
         def recorded_send(group, tensors, dst, *args, **kwargs):
             peer = check_peer("send", group, dst)
             work = send(group, tensors, dst, *args, **kwargs)
+            self.log.append(("send", *self.block_of(tensors[0])))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
             return work
@@ -206,7 +218,9 @@ class Recorder:
             check_peer("recv", group, src)
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
-            return recv(group, tensors, src, *args, **kwargs)
+            work = recv(group, tensors, src, *args, **kwargs)
+            self.recvs[work] = weakref.ref(tensors[0])
+            return work
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
 
@@ -222,7 +236,11 @@ class Recorder:
                 raise AssertionError("RingAttention waited for a Work a second time: wait for each Work once (on gloo "
                                      "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
             waited.add(work)
-            return wait(work, *args, **kwargs)
+            result = wait(work, *args, **kwargs)
+            tensor = self.recvs[work]() if work in self.recvs else None
+            if tensor is not None:
+                self.log.append(("arrived", *self.block_of(tensor)))
+            return result
 
         def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
             self.events.append(("compute", len(self.wire.calls)))
@@ -233,6 +251,8 @@ class Recorder:
 
         def recorded_backward(dout, q, k, v, out, lse, causal=False, q_pos=None, k_pos=None):
             self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
+            keys = self.which_keys(k)
+            self.log.append(("compute", None, None if keys is None else self.owner[int(keys[0])]))
             return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
 
         ProcessGroup.recv, Work.wait, ProcessGroup.send = recorded_recv, recorded_wait, recorded_send
@@ -252,7 +272,7 @@ class Recorder:
         calls = self.wire.calls[getattr(self, "_taken", 0):]
         self._taken = len(self.wire.calls)
         events, blocks, peak, masks = self.events, self.blocks, self.alive_peak, self.masks
-        self.events, self.blocks, self.alive_peak, self.masks = [], [], self.alive(), []
+        self.events, self.blocks, self.alive_peak, self.masks, self.log = [], [], self.alive(), [], []
         messages = [(c.kind, str(c.dtype).replace("torch.", ""), c.numel, c.peer) for c in calls
                     if c.kind in ("send", "isend", "recv", "irecv")]
         collectives = [c.kind for c in calls if c.kind not in ("send", "isend", "recv", "irecv")]
@@ -260,6 +280,25 @@ class Recorder:
                     blocks=[(n, None if p is None else p.tolist(), None if w is None else w.tolist()) for n, p, w in blocks],
                     alive_peak=peak, masks=[(c, None if q is None else q.tolist(), None if k is None else k.tolist())
                                             for c, q, k in masks])
+
+
+def skipped_gradients(log):
+    """The owner of a block that this rank sent on, computed nothing with, and moved past (the next block
+    arrived) with no dK/dV sent in between, where at every step it computed it did send dK/dV in that span
+    (a Recorder's log); else None."""
+    spans = []  # (owner, what happened from its K/V send to the next K/V arrival)
+    for i, (what, kind, owner) in enumerate(log):
+        if (what, kind) == ("send", "kv"):
+            end = next((j for j in range(i + 1, len(log)) if log[j][:2] == ("arrived", "kv")), None)
+            if end is not None:
+                spans.append((owner, log[i + 1:end]))
+    def sent_grad(span):
+        return any(e[:2] == ("send", "grad") for e in span)
+    computed = [span for _, span in spans if any(e[0] == "compute" for e in span)]
+    if not computed or not all(sent_grad(span) for span in computed):
+        return None
+    return next((owner for owner, span in spans if not any(e[0] == "compute" for e in span) and not sent_grad(span)),
+                None)
 
 
 def _rings(rank, size, impl, task, cases, backward, shape):
@@ -289,7 +328,20 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
         forward = rec.take()
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
-        grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
+        try:
+            grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as error:  # noqa: BLE001  said with its cause where the log proves it, else as it was
+            owner = skipped_gradients(rec.log)
+            if owner is None:
+                raise
+            raise AssertionError(
+                f"{rec.name}: rank {rank}'s backward raised {type(error).__name__}: {error}, after a step where it held "
+                f"rank {owner}'s K/V block, computed nothing with it"
+                + (" (causal: its keys lie after this rank's queries)" if causal and layout == "contiguous" and owner > rank
+                   else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
+                "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
