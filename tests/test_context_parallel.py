@@ -197,9 +197,10 @@ class Recorder:
             peer = dist.get_global_rank(group, peer)
             if peer != neighbours[kind]:
                 raise AssertionError(
-                    f"{self.name}: rank {rank} posted a {'send to' if kind == 'send' else 'receive from'} rank {peer}: "
-                    f"the ring sends to r + 1 = {neighbours['send']} and receives from r - 1 = {neighbours['recv']}, "
-                    "in forward and in backward (with their dK/dV too)")
+                    f"{self.name}: RingAttention posted a {'send to' if kind == 'send' else 'receive from'} rank {peer}: "
+                    f"rank r = {rank} of the ring sends to r + 1 = {neighbours['send']} and receives from r - 1 = "
+                    f"{neighbours['recv']}, "
+                    "in forward and in backward (the dK/dV too)")
             return peer
 
         def dropped(key, peer):  # a send's Work let go of before any wait
@@ -228,7 +229,7 @@ class Recorder:
             self.events.append(("wait", len(self.wire.calls)))
             if self.dropped:  # said before this wait, which may be for the message that send never brings
                 raise AssertionError(
-                    f"{self.name}: rank {rank} let go of the Work of its send to rank {self.dropped[0]} without waiting "
+                    f"{self.name}: RingAttention let go of the Work of its send to rank {self.dropped[0]} without waiting "
                     "for it: wait for each Work once, a send's too (on gloo a send whose Work is dropped unfinished "
                     "is cancelled: its receiver waits for it forever)")
             self.unwaited.pop(id(work), None)
@@ -337,7 +338,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             if owner is None:
                 raise
             raise AssertionError(
-                f"{rec.name}: rank {rank}'s backward raised {type(error).__name__}: {error}, after a step where it held "
+                f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}, after a step where it held "
                 f"rank {owner}'s K/V block, computed nothing with it"
                 + (" (causal: its keys lie after this rank's queries)" if causal and layout == "contiguous" and owner > rank
                    else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
