@@ -1450,6 +1450,51 @@ MISTAKES = [
     Mistake("15.6", "block-gradients-divided-by-n", "template_context_parallel.py",
             "(world if id(param) in head else world // cp_size)", "world",
             "N = 2 times too small"),
+    Mistake("15.2", "blocking-send-then-recv", "template_context_parallel.py",  # trial B's: a hang, told generically
+            "        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n"
+            "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
+            "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]",
+            "        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n"
+            "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
+            "                dist.send(kv, send_to, group=group); dist.recv(incoming, recv_from, group=group); works = []",
+            "every rank waits in a blocking dist.send"),
+    Mistake("15.2", "send-work-dropped", "template_context_parallel.py",  # trial B's: a hang, told generically
+            "                for work in works:\n                    work.wait()\n                kv, works = incoming, None  # a Work keeps",
+            "                works[1].wait()\n                kv, works = incoming, None  # a Work keeps",
+            "let go of the Work of its send"),
+    Mistake("15.2", "receive-from-r-plus-1", "template_context_parallel.py",  # trial B's: a hang, told generically
+            "        recv_from = dist.get_global_rank(group, (rank - 1) % size) if group is not None else (rank - 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)",
+            "        recv_from = dist.get_global_rank(group, (rank + 1) % size) if group is not None else (rank + 1) % size\n"
+            "        tokens = q.shape[2]\n        q_chunks = token_chunks(rank, size, tokens, layout)\n"
+            "        q_pieces = _pieces(q, q_chunks)",
+            "posted a receive from rank"),
+    Mistake("15.2", "causal-rank-leaves-the-ring-early", "template_context_parallel.py",  # trial B's: a hang, told
+            # generically; rank 0 finishes, its neighbours wait for it
+            "        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n",
+            "        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n"
+            "            if causal and layout == \"contiguous\" and step > rank:\n"
+            "                break  # every later block lies in this rank's future: nothing left to compute\n",
+            "leaves the ring early"),
+    Mistake("15.3", "blocking-gradient-recv-first", "template_context_parallel.py",  # trial B's: a hang, told generically
+            "                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]",
+            "                dist.recv(grad_incoming, recv_from, group=group)\n                dist.send(dkv, send_to, group=group)\n"
+            "                grad_works = []",
+            "every rank waits in a blocking dist.recv"),
+    Mistake("15.6", "backward-divided-by-local-tokens", "template_context_parallel.py",  # trial B's: the expected
+            # formula only
+            "        return (grad / ctx.tokens).unsqueeze(1)", "        return (grad / ctx.local).unsqueeze(1)",
+            "divided by this rank's token count"),
+    Mistake("15.6", "pooled-over-the-default-group", "template_context_parallel.py",  # trial B's: a ratio only
+            "        dist.all_reduce(total, group=group)", "        dist.all_reduce(total)", "ran over the default group"),
+    Mistake("15.3", "dq-pieces-are-copies", "template_context_parallel.py",  # trial B's: a bare "differs"
+            "        dq_pieces = _pieces(dq, q_chunks)",
+            "        dq_pieces = [piece.clone() for piece in _pieces(dq, q_chunks)]", "none of them reached the dq"),
+    Mistake("15.3", "idle-step-keeps-the-gradients", "template_context_parallel.py",  # trial B's: a raw TypeError
+            "            if size > 1:  # the block's gradients go on with it",
+            "            if size > 1 and block_pairs(q_chunks, k_chunks, causal):  # the block's gradients go on with it",
+            "passed the block on without its dK/dV"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -1496,6 +1541,14 @@ MISTAKES = [
             "        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
             "        outputs = [expert(rows) if len(rows) else rows for expert, rows in zip(self.experts, expert_inputs)]",
             "has no gradient (None)"),
+    Mistake("16.4", "experts-by-position-not-by-rank", "template_experts.py",  # trial B's: rank 0's output differed
+            "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]",
+            "        experts = [moe.experts[e] for e in range(len(local_experts(moe.num_experts, group)))]",
+            "this rank took rank 0's experts"),
+    Mistake("16.4", "top-level-children-only", "template_experts.py",  # trial B's: "converted 0 MoE layers" alone
+            "    for module in list(model.modules()):\n        for name, child in module.named_children():",
+            "    for module in [model]:\n        for name, child in module.named_children():",
+            "MoE layers nested inside blocks must be found"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one

@@ -262,3 +262,29 @@ def test_in_a_release_a_failing_earlier_task_of_the_file_is_said_first():
     _blame_own_answers(alone, course)
     assert alone[0].explanation.startswith(hint) and "if Task 11.1, 11.2 is wrong" in alone[0].explanation, \
         alone[0].explanation
+
+
+def test_ring_hang_and_skipped_gradient_hints_only_where_their_condition_holds():
+    """Trial B, Task 15.2/15.3: hangs of the ring were told only by the harness's generic text, and a backward that
+    skipped its dK/dV send at an idle step by a raw TypeError."""
+    from test_context_parallel import ring_hang_hint, skipped_gradients
+    wait = ("tests/test_context_parallel.py", 225, "recorded_wait")
+    sending = [wait, ("tests/wire.py", 218, "blocking_send"), ("template_context_parallel.py", 132, "forward")]
+    receiving = [wait, ("tests/wire.py", 230, "blocking_recv"), ("template_context_parallel.py", 185, "backward")]
+    waiting = [wait, ("template_context_parallel.py", 141, "forward")]
+    assert "every rank waits in a blocking dist.send" in ring_hang_hint(_stuck(sending, sending))
+    assert "every rank waits in a blocking dist.recv" in ring_hang_hint(_stuck(receiving, receiving))
+    for mixed in (_stuck(sending, receiving), _stuck(sending, waiting), _stuck(waiting, waiting)):
+        hint = ring_hang_hint(mixed)
+        assert "blocking" not in hint and "leaves the ring early" not in hint, hint
+    finished = _stuck(waiting).replace("(ranks [] had finished)", "(ranks [0] had finished)")
+    assert ring_hang_hint(finished).startswith("rank 0 had finished while the others still waited in the ring")
+    # rank 0 of 3, causal: its own block computed and its dK/dV sent; rank 2's block passed on with nothing sent
+    own = [("send", "kv", 0), ("compute", None, 0), ("send", "grad", None), ("arrived", "kv", 2)]
+    idle = [("send", "kv", 2), ("arrived", "grad", None), ("arrived", "kv", 1)]
+    assert skipped_gradients(own + idle) == 2
+    assert skipped_gradients(own + idle[:2]) is None  # the step with rank 2's block had not ended: nothing proven
+    sent = [("send", "kv", 2), ("send", "grad", None), ("arrived", "kv", 1)]
+    assert skipped_gradients(own + sent) is None
+    late = [("send", "kv", 0), ("compute", None, 0), ("arrived", "kv", 2), ("send", "grad", None)]
+    assert skipped_gradients(late + idle) is None  # its dK/dV go out after the next block came: not its way to skip

@@ -149,12 +149,24 @@ class Recorder:
     """In a rank: the ring's messages (a Wire), the waits on every Work, each attention_block call (whose
     keys it was given, how many query-key pairs) and the other ranks' K/V bytes alive at each receive."""
 
-    def __init__(self, cp, k_full, v_full, size, layout, kv_numel):
+    def __init__(self, cp, k_full, v_full, size, layout, kv_numel, name=T152):
         self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
+        self.size, self.name, self.unwaited, self.dropped = size, name, {}, []
         self.received, self.kv_numel = [], kv_numel
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
         self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
-        self.k_full = k_full
+        self.k_full, self.v_full, self.log, self.recvs = k_full, v_full, [], weakref.WeakKeyDictionary()
+        self.owner = {int(p): r for r, chunks in enumerate(every) for _, pos in chunks for p in pos}
+
+    def block_of(self, t):
+        """("kv", owner) for a message holding a rank's keys or values (k and v stacked, or one of them), else
+        ("grad", None): what else the ring sends is gradients."""
+        for full in (self.k_full, self.v_full):
+            for x in ([t[0]] if t.dim() == 5 else [t] if t.dim() == 4 else []):
+                for _, pos in self.chunks:
+                    if len(pos) == x.shape[2] and torch.equal(x, full[:, :, pos]):
+                        return "kv", self.owner[int(pos[0])]
+        return "grad", None
 
     def which_keys(self, k):
         """The global positions whose keys k holds (a chunk or a rank's whole block), or None."""
@@ -173,24 +185,63 @@ class Recorder:
         # the judged module's, and solutions/' (whose answers to the other tasks run with their own globals)
         self.modules = [self.cp, load("solutions", "template_context_parallel")]
         self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
-                      [(m.attention_block, m.attention_block_backward) for m in self.modules])
-        recv, wait, _ = self.saved
+                      [(m.attention_block, m.attention_block_backward) for m in self.modules], vars(ProcessGroup)["send"])
+        recv, wait, _, send = self.saved
         block, block_backward = self.saved[2][0]
+        rank = dist.get_rank()
+        neighbours = dict(send=(rank + 1) % self.size, recv=(rank - 1) % self.size)
+
+        def check_peer(kind, group, peer):
+            """Said where it is posted: a message to or from another rank hangs the ring, and the hang's report
+            cannot say which message it waits for."""
+            peer = dist.get_global_rank(group, peer)
+            if peer != neighbours[kind]:
+                raise AssertionError(
+                    f"{self.name}: RingAttention posted a {'send to' if kind == 'send' else 'receive from'} rank {peer}: "
+                    f"rank r = {rank} of the ring sends to r + 1 = {neighbours['send']} and receives from r - 1 = "
+                    f"{neighbours['recv']}, "
+                    "in forward and in backward (the dK/dV too)")
+            return peer
+
+        def dropped(key, peer):  # a send's Work let go of before any wait
+            if self.unwaited.pop(key, None) is not None:
+                self.dropped.append(peer)
+
+        def recorded_send(group, tensors, dst, *args, **kwargs):
+            peer = check_peer("send", group, dst)
+            work = send(group, tensors, dst, *args, **kwargs)
+            self.log.append(("send", *self.block_of(tensors[0])))
+            self.unwaited[id(work)] = peer
+            weakref.finalize(work, dropped, id(work), peer)
+            return work
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
+            check_peer("recv", group, src)
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
-            return recv(group, tensors, src, *args, **kwargs)
+            work = recv(group, tensors, src, *args, **kwargs)
+            self.recvs[work] = weakref.ref(tensors[0])
+            return work
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
 
         def recorded_wait(work, *args, **kwargs):
             self.events.append(("wait", len(self.wire.calls)))
+            if self.dropped:  # said before this wait, which may be for the message that send never brings
+                raise AssertionError(
+                    f"{self.name}: RingAttention let go of the Work of its send to rank {self.dropped[0]} without waiting "
+                    "for it: wait for each Work once, a send's too (on gloo a send whose Work is dropped unfinished "
+                    "is cancelled: its receiver waits for it forever)")
+            self.unwaited.pop(id(work), None)
             if work in waited:  # said here: on gloo a send's second wait() never returns (measured, torch 2.14.1)
                 raise AssertionError("RingAttention waited for a Work a second time: wait for each Work once (on gloo "
                                      "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
             waited.add(work)
-            return wait(work, *args, **kwargs)
+            result = wait(work, *args, **kwargs)
+            tensor = self.recvs[work]() if work in self.recvs else None
+            if tensor is not None:
+                self.log.append(("arrived", *self.block_of(tensor)))
+            return result
 
         def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
             self.events.append(("compute", len(self.wire.calls)))
@@ -201,16 +252,18 @@ class Recorder:
 
         def recorded_backward(dout, q, k, v, out, lse, causal=False, q_pos=None, k_pos=None):
             self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
+            keys = self.which_keys(k)
+            self.log.append(("compute", None, None if keys is None else self.owner[int(keys[0])]))
             return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
 
-        ProcessGroup.recv, Work.wait = recorded_recv, recorded_wait
+        ProcessGroup.recv, Work.wait, ProcessGroup.send = recorded_recv, recorded_wait, recorded_send
         for module in self.modules:
             module.attention_block, module.attention_block_backward = recorded_block, recorded_backward
         return self
 
     def __exit__(self, *exc):
         from torch._C._distributed_c10d import ProcessGroup, Work
-        ProcessGroup.recv, Work.wait, blocks = self.saved
+        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send = self.saved
         for module, (block, block_backward) in zip(self.modules, blocks):
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
@@ -220,7 +273,7 @@ class Recorder:
         calls = self.wire.calls[getattr(self, "_taken", 0):]
         self._taken = len(self.wire.calls)
         events, blocks, peak, masks = self.events, self.blocks, self.alive_peak, self.masks
-        self.events, self.blocks, self.alive_peak, self.masks = [], [], self.alive(), []
+        self.events, self.blocks, self.alive_peak, self.masks, self.log = [], [], self.alive(), [], []
         messages = [(c.kind, str(c.dtype).replace("torch.", ""), c.numel, c.peer) for c in calls
                     if c.kind in ("send", "isend", "recv", "irecv")]
         collectives = [c.kind for c in calls if c.kind not in ("send", "isend", "recv", "irecv")]
@@ -228,6 +281,25 @@ class Recorder:
                     blocks=[(n, None if p is None else p.tolist(), None if w is None else w.tolist()) for n, p, w in blocks],
                     alive_peak=peak, masks=[(c, None if q is None else q.tolist(), None if k is None else k.tolist())
                                             for c, q, k in masks])
+
+
+def skipped_gradients(log):
+    """The owner of a block that this rank sent on, computed nothing with, and moved past (the next block
+    arrived) with no dK/dV sent in between, where at every step it computed it did send dK/dV in that span
+    (a Recorder's log); else None."""
+    spans = []  # (owner, what happened from its K/V send to the next K/V arrival)
+    for i, (what, kind, owner) in enumerate(log):
+        if (what, kind) == ("send", "kv"):
+            end = next((j for j in range(i + 1, len(log)) if log[j][:2] == ("arrived", "kv")), None)
+            if end is not None:
+                spans.append((owner, log[i + 1:end]))
+    def sent_grad(span):
+        return any(e[:2] == ("send", "grad") for e in span)
+    computed = [span for _, span in spans if any(e[0] == "compute" for e in span)]
+    if not computed or not all(sent_grad(span) for span in computed):
+        return None
+    return next((owner for owner, span in spans if not any(e[0] == "compute" for e in span) and not sent_grad(span)),
+                None)
 
 
 def _rings(rank, size, impl, task, cases, backward, shape):
@@ -252,12 +324,25 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
     q, k, v, dout = _inputs(*shape)
     mine = [_mine(t, rank, size, layout).clone() for t in (q, k, v, dout)]
     q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
-    with Recorder(cp, k, v, size, layout, 2 * k_l.numel()) as rec:
+    with Recorder(cp, k, v, size, layout, 2 * k_l.numel(), {"15.2": T152, "15.3": T153}.get(task, T154)) as rec:
         out = cp.ring_attention(q_l, k_l, v_l, None, causal, layout)
         forward = rec.take()
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
-        grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
+        try:
+            grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as error:  # noqa: BLE001  said with its cause where the log proves it, else as it was
+            owner = skipped_gradients(rec.log)
+            if owner is None:
+                raise
+            raise AssertionError(
+                f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}, after a step where it held "
+                f"rank {owner}'s K/V block, computed nothing with it"
+                + (" (causal: its keys lie after this rank's queries)" if causal and layout == "contiguous" and owner > rank
+                   else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
+                "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
@@ -373,13 +458,44 @@ def _check_block_pairs(cp):
                                ": a key chunk before the query chunk is wholly visible"))
 
 
+def ring_hang_hint(text):
+    """What the stuck ranks of a RankTimeout's report (the harness's stacks) say of the ring, where it proves a
+    cause: every rank in a blocking send, or in a blocking receive, or a rank that finished while the others wait.
+    (A message to or from the wrong rank, and a send's Work dropped, are said by the Recorder where they happen.)"""
+    stacks = re.findall(r"rank \d+ was at:(.*?)(?=rank \d+ was at:|\Z)", text, re.DOTALL)
+    finished = re.search(r"\(ranks \[([\d, ]*)\] had finished\)", text)
+    finished = finished.group(1).strip() if finished else ""
+    if finished:
+        return (f"rank{'s' if ',' in finished else ''} {finished} had finished while the others still waited in the ring: a rank that leaves the "
+                "ring early (a break or a return before its last send and receive) leaves its neighbours waiting for "
+                "it; every rank takes part in every step, passing each block on even where it computes nothing with "
+                "it (causal)")
+    if stacks and all(" in blocking_send" in stack for stack in stacks):
+        return ("every rank waits in a blocking dist.send, which on gloo returns only once the receiver has posted "
+                "its receive: neighbours that all send first wait for each other; post the send and the receive "
+                "(dist.isend, dist.irecv), then wait for both")
+    if stacks and all(" in blocking_recv" in stack for stack in stacks):
+        return ("every rank waits in a blocking dist.recv posted before its own send: each waits for a neighbour "
+                "that is itself waiting to receive; post the send and the receive (dist.isend, dist.irecv), then "
+                "wait for both")
+    return "the stacks below say where each rank waited"
+
+
+def run_ring(name, fn, size, *args):
+    """run_ranks(fn, size, *args), a hang said as the ring's (ring_hang_hint)."""
+    try:
+        return run_ranks(fn, size, *args)
+    except RankTimeout as error:
+        pytest.fail(f"{name}: the ring hung ({size} ranks): {ring_hang_hint(str(error))}.\n{error}")
+
+
 @pytest.mark.task15_2
 @pytest.mark.parametrize("size", [3, slow(2), slow(4)])
 def test_ring_forward_is_attention_over_the_whole_sequence(impl, size):
     _check_block_pairs(judging(impl, "15.2"))
     shape = (2, 2, 4 * size, 4)
     cases = [(False, "contiguous"), (True, "contiguous")]
-    for rank, runs in enumerate(run_ranks(_rings, size, impl, "15.2", cases, False, shape)):
+    for rank, runs in enumerate(run_ring(T152, _rings, size, impl, "15.2", cases, False, shape)):
         for (causal, _), got in zip(cases, runs):
             _check_forward(rank, size, got, causal, "contiguous", shape)
             if not causal:
@@ -397,7 +513,7 @@ def test_ring_forward_is_attention_over_the_whole_sequence(impl, size):
 def test_ring_holds_at_most_two_remote_blocks_on_four_ranks(impl):
     """With 4 ranks a rank receives 3 blocks: one that keeps them all holds 3."""
     judging(impl, "15.2")
-    for rank, got in enumerate(run_ranks(_ring, 4, impl, "15.2", False, "contiguous", False, (1, 2, 8, 2))):
+    for rank, got in enumerate(run_ring(T152, _ring, 4, impl, "15.2", False, "contiguous", False, (1, 2, 8, 2))):
         _check_forward(rank, 4, got, False, "contiguous", (1, 2, 8, 2))
 
 
@@ -485,6 +601,11 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent N - 1 = {size - 1} dK/dV blocks, as many as K/V blocks: the gradients need N "
                        f"= {size} sends, the last one bringing each block's summed dk, dv home to its owner (after N - 1 "
                        f"a rank holds rank {(rank + 1) % size}'s)")
+            elif what == "dq" and e.abs().max() > 0 and not g.abs().max() > 0 and back["blocks"]:
+                pairs = len(back["blocks"])
+                why = (f": it is all zeros, though this rank computed the shares of {pairs} block pair"
+                       f"{'s' if pairs > 1 else ''} (attention_block_backward): none of them reached the dq it returns; add each share into dq "
+                       "itself or into views of it (split, slicing), not into copies (clone, torch.cat, a new tensor)")
             elif layout == "contiguous":
                 dq_shares, dkv_shares = _shares(rank, size, causal, shape)
                 shares = dq_shares if what == "dq" else [dkv[what == "dv"] for dkv in dkv_shares]
@@ -517,7 +638,7 @@ def test_ring_backward_gives_each_rank_its_own_gradients(impl, size):
     judging(impl, "15.3")
     shape = (2, 2, 4 * size, 4)
     cases = [(True, "contiguous"), (False, "contiguous")] if size != 3 else [(True, "contiguous")]
-    for rank, runs in enumerate(run_ranks(_rings, size, impl, "15.3", cases, True, shape)):
+    for rank, runs in enumerate(run_ring(T153, _rings, size, impl, "15.3", cases, True, shape)):
         for (causal, _), got in zip(cases, runs):
             _check_backward(rank, size, got, causal, "contiguous", shape, "15.3")
 
@@ -767,11 +888,11 @@ def _tiny_vit(seed=0):
     return ViT(image_size=8, patch_size=2, dim=16, depth=1, heads=4).double()
 
 
-def _pooling(rank, size, impl):
+def _pooling(rank, size, impl, group=None):
     cp = judging(impl, "15.6")
     x = (torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * rank).double().requires_grad_()
     with Wire() as wire:
-        y = cp.sequence_mean(x)
+        y = cp.sequence_mean(x, group)
         forward = wire.take()
         grad, = torch.autograd.grad(y, x, torch.full((2, 4), 6.0, dtype=torch.float64) * (1 + torch.arange(4.0)))
         backward = wire.take()
@@ -791,6 +912,11 @@ def _check_pooling(results):
                            f": it is {size} times the mean: the sum over every rank's tokens was divided by this "
                            f"rank's token count (3), not by the whole sequence's S = {size} x 3"
                            if torch.allclose(got["y"], size * whole) else ""))
+        expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
+        if got["backward"] == [] and torch.allclose(got["grad"], size * expected):
+            pytest.fail(f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token, "
+                        f"N = {size} times grad / S = {expected[0, 0].tolist()}: the gradient was divided by this rank's "
+                        f"token count (3), not by the whole sequence's S = {size} x 3 that the forward divided by")
         assert [c[0] for c in got["forward"]] == ["all_reduce"], (
             f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
@@ -802,10 +928,10 @@ def _check_pooling(results):
 
 
 def _vit_step(rank, size, impl, cp_size, attention):
-    pooling = _pooling(rank, size, impl) if cp_size == size else None
     cp = judging(impl, "15.6")
     group = None if cp_size == size else [dist.new_group(list(range(g, g + cp_size)))
                                           for g in range(0, size, cp_size)][rank // cp_size]
+    pooling = _pooling(rank, size, impl, group)
     vit = _tiny_vit()
     model = cp.ContextParallelViT(vit, group, attention)
     g = torch.Generator().manual_seed(3)
@@ -835,6 +961,13 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     results = run_ranks(_vit_step, size, impl, cp_size, attention)
     if cp_size == size:  # sequence_mean alone first: its mistakes then say so, not a gradient's ratio
         _check_pooling([pooling for pooling, _, _ in results])
+    else:  # in context groups: pooled over every rank is the default group's doing
+        world = torch.cat([(torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * r).double() for r in range(size)], 1)
+        for rank, (pooling, _, _) in enumerate(results):
+            if any(torch.allclose(pooling["y"], world.sum(dim=1) / tokens) for tokens in (3 * cp_size, 3 * size)):
+                pytest.fail(f"{T156}: sequence_mean on rank {rank} (context groups of {cp_size} in {size} ranks) summed "
+                            f"the tokens of all {size} ranks, not only its context group's: its all-reduce ran over the "
+                            "default group; pass it the group that sequence_mean is given (group=group)")
     numel = sum(grad.numel() for grad in expected.values())
     for rank, (_, grads, sent) in enumerate(results):
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"

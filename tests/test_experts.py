@@ -465,9 +465,11 @@ def _check_expert_inputs(rank, world_size, got):
         f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
 
 
-def _check_layer(task, rank, world_size, got):
+def _check_held(task, rank, world_size, got):
+    """Which experts the layer holds: checked on every rank before any rank's values, which a rank holding the
+    wrong experts spoils on the others too (they send it tokens)."""
     E, k, cf, case = got["config"]
-    ref, mine = got["ref"], got["mine"]
+    mine = got["mine"]
     where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
     T = TASK[task]
     assert got["num_local"] == len(mine), (
@@ -475,7 +477,17 @@ def _check_layer(task, rank, world_size, got):
         "its own experts only, the others' memory is not freed otherwise")
     assert got["held"] == mine, (
         f"{T}: {where}: the layer holds the experts {got['held']} of the models.MoE, expected {mine}: rank r holds the "
-        "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to")
+        "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to"
+        + ("; this rank took rank 0's experts, 0 ... E / N - 1: take moe.experts[e] for e in local_experts(E, group), "
+           "this rank's range, not for the positions 0, 1, ... of that range" if rank > 0 and got["held"] == list(range(len(mine))) else ""))
+
+
+def _check_layer(task, rank, world_size, got):
+    E, k, cf, case = got["config"]
+    ref, mine = got["ref"], got["mine"]
+    where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
+    T = TASK[task]
+    _check_held(task, rank, world_size, got)
     forward, backward = got["forward"], got["backward"]
     send, recv = got["sent"] * DIM, got["received"] * DIM
     tokens = [("float64", recv), ("float64", send)]
@@ -615,6 +627,9 @@ def _run_suite(impl, task, world_size, configs, extras=()):
             f"\n{error}") from None
     for rank, out in enumerate(results):
         for got in out["layer"]:
+            _check_held(task, rank, world_size, got)
+    for rank, out in enumerate(results):
+        for got in out["layer"]:
             _check_layer(task, rank, world_size, got)
         if "storage" in extras:
             _check_storage(rank, world_size, out["storage"])
@@ -678,6 +693,12 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     losses, auxes, grads = _vit_reference(vit, images, labels)
     ep_group, expert_dp_group = ep.expert_parallel_groups(ep_size)
     ep.parallelize_moe(vit, ep_group)
+    left = [name for name, m in vit.named_modules() if isinstance(m, models.MoE)]  # not converted
+    top_level = None
+    if left:  # the same layer, a direct child of the model given: is it converted there?
+        probe = torch.nn.ModuleDict({"mlp": copy.deepcopy(vit.get_submodule(left[0]))})
+        ep.parallelize_moe(probe, ep_group)
+        top_level = getattr(probe["mlp"], "expert_parallel", False)
     loss = F.cross_entropy(vit(images[rank]), labels[rank]) + AUX * vit.aux_loss()
     aux = vit.aux_loss().item()
     loss.backward()
@@ -701,13 +722,19 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
-                converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()))
+                converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()), left=left,
+                top_level=top_level)
 
 
 def _check_vit(task, rank, world_size, ep_size, got):
     T = TASK[task]
     where = f"rank {rank} of {world_size}, --ep {ep_size} (a tiny MoE ViT, float64)"
-    assert got["converted"] == 1, f"{T}: {where}: parallelize_moe converted {got['converted']} MoE layers, expected 1"
+    assert got["converted"] == 1, (
+        f"{T}: {where}: parallelize_moe converted {got['converted']} MoE layers, expected 1"
+        + (f": the models.MoE at {got['left'][0]} is left, nested inside a block, while one that is a direct child of "
+           "the model given is converted: MoE layers nested inside blocks must be found too (model.named_modules() "
+           "walks every depth), each replaced in its parent module" if got.get("top_level") and got["left"]
+           and "." in got["left"][0] else ""))
     assert abs(got["aux"] - got["ref_aux"]) < 1e-10, (
         f"{T}: {where}: vit.aux_loss() is {got['aux']} after parallelize_moe, models.MoE's {got['ref_aux']}: the "
         "converted layer must keep its load-balancing loss in `aux_loss`, or training silently drops it")
