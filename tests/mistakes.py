@@ -762,6 +762,8 @@ MISTAKES = [
             "    # --- Task 10.7 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
             "    # --- Task 10.7 begin ---\n    if not stage.is_first:  # the first stage knows its shapes\n"
             "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
+    Mistake("10.3", "irecv-never-waited", "template_pipeline.py",  # was a hang at the 15 s limit, run twice: 44 s
+            "dist.recv(tensor, peer)", "dist.irecv(tensor, peer)", "returned before its message arrived"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",

@@ -15,6 +15,7 @@ summed gradients by M, where single-process training takes one mean: the same fp
 added in another order, which moves the results by a few units in the 7th digit. atol 1e-5
 with rtol 1e-4 allows that, and nothing a mistake does (a missing 1/M doubles everything at M=2).
 """
+import contextlib
 import functools
 import gc
 import inspect
@@ -132,6 +133,38 @@ class WrongPeer(RuntimeError):
 
 class WorkNotKept(RuntimeError):
     """A send whose Work _send did not keep in stage.pending_sends (said by the sender, at once)."""
+
+
+class RecvNotWaited(RuntimeError):
+    """A receive that returned before its message arrived: its dist.irecv's Work was never waited on (said by the
+    receiver, at once: a dropped Work is cancelled, and its neighbour's send then never completes)."""
+
+
+@contextlib.contextmanager
+def receives_waited(rank, what):
+    """Within it, every receive's Work must be waited on: RecvNotWaited at its end, naming `what` (the Works are
+    kept until then, so that none is cancelled before it is seen)."""
+    from torch._C._distributed_c10d import ProcessGroup, Work
+    recv, wait = vars(ProcessGroup)["recv"], vars(Work)["wait"]
+    started, waited = [], set()
+
+    def kept_recv(group, tensors, src, *args, **kwargs):
+        work = recv(group, tensors, src, *args, **kwargs)
+        started.append(work)
+        return work
+
+    def counted_wait(work, *args, **kwargs):
+        waited.add(id(work))
+        return wait(work, *args, **kwargs)
+    ProcessGroup.recv, Work.wait = kept_recv, counted_wait
+    try:
+        yield
+    finally:
+        ProcessGroup.recv, Work.wait = recv, wait
+    if any(id(work) not in waited for work in started):
+        raise RecvNotWaited(f"rank {rank}'s {what} returned before its message arrived: _recv started dist.irecv and "
+                            "never waited on its Work, so the tensor it returned may not hold the message yet; wait "
+                            "for it before returning (dist.irecv(...).wait(), or the blocking dist.recv)")
 
 
 class SentBeforeShapes(RuntimeError):
@@ -342,7 +375,7 @@ def as_task_failure(error, task, what):
         # a blank line before the traceback: check.py's line ends there
         return AssertionError(f"{where}: a message was never sent ({what}): {said.group(1) if said else ''}. "
                               f"Likely: {hint}.\n\n{trace}")
-    own = re.search(r"raised (?:WorkNotKept|SentBeforeShapes): ([^\n]*)", text)
+    own = re.search(r"raised (?:WorkNotKept|SentBeforeShapes|RecvNotWaited): ([^\n]*)", text)
     if isinstance(error, RankFailed) and own:  # the sender's own finding, said at once: said once, the trace after
         trace = text.partition("\n\n--- rank")[2]
         return AssertionError(f"{where}: {own.group(1)} ({what}).\n\n--- rank{trace}")
@@ -554,10 +587,12 @@ def _round_trip(rank, world_size, impl, task, send=None):
             sent_to(stage.prev_rank, "send_backward")
         got = {}
         if not stage.is_first:
-            received = stage.recv_forward((2, 3), torch.float32)
+            with receives_waited(rank, "recv_forward"):
+                received = stage.recv_forward((2, 3), torch.float32)
             got["activation"] = (received.detach().clone(), received.requires_grad, received.dtype)
         if not stage.is_last:
-            received = stage.recv_backward((2, 3), torch.float32)
+            with receives_waited(rank, "recv_backward"):
+                received = stage.recv_backward((2, 3), torch.float32)
             got["gradient"] = (received.detach().clone(), received.requires_grad, received.dtype)
         pending = list(stage.pending_sends)
         stage.wait_sends()
