@@ -1902,6 +1902,19 @@ RIGHT_ANSWERS = [
                 "        gathered = grad.new_empty((size * grad.shape[0], *grad.shape[1:]))\n"
                 "        dist.all_gather_into_tensor(gathered, grad.contiguous(), group=ctx.group)\n"
                 "        return torch.cat(gathered.chunk(size, dim=0), dim=1), None\n", ""),)),
+    RightAnswer("14.3", "waited-through-the-future",  # trial D: rejected as "never waited" by the first version
+                "'all-gathered': an async_op=True Work waited for through its Future (get_future().wait()) has "
+                "finished as one waited with wait()", (
+        Mistake("14.3", "waited-through-the-future", "template_sequence_parallel.py",
+                "        dist.all_gather(pieces, x.contiguous(), group=group)\n",
+                "        dist.all_gather(pieces, x.contiguous(), group=group, async_op=True).get_future().wait()\n", ""),)),
+    RightAnswer("14.5", "polled-until-completed",  # trial D: rejected as "never waited" by the first version
+                "'one all-reduce (SUM) over group per dtype': a Work polled until is_completed() says True has "
+                "finished", (
+        Mistake("14.5", "polled-until-completed", "template_sequence_parallel.py",
+                "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+                "        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
+                "        while not work.is_completed():\n            pass\n", ""),)),
     RightAnswer("14.4", "row-bias-added-in-place",
                 "'the bias counted once', after the reduce-scatter: y is the reduce-scatter's new tensor, which "
                 "autograd saved nowhere, so y += bias is y + bias", (

@@ -513,7 +513,8 @@ def _finish(model, recorder=None):
         "bucket from self.next_bucket on (launch_all_reduce sends zeros for a missing gradient), then wait for "
         "every handle: every rank must issue the same all-reduces, and every .grad must end as the mean")
     if recorder is not None:
-        unwaited = [index for index, handle in enumerate(new) if handle.waits == 0]
+        unwaited = [index for index, handle in enumerate(new)  # wait(), its Future, or is_completed() until True
+                    if not (handle.waits or handle.call.futures or handle.call.done_seen)]
         assert not unwaited, (
             f"{T54}: of the {len(new)} all-reduces launched in this step, {len(unwaited)} (numbers {unwaited}) were "
             "never waited on: call wait() on every bucket's handle before reading its buffer. Under gloo several "

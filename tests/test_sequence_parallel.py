@@ -158,8 +158,9 @@ def _operators(rank, world_size, impl, sub=False):
 
 
 def _unwaited(wire):
-    """The collectives started with async_op=True whose Work nobody waited on: their result may not be there yet."""
-    return [call.kind for call in wire.calls if call.async_op and not call.waits]
+    """The collectives started with async_op=True whose Work nobody waited on (wait(), its Future, or is_completed()
+    until True): their result may not be there yet."""
+    return [call.kind for call in wire.calls if call.async_op and not (call.waits or call.futures or call.done_seen)]
 
 
 def _no_collective(call, group):
@@ -782,7 +783,7 @@ def _sync(rank, world_size, impl, sub=False):
         sp.sync_sequence_parallel_gradients(model, group)
     sizes = sorted({c.group_size for c in wire.calls})
     return (before, {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}, wire.take(),
-            sizes, _unwaited(wire))
+            sizes, _unwaited(wire), any(c.async_op for c in wire.calls))
 
 
 def _check_sync(results, world_size, groups=None):
@@ -796,7 +797,7 @@ def _check_sync(results, world_size, groups=None):
 
 def _check_sync_in(results, world_size, ranks, world):
     summed = [n for n in results[0][0] if n[0] in "ab" and _partial_under_sp(n) and results[0][0][n] is not None]
-    for rank, (before, after, calls, sizes, unwaited) in enumerate(results):
+    for rank, (before, after, calls, sizes, unwaited, started_async) in enumerate(results):
         where = f"{T145}: sync_sequence_parallel_gradients on rank {rank} of {world_size}" + (
             f" (global rank {ranks[rank]}, in the group {ranks} of {world} ranks)" if world != world_size else "")
         if unwaited:  # the sum may or may not have arrived when it is read: a wrong gradient, or a right one by luck
@@ -813,9 +814,12 @@ def _check_sync_in(results, world_size, ranks, world):
             total = sum(r[0][name] for r in results)
             if name in summed:
                 if torch.equal(grad, before[name]):
-                    pytest.fail(f"{where}: {name}'s gradient was left as it was: with sequence parallelism each rank's "
-                                "covers only its own tokens; the LayerNorms' weights and biases and the row-parallel "
-                                "biases must be summed over the tensor-parallel group")
+                    pytest.fail(f"{where}: {name}'s gradient was left as it was: " + (
+                        "it started its all-reduce with async_op=True, and the buffer holds the sum only once wait() "
+                        "has returned: wait before copying the sums back into the .grad (or the sum never reached "
+                        "this .grad)" if started_async else
+                        "with sequence parallelism each rank's covers only its own tokens; the LayerNorms' weights and "
+                        "biases and the row-parallel biases must be summed over the tensor-parallel group"))
                 if torch.allclose(grad, total / world_size):
                     pytest.fail(f"{where}: {name}'s gradient became the mean over the ranks: SUM it (each rank's is "
                                 "the gradient of its own tokens, the whole one is their sum)")

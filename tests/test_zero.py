@@ -260,7 +260,8 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
 
 # --------------------------------------------------------------------------- Task 6.3
 class _Counted:
-    """A collective's handle that counts its wait() calls."""
+    """A collective's handle that counts the ways it was waited for: wait(), its Future taken, or is_completed()
+    until True."""
 
     def __init__(self, work):
         self.work, self.waits = work, 0
@@ -268,6 +269,15 @@ class _Counted:
     def wait(self, *args, **kwargs):
         self.waits += 1
         return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self.waits += 1
+        return self.work.get_future()
+
+    def is_completed(self):
+        done = self.work.is_completed()
+        self.waits += done
+        return done
 
     def __getattr__(self, name):
         return getattr(self.work, name)

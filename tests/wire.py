@@ -48,6 +48,10 @@ class Call:
     group_size: int  # the ranks it runs over
     step: object = None  # wire.step when it was called: a test's label
     waits: int = 0  # wait() calls on its Handle
+    # the other ways to wait for it: its Future taken (get_future().wait(), torch.futures.wait_all), or polled
+    # until is_completed() said True
+    futures: int = 0
+    done_seen: bool = False
     deferred: bool = False  # held back until its wait() or the wire's flush() (Wire's defer)
     peer: int = None  # a message's other end, a global rank (None: any source)
     requires_grad: bool = False
@@ -261,10 +265,13 @@ class Handle:
         return self.work.wait(*args, **kwargs)
 
     def get_future(self):
+        self.call.futures += 1
         return self.future if self.work is None else self.work.get_future()
 
     def is_completed(self):
-        return self.future.done() if self.work is None else self.work.is_completed()
+        done = self.future.done() if self.work is None else self.work.is_completed()
+        self.call.done_seen = self.call.done_seen or done
+        return done
 
     def __getattr__(self, name):  # the Work's own
         return getattr(self.work, name)
