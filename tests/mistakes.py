@@ -1554,7 +1554,7 @@ MISTAKES = [
     Mistake("15.6", "backward-times-n", "template_context_parallel.py",  # trial C's: told as divided by the local token count
             '        return (grad / ctx.tokens).unsqueeze(1)',
             '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',
-            'or multiplied by N = 2'),
+            'multiplied by N = 2'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

@@ -934,10 +934,10 @@ def _check_pooling(results):
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
         if got["backward"] == [] and torch.allclose(got["grad"], size * expected):
             pytest.fail(f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token, "
-                        f"N = {size} times grad / S = {expected[0, 0].tolist()}: the gradient was divided by this rank's "
-                        f"token count (3), not by the whole sequence's S = {size} x 3 that the forward divided by, or "
-                        f"multiplied by N = {size} (the forward's all-reduce needs no sum over the ranks on the way "
-                        "back: grad / S, as it is)")
+                        f"N = {size} times grad / S = {expected[0, 0].tolist()}: either the gradient was divided by this "
+                        f"rank's token count (3), not by the whole sequence's S = {size} x 3 that the forward divided by, "
+                        f"or it was multiplied by N = {size} (the forward's all-reduce asks for no sum over the ranks on "
+                        "the way back: every rank's grad / S, as it is)")
         assert [c[0] for c in got["forward"]] == ["all_reduce"], (
             f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
