@@ -1497,6 +1497,64 @@ MISTAKES = [
             "            if size > 1:  # the block's gradients go on with it",
             "            if size > 1 and block_pairs(q_chunks, k_chunks, causal):  # the block's gradients go on with it",
             "passed the block on without its dK/dV"),
+    Mistake("15.2", "one-receive-more-than-sends", "template_context_parallel.py",  # trial C's: told as a receive posted before the send
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            if step < size - 1:\n'
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+            '                send_work = dist.isend(kv, send_to, group=group)\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            incoming = torch.empty_like(kv)\n'
+            '            dist.recv(incoming, recv_from, group=group)\n'
+            '            if step < size - 1:\n'
+            '                send_work.wait()\n'
+            '            kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+            'a receive that no rank sends to'),
+    Mistake("15.2", "blocking-send-another-tag", "template_context_parallel.py",  # trial C's: told as neighbours that all send first
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                works = [dist.irecv(incoming, recv_from, group=group)]\n'
+            '                dist.send(kv, send_to, group=group, tag=step)\n'
+            '            owner = (rank - step) % size  # whose',
+            'another tag, peer or size'),
+    Mistake("15.3", "dq-made-anew-every-step", "template_context_parallel.py",  # trial C's: told as shares added into copies
+            '        dq = torch.zeros_like(q)\n'
+            '        dq_pieces = _pieces(dq, q_chunks)\n'
+            '        kv = torch.stack([k, v])\n'
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            if step > 0:',
+            '        kv = torch.stack([k, v])\n'
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            "            dq = torch.zeros_like(q)  # this step's dq\n"
+            '            dq_pieces = _pieces(dq, q_chunks)\n'
+            '            if step > 0:',
+            'a dq made anew at each step'),
+    Mistake("15.6", "backward-times-n", "template_context_parallel.py",  # trial C's: told as divided by the local token count
+            '        return (grad / ctx.tokens).unsqueeze(1)',
+            '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',
+            'multiplied by N = 2'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -1551,6 +1609,63 @@ MISTAKES = [
             "    for module in list(model.modules()):\n        for name, child in module.named_children():",
             "    for module in [model]:\n        for name, child in module.named_children():",
             "MoE layers nested inside blocks must be found"),
+    Mistake("16.4", "rank-0-without-group", "template_experts.py",  # trial C's: told as positions taken for experts
+            '        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]',
+            '        size = dist.get_world_size(group)\n'
+            '        rank = dist.get_rank(group) if group is not None else 0  # no group: one process\n'
+            '        if moe.num_experts % size:\n'
+            '            raise ValueError(f"{moe.num_experts} experts do not divide over {size} ranks")\n'
+            '        per = moe.num_experts // size\n'
+            '        experts = list(moe.experts)[rank * per:(rank + 1) * per]',
+            "this rank's rank was taken as 0"),
+    Mistake("16.4", "set-on-the-model-with-a-dotted-name", "template_experts.py",  # trial C's: passed (a stray child)
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for name, module in list(model.named_modules()):\n'
+            '        if isinstance(module, models.MoE):\n'
+            '            setattr(model, name, ExpertParallelMoE.from_moe(module, ep_group))\n'
+            '    return model\n',
+            "added as a new child 'blocks.1.mlp'"),
+    Mistake("16.4", "set-on-the-model-with-the-last-name", "template_experts.py",  # trial C's: passed (the block kept its MoE)
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for name, module in list(model.named_modules()):\n'
+            '        if isinstance(module, models.MoE):\n'
+            '            setattr(model, name.rsplit(".", 1)[-1], ExpertParallelMoE.from_moe(module, ep_group))\n'
+            '    return model\n',
+            "added as a new child 'mlp'"),
+    Mistake("16.4", "returns-none", "template_experts.py",  # trial C's: passed
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n',
+            'not the model it was given'),
+    Mistake("16.4", "recursion-drops-ep-group", "template_experts.py",  # trial C's: passed (ep = world only)
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for name, child in model.named_children():\n'
+            '        if isinstance(child, models.MoE):\n'
+            '            setattr(model, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '        else:\n'
+            '            parallelize_moe(child)\n'
+            '    return model\n',
+            'must pass ep_group on too'),
+    Mistake("16.4", "global-rank-not-group-rank", "template_experts.py",  # trial C's: passed (ep = world only)
+            '        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]',
+            '        size, rank = dist.get_world_size(group), dist.get_rank()\n'
+            '        if moe.num_experts % size:\n'
+            '            raise ValueError(f"{moe.num_experts} experts do not divide over {size} ranks")\n'
+            '        per = moe.num_experts // size\n'
+            '        experts = list(moe.experts)[rank * per:(rank + 1) * per]',
+            "gives the global rank, not this rank's place in the group"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one

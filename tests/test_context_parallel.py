@@ -472,12 +472,15 @@ def ring_hang_hint(text):
                 "it (causal)")
     if stacks and all(" in blocking_send" in stack for stack in stacks):
         return ("every rank waits in a blocking dist.send, which on gloo returns only once the receiver has posted "
-                "its receive: neighbours that all send first wait for each other; post the send and the receive "
-                "(dist.isend, dist.irecv), then wait for both")
+                "a receive that matches it: either neighbours that all send first wait for each other, or the "
+                "receive posted does not match the send (another tag, peer or size); post the send and the receive "
+                "(dist.isend, dist.irecv), matching (same tag), then wait for both")
     if stacks and all(" in blocking_recv" in stack for stack in stacks):
-        return ("every rank waits in a blocking dist.recv posted before its own send: each waits for a neighbour "
-                "that is itself waiting to receive; post the send and the receive (dist.isend, dist.irecv), then "
-                "wait for both")
+        return ("every rank waits in a blocking dist.recv: either the receive was posted before the rank's own send "
+                "(each waits for a neighbour that is itself waiting to receive; post the send and the receive "
+                "(dist.isend, dist.irecv), then wait for both), or it is a receive that no rank sends to (count the "
+                "receives and the sends: N - 1 of each for the K/V blocks, in forward and in backward; N of each "
+                "for the dK/dV)")
     return "the stacks below say where each rank waited"
 
 
@@ -580,6 +583,18 @@ def _shares(rank, size, causal, shape):
             [backward(s, rank)[1:] for s in range(size)])
 
 
+A_NEW_DQ = ("a dq made anew at each step keeps only the last step's share: create dq (and its views) once, before "
+            "the loop")
+
+
+def last_step_computed(back, rank, size, layout, shape):
+    """Whether this rank computed a block pair with the keys of the block it holds at the last step, rank r + 1's
+    (the backward's recorded blocks); True where a block's keys are not known."""
+    last = set(token_chunks_of((rank + 1) % size, size, shape[2] // size, layout)[-1])
+    known = [keys if keys is not None else pos for _, pos, keys in back["blocks"]]
+    return any(keys is None or last & set(keys) for keys in known)
+
+
 def _check_backward(rank, size, got, causal, layout, shape, task):
     name = T153 if task == "15.3" else T154
     _, grads = _expected_mine(rank, size, layout, causal, shape)
@@ -606,6 +621,9 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": it is all zeros, though this rank computed the shares of {pairs} block pair"
                        f"{'s' if pairs > 1 else ''} (attention_block_backward): none of them reached the dq it returns; add each share into dq "
                        "itself or into views of it (split, slicing), not into copies (clone, torch.cat, a new tensor)")
+                if not last_step_computed(back, rank, size, layout, shape):
+                    why += (f"; or {A_NEW_DQ} (this rank's last step, with rank {(rank + 1) % size}'s block, computed "
+                            "nothing)")
             elif layout == "contiguous":
                 dq_shares, dkv_shares = _shares(rank, size, causal, shape)
                 shares = dq_shares if what == "dq" else [dkv[what == "dv"] for dkv in dkv_shares]
@@ -613,7 +631,8 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 if one and what == "dq":
                     why = (f": dq holds the share of one K/V block only (rank {one[0]}'s keys): this rank's queries "
                            "meet every block in turn, and dq is the SUM of their shares: add each block's dq, do not "
-                           "overwrite it")
+                           "overwrite it" + (f"; or {A_NEW_DQ} (rank {one[0]}'s block came at the last step)"
+                                             if one[0] == (rank + 1) % size else ""))
                 elif one:
                     why = (f": {what} holds the share of one rank's queries only (rank {one[0]}'s): the block's dK/dV "
                            "must be SUMMED as it travels round the ring (add this rank's share to what arrived from "
@@ -915,8 +934,10 @@ def _check_pooling(results):
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
         if got["backward"] == [] and torch.allclose(got["grad"], size * expected):
             pytest.fail(f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token, "
-                        f"N = {size} times grad / S = {expected[0, 0].tolist()}: the gradient was divided by this rank's "
-                        f"token count (3), not by the whole sequence's S = {size} x 3 that the forward divided by")
+                        f"N = {size} times grad / S = {expected[0, 0].tolist()}: either the gradient was divided by this "
+                        f"rank's token count (3), not by the whole sequence's S = {size} x 3 that the forward divided by, "
+                        f"or it was multiplied by N = {size} (the forward's all-reduce asks for no sum over the ranks on "
+                        "the way back: every rank's grad / S, as it is)")
         assert [c[0] for c in got["forward"]] == ["all_reduce"], (
             f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)

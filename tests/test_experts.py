@@ -479,7 +479,9 @@ def _check_held(task, rank, world_size, got):
         f"{T}: {where}: the layer holds the experts {got['held']} of the models.MoE, expected {mine}: rank r holds the "
         "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to"
         + ("; this rank took rank 0's experts, 0 ... E / N - 1: take moe.experts[e] for e in local_experts(E, group), "
-           "this rank's range, not for the positions 0, 1, ... of that range" if rank > 0 and got["held"] == list(range(len(mine))) else ""))
+           "this rank's range: either they were taken for the positions 0, 1, ... of that range, or this rank's "
+           "rank was taken as 0 (with group None too, the default group, dist.get_rank(group) gives this rank's)"
+           if rank > 0 and got["held"] == list(range(len(mine))) else ""))
 
 
 def _check_layer(task, rank, world_size, got):
@@ -596,7 +598,51 @@ def _suite(rank, world_size, impl, task, configs, extras):
         out["storage"] = _storage(rank, world_size, ep)
     if "vit" in extras:
         out["vit"] = _vit(rank, world_size, impl, task, world_size, 4, 2, 1.0)
+    if "subgroups" in extras:
+        out["subgroups"] = _subgroups(rank, world_size, ep)
     return out
+
+
+def _subgroups(rank, world_size, ep):
+    """parallelize_moe over ep groups of half the world ([0], [1] for 2 ranks; [0, 1], [2, 3] for 4), made here:
+    each converted layer's group, and the experts it holds (their indices in the models.MoE)."""
+    size = world_size // 2
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world_size, size)]
+    ep_group = groups[rank // size]
+    vit = _tiny_vit(4, 2, 1.0)
+    original = copy.deepcopy(vit)
+    ep.parallelize_moe(vit, ep_group)
+    layers = []
+    for name, m in vit.named_modules():
+        if getattr(m, "expert_parallel", False):
+            moe = original.get_submodule(name) if name in dict(original.named_modules()) else None
+            group = getattr(m, "group", "no attribute `group`")
+            layers.append(dict(name=name, ep_group=group is ep_group,
+                               group="None (the default group)" if group is None else
+                               group if isinstance(group, str) else "another group",
+                               held=[_which_expert(moe, mlp) for mlp in m.experts] if isinstance(moe, models.MoE) else None))
+    return dict(layers=layers, size=size, group_rank=rank % size, mine=list(range(4 * (rank % size) // size,
+                                                                                    4 * (rank % size + 1) // size)))
+
+
+def _check_subgroups(rank, world_size, got):
+    size, E = got["size"], 4
+    where = (f"rank {rank} of {world_size}, parallelize_moe(vit, ep_group) with ep groups of {size} rank"
+             f"{'s' if size > 1 else ''} (rank {got['group_rank']} of its group), E = {E}")
+    for layer in got["layers"]:
+        assert layer["ep_group"], (
+            f"{T164}: {where}: the layer at {layer['name']} has the group {layer['group']}, not the ep_group given to "
+            "parallelize_moe: each layer is made with ExpertParallelMoE.from_moe(moe, ep_group)"
+            + (" (a recursive call of parallelize_moe must pass ep_group on too: without it the layer spreads its "
+               "experts over the default group, all the ranks)" if layer["group"].startswith("None") else ""))
+        per = E // size
+        glob = [e for e in range(rank * per, (rank + 1) * per) if e < E]
+        assert layer["held"] == got["mine"], (
+            f"{T164}: {where}: the layer at {layer['name']} holds the experts {layer['held']} of the models.MoE, "
+            f"expected {got['mine']}, those of this rank's place in ep_group (local_experts(E, group): "
+            "dist.get_rank(group), the group's rank)"
+            + (f"; these are the experts of global rank {rank}: dist.get_rank() without the group gives the global "
+               "rank, not this rank's place in the group" if rank != got["group_rank"] and layer["held"] == glob else ""))
 
 
 def _check_storage(rank, world_size, got):
@@ -635,6 +681,8 @@ def _run_suite(impl, task, world_size, configs, extras=()):
             _check_storage(rank, world_size, out["storage"])
         if "vit" in extras:
             _check_vit(task, rank, world_size, world_size, out["vit"])
+        if "subgroups" in extras:
+            _check_subgroups(rank, world_size, out["subgroups"])
         if "refused" in extras:
             assert out["refused"] is not None, (
                 f"{TASK[task]}: rank {rank}: 3 experts over 2 ranks must raise ValueError with one clear line, on every "
@@ -660,7 +708,7 @@ def test_combine_gives_models_moe_outputs_and_gradients(impl, world_size, config
 def test_expert_parallel_moe_computes_models_moe_with_its_experts_only(impl, world_size, configs):
     """The layer's output, aux_loss and gradients; its bytes (E / N experts, the others freed); a ViT converted by
     parallelize_moe, whose aux_loss() still counts the layer; 3 experts over 2 ranks refused."""
-    _run_suite(impl, "16.4", world_size, configs, ("storage", "vit") + (("refused",) if world_size == 2 else ()))
+    _run_suite(impl, "16.4", world_size, configs, ("storage", "vit", "subgroups") + (("refused",) if world_size == 2 else ()))
 
 
 # --------------------------------------------------------------------------- the ViT (16.4, 16.5)
@@ -692,8 +740,12 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     labels = [torch.randint(0, 10, (3,), generator=g) for _ in range(world_size)]
     losses, auxes, grads = _vit_reference(vit, images, labels)
     ep_group, expert_dp_group = ep.expert_parallel_groups(ep_size)
-    ep.parallelize_moe(vit, ep_group)
+    moe_names = {name for name, m in vit.named_modules() if isinstance(m, models.MoE)}
+    returned = ep.parallelize_moe(vit, ep_group)
     left = [name for name, m in vit.named_modules() if isinstance(m, models.MoE)]  # not converted
+    stray = [(key, parent) for parent, module in vit.named_modules() for key, child in module.named_children()
+             if getattr(child, "expert_parallel", False)  # a layer set where no MoE was: a new child
+             and ("." in key or (f"{parent}.{key}" if parent else key) not in moe_names)]
     top_level = None
     if left:  # the same layer, a direct child of the model given: is it converted there?
         probe = torch.nn.ModuleDict({"mlp": copy.deepcopy(vit.get_submodule(left[0]))})
@@ -723,7 +775,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
                 unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()), left=left,
-                top_level=top_level)
+                top_level=top_level, stray=stray, returned=None if returned is vit else "None" if returned is None else type(returned).__name__)
 
 
 def _check_vit(task, rank, world_size, ep_size, got):
@@ -735,6 +787,24 @@ def _check_vit(task, rank, world_size, ep_size, got):
            "the model given is converted: MoE layers nested inside blocks must be found too (model.named_modules() "
            "walks every depth), each replaced in its parent module" if got.get("top_level") and got["left"]
            and "." in got["left"][0] else ""))
+    stray = got.get("stray")
+    assert not got["left"], (
+        f"{T}: {where}: after parallelize_moe a models.MoE is left at {got['left'][0]}: the model still runs it, every "
+        "rank computing every expert; each MoE layer must be replaced in its parent module, the block that holds it "
+        "(setattr(model.get_submodule(parent), name, ...), parent the part of its name before the last dot)"
+        + (f"; instead an expert-parallel layer was added as a new child {stray[0][0]!r} of "
+           f"{repr(stray[0][1]) if stray[0][1] else 'the model'}, where no MoE was (setattr on "
+           f"{repr(stray[0][1]) if stray[0][1] else 'the model'} with "
+           f"{'a dotted name' if '.' in stray[0][0] else 'the layer' + chr(39) + 's own name'} adds a child there: it "
+           "replaces nothing)" if stray else ""))
+    assert not stray, (
+        f"{T}: {where}: parallelize_moe added an expert-parallel layer as a new child {stray[0][0]!r} of "
+        f"{repr(stray[0][1]) if stray[0][1] else 'the model'}, where no MoE was: replace each MoE in its parent module, "
+        "under its own name there")
+    assert got.get("returned") is None, (
+        f"{T}: {where}: parallelize_moe returned {got['returned']}, not the model it was given: it converts the model in "
+        "place AND returns it (train_ddp.py uses what it returns: strategies/experts.py's wrap returns "
+        "parallelize_moe(model, ep_group))")
     assert abs(got["aux"] - got["ref_aux"]) < 1e-10, (
         f"{T}: {where}: vit.aux_loss() is {got['aux']} after parallelize_moe, models.MoE's {got['ref_aux']}: the "
         "converted layer must keep its load-balancing loss in `aux_loss`, or training silently drops it")
