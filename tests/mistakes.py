@@ -645,6 +645,35 @@ MISTAKES = [
             "        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad",
             "        if not param.requires_grad:\n            continue\n        dist.all_reduce(param.grad",
             "skip every parameter whose .grad is None"),
+    # Trial D (Tasks 8-9): a message that named another cause, or a wrong answer that passed
+    Mistake("8.4", "overlap-measured-from-the-wanted-offset", "template_checkpoint.py",
+            "begin = saved_at + low - saved_offset", "begin = saved_at + low - offset",
+            "or the elements taken from a saved flat are not the overlap's"),
+    Mistake("8.4", "each-part-the-wanted-length", "template_checkpoint.py",
+            "parts.append((low, tensors[key][begin:begin + high - low]))",
+            "parts.append((low, tensors[key][begin:begin + length]))",
+            "or the elements taken from a saved flat are not the overlap's"),
+    Mistake("8.4", "overlap-one-short", "template_checkpoint.py",
+            "low, high = max(offset, saved_offset), min(offset + length, saved_offset + saved_length)",
+            "low, high = max(offset, saved_offset), min(offset + length, saved_offset + saved_length) - 1",
+            "or the elements taken from a saved flat are not the overlap's"),
+    Mistake("8.4", "missing-piece-raises-valueerror", "template_checkpoint.py",  # passed: the test caught ValueError
+            '                raise CheckpointError(f"the checkpoint', '                raise ValueError(f"the checkpoint',
+            "raise CheckpointError (given: from support.checkpoint_state import CheckpointError)"),
+    Mistake("8.2", "no-readable-raises-valueerror", "template_checkpoint.py",
+            '        raise CheckpointError(f"no readable checkpoint in {directory}',
+            '        raise ValueError(f"no readable checkpoint in {directory}',
+            "raise CheckpointError (given: from support.checkpoint_state import CheckpointError)"),
+    Mistake("9.1", "gather-backward-slices-dim-1", "template_tensor_parallel.py",  # passed: right for a 2-D x only
+            "return grad.chunk(size, dim=-1)[rank].contiguous(), None",
+            "return grad.chunk(size, dim=1)[rank].contiguous(), None", "sliced dimension 1"),
+    Mistake("9.2", "row-bias-added-detached", "template_tensor_parallel.py",  # right output, no bias gradient anywhere
+            "        return y if self.bias is None else y + self.bias\n",
+            "        return y if self.bias is None else y + self.bias.detach()\n", "cut from the autograd graph"),
+    Mistake("9.4", "async-all-reduce-never-waited", "template_tensor_parallel.py",  # was a bare difference
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True)\n"
+            "        param.grad /= dp_size\n", "started all_reduce with async_op=True and never waited on its Work"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -661,6 +690,15 @@ MISTAKES = [
     Mistake("10.5", "forgets-send-backward", "template_pipeline.py",  # a hang: the message names the missing send
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n", "",
             "stage.send_backward(input.grad)"),
+    # Trial D (Task 10.2): a message that named another cause
+    Mistake("10.2", "waits-for-its-sends-inside-send", "template_pipeline.py",  # told "no receive matches them"
+            "self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
+            "self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n        self.wait_sends()",
+            "_send waits for its own sends"),
+    Mistake("10.2", "pending-sends-replaced-each-send", "template_pipeline.py",  # told "did not keep the Work"
+            "self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))",
+            "self.pending_sends = [dist.isend(tensor.detach().contiguous(), peer)]",
+            "append to stage.pending_sends; do not replace or empty it"),
     # Issue 32: inputs Phase 3's tests never used, and failures that did not name their task or true cause
     # (one representative a class; the message each must produce is the hint).
     # A student's own exception in a rank: the task, where it was raised, what the test checks

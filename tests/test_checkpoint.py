@@ -291,6 +291,11 @@ def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(impl, tmp_path):
     try:
         result = ckpt.load_checkpoint(str(tmp_path), "cpu")
     except ValueError as error:  # CheckpointError is a ValueError: train_ddp.py prints one line
+        assert isinstance(error, getattr(ckpt, "CheckpointError", ())), (
+            f"{T82}: last.pt cannot be read and there is no other checkpoint: load_checkpoint raised "
+            f"{type(error).__name__}: raise CheckpointError (given: from support.checkpoint_state import "
+            "CheckpointError), as load_checkpoint's docstring asks: the error for a checkpoint problem the user must "
+            f"fix, which train_ddp.py prints as one line ({type(error).__name__}: {error})")
         assert "last.pt" in str(error), f"{T82}: the error should name the file: {error}"
         return
     pytest.fail(f"{T82}: last.pt cannot be read and there is no other checkpoint, yet load_checkpoint returned "

@@ -323,6 +323,14 @@ def hang_hint(task, text):
                          "neighbours that both send first wait for each other: " +
                          ("_send must start a dist.isend and keep its Work in stage.pending_sends" if task == "10.2"
                           else "send with stage.send_forward / send_backward"))
+        elif "wait_sends" in course and "_send" in course[course.index("wait_sends"):]:
+            # trial D: wait_sends() called from inside _send, as the stack shows: its own sends, waited at once
+            doing = ("wait{s} in wait_sends(), called from inside _send(), for {its} sends to complete: the "
+                     "neighbour never receives them")
+            hints.append("_send waits for its own sends: on gloo a send's wait blocks until the neighbour receives, "
+                         "so two neighbours that both send first wait for each other: keep the Work "
+                         "(stage.pending_sends.append(work)) and return; wait_sends() is called once every receive "
+                         "has been posted, at the end of the step")
         elif "wait_sends" in course:
             doing = "wait{s} in wait_sends() for {its} sends to complete: the neighbour never receives them"
             # its sends were started and kept (it waits for them): not the dropped Work of WAITS_FOR, they do not match
@@ -553,6 +561,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
     assert [id(m) for m in stage.module] == [id(model[rank])], "Stage keeps its layers (given code)"
     activation = stage.module(torch.full((2, 3), float(rank)))  # requires grad, as a real output
     waited_in_send = []  # wait_sends() called from inside _send: each send waited for the ones before it
+    kept = []  # the Works stage.pending_sends held after the last send checked
     wait_sends = lib.Stage.wait_sends
 
     def watched_wait_sends(self):
@@ -571,6 +580,16 @@ def _round_trip(rank, world_size, impl, task, send=None):
         started = sum(c.kind == "isend" for c in wire.calls)
         # said at once, not as the neighbour's receive that never comes (a wait_sends() inside _send empties the
         # list: check_round_trip names that)
+        if not waited_in_send and len(stage.pending_sends) < started and any(
+                not any(work is held for held in stage.pending_sends) for work in kept):
+            # trial D: the earlier Works are gone, not the new one unkept (pending_sends = [work] each send)
+            raise WorkNotKept(f"rank {rank}'s {what} started {started} isend{'s' * (started > 1)} and "
+                              f"stage.pending_sends holds {len(stage.pending_sends)} Work"
+                              f"{'s' * (len(stage.pending_sends) != 1)}: the Works of the earlier sends are no longer "
+                              "in it: append to stage.pending_sends; do not replace or empty it (a Work nobody keeps "
+                              "is cancelled when it is garbage-collected, and the neighbour waits for a message that "
+                              "never comes)")
+        kept[:] = list(stage.pending_sends)
         if not waited_in_send and len(stage.pending_sends) < started:
             raise WorkNotKept(f"rank {rank}'s {what} started {started} isend{'s' * (started > 1)} and "
                               f"stage.pending_sends holds {len(stage.pending_sends)} Work"
@@ -603,8 +622,16 @@ def _round_trip(rank, world_size, impl, task, send=None):
     # whole process on a message of another size than its buffer.
     dist.barrier()
     if not stage.is_last:
+        before = list(stage.pending_sends)  # wait_sends() emptied it: the two sends below add two Works
         stage._send(torch.arange(10, dtype=torch.int64) * 3 + rank, stage.next_rank)
+        first = [work for work in stage.pending_sends if not any(work is old for old in before)]
         stage._send(torch.full((2, 3), 0.1 * (rank + 1), dtype=torch.float64), stage.next_rank)
+        if not waited_in_send and len(first) == 1 and not any(first[0] is work for work in stage.pending_sends):
+            # trial D: on 2 ranks no stage sends twice above; here one does (pending_sends = [work] each send)
+            raise WorkNotKept(f"rank {rank} sent two messages with _send, and the first one's Work is no longer in "
+                              "stage.pending_sends after the second: append to stage.pending_sends; do not replace "
+                              "or empty it (a Work nobody keeps is cancelled when it is garbage-collected, and the "
+                              "neighbour waits for a message that never comes)")
     if not stage.is_first:
         try:
             with messages_wire(expect_dtype=torch.int64):

@@ -153,10 +153,16 @@ def test_read_overlaps_glues_the_pieces_in_order_without_padding_and_keeps_the_s
             try:
                 state = ckpt.read_overlaps(wanted, size, overlapping)
             except ValueError as error:  # CheckpointError; Issue 45: entries matched by offsets alone were told this
+                # trial D: so were parts sliced wrongly from a matched saved flat (the count check saw too few or
+                # too many elements): the error cannot tell the two apart, so both are named
                 pytest.fail(f"{where}: read_overlaps raised {type(error).__name__}: {error}, but the saved entries "
-                            f"given hold every wanted element: a saved entry gives a wanted one's elements where it "
-                            "has the same NAME and their offsets overlap (offsets count from the start of their own "
-                            "parameter: w's 0 and b's 0 are different elements)")
+                            f"given hold every wanted element. Either the entries were not matched: a saved entry "
+                            "gives a wanted one's elements where it has the same NAME and their offsets overlap "
+                            "(offsets count from the start of their own parameter: w's 0 and b's 0 are different "
+                            "elements); or the elements taken from a saved flat are not the overlap's: a saved entry "
+                            "(name, saved_offset, saved_length, saved_at) holds offset o of the parameter at "
+                            "saved_at + (o - saved_offset) of its flat, so the overlap low..high is the high - low "
+                            "elements from saved_at + (low - saved_offset)")
             line = torch.cat([values, values.new_zeros(size * new - 15)])
             want = line[rank * size:(rank + 1) * size]
             assert "step" in state, (f"{where}: the state has no 'step' ({sorted(state)}): AdamW's step count "
@@ -244,6 +250,11 @@ def test_read_overlaps_reports_a_missing_piece(impl):
     try:
         state = ckpt.read_overlaps(wanted, 8, saved[:1])  # elements 4..7 are in rank 1's file, not given
     except ValueError as error:  # CheckpointError is a ValueError
+        assert isinstance(error, getattr(ckpt, "CheckpointError", ())), (
+            f"{T84}: read_overlaps raised {type(error).__name__} for elements that are in no saved entry: raise "
+            "CheckpointError (given: from support.checkpoint_state import CheckpointError), as read_overlaps' "
+            "docstring asks: the error for a checkpoint problem the user must fix, which train_ddp.py prints as one "
+            f"line ({type(error).__name__}: {error})")
         assert re.search(r"\bw\b|\bb\b", str(error)), (
             f"{T84}: the CheckpointError should name the parameter whose elements are missing (w): {error}")
         return

@@ -82,8 +82,8 @@ def _operators(rank, world_size, impl, sub):
     tp = judging(impl, "9.1")
     group, grank, gsize = _group(rank, world_size, sub)
     out = {}
-    for name, shape, grad_shape in (("copy_to_tp", (2, 3), (2, 3)), ("reduce_from_tp", (2, 3), (2, 3)),
-                                    ("gather_from_tp", (2, 3), (2, 3 * gsize))):
+    for label, name, shape in OPERATOR_CASES:
+        grad_shape = shape[:-1] + (shape[-1] * gsize,) if name == "gather_from_tp" else shape
         x = _rank_valued(grank, shape).requires_grad_()
         grad_out = _rank_valued(grank, grad_shape, offset=0.5)  # .5: not an integer multiple of x
         x_before, grad_before = x.detach().clone(), grad_out.clone()
@@ -98,43 +98,54 @@ def _operators(rank, world_size, impl, sub):
                 raise
             except (RuntimeError, IndexError, ValueError) as error:  # explained by the test, with the task's name
                 # the forward's shape explains a backward's error
-                out[name] = dict(error=f"{type(error).__name__}: {error}",
+                out[label] = dict(error=f"{type(error).__name__}: {error}",
                                  y_shape=None if y is None else tuple(y.shape), sent=wire.take())
                 continue
-        out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
+        out[label] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
     return grank, gsize, out
 
 
-def _expected(name, grank, gsize):
+# (label, operator, x's shape): gather_from_tp also on a 3-D x (batch, sequence, features), as the docstrings allow
+# (..., features): a backward that slices dimension 1, right for a 2-D x only, shows there
+OPERATOR_CASES = (("copy_to_tp", "copy_to_tp", (2, 3)), ("reduce_from_tp", "reduce_from_tp", (2, 3)),
+                  ("gather_from_tp", "gather_from_tp", (2, 3)),
+                  ("gather_from_tp of a 3-D x", "gather_from_tp", (2, 2, 3)))
+
+
+def _expected(name, grank, gsize, shape=(2, 3)):
     """(forward output, x's gradient, forward collectives, backward collectives) by Megatron's definitions."""
-    xs = [_rank_valued(r, (2, 3)) for r in range(gsize)]
+    xs = [_rank_valued(r, shape) for r in range(gsize)]
     if name == "copy_to_tp":
         grads = [_rank_valued(r, (2, 3), 0.5) for r in range(gsize)]
         return xs[grank], sum(grads), [], [("all_reduce", "float32", 6)]
     if name == "reduce_from_tp":
         return sum(xs), _rank_valued(grank, (2, 3), 0.5), [("all_reduce", "float32", 6)], []
-    grad = _rank_valued(grank, (2, 3 * gsize), 0.5)
-    return torch.cat(xs, dim=-1), grad[:, 3 * grank:3 * (grank + 1)], "all_gather", []
+    k = shape[-1]
+    grad = _rank_valued(grank, shape[:-1] + (k * gsize,), 0.5)
+    return torch.cat(xs, dim=-1), grad[..., k * grank:k * (grank + 1)], "all_gather", []
 
 
-def _check_operator(name, rank, world_size, grank, gsize, got):
-    y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize)
-    where = f"{name} on rank {rank} (group rank {grank} of {gsize})"
+def _check_operator(label, rank, world_size, grank, gsize, got):
+    name, shape = next((name, shape) for case, name, shape in OPERATOR_CASES if case == label)
+    y_expected, grad_expected, forward_wire, backward_wire = _expected(name, grank, gsize, shape)
+    where = f"{label} on rank {rank} (group rank {grank} of {gsize})"
     if got["error"] is not None and got.get("y_shape") not in (None, tuple(y_expected.shape)):
         pytest.fail(f"{T91}: {where}'s forward returned shape {got['y_shape']}, expected {tuple(y_expected.shape)}"
                     + (": the pieces were concatenated along dim 0; gather_from_tp concatenates along the LAST "
                        "dimension (torch.cat(pieces, dim=-1)), where the column-parallel slices of the output lie"
-                       if name == "gather_from_tp" and got["y_shape"] == (2 * gsize, 3) else "")
+                       if name == "gather_from_tp" and got["y_shape"] == (shape[0] * gsize,) + shape[1:] else "")
                     + f", so its backward failed: {got['error'][:200]}")
-    shapes = re.search(r"invalid gradient at index 0 - got \[(\d+), (\d+)\] but expected shape compatible with "
-                       r"\[(\d+), (\d+)\]", got["error"] or "")
+    shapes = re.search(r"invalid gradient at index 0 - got \[([\d, ]+)\] but expected shape compatible with "
+                       r"\[([\d, ]+)\]", got["error"] or "")
     if name == "gather_from_tp" and shapes and gsize > 1:
-        got_rows, got_cols, rows, cols = map(int, shapes.groups())
-        if got_cols == cols * gsize and got_rows < rows:  # the whole last dimension kept, fewer rows: dim 0 sliced
-            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape [{got_rows}, {got_cols}] for x of "
-                        f"shape [{rows}, {cols}]: it kept the whole last dimension and sliced dimension 0; gather's "
+        got_dims, dims = ([int(n) for n in group.split(",")] for group in shapes.groups())
+        sliced = [str(d) for d, (a, b) in enumerate(zip(got_dims[:-1], dims[:-1])) if a < b]
+        # the whole last dimension kept, another one shorter: that one was sliced
+        if len(got_dims) == len(dims) and got_dims[-1] == dims[-1] * gsize and sliced:
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims} for x of "
+                        f"shape {dims}: it kept the whole last dimension and sliced dimension {' and '.join(sliced)}; gather's "
                         "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
                         "(grad.chunk(size, dim=-1)[rank])")
     assert got["error"] is None, (
@@ -201,8 +212,9 @@ def _check_operator(name, rank, world_size, grank, gsize, got):
     if forward_wire == "all_gather":
         kinds = {kind for kind, _, _ in got["forward"]}
         sent = sum(n for _, _, n in got["forward"])
-        assert kinds and kinds <= {"all_gather", "all_gather_into_tensor"} and sent == 6, (
-            f"{T91}: {where}'s forward should send one all-gather of x (6 elements); it sent {got['forward']}")
+        numel = torch.Size(shape).numel()
+        assert kinds and kinds <= {"all_gather", "all_gather_into_tensor"} and sent == numel, (
+            f"{T91}: {where}'s forward should send one all-gather of x ({numel} elements); it sent {got['forward']}")
     else:
         assert got["forward"] == forward_wire, (
             f"{T91}: {where}'s forward should send {forward_wire or 'nothing'}; it sent {got['forward']}")
@@ -216,8 +228,8 @@ def _check_operator(name, rank, world_size, grank, gsize, got):
 def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
     judging(impl, "9.1")  # an unfilled TODO fails here, before any rank starts
     for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
-        for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):  # the order they ran in
-            _check_operator(name, rank, world_size, grank, gsize, out[name])
+        for label, _, _ in OPERATOR_CASES:  # the order they ran in
+            _check_operator(label, rank, world_size, grank, gsize, out[label])
 
 
 # --------------------------------------------------------------------------- Task 9.2
@@ -388,7 +400,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
         f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
 
 
-def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
+def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True):
     where = f"RowParallelLinear (input_is_parallel={input_is_parallel}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[1] // gsize
     cols = slice(grank * k, (grank + 1) * k)
@@ -430,6 +442,11 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel):
     assert _close(got["grad_weight"], ref["grad_weight"][:, cols]), (
         f"{T92}: {where}: the weight's gradient differs from nn.Linear's columns")
     if ref["bias"] is not None:
+        # the output is nn.Linear's (bias included): a bias no rank's backward reached was added cut from the graph
+        assert got["grad_bias"] is not None or bias_grad_anywhere, (
+            f"{T92}: {where}: the bias got no gradient on any rank, yet the output holds it: it was added cut from "
+            "the autograd graph (self.bias.detach(), self.bias.data, or under torch.no_grad()), so backward never "
+            "reaches it; add self.bias itself to the summed output, y + self.bias")
         assert got["grad_bias"] is not None, (
             f"{T92}: {where}: the bias got no gradient on this rank: it took no part in this rank's forward; every "
             "rank adds the whole bias to the summed output (after g), so every rank's bias gets nn.Linear's whole "
@@ -465,12 +482,15 @@ def _check_copies(rank, name, got, group=""):
                          ids=["2 ranks", "3 ranks, no bias", "groups [0,1] [2,3]"])
 def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
     judging(impl, "9.2")  # an unfilled TODO fails here, before any rank starts
-    for rank, (grank, gsize, results, refs) in enumerate(run_ranks(_layers, world_size, impl, sub, bias)):
+    ranks = run_ranks(_layers, world_size, impl, sub, bias)
+    for rank, (grank, gsize, results, refs) in enumerate(ranks):
         ref = _unsplit(refs)
         for gather_output in (False, True):
             _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
         for input_is_parallel in (True, False):
-            _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel)
+            anywhere = any(other[("row", input_is_parallel)]["grad_bias"] is not None for _, _, other, _ in ranks)
+            _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel,
+                       anywhere)
         for name in ("ColumnParallelLinear", "RowParallelLinear"):
             _check_copies(rank, name, results[("copies", name)])
             if ("alone", name) in results:
@@ -916,18 +936,26 @@ def _average(rank, world_size, impl, dp_size, tp_size):
                 f"{T94}: average_gradients_over_dp failed on a model whose bias has requires_grad=True and .grad None "
                 "(a parameter unused in this step): skip every parameter whose .grad is None (requires_grad=True does "
                 f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
-    return model.weight.grad, model.bias.grad, wire.take()
+    # an asynchronous collective whose Work nobody waited for (wait(), its Future, or is_completed() seen True)
+    unwaited = [call.kind for call in wire.calls if call.async_op and not (
+        call.waits or getattr(call, "futures", 0) or getattr(call, "done_seen", False))]
+    return model.weight.grad, model.bias.grad, wire.take(), unwaited
 
 
 @pytest.mark.task9_4
 def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     dp_size, tp_size = 2, 2
-    for rank, (grad, bias_grad, calls) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
+    for rank, (grad, bias_grad, calls, unwaited) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
         column = rank % tp_size
         peers = list(range(column, dp_size * tp_size, tp_size))
         expected = sum(r + 1 for r in peers) / dp_size
         value = grad[0, 0].item()
+        if unwaited and not torch.equal(grad, torch.full((2, 3), expected)):
+            pytest.fail(f"{T94}: rank {rank} (dp peers {peers}) holds {grad.flatten().tolist()}, expected the mean "
+                        f"over the dp group, {expected}, in every element: average_gradients_over_dp started {unwaited[0]} with async_op=True and never "
+                        "waited on its Work, so the sum had not (all) arrived in param.grad when it was divided and "
+                        "returned: wait() on the Work before dividing, or call all_reduce without async_op")
         if value == sum(range(1, 5)) / 4 or value == sum(range(1, 5)) / 2:
             pytest.fail(f"{T94}: rank {rank}'s gradient became {value}, an average over all 4 ranks: average over the "
                         f"dp group only (its ranks hold the same slice of each split weight; the tp peers, "
