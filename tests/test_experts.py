@@ -775,7 +775,8 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
                 unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()), left=left,
-                top_level=top_level, stray=stray, returned=None if returned is vit else "None" if returned is None else type(returned).__name__)
+                top_level=top_level, stray=stray, returned_the_model=returned is vit,
+                returned="None" if returned is None else type(returned).__name__)
 
 
 def _check_vit(task, rank, world_size, ep_size, got):
@@ -801,7 +802,7 @@ def _check_vit(task, rank, world_size, ep_size, got):
         f"{T}: {where}: parallelize_moe added an expert-parallel layer as a new child {stray[0][0]!r} of "
         f"{repr(stray[0][1]) if stray[0][1] else 'the model'}, where no MoE was: replace each MoE in its parent module, "
         "under its own name there")
-    assert got.get("returned") is None, (
+    assert got["returned_the_model"], (
         f"{T}: {where}: parallelize_moe returned {got['returned']}, not the model it was given: it converts the model in "
         "place AND returns it (train_ddp.py uses what it returns: strategies/experts.py's wrap returns "
         "parallelize_moe(model, ep_group))")
