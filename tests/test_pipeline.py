@@ -135,6 +135,12 @@ class WorkNotKept(RuntimeError):
     """A send whose Work _send did not keep in stage.pending_sends (said by the sender, at once)."""
 
 
+# why _send keeps every Work it starts (WorkNotKept's messages)
+DROPPED_WORK = (" (a Work nobody keeps is cancelled when it is garbage-collected, and the neighbour waits for a "
+                "message that never comes)")
+KEEP_APPENDING = "append to stage.pending_sends; do not replace or empty it" + DROPPED_WORK
+
+
 class RecvNotWaited(RuntimeError):
     """A receive that returned before its message arrived: its dist.irecv's Work was never waited on (said by the
     receiver, at once: a dropped Work is cancelled, and its neighbour's send then never completes)."""
@@ -586,17 +592,13 @@ def _round_trip(rank, world_size, impl, task, send=None):
             raise WorkNotKept(f"rank {rank}'s {what} started {started} isend{'s' * (started > 1)} and "
                               f"stage.pending_sends holds {len(stage.pending_sends)} Work"
                               f"{'s' * (len(stage.pending_sends) != 1)}: the Works of the earlier sends are no longer "
-                              "in it: append to stage.pending_sends; do not replace or empty it (a Work nobody keeps "
-                              "is cancelled when it is garbage-collected, and the neighbour waits for a message that "
-                              "never comes)")
+                              f"in it: {KEEP_APPENDING}")
         kept[:] = list(stage.pending_sends)
         if not waited_in_send and len(stage.pending_sends) < started:
             raise WorkNotKept(f"rank {rank}'s {what} started {started} isend{'s' * (started > 1)} and "
                               f"stage.pending_sends holds {len(stage.pending_sends)} Work"
                               f"{'s' * (len(stage.pending_sends) != 1)}: _send did not keep the Work of its send; "
-                              "append the Work dist.isend returns to stage.pending_sends (a Work nobody keeps is "
-                              "cancelled when it is garbage-collected, and the neighbour waits for a message that "
-                              "never comes)")
+                              f"append the Work dist.isend returns to stage.pending_sends{DROPPED_WORK}")
     with messages_wire() as wire:
         if not stage.is_last:
             stage.send_forward(activation)
@@ -629,9 +631,7 @@ def _round_trip(rank, world_size, impl, task, send=None):
         if not waited_in_send and len(first) == 1 and not any(first[0] is work for work in stage.pending_sends):
             # trial D: on 2 ranks no stage sends twice above; here one does (pending_sends = [work] each send)
             raise WorkNotKept(f"rank {rank} sent two messages with _send, and the first one's Work is no longer in "
-                              "stage.pending_sends after the second: append to stage.pending_sends; do not replace "
-                              "or empty it (a Work nobody keeps is cancelled when it is garbage-collected, and the "
-                              "neighbour waits for a message that never comes)")
+                              f"stage.pending_sends after the second: {KEEP_APPENDING}")
     if not stage.is_first:
         try:
             with messages_wire(expect_dtype=torch.int64):
