@@ -603,6 +603,11 @@ def explain(exc_type, message, where):
     return text, details
 
 
+# A test's stand-in for a torch function, which records the call and then makes it (Task 15's recorded_wait for
+# Work.wait, Task 10's counted_wait): a rank waiting inside it waits in the torch function it stands for.
+_TEST_WRAPPER = re.compile(r"(?:recorded|counted|kept)_(\w+)$")
+
+
 def _stuck_ranks(text):
     """One line per stuck rank from the harness's "rank N was at:" stack dumps: where it
     waited, and the lines of template_*.py files that got it there, innermost first (up to 3: a
@@ -615,6 +620,9 @@ def _stuck_ranks(text):
             continue
         path, line, function = frames[0]
         where = f"rank {rank} waits in {function}() ({os.path.basename(path)}:{line})"
+        wrapper = _TEST_WRAPPER.match(function) if os.path.basename(path).startswith("test_") else None
+        if wrapper:  # the innermost Python frame is the test's stand-in for the torch call the template made
+            where = f"rank {rank} waits in {wrapper[1]}() (as the test records it: {os.path.basename(path)}:{line})"
         ours = [f for f in frames[1:] if os.path.basename(f[0]).startswith("template_")]
         if ours:
             where += ", called from " + " <- ".join(f"{os.path.basename(p)}:{n} in {fn}()" for p, n, fn in ours[:3])

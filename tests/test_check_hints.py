@@ -166,6 +166,12 @@ def test_a_hang_report_names_the_template_callers_that_led_to_the_collective():
     assert lines == ["rank 0 waits in all_reduce() (distributed_c10d.py:3913), called from template_local_sgd.py:40 in "
                      "all_reduce_mean() <- template_local_sgd.py:61 in average_parameters() <- template_local_sgd.py:97 "
                      "in step()", "rank 1 waits in barrier() (distributed_c10d.py:6371)"], lines
+    # waiting in the test's stand-in for Work.wait (Task 15's recorder): the wait is the template's
+    recorded = [("tests/test_context_parallel.py", 240, "recorded_wait"),
+                ("template_context_parallel.py", 171, "backward"), ("tests/t.py", 9, "_run")]
+    assert _stuck_ranks(_stuck(recorded)) == [
+        "rank 0 waits in wait() (as the test records it: test_context_parallel.py:240), called from "
+        "template_context_parallel.py:171 in backward()"]
     # waiting in the template itself: that frame is the place, not a caller
     assert _stuck_ranks(_stuck([("template_pipeline.py", 171, "wait_sends"), ("tests/t.py", 9, "_run")])) == [
         "rank 0 waits in wait_sends() (template_pipeline.py:171)"]
