@@ -418,6 +418,9 @@ def as_task_failure(error, task, what):
     # Issue 45: raw exceptions, each told by the cause the traceback proves
     said = next((hint for hint in (raised_hint(task, text),) if hint), None)
     if isinstance(error, RankFailed) and said:
+        head, _, trace = text.partition("\n\n--- rank")
+        if re.search(r"raised (?:AnySource|WrongShape): ", head):  # the rank's own finding is in `said`: not twice
+            return AssertionError(f"{where}: {said} ({what}).\n\n--- rank{trace}")
         return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
         head, _, trace = text.partition("\n\n--- rank")
