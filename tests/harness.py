@@ -27,11 +27,12 @@ import faulthandler
 import gc
 import io
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
-import queue
+import pickle
 import re
 import signal
 import sys
@@ -183,13 +184,32 @@ class RankStartupTimeout(AssertionError):
 STARTUP_TIMEOUT = 15.0
 
 
-def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results, dump_path, all_done,
-               startup_timeout=STARTUP_TIMEOUT):
+def _waiting_rank(connection):
+    """A rank forked before it is needed (_pool): it waits for its run, then runs it in _rank_main. A fork of
+    the server, which holds ~370 MB of torch, takes 15-30 ms here, one rank after the other: 11 s of the
+    default `pytest`'s 60 s went into starting ranks while the run waited. Forked while the run before works,
+    a run's ranks are there when it starts."""
     freeze_inherited_objects()
     torch.set_num_threads(1)  # several ranks share a few cores
+    try:
+        path, folder = connection.recv()
+        # as the forkserver's own start sets them: sys.path and the folder of the run, not of the moment of the fork
+        sys.path[:] = path
+        os.chdir(folder)
+        job = pickle.loads(connection.recv_bytes())  # imports the test's module, to find its function
+    except EOFError:
+        return  # the run that would have used this rank never came: pytest has ended
+    except BaseException as error:  # the test's module did not import here
+        connection.send((type(error).__name__, (str(error), traceback.format_exc())))
+        return
+    _rank_main(connection, *job)
+
+
+def _rank_main(report, fn, rank, world_size, store_path, backend, timeout, args, dump_path,
+               startup_timeout=STARTUP_TIMEOUT):
     with open(dump_path, "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
-        results.put((rank, "started", None))  # the test's module is imported: creating the group next
+        report.send(("started", None))  # the test's module is imported: creating the group next
         try:
             dist.init_process_group(
                 backend,
@@ -200,18 +220,18 @@ def _rank_main(fn, rank, world_size, store_path, backend, timeout, args, results
                 # parent sees a hang and reports where each rank was, not a bare gloo timeout
                 timeout=datetime.timedelta(seconds=startup_timeout + timeout + 10),
             )
-            results.put((rank, "joined", None))
+            report.send(("joined", None))
             out = fn(rank, world_size, *args)
             buffer = io.BytesIO()
             torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
-            results.put((rank, "ok", buffer.getvalue()))
+            report.send(("ok", buffer.getvalue()))
             # Stay in the group until every rank is done, as a rank of a real job would still
             # be running: a rank that skipped a collective then shows as a hang of the others,
             # not as a confusing "connection closed by peer". The parent kills the ranks here once
-            # it has every answer (all_done is never set: the wait's limit is for a parent gone).
-            all_done.wait(timeout + 10)
+            # it has every answer (it sends nothing: the wait's limit is for a parent gone).
+            report.poll(timeout + 10)
         except BaseException as error:  # report everything, KeyboardInterrupt included
-            results.put((rank, type(error).__name__, (str(error), traceback.format_exc())))
+            report.send((type(error).__name__, (str(error), traceback.format_exc())))
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -252,28 +272,44 @@ class _StartupStalled(Exception):
     """A start that took longer than its limit: the message says where the ranks were."""
 
 
+# Ranks forked ahead of their run, each waiting in _waiting_rank: (process, this end of its pipe). Those of
+# this process (_pool_pid): a process forked from it later (warm_pytest.py's runs) forks its own.
+_pool, _pool_pid = [], None
+
+
+def _fill_pool(count):
+    """Fork ranks into the pool until it holds `count`."""
+    global _pool, _pool_pid
+    if _pool_pid != os.getpid():
+        _pool, _pool_pid = [], os.getpid()
+    while len(_pool) < count:
+        ours, theirs = _context.Pipe()
+        proc = _context.Process(target=_waiting_rank, args=(theirs,), daemon=True)
+        proc.start()
+        theirs.close()  # the rank's end is the rank's alone: once it has ended, reading ours ends too
+        _pool.append((proc, ours))
+
+
 def _run_once(fn, world_size, args, backend, timeout, startup_timeout):
+    global _pool
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
-        results = _context.Queue()
-        all_done = _context.Event()
-        procs = []
-        for rank in range(world_size):
-            proc = _context.Process(
-                target=_rank_main,
-                args=(fn, rank, world_size, os.path.join(tmp, "store"), backend, timeout,
-                      args, results, os.path.join(tmp, f"stack{rank}.txt"), all_done, startup_timeout),
-                daemon=True,
-            )
-            proc.start()
-            procs.append(proc)
+        _fill_pool(world_size)
+        ranks, _pool = _pool[:world_size], _pool[world_size:]
+        for rank, (_, connection) in enumerate(ranks):
+            connection.send((sys.path, os.getcwd()))
+            # pickled by value: a tensor in `args` is the rank's copy, never memory shared with this process
+            connection.send_bytes(pickle.dumps((fn, rank, world_size, os.path.join(tmp, "store"), backend, timeout,
+                                                args, os.path.join(tmp, f"stack{rank}.txt"), startup_timeout)))
+        _fill_pool(world_size)  # the next run's ranks (most often as many) are forked while these work
+        procs = [proc for proc, _ in ranks]
         try:
-            outputs = _collect(procs, results, world_size, timeout, tmp, startup_timeout)
+            outputs = _collect(ranks, timeout, tmp, startup_timeout)
         except BaseException:
             for proc in procs:
                 proc.kill()
                 proc.join(timeout=5)
             raise
-        # Every rank has answered and then only waits in all_done.wait(), touching no file: each is killed
+        # Every rank has answered and then only waits for this process to end, touching no file: each is killed
         # there and not waited for. Its end (the kernel freeing what the rank copied of the
         # server's memory) took 15 ms a rank, 5 s of the default `pytest`, which the next test need
         # not wait for; the next start reaps it (Process.start). Woken instead, a rank's store
@@ -283,22 +319,31 @@ def _run_once(fn, world_size, args, backend, timeout, startup_timeout):
         return outputs
 
 
-def _collect(procs, results, world_size, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
+def _collect(ranks, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
+    """Every rank's answer, in the order of the ranks, from what each sends on its pipe."""
+    world_size = len(ranks)
+    procs = [proc for proc, _ in ranks]
+    reading = {connection: rank for rank, (_, connection) in enumerate(ranks)}  # until its pipe ends
     outputs = {}
     started, joined = set(), set()
     deadline = time.monotonic() + startup_timeout  # until every rank has joined; then `timeout`
     stillness = None
     while len(outputs) < world_size:
-        try:
-            rank, status, payload = results.get(timeout=0.05)
-        except queue.Empty:
-            rank = None  # nobody reported in the last 50 ms; checked below, outside the except
-        if rank is None:
-            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0 and r not in outputs]
-            if dead and results.empty():
-                time.sleep(0.2)  # a rank may have reported just before dying
-                if results.empty():
-                    raise RankFailed(_died(dead[0], procs[dead[0]].exitcode))
+        rank = None
+        for connection in multiprocessing.connection.wait(list(reading), timeout=0.05):
+            try:
+                status, payload = connection.recv()
+                rank = reading[connection]
+                break
+            except EOFError:  # the rank has ended: whatever it sent was read before this
+                del reading[connection]
+        if rank is None:  # nobody reported in the last 50 ms
+            # ended without answering, and nothing left to read from it: its pipe ended, or holds nothing (a child
+            # of the rank, a DataLoader's worker, may keep the pipe open)
+            dead = [r for r, (p, connection) in enumerate(ranks) if r not in outputs and p.exitcode is not None
+                    and (connection not in reading or not connection.poll())]
+            if dead:
+                raise RankFailed(_died(dead[0], procs[dead[0]].exitcode))
             if time.monotonic() > deadline:
                 if len(joined) < world_size:
                     _raise_startup_timeout(procs, started, joined, startup_timeout, tmp)

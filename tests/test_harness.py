@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankStartupTimeout, _raise_startup_timeout, _StartupStalled, differing_in_another_thread, run_ranks
+from harness import RankFailed, RankStartupTimeout, _raise_startup_timeout, _StartupStalled, differing_in_another_thread, run_ranks
 
 pytestmark = pytest.mark.repo
 
@@ -124,6 +124,42 @@ def test_every_thread_of_a_rank_computes_as_its_main_thread():
     [(differing, variable)] = run_ranks(_matmul_bits_in_another_thread, 1)
     assert differing == 0, f"{differing} elements of a matmul differ between a rank's main thread and another"
     assert variable == os.environ.get("OMP_NUM_THREADS")
+
+
+def _where_and_what_it_got(rank, world_size, tensor):
+    import sys
+    tensor.add_(1.0)  # the rank's own copy
+    return os.getcwd(), sys.path[0], tensor
+
+
+def test_ranks_forked_ahead_run_in_their_runs_folder_and_sys_path_on_a_copy_of_its_arguments(tmp_path, monkeypatch):
+    """Ranks are forked before their run, while the run before works (harness._pool): the folder and sys.path a
+    rank has are its run's, as a forkserver's start of the rank itself would give, and a tensor it is given is
+    its own copy (a rank that changes it changes nothing of the test's)."""
+    tensor = torch.zeros(3)
+    run_ranks(_where_and_what_it_got, 2, tensor)  # the next run's ranks are forked here, before the chdir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for folder, path, got in run_ranks(_where_and_what_it_got, 2, tensor):
+        assert (folder, path) == (str(tmp_path), str(tmp_path))
+        assert got.tolist() == [1.0] * 3
+    assert tensor.tolist() == [0.0] * 3, "a rank's change of its argument reached the test's tensor"
+
+
+def _cannot_import_here():
+    raise ImportError("no module named 'only_in_pytest'")
+
+
+class ImportsInTheRankFail:
+    def __reduce__(self):
+        return _cannot_import_here, ()
+
+
+def test_a_rank_that_cannot_import_its_tests_module_says_why():
+    """A rank unpickles its run's function and arguments (importing the test's module) once the run starts: an
+    error there is the rank's report, not an exit "without reporting"."""
+    with pytest.raises(RankFailed, match=r"rank \d raised ImportError: no module named 'only_in_pytest'"):
+        run_ranks(_sum_of_ranks, 2, ImportsInTheRankFail())
 
 
 def _rank_1_waits_for_a_send_that_never_comes(rank, world_size):
