@@ -1589,6 +1589,17 @@ MISTAKES = [
             '            dq_pieces = _pieces(dq, q_chunks)\n'
             '            if step > 0:',
             'a dq made anew at each step'),
+    Mistake("15.3", "no-gradients-sent-at-step-0", "template_context_parallel.py",  # was a raw UnboundLocalError
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n",
+            "            if step > 0:  # nothing gathered yet at step 0\n", "from the first step on"),
+    Mistake("15.3", "gradients-sent-n-minus-1-times-then-waited", "template_context_parallel.py",  # was a raw
+            # TypeError: the wait after the loop iterates the last step's grad_works, None
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n",
+            "            if step < size - 1:  # the block's gradients go on with it, as the block itself\n",
+            "dK/dV blocks sent and as many received"),
+    Mistake("15.3", "dk-dv-swapped", "template_context_parallel.py",  # was a bare "differs"
+            "        return dq, dkv[0], dkv[1], None, None, None", "        return dq, dkv[1], dkv[0], None, None, None",
+            "dk and dv are swapped"),
     Mistake("15.6", "backward-times-n", "template_context_parallel.py",  # trial C's: told as divided by the local token count
             '        return (grad / ctx.tokens).unsqueeze(1)',
             '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',

@@ -302,6 +302,21 @@ def skipped_gradients(log):
                 None)
 
 
+def gradients_never_sent(log):
+    """Whether this rank computed with its first block, received the next one and had sent no dK/dV at all (a
+    Recorder's log): the first step's gradients stayed behind."""
+    first = next((i for i, e in enumerate(log) if e[:2] == ("arrived", "kv")), None)
+    return (first is not None and any(e[0] == "compute" for e in log[:first])
+            and not any(e[:2] == ("send", "grad") for e in log))
+
+
+def gradients_sent_n_minus_1_times(log, size):
+    """Whether this rank went through the whole ring (N - 1 K/V blocks received) and sent N - 1 dK/dV blocks, each
+    received too (a Recorder's log): one send short of bringing them home."""
+    count = {kind: sum(e[:2] == kind for e in log) for kind in (("arrived", "kv"), ("send", "grad"), ("arrived", "grad"))}
+    return size > 1 and set(count.values()) == {size - 1}
+
+
 def _rings(rank, size, impl, task, cases, backward, shape):
     """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part). A ring
     that sent more or fewer K/V bytes than it should stops the cases there: a message left over would be received
@@ -335,10 +350,23 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             raise
         except Exception as error:  # noqa: BLE001  said with its cause where the log proves it, else as it was
             owner = skipped_gradients(rec.log)
+            raised = f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}"
+            if owner is None and gradients_never_sent(rec.log):
+                raise AssertionError(
+                    f"{raised}, after its first step, where it computed with its own K/V block and passed the block on "
+                    "with no dK/dV sent: the gradients go on with their block from the first step on, N = "
+                    f"{size} sends, one at every step (step 0 too), so that after N hops they reach the block's "
+                    "owner") from None
+            if owner is None and gradients_sent_n_minus_1_times(rec.log, size):
+                raise AssertionError(
+                    f"{raised}, after the whole ring ({size - 1} K/V blocks received) with N - 1 = {size - 1} dK/dV "
+                    f"blocks sent and as many received: the gradients need N = {size} sends, one at every step, the "
+                    "last too: the last brings each block's summed dk, dv home to its owner (after N - 1 a rank "
+                    f"holds rank {(rank + 1) % size}'s)") from None
             if owner is None:
                 raise
             raise AssertionError(
-                f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}, after a step where it held "
+                f"{raised}, after a step where it held "
                 f"rank {owner}'s K/V block, computed nothing with it"
                 + (" (causal: its keys lie after this rank's queries)" if causal and layout == "contiguous" and owner > rank
                    else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
@@ -605,7 +633,11 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
         if not _close(g, e):
             why = ""
             elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
-            if what != "dq" and sent <= (size - 1) * kv_numel:
+            if what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
+                why = (f": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
+                       "they are returned, in the order they were stacked, or which of attention_block_backward's "
+                       "dk, dv was added into which)")
+            elif what != "dq" and sent <= (size - 1) * kv_numel:
                 why = (": dk and dv were left on the rank that computed them; they belong to the block's owner, "
                        "and must travel with their K/V block round the ring to end there")
             elif what != "dq" and elsewhere:
