@@ -1567,6 +1567,11 @@ MISTAKES = [
             '                dist.send(kv, send_to, group=group, tag=step)\n'
             '            owner = (rank - step) % size  # whose',
             'another tag, peer or size'),
+    Mistake("15.2", "works-waited-through-their-futures", "template_context_parallel.py",  # was torch's raw
+            # "Work::getFuture not implemented"
+            "                for work in works:\n                    work.wait()\n                kv, works = incoming, None  # a Work keeps",
+            "                torch.futures.wait_all([work.get_future() for work in works])\n"
+            "                kv, works = incoming, None  # a Work keeps", "point-to-point Works have no Future"),
     Mistake("15.3", "dq-made-anew-every-step", "template_context_parallel.py",  # trial C's: told as shares added into copies
             '        dq = torch.zeros_like(q)\n'
             '        dq_pieces = _pieces(dq, q_chunks)\n'

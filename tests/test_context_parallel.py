@@ -185,8 +185,10 @@ class Recorder:
         # the judged module's, and solutions/' (whose answers to the other tasks run with their own globals)
         self.modules = [self.cp, load("solutions", "template_context_parallel")]
         self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
-                      [(m.attention_block, m.attention_block_backward) for m in self.modules], vars(ProcessGroup)["send"])
-        recv, wait, _, send = self.saved
+                      [(m.attention_block, m.attention_block_backward) for m in self.modules], vars(ProcessGroup)["send"],
+                      vars(Work)["get_future"])
+        recv, wait, _, send, get_future = self.saved
+        messages = weakref.WeakSet()  # the Works of the ring's sends and receives
         block, block_backward = self.saved[2][0]
         rank = dist.get_rank()
         neighbours = dict(send=(rank + 1) % self.size, recv=(rank - 1) % self.size)
@@ -213,6 +215,7 @@ class Recorder:
             self.log.append(("send", *self.block_of(tensors[0])))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
+            messages.add(work)
             return work
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
@@ -221,7 +224,19 @@ class Recorder:
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
             self.recvs[work] = weakref.ref(tensors[0])
+            messages.add(work)
             return work
+
+        def recorded_get_future(work):
+            try:
+                return get_future(work)
+            except RuntimeError as error:
+                if work not in messages or "not implemented" not in str(error):
+                    raise
+                raise AssertionError(
+                    f"{self.name}: RingAttention asked the Work of a dist.isend or dist.irecv for its Future "
+                    f"(torch.futures.wait_all of the Works' get_future()?), which raised \"{error}\": gloo's "
+                    "point-to-point Works have no Future; wait for each with work.wait()") from None
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
 
@@ -257,13 +272,14 @@ class Recorder:
             return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
 
         ProcessGroup.recv, Work.wait, ProcessGroup.send = recorded_recv, recorded_wait, recorded_send
+        Work.get_future = recorded_get_future
         for module in self.modules:
             module.attention_block, module.attention_block_backward = recorded_block, recorded_backward
         return self
 
     def __exit__(self, *exc):
         from torch._C._distributed_c10d import ProcessGroup, Work
-        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send = self.saved
+        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send, Work.get_future = self.saved
         for module, (block, block_backward) in zip(self.modules, blocks):
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
