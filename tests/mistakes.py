@@ -1609,6 +1609,11 @@ MISTAKES = [
             '        return (grad / ctx.tokens).unsqueeze(1)',
             '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',
             'multiplied by N = 2'),
+    Mistake("15.6", "tokens-counted-over-the-world", "template_context_parallel.py",  # was a ratio only; right
+            # where the context group is the world
+            "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size(group)",
+            "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size()",
+            "divided by S counted with the world size"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

@@ -1037,6 +1037,16 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                 pytest.fail(f"{T156}: sequence_mean on rank {rank} (context groups of {cp_size} in {size} ranks) summed "
                             f"the tokens of all {size} ranks, not only its context group's: its all-reduce ran over the "
                             "default group; pass it the group that sequence_mean is given (group=group)")
+            ours = range(rank // cp_size * cp_size, (rank // cp_size + 1) * cp_size)  # its context group
+            group_sum = torch.cat([world[:, 3 * r:3 * (r + 1)] for r in ours], 1).sum(dim=1)
+            per_token = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4)
+            for when, got, world_s in (("forward", pooling["y"], group_sum / (3 * size)),
+                                       ("backward", pooling["grad"], per_token / (3 * size))):
+                if torch.allclose(got, world_s):
+                    pytest.fail(f"{T156}: sequence_mean's {when} on rank {rank} (context groups of {cp_size} in {size} "
+                                f"ranks) divided by S counted with the world size, {size} x 3 tokens, not with the "
+                                f"context group's size, {cp_size} x 3: the sequence is split over the group only; "
+                                "count its ranks with dist.get_world_size(group)")
     numel = sum(grad.numel() for grad in expected.values())
     for rank, (_, grads, sent) in enumerate(results):
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
