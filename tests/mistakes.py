@@ -1725,6 +1725,27 @@ MISTAKES = [
             '        per = moe.num_experts // size\n'
             '        experts = list(moe.experts)[rank * per:(rank + 1) * per]',
             "gives the global rank, not this rank's place in the group"),
+    Mistake("16.4", "dense-mlps-converted-too", "template_experts.py",  # was a raw AttributeError
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for block in model.blocks:\n'
+            '        block.mlp = ExpertParallelMoE.from_moe(block.mlp, ep_group)\n'
+            '    return model\n',
+            "only the MoE layers are converted"),
+    Mistake("16.4", "add-module-with-a-dotted-name", "template_experts.py",  # was a raw KeyError
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for name, module in list(model.named_modules()):\n'
+            '        if isinstance(module, models.MoE):\n'
+            '            model.add_module(name, ExpertParallelMoE.from_moe(module, ep_group))\n'
+            '    return model\n',
+            "take a child's own name, without dots"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
