@@ -185,8 +185,8 @@ class Recorder:
         # the judged module's, and solutions/' (whose answers to the other tasks run with their own globals)
         self.modules = [self.cp, load("solutions", "template_context_parallel")]
         self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
-                      [(m.attention_block, m.attention_block_backward) for m in self.modules], vars(ProcessGroup)["send"],
-                      vars(Work)["get_future"])
+                      [(m.attention_block, m.attention_block_backward) for m in self.modules],
+                      vars(ProcessGroup)["send"], vars(Work)["get_future"])
         recv, wait, _, send, get_future = self.saved
         messages = weakref.WeakSet()  # the Works of the ring's sends and receives
         block, block_backward = self.saved[2][0]
@@ -329,7 +329,8 @@ def gradients_never_sent(log):
 def gradients_sent_n_minus_1_times(log, size):
     """Whether this rank went through the whole ring (N - 1 K/V blocks received) and sent N - 1 dK/dV blocks, each
     received too (a Recorder's log): one send short of bringing them home."""
-    count = {kind: sum(e[:2] == kind for e in log) for kind in (("arrived", "kv"), ("send", "grad"), ("arrived", "grad"))}
+    kinds = (("arrived", "kv"), ("send", "grad"), ("arrived", "grad"))
+    count = {kind: sum(e[:2] == kind for e in log) for kind in kinds}
     return size > 1 and set(count.values()) == {size - 1}
 
 
@@ -650,7 +651,7 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
             why = ""
             elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
             if what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
-                why = (f": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
+                why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
                        "they are returned, in the order they were stacked, or which of attention_block_backward's "
                        "dk, dv was added into which)")
             elif what != "dq" and sent <= (size - 1) * kv_numel:

@@ -644,9 +644,9 @@ def _converted(ep, model, ep_group):
         dense = [name for name in given if name != "MoE"]
         if dense:
             raise AssertionError(
-                f"{raised}, after it gave ExpertParallelMoE.from_moe a module of class {dense[0]}, not a models.MoE: only the MoE "
-                "layers are converted; a dense block's mlp (a models.MLP: no router, no experts) stays as it is: "
-                "test each module with isinstance(module, models.MoE)") from None
+                f"{raised}, after it gave ExpertParallelMoE.from_moe a module of class {dense[0]}, not a models.MoE: "
+                "only the MoE layers are converted; a dense block's mlp (a models.MLP: no router, no experts) stays "
+                "as it is: test each module with isinstance(module, models.MoE)") from None
         if isinstance(error, KeyError) and "can't contain \".\"" in str(error.args[0] if error.args else ""):
             raise AssertionError(
                 f"{raised}: add_module (and register_module) take a child's own name, without dots, on its parent "
