@@ -1567,6 +1567,11 @@ MISTAKES = [
             '                dist.send(kv, send_to, group=group, tag=step)\n'
             '            owner = (rank - step) % size  # whose',
             'another tag, peer or size'),
+    Mistake("15.2", "works-waited-through-their-futures", "template_context_parallel.py",  # was torch's raw
+            # "Work::getFuture not implemented"
+            "                for work in works:\n                    work.wait()\n                kv, works = incoming, None  # a Work keeps",
+            "                torch.futures.wait_all([work.get_future() for work in works])\n"
+            "                kv, works = incoming, None  # a Work keeps", "point-to-point Works have no Future"),
     Mistake("15.3", "dq-made-anew-every-step", "template_context_parallel.py",  # trial C's: told as shares added into copies
             '        dq = torch.zeros_like(q)\n'
             '        dq_pieces = _pieces(dq, q_chunks)\n'
@@ -1589,10 +1594,26 @@ MISTAKES = [
             '            dq_pieces = _pieces(dq, q_chunks)\n'
             '            if step > 0:',
             'a dq made anew at each step'),
+    Mistake("15.3", "no-gradients-sent-at-step-0", "template_context_parallel.py",  # was a raw UnboundLocalError
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n",
+            "            if step > 0:  # nothing gathered yet at step 0\n", "from the first step on"),
+    Mistake("15.3", "gradients-sent-n-minus-1-times-then-waited", "template_context_parallel.py",  # was a raw
+            # TypeError: the wait after the loop iterates the last step's grad_works, None
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n",
+            "            if step < size - 1:  # the block's gradients go on with it, as the block itself\n",
+            "dK/dV blocks sent and as many received"),
+    Mistake("15.3", "dk-dv-swapped", "template_context_parallel.py",  # was a bare "differs"
+            "        return dq, dkv[0], dkv[1], None, None, None", "        return dq, dkv[1], dkv[0], None, None, None",
+            "dk and dv are swapped"),
     Mistake("15.6", "backward-times-n", "template_context_parallel.py",  # trial C's: told as divided by the local token count
             '        return (grad / ctx.tokens).unsqueeze(1)',
             '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',
             'multiplied by N = 2'),
+    Mistake("15.6", "tokens-counted-over-the-world", "template_context_parallel.py",  # was a ratio only; right
+            # where the context group is the world
+            "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size(group)",
+            "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size()",
+            "divided by S counted with the world size"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -1704,6 +1725,27 @@ MISTAKES = [
             '        per = moe.num_experts // size\n'
             '        experts = list(moe.experts)[rank * per:(rank + 1) * per]',
             "gives the global rank, not this rank's place in the group"),
+    Mistake("16.4", "dense-mlps-converted-too", "template_experts.py",  # was a raw AttributeError
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for block in model.blocks:\n'
+            '        block.mlp = ExpertParallelMoE.from_moe(block.mlp, ep_group)\n'
+            '    return model\n',
+            "only the MoE layers are converted"),
+    Mistake("16.4", "add-module-with-a-dotted-name", "template_experts.py",  # was a raw KeyError
+            '    for module in list(model.modules()):\n'
+            '        for name, child in module.named_children():\n'
+            '            if isinstance(child, models.MoE):\n'
+            '                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n'
+            '    return model\n',
+            '    for name, module in list(model.named_modules()):\n'
+            '        if isinstance(module, models.MoE):\n'
+            '            model.add_module(name, ExpertParallelMoE.from_moe(module, ep_group))\n'
+            '    return model\n',
+            "take a child's own name, without dots"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one

@@ -294,3 +294,24 @@ def test_ring_hang_and_skipped_gradient_hints_only_where_their_condition_holds()
     assert skipped_gradients(own + sent) is None
     late = [("send", "kv", 0), ("compute", None, 0), ("arrived", "kv", 2), ("send", "grad", None)]
     assert skipped_gradients(late + idle) is None  # its dK/dV go out after the next block came: not its way to skip
+
+
+def test_unsent_and_short_gradient_hints_only_where_their_condition_holds():
+    """Task 15.3: no dK/dV sent at step 0 (a raw UnboundLocalError), and N - 1 dK/dV sends then a wait for the
+    missing one (a raw TypeError), are said only where the Recorder's log proves them."""
+    from test_context_parallel import gradients_never_sent, gradients_sent_n_minus_1_times
+    # rank 0 of 3: its own block computed, passed on, the next one arrived, and no dK/dV ever sent
+    unsent = [("send", "kv", 0), ("compute", None, 0), ("arrived", "kv", 2), ("send", "kv", 2)]
+    assert gradients_never_sent(unsent)
+    assert not gradients_never_sent(unsent[:2])  # the first step had not ended: nothing proven
+    assert not gradients_never_sent([unsent[0], unsent[2]])  # nothing computed: nothing to send yet
+    assert not gradients_never_sent(unsent[:2] + [("send", "grad", None)] + unsent[2:])
+    # the whole ring of 3: 2 K/V blocks received, 2 dK/dV sent and received
+    step = [("send", "kv", 0), ("compute", None, 0), ("send", "grad", None), ("arrived", "kv", 2)]
+    short = step + [("send", "kv", 2), ("arrived", "grad", None), ("compute", None, 2), ("send", "grad", None),
+                    ("arrived", "kv", 1), ("arrived", "grad", None), ("compute", None, 1)]
+    assert gradients_sent_n_minus_1_times(short, 3)
+    assert not gradients_sent_n_minus_1_times(short[:-2], 3)  # the last step's dK/dV not yet received
+    assert not gradients_sent_n_minus_1_times(short + [("send", "grad", None)], 3)  # N sent: not short
+    assert gradients_sent_n_minus_1_times([("send", "kv", 0), ("send", "grad", None), ("arrived", "kv", 1),
+                                           ("arrived", "grad", None)], 2)

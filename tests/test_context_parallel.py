@@ -185,8 +185,10 @@ class Recorder:
         # the judged module's, and solutions/' (whose answers to the other tasks run with their own globals)
         self.modules = [self.cp, load("solutions", "template_context_parallel")]
         self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
-                      [(m.attention_block, m.attention_block_backward) for m in self.modules], vars(ProcessGroup)["send"])
-        recv, wait, _, send = self.saved
+                      [(m.attention_block, m.attention_block_backward) for m in self.modules],
+                      vars(ProcessGroup)["send"], vars(Work)["get_future"])
+        recv, wait, _, send, get_future = self.saved
+        messages = weakref.WeakSet()  # the Works of the ring's sends and receives
         block, block_backward = self.saved[2][0]
         rank = dist.get_rank()
         neighbours = dict(send=(rank + 1) % self.size, recv=(rank - 1) % self.size)
@@ -213,6 +215,7 @@ class Recorder:
             self.log.append(("send", *self.block_of(tensors[0])))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
+            messages.add(work)
             return work
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
@@ -221,7 +224,19 @@ class Recorder:
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
             self.recvs[work] = weakref.ref(tensors[0])
+            messages.add(work)
             return work
+
+        def recorded_get_future(work):
+            try:
+                return get_future(work)
+            except RuntimeError as error:
+                if work not in messages or "not implemented" not in str(error):
+                    raise
+                raise AssertionError(
+                    f"{self.name}: RingAttention asked the Work of a dist.isend or dist.irecv for its Future "
+                    f"(torch.futures.wait_all of the Works' get_future()?), which raised \"{error}\": gloo's "
+                    "point-to-point Works have no Future; wait for each with work.wait()") from None
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
 
@@ -257,13 +272,14 @@ class Recorder:
             return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
 
         ProcessGroup.recv, Work.wait, ProcessGroup.send = recorded_recv, recorded_wait, recorded_send
+        Work.get_future = recorded_get_future
         for module in self.modules:
             module.attention_block, module.attention_block_backward = recorded_block, recorded_backward
         return self
 
     def __exit__(self, *exc):
         from torch._C._distributed_c10d import ProcessGroup, Work
-        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send = self.saved
+        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send, Work.get_future = self.saved
         for module, (block, block_backward) in zip(self.modules, blocks):
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
@@ -302,6 +318,22 @@ def skipped_gradients(log):
                 None)
 
 
+def gradients_never_sent(log):
+    """Whether this rank computed with its first block, received the next one and had sent no dK/dV at all (a
+    Recorder's log): the first step's gradients stayed behind."""
+    first = next((i for i, e in enumerate(log) if e[:2] == ("arrived", "kv")), None)
+    return (first is not None and any(e[0] == "compute" for e in log[:first])
+            and not any(e[:2] == ("send", "grad") for e in log))
+
+
+def gradients_sent_n_minus_1_times(log, size):
+    """Whether this rank went through the whole ring (N - 1 K/V blocks received) and sent N - 1 dK/dV blocks, each
+    received too (a Recorder's log): one send short of bringing them home."""
+    kinds = (("arrived", "kv"), ("send", "grad"), ("arrived", "grad"))
+    count = {kind: sum(e[:2] == kind for e in log) for kind in kinds}
+    return size > 1 and set(count.values()) == {size - 1}
+
+
 def _rings(rank, size, impl, task, cases, backward, shape):
     """_ring for each (causal, layout) of cases, in one process group (a start of ranks is the slow part). A ring
     that sent more or fewer K/V bytes than it should stops the cases there: a message left over would be received
@@ -335,10 +367,23 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             raise
         except Exception as error:  # noqa: BLE001  said with its cause where the log proves it, else as it was
             owner = skipped_gradients(rec.log)
+            raised = f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}"
+            if owner is None and gradients_never_sent(rec.log):
+                raise AssertionError(
+                    f"{raised}, after its first step, where it computed with its own K/V block and passed the block on "
+                    "with no dK/dV sent: the gradients go on with their block from the first step on, N = "
+                    f"{size} sends, one at every step (step 0 too), so that after N hops they reach the block's "
+                    "owner") from None
+            if owner is None and gradients_sent_n_minus_1_times(rec.log, size):
+                raise AssertionError(
+                    f"{raised}, after the whole ring ({size - 1} K/V blocks received) with N - 1 = {size - 1} dK/dV "
+                    f"blocks sent and as many received: the gradients need N = {size} sends, one at every step, the "
+                    "last too: the last brings each block's summed dk, dv home to its owner (after N - 1 a rank "
+                    f"holds rank {(rank + 1) % size}'s)") from None
             if owner is None:
                 raise
             raise AssertionError(
-                f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}, after a step where it held "
+                f"{raised}, after a step where it held "
                 f"rank {owner}'s K/V block, computed nothing with it"
                 + (" (causal: its keys lie after this rank's queries)" if causal and layout == "contiguous" and owner > rank
                    else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
@@ -605,7 +650,11 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
         if not _close(g, e):
             why = ""
             elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
-            if what != "dq" and sent <= (size - 1) * kv_numel:
+            if what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
+                why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
+                       "they are returned, in the order they were stacked, or which of attention_block_backward's "
+                       "dk, dv was added into which)")
+            elif what != "dq" and sent <= (size - 1) * kv_numel:
                 why = (": dk and dv were left on the rank that computed them; they belong to the block's owner, "
                        "and must travel with their K/V block round the ring to end there")
             elif what != "dq" and elsewhere:
@@ -989,6 +1038,16 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                 pytest.fail(f"{T156}: sequence_mean on rank {rank} (context groups of {cp_size} in {size} ranks) summed "
                             f"the tokens of all {size} ranks, not only its context group's: its all-reduce ran over the "
                             "default group; pass it the group that sequence_mean is given (group=group)")
+            ours = range(rank // cp_size * cp_size, (rank // cp_size + 1) * cp_size)  # its context group
+            group_sum = torch.cat([world[:, 3 * r:3 * (r + 1)] for r in ours], 1).sum(dim=1)
+            per_token = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4)
+            for when, got, world_s in (("forward", pooling["y"], group_sum / (3 * size)),
+                                       ("backward", pooling["grad"], per_token / (3 * size))):
+                if torch.allclose(got, world_s):
+                    pytest.fail(f"{T156}: sequence_mean's {when} on rank {rank} (context groups of {cp_size} in {size} "
+                                f"ranks) divided by S counted with the world size, {size} x 3 tokens, not with the "
+                                f"context group's size, {cp_size} x 3: the sequence is split over the group only; "
+                                "count its ranks with dist.get_world_size(group)")
     numel = sum(grad.numel() for grad in expected.values())
     for rank, (_, grads, sent) in enumerate(results):
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"

@@ -611,7 +611,7 @@ def _subgroups(rank, world_size, ep):
     ep_group = groups[rank // size]
     vit = _tiny_vit(4, 2, 1.0)
     original = copy.deepcopy(vit)
-    ep.parallelize_moe(vit, ep_group)
+    _converted(ep, vit, ep_group)
     layers = []
     for name, m in vit.named_modules():
         if getattr(m, "expert_parallel", False):
@@ -623,6 +623,38 @@ def _subgroups(rank, world_size, ep):
                                held=[_which_expert(moe, mlp) for mlp in m.experts] if isinstance(moe, models.MoE) else None))
     return dict(layers=layers, size=size, group_rank=rank % size, mine=list(range(4 * (rank % size) // size,
                                                                                     4 * (rank % size + 1) // size)))
+
+
+def _converted(ep, model, ep_group):
+    """ep.parallelize_moe(model, ep_group); an error said with its cause where what it was given proves it: a module
+    other than a models.MoE handed to ExpertParallelMoE.from_moe, or a dotted name handed to add_module."""
+    original = vars(ep.ExpertParallelMoE)["from_moe"]
+    given = []
+
+    def from_moe(cls, moe, group=None):
+        given.append(type(moe).__name__)
+        return original.__func__(cls, moe, group)
+    ep.ExpertParallelMoE.from_moe = classmethod(from_moe)
+    try:
+        return ep.parallelize_moe(model, ep_group)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as error:  # noqa: BLE001  said with its cause where it is proven, else as it was
+        raised = f"{T164}: parallelize_moe raised {type(error).__name__}: {error}"
+        dense = [name for name in given if name != "MoE"]
+        if dense:
+            raise AssertionError(
+                f"{raised}, after it gave ExpertParallelMoE.from_moe a module of class {dense[0]}, not a models.MoE: "
+                "only the MoE layers are converted; a dense block's mlp (a models.MLP: no router, no experts) stays "
+                "as it is: test each module with isinstance(module, models.MoE)") from None
+        if isinstance(error, KeyError) and "can't contain \".\"" in str(error.args[0] if error.args else ""):
+            raise AssertionError(
+                f"{raised}: add_module (and register_module) take a child's own name, without dots, on its parent "
+                "module: replace each MoE in the block that holds it, setattr(model.get_submodule(parent), name, "
+                "layer), parent the part of its dotted name before the last dot") from None
+        raise
+    finally:
+        ep.ExpertParallelMoE.from_moe = original
 
 
 def _check_subgroups(rank, world_size, got):
@@ -741,7 +773,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     losses, auxes, grads = _vit_reference(vit, images, labels)
     ep_group, expert_dp_group = ep.expert_parallel_groups(ep_size)
     moe_names = {name for name, m in vit.named_modules() if isinstance(m, models.MoE)}
-    returned = ep.parallelize_moe(vit, ep_group)
+    returned = _converted(ep, vit, ep_group)
     left = [name for name, m in vit.named_modules() if isinstance(m, models.MoE)]  # not converted
     stray = [(key, parent) for parent, module in vit.named_modules() for key, child in module.named_children()
              if getattr(child, "expert_parallel", False)  # a layer set where no MoE was: a new child
