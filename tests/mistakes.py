@@ -467,6 +467,10 @@ MISTAKES = [
     Mistake("9.1", "all-reduce-input-in-place", "template_tensor_parallel.py",
             "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
             "        out = x\n", "in place"),
+    Mistake("9.1", "gather-backward-returns-the-whole-gradient", "template_tensor_parallel.py",  # was torch's raw
+            # "invalid gradient" error
+            "return grad.chunk(size, dim=-1)[rank].contiguous(), None", "return grad, None",
+            "the shape of the whole incoming gradient"),
     # Task 9.2
     Mistake("9.2", "column-split-along-in", "template_tensor_parallel.py",
             "        weight = linear.weight.detach()[rows].clone()\n",

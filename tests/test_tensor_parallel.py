@@ -148,6 +148,12 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"shape {dims}: it kept the whole last dimension and sliced dimension {' and '.join(sliced)}; gather's "
                         "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
                         "(grad.chunk(size, dim=-1)[rank])")
+        # the shape of the whole incoming gradient (forward's output): nothing was sliced at all
+        if got_dims == dims[:-1] + [dims[-1] * gsize]:
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims}, the shape of the whole "
+                        f"incoming gradient (forward's output), for x of shape {dims}: backward must return this "
+                        "rank's slice, shaped like the forward input, the part of the gradient that forward's "
+                        "concatenation took from this rank's x (grad.chunk(size, dim=-1)[rank])")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
