@@ -483,6 +483,12 @@ MISTAKES = [
             '        rank, size = dist.get_rank(group), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
             '        rank, size = dist.get_rank(), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
             "group rank"),
+    Mistake("9.2", "row-bias-divided-before-sum", "template_tensor_parallel.py",  # right output: was a bare difference
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias\n",
+            "        bias = None if self.bias is None else self.bias / dist.get_world_size(self.group)\n"
+            "        return reduce_from_tp(F.linear(x, self.weight, bias), self.group)\n",
+            "the bias was divided by the group's size"),
     # Task 9.3
     Mistake("9.3", "dp-and-tp-transposed", "template_tensor_parallel.py",
             "    return dp_group, tp_group\n    # --- Task 9.3 end ---", "    return tp_group, dp_group\n    # --- Task 9.3 end ---",

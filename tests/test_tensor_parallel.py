@@ -457,6 +457,12 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
             f"{T92}: {where}: the bias got no gradient on this rank: it took no part in this rank's forward; every "
             "rank adds the whole bias to the summed output (after g), so every rank's bias gets nn.Linear's whole "
             "bias gradient (and the replicas stay equal)")
+        if gsize > 1 and _close(got["grad_bias"], ref["grad_bias"] / gsize):
+            # the output is right (checked above): bias / N on every rank's partial product adds up to the bias
+            pytest.fail(f"{T92}: {where}: the output is nn.Linear's but the bias's gradient is 1/{gsize} of its: the "
+                        f"bias was divided by the group's size and added to every rank's partial product before the "
+                        "sum (g), so the N pieces add up to the bias but each rank's bias meets only 1/N of the "
+                        "gradient; add the whole bias once, after the sum: y + self.bias")
         assert _close(got["grad_bias"], ref["grad_bias"]), (
             f"{T92}: {where}: the bias's gradient differs from nn.Linear's (the whole bias, on every rank)")
     out_numel = ref["y"].numel()
