@@ -1362,6 +1362,9 @@ MISTAKES = [
     Mistake("14.5", "split-hook-on-the-module-list", "template_sequence_parallel.py",  # a ModuleList is never called
             "model.blocks[0].register_forward_pre_hook(", "model.blocks.register_forward_pre_hook(",
             "that hook never runs"),
+    Mistake("14.5", "gather-before-the-last-block", "template_sequence_parallel.py",  # was told to sum in the sync
+            "        model.norm.register_forward_pre_hook(\n",
+            "        model.blocks[-1].register_forward_pre_hook(\n", "the tokens were gathered before it"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",

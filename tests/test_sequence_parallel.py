@@ -865,6 +865,12 @@ def _train_vit(rank, world_size, impl, sequence_parallel, steps):
     out = dict(hooked_containers=[name for name, module in model.named_modules()
                                   if isinstance(module, (nn.ModuleList, nn.ModuleDict))
                                   and (module._forward_pre_hooks or module._forward_hooks)])
+    # the tokens each block and the final norm get in our first forward: registered after parallelize_vit's
+    # hooks, so each sees what its module is given (every block this rank's shard, the norm the whole sequence)
+    seen = out["tokens_seen"] = {}
+    for name in [f"blocks.{i}" for i in range(len(model.blocks))] + ["norm"]:
+        model.get_submodule(name).register_forward_pre_hook(
+            lambda module, args, name=name: seen.setdefault(name, args[0].shape[1]) and None)
     for who, net in (("ours", model), ("reference", reference)):
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
         losses, first = [], None
@@ -911,6 +917,18 @@ def test_sync_and_the_vit_training_as_one_process(impl, world_size, sequence_par
                         f"(nn.{type(_tiny_vit().get_submodule(hooked)).__name__}): a container is never called (the ViT's "
                         "forward iterates over it), so that hook never runs; register it on the module that must see "
                         "the tokens, such as model.blocks[0]")
+        seen, shard = out["tokens_seen"], 16 // world_size
+        whole = [name for name, tokens in seen.items() if name.startswith("blocks.") and tokens == 16]
+        if sequence_parallel and whole:
+            first = int(whole[0].split(".")[1])
+            pytest.fail(f"{where}: model.{whole[0]} got all 16 tokens, not this rank's {shard}: " + (
+                f"the tokens were gathered before it, while blocks.{first - 1} got this rank's {shard}; every block "
+                "is sequence-parallel and must run on this rank's tokens only (it gathers inside, for attn and "
+                "mlp): gather them after the last block, before the final norm (a forward pre-hook on model.norm)"
+                if first > 0 and seen.get(f"blocks.{first - 1}") == shard else
+                "the first block must get this rank's tokens (split_sequence in a forward pre-hook on "
+                "model.blocks[0]), and the gather must wait until after the last block (a forward pre-hook on "
+                "model.norm): either the split never ran or a gather undid it before the block"))
         for name in ("pos_embed", "patch_embed.weight", "head.weight", "norm.weight"):
             got, expected = ours["first"][name], ref["first"][name]
             if name.startswith("norm.") and sequence_parallel and not _close(got, expected) and _close(
