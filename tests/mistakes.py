@@ -1349,6 +1349,11 @@ MISTAKES = [
             "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
             "dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n        return torch.cat(pieces, dim=1)",
             "never waited on its Work"),
+    Mistake("14.3", "gather-waited-after-the-cat", "template_sequence_parallel.py",  # was a bare difference (a race)
+            "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
+            "work = dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n"
+            "        out = torch.cat(pieces, dim=1)\n        work.wait()\n        return out",
+            "before waiting on its Work"),
     Mistake("14.5", "sum-work-never-waited", "template_sequence_parallel.py",  # was "left as it was": a missing sum
             "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)",
             "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)",

@@ -127,7 +127,7 @@ def _operators(rank, world_size, impl, sub=False):
         grad_out = _rank_valued(rank, grad_shape, offset=0.5)
         before, grad_before = x.detach().clone(), grad_out.clone()
         y = None
-        with Wire() as wire:
+        with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
             try:
                 y = op(x)
                 forward = wire.take()
@@ -147,7 +147,8 @@ def _operators(rank, world_size, impl, sub=False):
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
-                         unwaited=_unwaited(wire))
+                         unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
+                         read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
     try:  # tokens that do not divide: refused on every rank alike, before any collective (uneven ones hang on gloo)
         with Wire(check=_no_collective):
             sp.reduce_scatter_sequence(torch.zeros(2, 2 * world_size + 1, 2, dtype=torch.float64))
@@ -206,6 +207,11 @@ def _check_operator(name, rank, size, got):
     if got["unwaited"]:  # a wrong value or, by luck, a right one: the result is read before the collective ends
         pytest.fail(f"{where} started {', '.join(got['unwaited'])} with async_op=True and never waited on its Work: "
                     "its output is not complete until wait(); wait before reading it (or use the blocking call)")
+    if got["read_early"]:  # the inputs are integers: NaN comes only from the test's outputs not yet delivered
+        pytest.fail(f"{where}: its {got['read_early'][0]} read the outputs of its {', '.join(got['async_kinds'])} "
+                    "(async_op=True) before waiting on its Work: the test leaves NaN in an asynchronous collective's "
+                    "outputs until wait(), and NaN reached the result, so what reads the pieces (the torch.cat) ran "
+                    "before wait() filled them; wait first, then concatenate (or use the blocking call)")
     assert got["same"], f"{where} changed its input or the incoming gradient in place: work on copies"
     assert y.shape == y_expected.shape, f"{where} returned shape {tuple(y.shape)}, expected {tuple(y_expected.shape)}"
     if name == "reduce_scatter":
