@@ -1370,6 +1370,9 @@ MISTAKES = [
     Mistake("14.5", "gather-before-the-last-block", "template_sequence_parallel.py",  # was told to sum in the sync
             "        model.norm.register_forward_pre_hook(\n",
             "        model.blocks[-1].register_forward_pre_hook(\n", "the tokens were gathered before it"),
+    Mistake("14.5", "first-split-missing", "template_sequence_parallel.py",  # the other reading of a whole block input
+            "        model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))\n",
+            "", "either the split never ran or a gather undid it"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
