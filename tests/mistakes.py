@@ -467,6 +467,10 @@ MISTAKES = [
     Mistake("9.1", "all-reduce-input-in-place", "template_tensor_parallel.py",
             "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
             "        out = x\n", "in place"),
+    Mistake("9.1", "gather-backward-returns-the-whole-gradient", "template_tensor_parallel.py",  # was torch's raw
+            # "invalid gradient" error
+            "return grad.chunk(size, dim=-1)[rank].contiguous(), None", "return grad, None",
+            "the shape of the whole incoming gradient"),
     # Task 9.2
     Mistake("9.2", "column-split-along-in", "template_tensor_parallel.py",
             "        weight = linear.weight.detach()[rows].clone()\n",
@@ -479,6 +483,12 @@ MISTAKES = [
             '        rank, size = dist.get_rank(group), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
             '        rank, size = dist.get_rank(), dist.get_world_size(group)\n        _refuse_uneven("ColumnParallelLinear"',
             "group rank"),
+    Mistake("9.2", "row-bias-divided-before-sum", "template_tensor_parallel.py",  # right output: was a bare difference
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias\n",
+            "        bias = None if self.bias is None else self.bias / dist.get_world_size(self.group)\n"
+            "        return reduce_from_tp(F.linear(x, self.weight, bias), self.group)\n",
+            "the bias was divided by the group's size"),
     # Task 9.3
     Mistake("9.3", "dp-and-tp-transposed", "template_tensor_parallel.py",
             "    return dp_group, tp_group\n    # --- Task 9.3 end ---", "    return tp_group, dp_group\n    # --- Task 9.3 end ---",
@@ -1339,6 +1349,11 @@ MISTAKES = [
             "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
             "dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n        return torch.cat(pieces, dim=1)",
             "never waited on its Work"),
+    Mistake("14.3", "gather-waited-after-the-cat", "template_sequence_parallel.py",  # was a bare difference (a race)
+            "dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)",
+            "work = dist.all_gather(pieces, x.contiguous(), group=group, async_op=True)\n"
+            "        out = torch.cat(pieces, dim=1)\n        work.wait()\n        return out",
+            "before waiting on its Work"),
     Mistake("14.5", "sum-work-never-waited", "template_sequence_parallel.py",  # was "left as it was": a missing sum
             "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)",
             "dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)",
@@ -1352,6 +1367,12 @@ MISTAKES = [
     Mistake("14.5", "split-hook-on-the-module-list", "template_sequence_parallel.py",  # a ModuleList is never called
             "model.blocks[0].register_forward_pre_hook(", "model.blocks.register_forward_pre_hook(",
             "that hook never runs"),
+    Mistake("14.5", "gather-before-the-last-block", "template_sequence_parallel.py",  # was told to sum in the sync
+            "        model.norm.register_forward_pre_hook(\n",
+            "        model.blocks[-1].register_forward_pre_hook(\n", "the tokens were gathered before it"),
+    Mistake("14.5", "first-split-missing", "template_sequence_parallel.py",  # the other reading of a whole block input
+            "        model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))\n",
+            "", "either the split never ran or a gather undid it"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",

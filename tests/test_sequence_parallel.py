@@ -127,7 +127,7 @@ def _operators(rank, world_size, impl, sub=False):
         grad_out = _rank_valued(rank, grad_shape, offset=0.5)
         before, grad_before = x.detach().clone(), grad_out.clone()
         y = None
-        with Wire() as wire:
+        with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
             try:
                 y = op(x)
                 forward = wire.take()
@@ -147,7 +147,8 @@ def _operators(rank, world_size, impl, sub=False):
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
-                         unwaited=_unwaited(wire))
+                         unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
+                         read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
     try:  # tokens that do not divide: refused on every rank alike, before any collective (uneven ones hang on gloo)
         with Wire(check=_no_collective):
             sp.reduce_scatter_sequence(torch.zeros(2, 2 * world_size + 1, 2, dtype=torch.float64))
@@ -206,6 +207,11 @@ def _check_operator(name, rank, size, got):
     if got["unwaited"]:  # a wrong value or, by luck, a right one: the result is read before the collective ends
         pytest.fail(f"{where} started {', '.join(got['unwaited'])} with async_op=True and never waited on its Work: "
                     "its output is not complete until wait(); wait before reading it (or use the blocking call)")
+    if got["read_early"]:  # the inputs are integers: NaN comes only from the test's outputs not yet delivered
+        pytest.fail(f"{where}: its {got['read_early'][0]} read the outputs of its {', '.join(got['async_kinds'])} "
+                    "(async_op=True) before waiting on its Work: the test leaves NaN in an asynchronous collective's "
+                    "outputs until wait(), and NaN reached the result, so what reads the pieces (the torch.cat) ran "
+                    "before wait() filled them; wait first, then concatenate (or use the blocking call)")
     assert got["same"], f"{where} changed its input or the incoming gradient in place: work on copies"
     assert y.shape == y_expected.shape, f"{where} returned shape {tuple(y.shape)}, expected {tuple(y_expected.shape)}"
     if name == "reduce_scatter":
@@ -865,6 +871,12 @@ def _train_vit(rank, world_size, impl, sequence_parallel, steps):
     out = dict(hooked_containers=[name for name, module in model.named_modules()
                                   if isinstance(module, (nn.ModuleList, nn.ModuleDict))
                                   and (module._forward_pre_hooks or module._forward_hooks)])
+    # the tokens each block and the final norm get in our first forward: registered after parallelize_vit's
+    # hooks, so each sees what its module is given (every block this rank's shard, the norm the whole sequence)
+    seen = out["tokens_seen"] = {}
+    for name in [f"blocks.{i}" for i in range(len(model.blocks))] + ["norm"]:
+        model.get_submodule(name).register_forward_pre_hook(
+            lambda module, args, name=name: seen.setdefault(name, args[0].shape[1]) and None)
     for who, net in (("ours", model), ("reference", reference)):
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
         losses, first = [], None
@@ -911,6 +923,18 @@ def test_sync_and_the_vit_training_as_one_process(impl, world_size, sequence_par
                         f"(nn.{type(_tiny_vit().get_submodule(hooked)).__name__}): a container is never called (the ViT's "
                         "forward iterates over it), so that hook never runs; register it on the module that must see "
                         "the tokens, such as model.blocks[0]")
+        seen, shard = out["tokens_seen"], 16 // world_size
+        whole = [name for name, tokens in seen.items() if name.startswith("blocks.") and tokens == 16]
+        if sequence_parallel and whole:
+            first = int(whole[0].split(".")[1])
+            pytest.fail(f"{where}: model.{whole[0]} got all 16 tokens, not this rank's {shard}: " + (
+                f"the tokens were gathered before it, while blocks.{first - 1} got this rank's {shard}; every block "
+                "is sequence-parallel and must run on this rank's tokens only (it gathers inside, for attn and "
+                "mlp): gather them after the last block, before the final norm (a forward pre-hook on model.norm)"
+                if first > 0 and seen.get(f"blocks.{first - 1}") == shard else
+                "the first block must get this rank's tokens (split_sequence in a forward pre-hook on "
+                "model.blocks[0]), and the gather must wait until after the last block (a forward pre-hook on "
+                "model.norm): either the split never ran or a gather undid it before the block"))
         for name in ("pos_embed", "patch_embed.weight", "head.weight", "norm.weight"):
             got, expected = ours["first"][name], ref["first"][name]
             if name.startswith("norm.") and sequence_parallel and not _close(got, expected) and _close(

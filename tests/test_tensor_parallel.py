@@ -148,6 +148,12 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"shape {dims}: it kept the whole last dimension and sliced dimension {' and '.join(sliced)}; gather's "
                         "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
                         "(grad.chunk(size, dim=-1)[rank])")
+        # the shape of the whole incoming gradient (forward's output): nothing was sliced at all
+        if got_dims == dims[:-1] + [dims[-1] * gsize]:
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims}, the shape of the whole "
+                        f"incoming gradient (forward's output), for x of shape {dims}: backward must return this "
+                        "rank's slice, shaped like the forward input, the part of the gradient that forward's "
+                        "concatenation took from this rank's x (grad.chunk(size, dim=-1)[rank])")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -451,6 +457,12 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
             f"{T92}: {where}: the bias got no gradient on this rank: it took no part in this rank's forward; every "
             "rank adds the whole bias to the summed output (after g), so every rank's bias gets nn.Linear's whole "
             "bias gradient (and the replicas stay equal)")
+        if gsize > 1 and _close(got["grad_bias"], ref["grad_bias"] / gsize):
+            # the output is right (checked above): bias / N on every rank's partial product adds up to the bias
+            pytest.fail(f"{T92}: {where}: the output is nn.Linear's but the bias's gradient is 1/{gsize} of its: the "
+                        f"bias was divided by the group's size and added to every rank's partial product before the "
+                        "sum (g), so the N pieces add up to the bias but each rank's bias meets only 1/N of the "
+                        "gradient; add the whole bias once, after the sum: y + self.bias")
         assert _close(got["grad_bias"], ref["grad_bias"]), (
             f"{T92}: {where}: the bias's gradient differs from nn.Linear's (the whole bias, on every rank)")
     out_numel = ref["y"].numel()

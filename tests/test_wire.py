@@ -87,6 +87,18 @@ def _everything(rank, world_size, _):
         first.wait()
         out["deferred"] += [early.tolist(), late.tolist(), second.get_future().done()]
     out["deferred"] += [late.tolist(), [(c.deferred, c.waits) for c in wire.calls]]
+    # poisoned: an asynchronous gather's outputs hold NaN until waited for (by wait(), its Future, or is_completed())
+    with Wire(poison=True) as wire:
+        shown = []
+        for how in ("wait", "future", "polled"):
+            pieces = [torch.zeros(2) for _ in range(world_size)]
+            work = dist.all_gather(pieces, torch.full((2,), float(rank)), async_op=True)
+            before = torch.cat(pieces).isnan().all().item()
+            {"wait": work.wait, "future": lambda: work.get_future().wait(), "polled": work.is_completed}[how]()
+            shown.append((before, torch.cat(pieces).tolist()))
+        kept = torch.zeros(1)
+        dist.reduce_scatter_tensor(kept, torch.ones(world_size))  # blocking: as it is
+        out["poisoned"] = (shown, kept.tolist(), [(c.waits, c.futures, c.done_seen) for c in wire.calls])
     # check: a call it refuses never runs, and the wire is put back all the same
     def refuse_the_world(call, group):
         if group is None:
@@ -140,4 +152,7 @@ def test_the_wire_records_every_kind_its_size_its_handle_and_its_waits():
         assert before_wait == [[float(rank)] * 2, [float(rank)] * 3, False], out["deferred"]
         assert after_wait == [[1.0] * 2, [float(rank)] * 3, False], out["deferred"]  # the first only
         assert at_exit == [[1.0] * 3, [(True, 1), (True, 0)]], out["deferred"]
+        gathered = [float(r) for r in range(2) for _ in range(2)]
+        assert out["poisoned"] == ([(True, gathered)] * 3, [2.0],
+                                   [(1, 0, False), (0, 1, False), (0, 0, True), (0, 0, False)]), out["poisoned"]
         assert out["refused"] == "all_reduce over the world" and out["restored"] == "all_reduce", out

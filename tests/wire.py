@@ -5,6 +5,7 @@
     wire.calls                      # a Call per collective or message, in order
     wire.take()                     # (kind, dtype, numel) of the calls since the last take()
     wire.events                     # ("launch", numel, async_op), ("wait", numel) and marks, in order
+    Wire(poison=True)               # an asynchronous gather's outputs hold NaN until it is waited for
 
 Collectives are recorded where the code under test calls them, torch.distributed's functions
 (dist.all_reduce, ...: PyTorch's own helpers such as PeriodicModelAverager call them too).
@@ -28,6 +29,9 @@ COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_i
                "scatter", "all_to_all_single", "all_to_all")
 MESSAGES = ("send", "recv", "isend", "irecv")
 GATHERS = ("all_gather", "all_gather_into_tensor")  # what such a call sends is its last tensor, the input
+# the collectives whose outputs are not their input, by the argument that holds them (Wire's poison)
+OUTPUTS = {"all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor", "reduce_scatter": "output",
+           "reduce_scatter_tensor": "output"}
 
 
 def dtype_name(dtype):
@@ -84,12 +88,16 @@ class Wire:
     """Records, while `on`, the calls of `kinds` (default every collective and message).
 
     defer=True: an asynchronous collective does not run until its wait() or flush(), so that a
-    Future complete before then was completed by hand. check(call, group), if given, runs before
+    Future complete before then was completed by hand. poison=True: an asynchronous all-gather or
+    reduce-scatter runs at once into buffers of the wire's own, and the caller's (floating-point)
+    outputs hold NaN until its wait(), its Future taken, or is_completed(): an output read before
+    the wait shows as NaN every time, not by the luck of a race. check(call, group), if given, runs before
     each call (raise to refuse it). recv_limit: a blocking dist.recv waits at most this many
     seconds, then raises never_came(src, tensor)."""
 
-    def __init__(self, kinds=COLLECTIVES + MESSAGES, defer=False, check=None, recv_limit=None, never_came=None):
-        self.kinds, self.defer, self.check = kinds, defer, check
+    def __init__(self, kinds=COLLECTIVES + MESSAGES, defer=False, check=None, recv_limit=None, never_came=None,
+                 poison=False):
+        self.kinds, self.defer, self.check, self.poison = kinds, defer, check, poison
         self.recv_limit, self.never_came = recv_limit, never_came
         self.calls, self.events = [], []
         self.handles = []  # what the asynchronous collectives returned, in launch order
@@ -157,14 +165,38 @@ class Wire:
                 given.arguments["async_op"] = False
                 self.pending.append((lambda: real(*given.args, **given.kwargs), future, sent))
                 return self._handle(call, None, future)
+            if async_op and self.poison and kind in OUTPUTS:
+                return self._poisoned(call, real, given)
             work = real(*args, **kwargs)
             return None if work is None else self._handle(call, work)
         return collective
 
-    def _handle(self, call, work, future=None):
-        handle = Handle(self, call, work, future)
+    def _handle(self, call, work, future=None, deliver=None):
+        handle = Handle(self, call, work, future, deliver)
         self.handles.append(handle)
         return handle
+
+    def _poisoned(self, call, real, given):
+        """Run the collective now, blocking, into tensors of the wire's own; NaN in the caller's outputs until its
+        handle delivers the results (wait(), get_future(), is_completed())."""
+        name = OUTPUTS[call.kind]
+        given_out = given.arguments.get(name)
+        outputs = list(given_out) if isinstance(given_out, (list, tuple)) else [given_out]
+        if not all(torch.is_tensor(t) and t.is_floating_point() for t in outputs):  # no NaN to show: as it is
+            work = real(*given.args, **given.kwargs)
+            return None if work is None else self._handle(call, work)
+        own = [torch.empty_like(t) for t in outputs]
+        given.arguments[name] = own if isinstance(given_out, (list, tuple)) else own[0]
+        given.arguments["async_op"] = False
+        real(*given.args, **given.kwargs)
+        for t in outputs:
+            t.fill_(float("nan"))
+
+        def deliver():
+            for t, result in zip(outputs, own):
+                t.copy_(result)
+            return outputs
+        return self._handle(call, None, None, deliver)
 
     def run_until(self, future):
         """Run the deferred collectives, in their order, up to the one of `future`."""
@@ -249,8 +281,14 @@ class Handle:
     """What an asynchronous collective returns on the wire: its Work (or, deferred, a Future the
     wire completes), counting the wait() calls in its Call and in the wire's events."""
 
-    def __init__(self, wire, call, work, future=None):
+    def __init__(self, wire, call, work, future=None, deliver=None):
         self.wire, self.call, self.work, self.future = wire, call, work, future
+        self.deliver, self.delivered = deliver, None  # a poisoned collective's: fills the outputs, once
+
+    def _deliver(self):
+        if self.delivered is None:
+            self.delivered = self.deliver()
+        return self.delivered
 
     @property
     def waits(self):
@@ -259,6 +297,9 @@ class Handle:
     def wait(self, *args, **kwargs):
         self.call.waits += 1
         self.wire.events.append(("wait", self.call.numel))
+        if self.deliver is not None:
+            self._deliver()
+            return True
         if self.work is None:
             self.wire.run_until(self.future)
             return True
@@ -266,9 +307,17 @@ class Handle:
 
     def get_future(self):
         self.call.futures += 1
+        if self.deliver is not None:
+            future = torch.futures.Future()
+            future.set_result(self._deliver())
+            return future
         return self.future if self.work is None else self.work.get_future()
 
     def is_completed(self):
+        if self.deliver is not None:
+            self._deliver()
+            self.call.done_seen = True
+            return True
         done = self.future.done() if self.work is None else self.work.is_completed()
         self.call.done_seen = self.call.done_seen or done
         return done
