@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from conftest import load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
-from harness import RankFailed, RankTimeout, one_line, run_ranks
+from harness import RankFailed, RankTimeout, _student_frame, one_line, run_ranks
 from wire import Wire
 
 FILE = "template_context_parallel.py"
@@ -367,7 +367,11 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             raise
         except Exception as error:  # noqa: BLE001  said with its cause where the log proves it, else as it was
             owner = skipped_gradients(rec.log)
-            raised = f"{rec.name}: RingAttention.backward raised {type(error).__name__}: {error}"
+            # where it raised, said too: a backward that sends its dK/dV later in a step and fails elsewhere before
+            # that send leaves the same log as one that never sends them
+            place = _student_frame(error)
+            raised = (f"{rec.name}: RingAttention.backward raised {type(error).__name__}"
+                      f"{f' at {place}' if place else ''}: {error}")
             if owner is None and gradients_never_sent(rec.log):
                 raise AssertionError(
                     f"{raised}, after its first step, where it computed with its own K/V block and passed the block on "
