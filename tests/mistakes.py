@@ -363,6 +363,13 @@ MISTAKES = [
             "async_op=async_op)",
             "        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
             "async_op=async_op)", "returned None"),
+    Mistake("7.2", "copied-before-the-wait", "template_fsdp.py",  # a prefetch's buffer read before it arrives: a race
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)",
+            "        gathered = torch.empty_like(self.full)\n"
+            "        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)\n"
+            "        self.full.copy_(gathered)\n        return handle", "before waiting on its Work"),
     # Task 7.3
     Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
@@ -400,6 +407,11 @@ MISTAKES = [
             "        return handle, piece\n", "        return None, piece\n", "handle returned is None"),
     Mistake("7.4", "returns-the-piece-alone", "template_fsdp.py",
             "        return handle, piece\n", "        handle.wait()\n        return piece\n", "return a pair"),
+    Mistake("7.4", "divided-before-the-wait", "template_fsdp.py",  # the sum divided before it arrives: a race
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "        return handle, piece / self.world_size\n", "before waiting on its Work"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
