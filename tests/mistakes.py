@@ -2088,6 +2088,23 @@ RIGHT_ANSWERS = [
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
                 ""),)),
+    RightAnswer("7.2", "copied-after-wait-all",
+                "'returning None after a blocking gather is correct too, only slower': a gather into a buffer of "
+                "its own, waited for through its Future (torch.futures.wait_all) before the copy into self.full", (
+        Mistake("7.2", "copied-after-wait-all", "template_fsdp.py",
+                "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+                "async_op=async_op)",
+                "        gathered = torch.empty_like(self.full)\n"
+                "        work = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
+                "async_op=True)\n"
+                "        torch.futures.wait_all([work.get_future()])\n"
+                "        self.full.copy_(gathered)\n", ""),)),
+    RightAnswer("7.4", "waited-inside-returns-none",
+                "'(A blocking reduce-scatter and (None, tensor) is correct too, only slower.)': an async_op=True "
+                "reduce-scatter waited for inside (wait()) is one (gloo's Work for it has no get_future(), and its "
+                "is_completed() never turns True: wait() is the way here)", (
+        Mistake("7.4", "waited-inside-returns-none", "template_fsdp.py",
+                "        return handle, piece\n", "        handle.wait()\n        return None, piece\n", ""),)),
     RightAnswer("14.1", "own-rows-into-the-constructor",
                 "'a column-parallel layer ... whose weight and bias are the rows of rank r's heads in q, then in "
                 "k, then in v ... held in new tensors of that size': the layer's own constructor takes them, no "
