@@ -412,6 +412,11 @@ MISTAKES = [
             "async_op=True)\n        return handle, piece\n",
             "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
             "        return handle, piece / self.world_size\n", "before waiting on its Work"),
+    Mistake("7.4", "divided-in-place-before-the-wait", "template_fsdp.py",  # was "the sum, not the mean: divide"
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",

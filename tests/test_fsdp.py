@@ -180,11 +180,16 @@ def _started_asynchronously(wire, kind):
 
 
 def _read_early(wire, result):
-    """The collectives started with async_op=True, if NaN reached `result`: the inputs hold none, so NaN comes
-    only from the outputs that Wire(poison=True) leaves in an asynchronous collective until its wait(), read
-    before it."""
-    kinds = sorted({call.kind for call in wire.calls if call.async_op})
-    return kinds if kinds and torch.is_tensor(result) and torch.isnan(result.detach().float()).any() else []
+    """How an asynchronous collective's output was used before its wait, as "its <kind> (async_op=True) ...
+    NaN reached <result>" or "... changed in place", else "". The inputs hold no NaN: it comes only from the
+    outputs that Wire(poison=True) leaves in an asynchronous collective until its wait(), read before it; an
+    in-place change before the wait (NaN / N is NaN, and the wait then overwrites it) the wire records."""
+    kinds = ", ".join(sorted({call.kind for call in wire.calls if call.async_op}))
+    if any(call.written_early for call in wire.calls):
+        return f"its {kinds} (async_op=True) before waiting on its Work: its output was changed in place before"
+    if kinds and torch.is_tensor(result) and torch.isnan(result.detach().float()).any():
+        return f"its {kinds} (async_op=True) before waiting on its Work: NaN reached the result, read before"
+    return ""
 
 
 def _moved(wire):
@@ -228,11 +233,10 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                 f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
                 "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
             if read_early:
-                pytest.fail(f"{T72}: unshard(async_op=True) read the outputs of its {', '.join(read_early)} "
-                            "(async_op=True) before waiting on its Work: the test leaves NaN in an asynchronous "
-                            "collective's outputs until wait(), and NaN reached self.full, so what read the gathered "
-                            "tensor (a copy into self.full) ran before wait() filled it; gather straight into "
-                            "self.full and return the handle: the caller waits before reading")
+                pytest.fail(f"{T72}: unshard(async_op=True) used the outputs of {read_early} wait() filled it (the "
+                            "test leaves NaN in an asynchronous collective's outputs until wait(): in self.full, so a "
+                            "copy of the gathered tensor ran too early); gather straight into self.full and return "
+                            "the handle: the caller waits before reading")
             assert same_tensor, (f"{T72}: fill self.full in place (give back its memory with "
                                  "untyped_storage().resize_, then gather into it): the module's parameters are "
                                  "views of that very tensor")
@@ -339,7 +343,7 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     with Wire(poison=True) as wire:  # an asynchronous reduce-scatter's output NaN until waited for: read early, seen
         returned = unit.reduce_scatter_gradient(full_grad)
         if not (isinstance(returned, tuple) and len(returned) == 2):
-            return f"{type(returned).__name__}", None, None, None, ([], 0, [])
+            return f"{type(returned).__name__}", None, None, None, ([], 0, "")
         handle, piece = returned
         dropped = handle is None and _started_asynchronously(wire, "reduce_scatter_tensor")
         if handle is not None:
@@ -379,11 +383,10 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
             f"{T74}: the reduce-scatter was started asynchronously but the handle returned is None: return it, "
             "so that finish_gradient_synchronization() can wait for it")
         if read_early:
-            pytest.fail(f"{T74}: reduce_scatter_gradient read the outputs of its {', '.join(read_early)} "
-                        "(async_op=True) before waiting on its Work: the test leaves NaN in an asynchronous "
-                        "collective's outputs until wait(), and NaN reached the tensor returned, so what read the "
-                        "piece (a division after the sum, say) ran before wait() filled it; divide full_grad before "
-                        "the reduce-scatter and return (handle, the very tensor it reduces into)")
+            pytest.fail(f"{T74}: reduce_scatter_gradient used the output of {read_early} wait() filled it (the "
+                        "test leaves NaN in an asynchronous collective's outputs until wait(), so what used the piece, "
+                        "a division after the sum, say, ran too early); divide full_grad before the reduce-scatter and "
+                        "return (handle, the very tensor it reduces into)")
         assert untouched, (
             f"{T74}: full_grad was changed in place: it is autograd's tensor, not yours; divide into a new "
             "tensor (full_grad / world_size), not full_grad.div_()")
