@@ -363,6 +363,13 @@ MISTAKES = [
             "async_op=async_op)",
             "        dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
             "async_op=async_op)", "returned None"),
+    Mistake("7.2", "copied-before-the-wait", "template_fsdp.py",  # a prefetch's buffer read before it arrives: a race
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)",
+            "        gathered = torch.empty_like(self.full)\n"
+            "        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)\n"
+            "        self.full.copy_(gathered)\n        return handle", "before waiting on its Work"),
     # Task 7.3
     Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
@@ -400,6 +407,16 @@ MISTAKES = [
             "        return handle, piece\n", "        return None, piece\n", "handle returned is None"),
     Mistake("7.4", "returns-the-piece-alone", "template_fsdp.py",
             "        return handle, piece\n", "        handle.wait()\n        return piece\n", "return a pair"),
+    Mistake("7.4", "divided-before-the-wait", "template_fsdp.py",  # the sum divided before it arrives: a race
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "        return handle, piece / self.world_size\n", "before waiting on its Work"),
+    Mistake("7.4", "divided-in-place-before-the-wait", "template_fsdp.py",  # was "the sum, not the mean: divide"
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
@@ -2076,6 +2093,23 @@ RIGHT_ANSWERS = [
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
                 ""),)),
+    RightAnswer("7.2", "copied-after-wait-all",
+                "'returning None after a blocking gather is correct too, only slower': a gather into a buffer of "
+                "its own, waited for through its Future (torch.futures.wait_all) before the copy into self.full", (
+        Mistake("7.2", "copied-after-wait-all", "template_fsdp.py",
+                "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+                "async_op=async_op)",
+                "        gathered = torch.empty_like(self.full)\n"
+                "        work = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
+                "async_op=True)\n"
+                "        torch.futures.wait_all([work.get_future()])\n"
+                "        self.full.copy_(gathered)\n", ""),)),
+    RightAnswer("7.4", "waited-inside-returns-none",
+                "'(A blocking reduce-scatter and (None, tensor) is correct too, only slower.)': an async_op=True "
+                "reduce-scatter waited for inside (wait()) is one (gloo's Work for it has no get_future(), and its "
+                "is_completed() never turns True: wait() is the way here)", (
+        Mistake("7.4", "waited-inside-returns-none", "template_fsdp.py",
+                "        return handle, piece\n", "        handle.wait()\n        return None, piece\n", ""),)),
     RightAnswer("14.1", "own-rows-into-the-constructor",
                 "'a column-parallel layer ... whose weight and bias are the rows of rank r's heads in q, then in "
                 "k, then in v ... held in new tensors of that size': the layer's own constructor takes them, no "

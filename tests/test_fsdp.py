@@ -173,9 +173,23 @@ def test_shard_flat_keeps_the_device_and_dtype_of_the_parameters(impl):
 
 # --------------------------------------------------------------------------- Task 7.2
 def _started_asynchronously(wire, kind):
-    """Whether the task started a `kind` collective with async_op=True: a handle it started must come
-    back to the caller, or nobody waits for it."""
-    return any(call.async_op for call in wire.calls if call.kind == kind)
+    """Whether the task started a `kind` collective with async_op=True and did not wait for it itself (wait(),
+    its Future, is_completed()): a handle it started must come back to the caller, or nobody waits for it."""
+    return any(call.async_op and not (call.waits or call.futures or call.done_seen)
+               for call in wire.calls if call.kind == kind)
+
+
+def _read_early(wire, result):
+    """How an asynchronous collective's output was used before its wait, as "its <kind> (async_op=True) ...
+    NaN reached <result>" or "... changed in place", else "". The inputs hold no NaN: it comes only from the
+    outputs that Wire(poison=True) leaves in an asynchronous collective until its wait(), read before it; an
+    in-place change before the wait (NaN / N is NaN, and the wait then overwrites it) the wire records."""
+    kinds = ", ".join(sorted({call.kind for call in wire.calls if call.async_op}))
+    if any(call.written_early for call in wire.calls):
+        return f"its {kinds} (async_op=True) before waiting on its Work: its output was changed in place before"
+    if kinds and torch.is_tensor(result) and torch.isnan(result.detach().float()).any():
+        return f"its {kinds} (async_op=True) before waiting on its Work: NaN reached the result, read before"
+    return ""
 
 
 def _moved(wire):
@@ -190,13 +204,13 @@ def _unshard(rank, world_size, impl, compute_dtype):
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
-        with Wire() as wire:
+        with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
             handle = unit.unshard(async_op=async_op)
             dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
             if handle is not None:
                 handle.wait()
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        _moved(wire)))
+                        _moved(wire), _read_early(wire, unit.full)))
     return results
 
 
@@ -204,7 +218,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        for async_op, dropped, same_tensor, full, expected, calls in results:
+        for async_op, dropped, same_tensor, full, expected, calls, read_early in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
             assert not sent, (
@@ -218,6 +232,11 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
             assert not dropped, (
                 f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
                 "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
+            if read_early:
+                pytest.fail(f"{T72}: unshard(async_op=True) used the outputs of {read_early} wait() filled it (the "
+                            "test leaves NaN in an asynchronous collective's outputs until wait(): in self.full, so a "
+                            "copy of the gathered tensor ran too early); gather straight into self.full and return "
+                            "the handle: the caller waits before reading")
             assert same_tensor, (f"{T72}: fill self.full in place (give back its memory with "
                                  "untyped_storage().resize_, then gather into it): the module's parameters are "
                                  "views of that very tensor")
@@ -321,10 +340,10 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     grads = [torch.randn(unit.full.numel(), generator=g) for _ in range(world_size)]  # every rank's gradient
     full_grad = grads[rank].to(compute_dtype)
     before = full_grad.clone()
-    with Wire() as wire:
+    with Wire(poison=True) as wire:  # an asynchronous reduce-scatter's output NaN until waited for: read early, seen
         returned = unit.reduce_scatter_gradient(full_grad)
         if not (isinstance(returned, tuple) and len(returned) == 2):
-            return f"{type(returned).__name__}", None, None, None, ([], 0)
+            return f"{type(returned).__name__}", None, None, None, ([], 0, "")
         handle, piece = returned
         dropped = handle is None and _started_asynchronously(wire, "reduce_scatter_tensor")
         if handle is not None:
@@ -332,7 +351,7 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
     kept = piece.untyped_storage().nbytes() if torch.is_tensor(piece) else 0
-    return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept)
+    return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept, _read_early(wire, piece))
 
 
 @pytest.mark.task7_4
@@ -342,7 +361,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     # and sum rounded, ~1% relative on values of about 1.
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
     dtype = str(compute_dtype).replace("torch.", "")
-    for rank, (dropped, untouched, piece, mean, (calls, kept)) in enumerate(
+    for rank, (dropped, untouched, piece, mean, (calls, kept, read_early)) in enumerate(
             run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
@@ -363,6 +382,11 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
         assert not dropped, (
             f"{T74}: the reduce-scatter was started asynchronously but the handle returned is None: return it, "
             "so that finish_gradient_synchronization() can wait for it")
+        if read_early:
+            pytest.fail(f"{T74}: reduce_scatter_gradient used the output of {read_early} wait() filled it (the "
+                        "test leaves NaN in an asynchronous collective's outputs until wait(), so what used the piece, "
+                        "a division after the sum, say, ran too early); divide full_grad before the reduce-scatter and "
+                        "return (handle, the very tensor it reduces into)")
         assert untouched, (
             f"{T74}: full_grad was changed in place: it is autograd's tensor, not yours; divide into a new "
             "tensor (full_grad / world_size), not full_grad.div_()")

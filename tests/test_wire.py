@@ -98,7 +98,12 @@ def _everything(rank, world_size, _):
             shown.append((before, torch.cat(pieces).tolist()))
         kept = torch.zeros(1)
         dist.reduce_scatter_tensor(kept, torch.ones(world_size))  # blocking: as it is
-        out["poisoned"] = (shown, kept.tolist(), [(c.waits, c.futures, c.done_seen) for c in wire.calls])
+        changed = torch.zeros(1)
+        work = dist.reduce_scatter_tensor(changed, torch.ones(world_size), async_op=True)
+        changed.div_(2)  # before the wait: recorded, and the wait's results replace it
+        work.wait()
+        out["poisoned"] = (shown, kept.tolist(), changed.tolist(),
+                           [(c.waits, c.futures, c.done_seen, c.written_early) for c in wire.calls])
     # check: a call it refuses never runs, and the wire is put back all the same
     def refuse_the_world(call, group):
         if group is None:
@@ -153,6 +158,7 @@ def test_the_wire_records_every_kind_its_size_its_handle_and_its_waits():
         assert after_wait == [[1.0] * 2, [float(rank)] * 3, False], out["deferred"]  # the first only
         assert at_exit == [[1.0] * 3, [(True, 1), (True, 0)]], out["deferred"]
         gathered = [float(r) for r in range(2) for _ in range(2)]
-        assert out["poisoned"] == ([(True, gathered)] * 3, [2.0],
-                                   [(1, 0, False), (0, 1, False), (0, 0, True), (0, 0, False)]), out["poisoned"]
+        assert out["poisoned"] == ([(True, gathered)] * 3, [2.0], [2.0],
+                                   [(1, 0, False, False), (0, 1, False, False), (0, 0, True, False),
+                                    (0, 0, False, False), (1, 0, False, True)]), out["poisoned"]
         assert out["refused"] == "all_reduce over the world" and out["restored"] == "all_reduce", out

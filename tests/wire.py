@@ -57,6 +57,7 @@ class Call:
     futures: int = 0
     done_seen: bool = False
     deferred: bool = False  # held back until its wait() or the wire's flush() (Wire's defer)
+    written_early: bool = False  # poisoned: its outputs were changed in place before its results came (Wire's poison)
     peer: int = None  # a message's other end, a global rank (None: any source)
     requires_grad: bool = False
 
@@ -77,6 +78,14 @@ def _first(args, kwargs):
     return (dtype_name(first.dtype), first.numel()) if torch.is_tensor(first) else ("object", 0)
 
 
+def _version(tensor):
+    """The tensor's version counter (every in-place change, its views' too, moves it); None: it keeps none."""
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference-mode tensor
+        return None
+
+
 def _size(group):
     try:
         return dist.get_world_size(group)
@@ -91,7 +100,8 @@ class Wire:
     Future complete before then was completed by hand. poison=True: an asynchronous all-gather or
     reduce-scatter runs at once into buffers of the wire's own, and the caller's (floating-point)
     outputs hold NaN until its wait(), its Future taken, or is_completed(): an output read before
-    the wait shows as NaN every time, not by the luck of a race. check(call, group), if given, runs before
+    the wait shows as NaN every time, not by the luck of a race, and one changed in place before it is
+    recorded (the Call's written_early). check(call, group), if given, runs before
     each call (raise to refuse it). recv_limit: a blocking dist.recv waits at most this many
     seconds, then raises never_came(src, tensor)."""
 
@@ -191,8 +201,10 @@ class Wire:
         real(*given.args, **given.kwargs)
         for t in outputs:
             t.fill_(float("nan"))
+        versions = [_version(t) for t in outputs]  # an in-place change before the wait moves it (NaN / 2 is NaN)
 
         def deliver():
+            call.written_early = any(v is not None and _version(t) != v for t, v in zip(outputs, versions))
             for t, result in zip(outputs, own):
                 t.copy_(result)
             return outputs
