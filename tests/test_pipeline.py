@@ -415,15 +415,13 @@ def as_task_failure(error, task, what):
             f"{where}: backward found an output with no autograd graph ({what}): the output forward_step keeps "
             "for backward, and sends, must stay attached to the graph (do not detach it), or the earlier "
             f"stages get no gradient.\n{error}")
-    # Issue 45: raw exceptions, each told by the cause the traceback proves
-    said = next((hint for hint in (raised_hint(task, text),) if hint), None)
+    said = raised_hint(task, text)  # Issue 45: raw exceptions, each told by the cause the traceback proves
+    head, _, trace = text.partition("\n\n--- rank")  # a RankFailed's: the rank's words, then its traceback
     if isinstance(error, RankFailed) and said:
-        head, _, trace = text.partition("\n\n--- rank")
         if re.search(r"raised (?:AnySource|WrongShape): ", head):  # the rank's own finding is in `said`: not twice
             return AssertionError(f"{where}: {said} ({what}).\n\n--- rank{trace}")
         return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
-        head, _, trace = text.partition("\n\n--- rank")
         frames = re.findall(r'File "[^"]*?(template_pipeline\.py)", line (\d+), in (\w+)', trace)
         at = f" (at template_pipeline.py:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
         return AssertionError(f"{where}: a rank failed ({what}): {' '.join(head.split())}{at}\n\n--- rank{trace}")
