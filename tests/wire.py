@@ -86,6 +86,14 @@ def _version(tensor):
         return None
 
 
+def _poisonable_outputs(kind, given):
+    """The output tensors of a collective whose outputs are not its input (OUTPUTS), from its bound arguments, where
+    all are floating-point (NaN can show in them); else []: the call runs as it is."""
+    out = given.arguments.get(OUTPUTS.get(kind))
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    return out if out and all(torch.is_tensor(t) and t.is_floating_point() for t in out) else []
+
+
 def _size(group):
     try:
         return dist.get_world_size(group)
@@ -175,8 +183,9 @@ class Wire:
                 given.arguments["async_op"] = False
                 self.pending.append((lambda: real(*given.args, **given.kwargs), future, sent))
                 return self._handle(call, None, future)
-            if async_op and self.poison and kind in OUTPUTS:
-                return self._poisoned(call, real, given)
+            outputs = _poisonable_outputs(kind, given) if async_op and self.poison else []
+            if outputs:
+                return self._poisoned(call, real, given, outputs)
             work = real(*args, **kwargs)
             return None if work is None else self._handle(call, work)
         return collective
@@ -186,17 +195,12 @@ class Wire:
         self.handles.append(handle)
         return handle
 
-    def _poisoned(self, call, real, given):
+    def _poisoned(self, call, real, given, outputs):
         """Run the collective now, blocking, into tensors of the wire's own; NaN in the caller's outputs until its
         handle delivers the results (wait(), get_future(), is_completed())."""
-        name = OUTPUTS[call.kind]
-        given_out = given.arguments.get(name)
-        outputs = list(given_out) if isinstance(given_out, (list, tuple)) else [given_out]
-        if not all(torch.is_tensor(t) and t.is_floating_point() for t in outputs):  # no NaN to show: as it is
-            work = real(*given.args, **given.kwargs)
-            return None if work is None else self._handle(call, work)
         own = [torch.empty_like(t) for t in outputs]
-        given.arguments[name] = own if isinstance(given_out, (list, tuple)) else own[0]
+        name = OUTPUTS[call.kind]
+        given.arguments[name] = own if isinstance(given.arguments[name], (list, tuple)) else own[0]
         given.arguments["async_op"] = False
         real(*given.args, **given.kwargs)
         for t in outputs:
