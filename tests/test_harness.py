@@ -162,6 +162,21 @@ def test_a_rank_that_cannot_import_its_tests_module_says_why():
         run_ranks(_sum_of_ranks, 2, ImportsInTheRankFail())
 
 
+def _rank_1_ends_quietly(rank, world_size):
+    if rank == 1:
+        os._exit(0)
+    return rank
+
+
+def test_a_rank_that_ends_without_answering_is_reported_at_once_even_with_exit_code_0():
+    """A rank whose pipe ended without its answer has ended for good, whatever its exit code: said then, not at
+    the time limit (60 s here)."""
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 ended with exit code 0 without reporting"):
+        run_ranks(_rank_1_ends_quietly, 2, timeout=60)
+    assert time.monotonic() - start < 30, "the harness waited for the time limit"
+
+
 def _rank_1_waits_for_a_send_that_never_comes(rank, world_size):
     if rank == 1:
         dist.recv(torch.zeros(1), src=0)
