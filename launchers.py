@@ -240,10 +240,10 @@ def set_torchrun_variables(environ=None):
 def threads_per_process(environ=None):
     """How many threads each operation of this process may compute with: OMP_NUM_THREADS when set
     to a number (torchrun sets 1 when it starts several processes), else in a task that srun started
-    its CPUs (SLURM_CPUS_PER_TASK), else the cores this process may use shared out between the
-    processes its launcher started on this machine; at least one. More threads than free cores is
-    slower: each operation waits for its slowest thread (docs/training.md). Only os and the launcher's
-    variables are read, so train_ddp.py can ask before torch is imported."""
+    its CPUs (SLURM_CPUS_PER_TASK, or the cores it is bound to), else the cores this process may use
+    shared out between the processes its launcher started on this machine; at least one. More threads
+    than free cores is slower: each operation waits for its slowest thread (docs/training.md). Only os
+    and the launcher's variables are read, so train_ddp.py can ask before torch is imported."""
     env = os.environ if environ is None else environ
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) >= 1:
@@ -257,6 +257,14 @@ def threads_per_process(environ=None):
         processes = who_am_i(env).local_world_size
     except LaunchError:  # main() says what is wrong with the variables, in one line
         processes = 1
+    # Without --cpus-per-task, srun's task/affinity binds each task to cores of its own (the node's tasks then
+    # see no more than the step's CPUs here, SLURM_CPUS_ON_NODE, together), and task/none leaves each the
+    # step's or the node's. Measured on the test cluster, 2 tasks on 2 CPUs: 1 core each, bound; both, unbound.
+    step_cpus = env.get("SLURM_CPUS_ON_NODE", "")
+    if is_srun_task(env) and step_cpus.isdigit():
+        if cores * processes <= int(step_cpus):
+            return max(1, cores)
+        cores = min(cores, int(step_cpus))
     return max(1, cores // processes)
 
 

@@ -123,6 +123,10 @@ def set_by_a_launcher(name):
     (None, {**SRUN, "SLURM_CPUS_PER_TASK": "3"}, 8, 3),  # srun gave each task its CPUs, bound to them or not
     (None, {**SRUN, "SLURM_CPUS_PER_TASK": "3"}, 3, 3),
     (None, SRUN, 4, 2),                                 # srun without --cpus-per-task: shared out
+    (None, {**SRUN, "SLURM_CPUS_ON_NODE": "8"}, 4, 4),  # ... bound to 4 of the step's 8 CPUs: its own
+    (None, {**SRUN, "SLURM_CPUS_ON_NODE": "8"}, 8, 4),  # ... not bound: the step's 8 shared out
+    (None, {**SRUN, "SLURM_CPUS_ON_NODE": "8"}, 64, 4),  # ... not bound, the whole node seen: the step's 8
+    (None, {**SRUN, "SLURM_CPUS_ON_NODE": "2"}, 1, 1),  # ... as srun -n2 gave on the test cluster, bound
     (None, {**BATCH, "SLURM_CPUS_PER_TASK": "3"}, 4, 4),  # the batch script itself is one process
 ])
 def test_threads_are_the_cores_shared_between_the_node_s_processes(monkeypatch, omp, launch, cores, expected):
