@@ -1660,6 +1660,35 @@ MISTAKES = [
             "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)",
             "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits)",
             "not over the 2 of the group it was given"),
+    Mistake("16.1", "splits-kept-on-the-class", "template_experts.py",  # trial 6: passed (a backward before each forward)
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n"
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n"
+            "        return out\n"
+            "        # --- Task 16.1 end ---\n"
+            "\n"
+            "    @staticmethod\n"
+            "    def backward(ctx, grad):\n"
+            "        # --- Task 16.1 begin ---\n"
+            "        out = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))\n"
+            "        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)\n",
+            "        _AllToAll.splits = (output_splits, input_splits, group)  # for the backward\n"
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n"
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n"
+            "        return out\n"
+            "        # --- Task 16.1 end ---\n"
+            "\n"
+            "    @staticmethod\n"
+            "    def backward(ctx, grad):\n"
+            "        # --- Task 16.1 begin ---\n"
+            "        output_splits, input_splits, group = _AllToAll.splits\n"
+            "        out = grad.new_empty((sum(input_splits), *grad.shape[1:]))\n"
+            "        dist.all_to_all_single(out, grad.contiguous(), input_splits, output_splits, group=group)\n",
+            "Keep each call's splits (and group) on its own ctx"),
+    Mistake("16.1", "backward-averaged", "template_experts.py",  # trial 6: was told to swap the splits
+            "        return out, None, None, None\n",
+            "        return out / dist.get_world_size(ctx.group), None, None, None\n",
+            "the backward divided by the group's size"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
@@ -1671,6 +1700,14 @@ MISTAKES = [
             "    received = torch.empty_like(counts)\n"
             "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
             "    received = counts.clone()\n", "Exchange the counts first"),
+    Mistake("16.2", "counts-over-the-world", "template_experts.py",  # trial 6: passed (no sub-group in 16.2's tests)
+            "    dist.all_to_all_single(received, counts, group=group)  #",
+            "    dist.all_to_all_single(received, counts)  #",
+            "not over the 2 of the group it was given"),
+    Mistake("16.2", "tokens-over-the-world", "template_experts.py",  # trial 6: passed
+            "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
+            "    arrived = all_to_all(x[token], output_splits, input_splits)\n",
+            "not over the 2 of the group it was given"),
     # Task 16.3
     Mistake("16.3", "not-gate-weighted", "template_experts.py",
             "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
@@ -1685,6 +1722,10 @@ MISTAKES = [
     Mistake("16.3", "gate-not-cast", "template_experts.py",  # passed: float64 everywhere; fails in any float32 model
             "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)",
             "    gate = plan.weight[plan.token, plan.choice].unsqueeze(-1)", "cast the gate to the outputs' dtype"),
+    Mistake("16.3", "combine-over-the-world", "template_experts.py",  # trial 6: passed (no sub-group in 16.3's tests)
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)",
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits)",
+            "not over the 2 of the group it was given"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"

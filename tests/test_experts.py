@@ -77,7 +77,9 @@ def _close(a, b):
 SPLITS = {
     "even totals": [[1, 0, 2], [0, 3, 0], [2, 0, 1]],  # every rank sends 3 and receives 3, not to the same ranks
     "empty": [[1, 2, 0], [0, 0, 0], [3, 0, 0]],  # rank 1 sends nothing; rank 2 receives nothing
+    "asymmetric": [[1, 2, 0], [0, 1, 2], [2, 0, 1]],  # every rank sends 3 and receives 3, from other ranks than to
 }
+CHAINED = "asymmetric"  # the splits of the way there and back: a second all_to_all before the first one's backward
 
 
 def _rows(rank, count, offset=0.0):
@@ -107,6 +109,18 @@ def _a2a(rank, world_size, impl):
                 continue
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward])
+    # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
+    # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
+    splits = SPLITS[CHAINED]
+    input_splits, output_splits = splits[rank], [splits[s][rank] for s in range(world_size)]
+    x = _rows(rank, sum(input_splits)).requires_grad_()
+    grad_out = _rows(rank, sum(input_splits), offset=1000.0)
+    try:
+        back = ep.all_to_all(ep.all_to_all(x, output_splits, input_splits) * 2, input_splits, output_splits)
+        (grad_x,) = torch.autograd.grad(back, x, grad_out)
+        out["there and back"] = dict(error=None, y=back.detach(), grad_x=grad_x)
+    except (RuntimeError, ValueError) as error:
+        out["there and back"] = dict(error=f"{type(error).__name__}: {error}"[:400])
     return out
 
 
@@ -152,6 +166,11 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert _close(got["y"], y_expected), (
                 f"{T161}: {where} received {got['y'][:, 0].tolist()}, expected {y_expected[:, 0].tolist()} (row r of "
                 "rank s is 100 s + r): rank s's rows for this rank, in rank order, a new tensor of sum(output_splits) rows")
+            if not _close(got["grad_x"], grad_expected) and _close(got["grad_x"] * 3, grad_expected):  # each a third
+                pytest.fail(f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, a third of the expected "
+                            f"{grad_expected[:, 0].tolist()}: the backward divided by the group's size (3); an "
+                            "all-to-all moves rows and sums nothing, so its backward sends each row's gradient back "
+                            "as it is, not averaged")
             assert _close(got["grad_x"], grad_expected), (
                 f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, expected "
                 f"{grad_expected[:, 0].tolist()}: backward must send each row's gradient back to the rank the row came "
@@ -163,6 +182,25 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
                 f"out, {received} in), it sent {got['backward']}")
+        _check_there_and_back(rank, out["there and back"])
+
+
+def _check_there_and_back(rank, got):
+    """all_to_all there (the splits of CHAINED) and back (swapped), both forwards before the backwards, as dispatch
+    and combine run in a MoE layer; said after each call alone passed, with the same splits."""
+    splits = SPLITS[CHAINED]
+    where = (f"all_to_all on rank {rank} of 3 there and back (the {CHAINED} splits {splits}, then the splits swapped), "
+             "both forwards before either backward, as a MoE layer's dispatch and combine")
+    x, grad_out = _rows(rank, sum(splits[rank])), _rows(rank, sum(splits[rank]), offset=1000.0)
+    assert got["error"] is None, f"{T161}: {where} failed: {got['error']}"
+    assert _close(got["y"], 2 * x), (
+        f"{T161}: {where}: got {got['y'][:, 0].tolist()}, expected twice this rank's rows {(2 * x)[:, 0].tolist()}")
+    if not _close(got["grad_x"], 2 * grad_out):
+        pytest.fail(f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, expected "
+                    f"{(2 * grad_out)[:, 0].tolist()}, while each all_to_all alone with these splits gave the right "
+                    "gradient: the second call's forward changed what the first call's backward uses. Keep each "
+                    "call's splits (and group) on its own ctx, not on the class or in a global: a MoE layer runs "
+                    "two all-to-alls before either backward")
 
 
 def _a2a_in_groups(rank, world_size, impl):
@@ -989,6 +1027,67 @@ def test_a_rank_with_no_tokens_still_takes_part_in_every_all_to_all(impl, task):
                 + (f", expected {tuple(y.shape)}" if got["y"].shape != y.shape else ", not the gated sum of the "
                    "experts' outputs for its tokens") + (": a rank with no tokens returns a (0, dim) y"
                                                          if rank == EMPTY_RANK else ""))
+
+
+def _stop_outside(size):
+    """A Wire check: a collective over another number of ranks than the group's is stopped before it runs, the same
+    on every rank (over the default group the sizes of the two groups' messages would not match: a hang or an abort)."""
+    def check(call, group):
+        if call.group_size != size:
+            raise WrongGroup(f"{call.kind} over {call.group_size} ranks")
+    return check
+
+
+class WrongGroup(Exception):
+    """Raised by _stop_outside: a collective outside the group given (said by the test, with its cause)."""
+
+
+def _dispatch_in_groups(rank, world_size, impl, task):
+    """dispatch, experts that multiply by (global index + 2), combine, inside the ep groups [0, 1] and [2, 3] of 4
+    ranks, each group on tokens of its own: (this rank in its group, its tokens' routing, the experts' inputs, y),
+    or the collective that ran outside the group."""
+    ep = judging(impl, task)
+    group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    grank = rank % 2
+    torch.manual_seed(160 + rank // 2)  # other tokens in each group
+    moe = models.MoE(DIM, HIDDEN, 4, 2, 8.0).double()
+    xs = [torch.randn(TOKENS, DIM, dtype=torch.float64) for _ in range(2)]
+    routings = [models.route(moe.router(x).detach(), 2, 8.0) for x in xs]
+    with Wire(check=_stop_outside(2)):
+        try:
+            inputs, plan = ep.dispatch(xs[grank], routings[grank], 4, group)
+            outputs = [x * (e + 2) for e, x in zip(ep.local_experts(4, group), inputs)]
+            y = ep.combine(outputs, plan, group).detach()
+        except WrongGroup as error:
+            return dict(error=str(error))
+    return dict(error=None, grank=grank, xs=xs, routings=routings, inputs=[x.detach() for x in inputs], y=y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [pytest.param("16.2", marks=pytest.mark.task16_2),
+                                  pytest.param("16.3", marks=pytest.mark.task16_3)])
+def test_dispatch_and_combine_run_inside_the_group_they_are_given(impl, task):
+    """4 ranks, the ep groups [0, 1] and [2, 3], each on tokens of its own: every collective over the group given (the
+    default group, all 4 ranks, passed every test above, where the group is the world)."""
+    judging(impl, task)
+    for rank, got in enumerate(run_ranks(_dispatch_in_groups, 4, impl, task, timeout=60)):
+        where = (f"rank {rank} of 4, in the ep group {[rank // 2 * 2, rank // 2 * 2 + 1]} (E = 4, k = 2), on its "
+                 "group's tokens")
+        assert got["error"] is None, (
+            f"{TASK[task]}: {where}: {'dispatch' if task == '16.2' else 'combine'} ran a collective ({got['error']}, "
+            "stopped by the test) not over the 2 of the group it was given: pass group=group to every collective and "
+            "all_to_all, the counts' and the tokens' (the default group is all 4 ranks)")
+        xs, routings, grank = got["xs"], got["routings"], got["grank"]
+        mine = range(2 * grank, 2 * grank + 2)
+        want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(2)])
+                for e in mine]
+        assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
+            f"{TASK[task]}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} rows, "
+            f"expected {[tuple(w.shape) for w in want]}: every rank of the group's kept rows for them")
+        routing, x = routings[grank], xs[grank]
+        gates = (routing.weight * routing.kept).to(x.dtype)
+        y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
+        assert _close(got["y"], y), f"{TASK[task]}: {where}: y is not the gated sum of the experts' outputs for its tokens"
 
 
 def _sync_with_zero_gradients(rank, world_size, impl):
