@@ -1708,6 +1708,18 @@ MISTAKES = [
             "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
             "    arrived = all_to_all(x[token], output_splits, input_splits)\n",
             "not over the 2 of the group it was given"),
+    Mistake("16.2", "counts-as-floats", "template_experts.py",  # trial 6: was told it guessed its sizes
+            "    counts = torch.bincount(expert, minlength=num_experts)  #",
+            "    counts = torch.zeros(num_experts).index_add_(0, expert, torch.ones(len(expert)))  #",
+            "count in integers"),
+    Mistake("16.2", "pairs-enumerated-choice-major", "template_experts.py",  # trial 6: was told to sort stably
+            "    token, choice = torch.where(routing.kept)  # token order, then choice\n",
+            "    choice, token = torch.where(routing.kept.t())\n",
+            "listed choice by choice"),
+    Mistake("16.2", "tokens-detached-before-sending", "template_experts.py",  # trial 6: a bare count of the backward's calls
+            "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
+            "    arrived = all_to_all(x[token].detach(), output_splits, input_splits, group)\n",
+            "never came back through dispatch's all-to-all"),
     # Task 16.3
     Mistake("16.3", "not-gate-weighted", "template_experts.py",
             "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
@@ -1726,6 +1738,18 @@ MISTAKES = [
             "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)",
             "    back = all_to_all(send, plan.input_splits, plan.output_splits)",
             "not over the 2 of the group it was given"),
+    Mistake("16.3", "zeros-in-the-default-dtype", "template_experts.py",  # trial 6: was a raw index_add_ error
+            "    return back.new_zeros((tokens, back.shape[-1]))",
+            "    return torch.zeros(tokens, back.shape[-1])",
+            "made in torch's default dtype (float32) met the float64"),
+    Mistake("16.3", "tokens-counted-from-the-plan", "template_experts.py",  # trial 6: was a raw reshape error
+            "    tokens = plan.weight.shape[0]\n",
+            "    tokens = int(plan.token.max()) + 1 if len(plan.token) else 0\n",
+            "y has one row per token"),
+    Mistake("16.3", "gate-cast-to-float32", "template_experts.py",  # trial 6: was told the outputs came in dispatch order
+            "plan.weight[plan.token, plan.choice].to(back.dtype)",
+            "plan.weight[plan.token, plan.choice].float()",
+            "gates rounded to float32"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -1825,6 +1849,15 @@ MISTAKES = [
             '            model.add_module(name, ExpertParallelMoE.from_moe(module, ep_group))\n'
             '    return model\n',
             "take a child's own name, without dots"),
+    Mistake("16.4", "aux-loss-detached", "template_experts.py",  # trial 6: was told the gates were detached
+            "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n",
+            "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts).detach()\n",
+            "out of the graph"),
+    Mistake("16.4", "router-made-anew", "template_experts.py",  # trial 6: a bare difference of the outputs
+            "        return cls(moe.router, experts,",
+            "        router = nn.Linear(moe.router.in_features, moe.num_experts, bias=False, dtype=moe.router.weight.dtype)\n"
+            "        return cls(router, experts,",
+            "router weight is not the models.MoE's"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one

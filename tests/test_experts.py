@@ -274,7 +274,8 @@ def _reference(moe, xs, grads):
     """models.MoE on each rank's slice in turn: outputs, aux losses, each slice's input gradient and
     router gradient (its own loss's), and every expert's gradient summed over the slices' losses."""
     moe = copy.deepcopy(moe)
-    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[], x=[x.clone() for x in xs])
+    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[], x=[x.clone() for x in xs],
+               choice_major=[])
     total = 0
     for x, g in zip(xs, grads):
         x = x.clone().requires_grad_()
@@ -289,6 +290,9 @@ def _reference(moe, xs, grads):
         routing = models.route(moe.router(x.detach()), moe.top_k, moe.capacity_factor)
         out["expert_inputs"].append([x.detach()[torch.where((routing.expert == e) & routing.kept)[0]]
                                      for e in range(moe.num_experts)])
+        # every first choice before any second choice: the order a choice-by-choice enumeration gives
+        out["choice_major"].append([x.detach()[torch.where(((routing.expert == e) & routing.kept).t())[1]]
+                                    for e in range(moe.num_experts)])
         with torch.no_grad():  # what a combine that forgets the gates gives
             ungated = torch.zeros_like(x)
             for e, expert in enumerate(moe.experts):
@@ -316,6 +320,11 @@ def _counts_check(rank, expected_rows, task):
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
             return
+        if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1:
+            raise AssertionError(  # the tokens are (rows, dim): a 1-D tensor first is the counts
+                f"{TASK[task]}: rank {rank} exchanges its counts as {dtype_name(call.dtype)} (a 1-D all-to-all of "
+                f"{call.shape[0]} elements before the tokens): count in integers (torch.bincount gives int64), so that "
+                "the split sizes taken from them (.tolist()) are ints")
         if not seen["counts"] and not seen["tokens"]:
             raise AssertionError(
                 f"{TASK[task]}: rank {rank} sends its tokens (an all-to-all that would receive {call.shape[0] if call.shape else '?'} "
@@ -381,6 +390,9 @@ def _layer(rank, world_size, impl, task, configs):
         copied = copy.deepcopy(moe)
         layer = ep.ExpertParallelMoE.from_moe(copied)
         got["held"] = [_which_expert(moe, mlp) for mlp in layer.experts]
+        router = getattr(getattr(layer, "router", None), "weight", None)
+        got["router_same"] = isinstance(router, torch.Tensor) and router.shape == moe.router.weight.shape and torch.equal(
+            router, moe.router.weight)
         del copied
         x = xs[rank].clone().requires_grad_()
         with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
@@ -401,12 +413,20 @@ def _layer(rank, world_size, impl, task, configs):
                         if task == "16.3" and "Split sizes" in str(error) else
                         "; the layer gets (B, S, dim) tokens, models.route takes (T, E) logits: flatten the tokens to "
                         "(T, dim) first, as models.MoE does, and reshape the output back"
-                        if isinstance(error, ValueError) and "unpack" in str(error) else "")
+                        if isinstance(error, ValueError) and "unpack" in str(error) else
+                        "; a tensor made in torch's default dtype (float32) met the float64 expert outputs: make new "
+                        "tensors in the outputs' dtype (back.new_zeros(...), or dtype=...)"
+                        if "self (Float) and source (Double)" in str(error) else
+                        f"; combine alone returned {got['identity'].shape[0]} rows for this rank's {TOKENS} tokens: y has "
+                        "one row per token, T = plan.weight.shape[0] (the routing's), zeros for a token none of whose "
+                        "choices was kept" if task == "16.3" and isinstance(got.get("identity"), torch.Tensor)
+                        and got["identity"].shape[0] != TOKENS else "")
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
             backward = [(c.kind, c.tensors) for c in wire.calls[len(forward):]]
         got.update(y=y.detach().view(TOKENS, DIM), aux=aux.detach() if isinstance(aux, torch.Tensor) else aux,
+                   aux_in_graph=isinstance(aux, torch.Tensor) and aux.requires_grad,
                    grad_x=x.grad, grad_router=layer.router.weight.grad, forward=forward, backward=backward,
                    num_local=len(layer.experts),
                    grad_experts=[{n: None if p.grad is None else p.grad.clone() for n, p in e.named_parameters()}
@@ -444,6 +464,10 @@ def _combine_hint(got, rank):
                 "the outputs come back to the wrong tokens. Send them back in the order dispatch received them (for "
                 "each source rank, its rows for local expert 0, then expert 1, ...: plan.received), so that the "
                 "all-to-all with the splits swapped returns every rank its rows in the order it sent them")
+    rounded = (routing.weight.float().to(x.dtype) * routing.kept).sum(dim=1, keepdim=True) * x
+    if not _close(rounded, expected) and _close(y, rounded):
+        return (": combine alone, every expert the identity, weighted each token by its gates rounded to float32: "
+                "cast the gate to the outputs' dtype (float64 here), not to float32")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
     if single and all(single):
@@ -477,6 +501,13 @@ def _check_expert_inputs(rank, world_size, got):
         if got_j.shape[0] > everything:
             hint = (": more rows than the kept choices: a choice past its expert's capacity (routing.kept False) "
                     "is dropped, it travels nowhere")
+        elif got_j.shape == want.shape and torch.equal(got_j, torch.cat([ref["choice_major"][s][mine[j]]
+                                                                          for s in range(world_size)])):
+            raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) holds the right "
+                                 f"{want.shape[0]} rows, within each rank's in choice order (every first choice, then "
+                                 "every second choice), not in token order: the (token, choice) pairs were listed "
+                                 "choice by choice (torch.where on routing.kept.t(), or a loop over the choices); list "
+                                 "them in token order (torch.where(routing.kept)) before the stable sort by expert")
         elif got_j.shape == want.shape and torch.equal(got_j.sort(dim=0).values, want.sort(dim=0).values):
             raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) holds the right "
                                  f"{want.shape[0]} rows in another order: rank 0's first, then rank 1's, ..., each in "
@@ -513,6 +544,9 @@ def _check_held(task, rank, world_size, got):
     assert got["num_local"] == len(mine), (
         f"{T}: {where}: the layer holds {got['num_local']} experts in `experts`, expected E / N = {len(mine)}: a rank keeps "
         "its own experts only, the others' memory is not freed otherwise")
+    assert got["router_same"], (
+        f"{T}: {where}: the layer's router weight is not the models.MoE's: the router is the MoE's own (or a copy of "
+        "it), whole on every rank; a new nn.Linear starts from new random weights")
     assert got["held"] == mine, (
         f"{T}: {where}: the layer holds the experts {got['held']} of the models.MoE, expected {mine}: rank r holds the "
         "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to"
@@ -543,6 +577,11 @@ def _check_layer(task, rank, world_size, got):
     assert len(others) == 1 and token_calls == expected_forward, (
         f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
         f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
+    if len(backward) == 1 and not _close(got["grad_x"], ref["grad_x"][rank]):
+        pytest.fail(f"{T}: {where}: the layer's backward sent one all-to-all, combine's, and the input's gradient differs "
+                    "from models.MoE's: the tokens' gradients never came back through dispatch's all-to-all, whose "
+                    "rows were cut from the graph (x[token].detach(), or dist.all_to_all_single, which autograd does "
+                    "not see): send them with all_to_all (16.1), differentiable")
     assert sorted(t for _, t in backward) == sorted(expected_forward) and len(backward) == 2, (
         f"{T}: {where}: the layer's backward should send two all-to-alls (the tokens' gradients back the way they "
         f"came), it sent {backward}")
@@ -551,7 +590,7 @@ def _check_layer(task, rank, world_size, got):
     if not _close(y, y_ref):
         tokens_y = y.shape[0] == y_ref.shape[0]
         hint = ""
-        if (tokens_y and torch.allclose(y.sort(dim=0).values, y_ref.sort(dim=0).values)) or (
+        if (tokens_y and _close(y.sort(dim=0).values, y_ref.sort(dim=0).values)) or (
                 not tokens_y and y.shape[0] == ref["kept"][rank]):
             hint = (": the outputs are returned in the order dispatch sent them (one row per kept choice, by "
                     "expert), not in token order: add each at its token (plan.token), in the original token order")
@@ -565,6 +604,9 @@ def _check_layer(task, rank, world_size, got):
     assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
         f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
         "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
+    assert got["aux_in_graph"], (
+        f"{T}: {where}: the layer's aux_loss has the right value but is out of the graph (requires_grad False): the "
+        "load-balancing loss trains the router through it; keep it in the graph, as models.MoE does (no detach, no .item())")
     # the router's first: with the outputs right, only the gates' path makes it differ (and then x's too)
     if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
         pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
