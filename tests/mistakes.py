@@ -1858,6 +1858,10 @@ MISTAKES = [
             "        router = nn.Linear(moe.router.in_features, moe.num_experts, bias=False, dtype=moe.router.weight.dtype)\n"
             "        return cls(router, experts,",
             "router weight is not the models.MoE's"),
+    Mistake("16.4", "probs-in-the-logits-dtype", "template_experts.py",  # trial 6: passed (float64 only)
+            "        probs = logits.softmax(dim=-1, dtype=routing.weight.dtype)\n",
+            "        probs = logits.softmax(dim=-1)\n",
+            "router probabilities were taken in bfloat16"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
@@ -1885,6 +1889,18 @@ MISTAKES = [
             "                grad /= divisor\n", "not one per parameter"),
     Mistake("16.5", "dense-grads-not-averaged", "template_experts.py",
             "not in experts], \"all\", dist.get_world_size())", "not in experts], None, 1)", "not averaged over the ranks"),
+    Mistake("16.5", "parameters-without-grad-not-skipped", "template_experts.py",  # trial 6: passed (every parameter had a gradient)
+            "    with_grad = [p for p in model.parameters() if p.grad is not None]\n",
+            "    with_grad = list(model.parameters())\n",
+            "parameters without .grad are left alone"),
+    Mistake("16.5", "copies-from-the-ep-group", "template_experts.py",  # trial 6: passed (ep 2 of 4: 2 copies)
+            "    copies = 1 if expert_dp_group is None else dist.get_world_size(expert_dp_group)\n",
+            "    copies = 1 if expert_dp_group is None else dist.get_world_size(ep_group)\n",
+            "summed over the 2 copies of expert_dp_group"),
+    Mistake("16.5", "experts-summed-over-copies", "template_experts.py",  # trial 6: was told to divide by N
+            "expert_dp_group, size * copies)",
+            "expert_dp_group, size)",
+            "summed over the 2 copies of expert_dp_group"),
     # Issue 45: what a student trial of Tasks 11-13 found passing or told with a wrong cause
     Mistake("12.3", "forgets-every-bucket", "template_compression.py",  # the reference's own bug: a KeyError
             "        if not state.warm_start:  # this bucket's only: the others may still be in flight\n"

@@ -680,7 +680,37 @@ def _suite(rank, world_size, impl, task, configs, extras):
         out["vit"] = _vit(rank, world_size, impl, task, world_size, 4, 2, 1.0)
     if "subgroups" in extras:
         out["subgroups"] = _subgroups(rank, world_size, ep)
+    if "bfloat16" in extras:
+        out["bfloat16"] = _aux_in_bfloat16(rank, ep)
     return out
+
+
+def _aux_in_bfloat16(rank, ep):
+    """The layer's aux_loss in a bfloat16 MoE against models.MoE's (its router probabilities in float32, as
+    models.route's gates), and the loss of probabilities left in bfloat16: (the layer's, models.MoE's, bfloat16's)."""
+    torch.manual_seed(20 + rank)
+    moe = models.MoE(DIM, HIDDEN, 4, 2, 8.0).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, DIM).to(torch.bfloat16)
+    reference = copy.deepcopy(moe)
+    reference(x)
+    layer = ep.ExpertParallelMoE.from_moe(copy.deepcopy(moe))
+    with torch.no_grad():
+        layer(x)
+        logits = moe.router(x.view(TOKENS, DIM))
+        coarse = models.load_balancing_loss(logits.softmax(dim=-1), models.route(logits, 2, 8.0).expert, 4)
+    aux = layer.aux_loss
+    return tuple(float(a) if isinstance(a, torch.Tensor) else a for a in (aux, reference.aux_loss, coarse))
+
+
+def _check_aux_in_bfloat16(rank, world_size, got):
+    mine, want, coarse = got
+    where = f"rank {rank} of {world_size}, a bfloat16 MoE (E = 4, k = 2)"
+    if isinstance(mine, float) and abs(mine - want) > 1e-6 * abs(want) and abs(mine - coarse) <= 1e-6 * abs(coarse):
+        pytest.fail(f"{T164}: {where}: the layer's aux_loss is {mine}, models.MoE's {want}: its router probabilities "
+                    "were taken in bfloat16; models.MoE takes them in the gates' dtype, float32 at least "
+                    "(logits.softmax(dim=-1, dtype=routing.weight.dtype)): bfloat16 probabilities are too coarse")
+    assert isinstance(mine, float) and abs(mine - want) <= 1e-6 * abs(want), (
+        f"{T164}: {where}: the layer's aux_loss is {mine}, models.MoE's {want}")
 
 
 def _subgroups(rank, world_size, ep):
@@ -795,6 +825,8 @@ def _run_suite(impl, task, world_size, configs, extras=()):
             _check_vit(task, rank, world_size, world_size, out["vit"])
         if "subgroups" in extras:
             _check_subgroups(rank, world_size, out["subgroups"])
+        if "bfloat16" in extras:
+            _check_aux_in_bfloat16(rank, world_size, out["bfloat16"])
         if "refused" in extras:
             assert out["refused"] is not None, (
                 f"{TASK[task]}: rank {rank}: 3 experts over 2 ranks must raise ValueError with one clear line, on every "
@@ -820,7 +852,8 @@ def test_combine_gives_models_moe_outputs_and_gradients(impl, world_size, config
 def test_expert_parallel_moe_computes_models_moe_with_its_experts_only(impl, world_size, configs):
     """The layer's output, aux_loss and gradients; its bytes (E / N experts, the others freed); a ViT converted by
     parallelize_moe, whose aux_loss() still counts the layer; 3 experts over 2 ranks refused."""
-    _run_suite(impl, "16.4", world_size, configs, ("storage", "vit", "subgroups") + (("refused",) if world_size == 2 else ()))
+    _run_suite(impl, "16.4", world_size, configs,
+               ("storage", "vit", "subgroups", "bfloat16") + (("refused",) if world_size == 2 else ()))
 
 
 # --------------------------------------------------------------------------- the ViT (16.4, 16.5)
@@ -869,9 +902,16 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     if task == "16.5":  # a float32 parameter among the float64 ones: one collective per group AND dtype
         with torch.no_grad():
             vit.head.bias.data, vit.head.bias.grad = vit.head.bias.data.float(), vit.head.bias.grad.float()
+        vit.pos_embed.grad = None  # frozen, say: left alone
     members = []  # the global ranks of each collective's group, in call order (the sizes alone cannot tell groups apart)
+    crashed = None
     with Wire(check=lambda call, group: members.append(dist.get_process_group_ranks(group or dist.group.WORLD))) as wire:
-        ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+        try:
+            ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+        except AttributeError as error:  # said by the test where a None .grad proves its cause
+            if "'NoneType'" not in str(error) or wire.calls:
+                raise
+            crashed = one_line(error)
     per_rank = num_experts // ep_size
     first = (rank % ep_size) * per_rank
     expected, got = {}, {}
@@ -879,9 +919,12 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
         found = re.match(r"(.*\.experts)\.(\d+)\.(.*)", name)
         ref_name = f"{found[1]}.{first + int(found[2])}.{found[3]}" if found else name
         expected[name], got[name] = grads.get(ref_name), p.grad
+    if task == "16.5":
+        expected["pos_embed"] = None
     copies = world_size // ep_size
     expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
+                crashed=crashed, frozen_numel=vit.pos_embed.numel() if task == "16.5" else 0,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
@@ -924,6 +967,14 @@ def _check_vit(task, rank, world_size, ep_size, got):
     assert abs(got["loss"] - got["ref_loss"]) < 1e-10, f"{T}: {where}: the loss differs from one process's"
     if task != "16.5":
         return
+    if got["crashed"]:
+        pytest.fail(f"{T}: {where}: sync_moe_gradients raised {got['crashed']}, before any collective, on a model where "
+                    "pos_embed has no gradient (None: frozen, or unused in the step): parameters without .grad are left "
+                    "alone (leave them out of the flat buffers)")
+    assert got["got"]["pos_embed"] is None, (
+        f"{T}: {where}: pos_embed had no gradient (None: frozen, or unused in the step) and must keep None after the "
+        "sync, not get one")
+    del got["got"]["pos_embed"], got["expected"]["pos_embed"]
     def close(have, want):
         if have is not None and want is not None and have.dtype == torch.float32:  # head.bias, made float32
             return have.shape == want.shape and torch.allclose(have.double(), want, atol=1e-6, rtol=1e-5)
@@ -944,9 +995,15 @@ def _check_vit(task, rank, world_size, ep_size, got):
     if experts:
         r = [ratio.get(name, float("nan")) for name in experts]
         hint = ""
-        if all(abs(x - ep_size) < 1e-6 for x in r):
+        copies = got["copies"]
+        if copies > 1 and copies != ep_size and all(abs(x - copies) < 1e-6 for x in r):
+            hint = (f": {copies} times too large: summed over the {copies} copies of expert_dp_group, not averaged: "
+                    f"divide by its size too (the divisor is N * copies = {ep_size * copies}, here N = {ep_size})")
+        elif all(abs(x - ep_size) < 1e-6 for x in r):
             hint = (f": {ep_size} times too large: the all-to-all's backward already SUMMED every rank's tokens' gradients "
-                    f"into the expert: divide by the expert-parallel size {ep_size}")
+                    f"into the expert: divide by the expert-parallel size {ep_size}"
+                    + (f" and by the {copies} copies of expert_dp_group it is summed over (here both are {ep_size}: "
+                       f"the divisor is N * copies = {ep_size * copies})" if copies == ep_size else ""))
         elif all(abs(x - 1 / ep_size) < 1e-6 for x in r):
             hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
                     "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
@@ -978,11 +1035,12 @@ def _check_vit(task, rank, world_size, ep_size, got):
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
     wire = got["wire"]
     head = 10  # head.bias, float32
-    expected = [("all_reduce", "float64", got["dense_numel"] - head, world_size), ("all_reduce", "float32", head, world_size)]
+    dense = got["dense_numel"] - head - got["frozen_numel"]
+    expected = [("all_reduce", "float64", dense, world_size), ("all_reduce", "float32", head, world_size)]
     expected += [("all_reduce", "float64", got["expert_numel"], got["copies"])] if got["copies"] > 1 else []
     assert sorted(wire) == sorted(expected), (
         f"{T}: {where}: sync_moe_gradients should send one all-reduce of the non-expert gradients over all ranks per "
-        f"dtype (here {got['dense_numel'] - head} float64 and {head} float32: the head's bias)"
+        f"dtype (here {dense} float64 and {head} float32: the head's bias; pos_embed, without .grad, left out)"
         + (f", and one of the {got['expert_numel']} expert gradients over the {got['copies']} ranks of expert_dp_group"
            if got["copies"] > 1 else ", and nothing for the experts (one copy)")
         + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
@@ -990,8 +1048,8 @@ def _check_vit(task, rank, world_size, ep_size, got):
 
 @pytest.mark.task16_5
 @pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
-    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
-    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
+    (2, 2, 4, 2, 0.5), slow(2, 1, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
+    ids=["2 ranks ep 2", "2 ranks ep 1 (2 copies)", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
 def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
     judging(impl, "16.5")
     for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
