@@ -1390,6 +1390,37 @@ MISTAKES = [
     Mistake("14.5", "first-split-missing", "template_sequence_parallel.py",  # the other reading of a whole block input
             "        model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))\n",
             "", "either the split never ran or a gather undid it"),
+    Mistake("14.2", "mlp-over-the-world", "template_sequence_parallel.py",  # trial 6: passed (14.2 had no sub-group)
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "    mlp.fc1 = column.from_linear(mlp.fc1)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2)\n",
+            "not over the 2 of the group it was given"),
+    Mistake("14.3", "keep-slice-by-global-rank", "template_sequence_parallel.py",  # trial 6: was a raw IndexError
+            "        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)\n",
+            "        rank, size = dist.get_rank(), dist.get_world_size(ctx.group)\n",
+            "not this rank's place in the group"),
+    Mistake("14.3", "gather-buffers-in-the-default-dtype", "template_sequence_parallel.py",  # trial 6: was gloo's raw ValueError
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]\n",
+            "        pieces = [torch.empty(x.shape) for _ in range(dist.get_world_size(group))]\n",
+            "make the buffers with the input's dtype"),
+    Mistake("14.3", "rs-backward-cat-along-dim-0", "template_sequence_parallel.py",  # trial 6: was told it ran the same collective again
+            "        return torch.cat(pieces, dim=1), None\n",
+            "        return torch.cat(pieces), None\n",
+            "concatenated the ranks' gradients along dim 0"),
+    Mistake("14.4", "row-bias-on-rank-0-only", "template_sequence_parallel.py",  # trial 6: a bare difference
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        return y if self.bias is None or dist.get_rank(self.group) != 0 else y + self.bias\n",
+            "each adds the bias, once"),
+    Mistake("14.5", "summed-in-float32", "template_sequence_parallel.py",  # trial 6: a bare list of calls
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n",
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same]).float()\n",
+            "sent the float64 gradients as float32"),
+    Mistake("14.5", "missing-gradient-not-skipped", "template_sequence_parallel.py",  # trial 6: was a raw AttributeError
+            "        if param.grad is not None:\n"
+            "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "parameters without .grad are skipped"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
