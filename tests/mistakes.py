@@ -1421,6 +1421,25 @@ MISTAKES = [
             "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
             "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
             "parameters without .grad are skipped"),
+    Mistake("14.5", "sync-over-the-world", "template_sequence_parallel.py",  # trial 6: named already; kept so
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM)\n",
+            "not over the 2 of the group it was given"),
+    Mistake("14.4", "block-gather-keeps-the-slice", "template_sequence_parallel.py",  # trial 6: named already
+            "(gather_sequence(args[0], group), *args[1:])",
+            "(gather_sequence(args[0], group, tensor_parallel_output_grad=False), *args[1:])",
+            "must reduce-scatter the gradient in backward"),
+    Mistake("14.4", "gather-hooks-on-qkv-and-fc1", "template_sequence_parallel.py",  # trial 6: named already
+            "        for module in (block.attn, block.mlp):",
+            "        for module in (block.attn.qkv, block.mlp.fc1):",
+            "attn and mlp EACH get the whole sequence"),
+    Mistake("14.5", "missing-gradient-as-zeros", "template_sequence_parallel.py",  # trial 6: named already
+            "        if param.grad is not None:\n"
+            "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "        if param.grad is None:\n"
+            "            param.grad = torch.zeros_like(param)\n"
+            "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "must keep None"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -1781,6 +1800,10 @@ MISTAKES = [
             "plan.weight[plan.token, plan.choice].to(back.dtype)",
             "plan.weight[plan.token, plan.choice].float()",
             "gates rounded to float32"),
+    Mistake("16.3", "gate-detached", "template_experts.py",  # trial 6: named already
+            "plan.weight[plan.token, plan.choice].to(back.dtype)",
+            "plan.weight[plan.token, plan.choice].detach().to(back.dtype)",
+            "(not detached)"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -1893,6 +1916,10 @@ MISTAKES = [
             "        probs = logits.softmax(dim=-1, dtype=routing.weight.dtype)\n",
             "        probs = logits.softmax(dim=-1)\n",
             "router probabilities were taken in bfloat16"),
+    Mistake("16.4", "capacity-over-the-group", "template_experts.py",  # trial 6: named already
+            "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
+            "        routing = models.route(logits, self.top_k, self.capacity_factor * dist.get_world_size(self.group))\n",
+            "counted on THIS rank's T tokens"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one

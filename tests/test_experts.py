@@ -10,7 +10,10 @@ k = 1 and 2, E = 4 and 8, N = 2 and 4 ranks, 13 tokens a rank (divisible by noth
 rank whose tokens all go to one expert, an expert no token reaches. What goes on the wire is recorded
 (tests/wire.py): per MoE layer, forward one count exchange and two token all-to-alls, backward two,
 of the kept tokens' sizes, nothing else. The all-to-all (16.1) is tested alone on rank-valued rows
-with uneven and empty splits. The tests of one task take solutions/' answers to the others.
+with uneven and empty splits, and there and back before either backward (as dispatch and combine).
+Dispatch and combine also run inside ep groups of 4 ranks (slow), where the default group is wrong;
+the layer's aux_loss in a bfloat16 MoE; the sync with a parameter without .grad, and with --ep 1,
+where the copies are not N. The tests of one task take solutions/' answers to the others.
 """
 import copy
 import gc

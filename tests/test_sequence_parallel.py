@@ -10,7 +10,8 @@ ranks), with and without sequence parallelism, 1, 2 and 3 blocks deep, and with 
 parallelize_module plan (ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput).
 What goes on the wire is recorded per block, forward and backward; what a rank stores is counted
 in bytes. Task 14.3's operators are called alone on rank-valued inputs, as Task 9.1's, and (slow) inside
-the groups [0, 1] and [2, 3] of 4 ranks, where the default group is wrong; so is Task 14.5's sync. A small
+the groups [0, 1] and [2, 3] of 4 ranks, where the default group is wrong; so is Task 14.5's sync, and
+(slow) the attention, the MLP, the block and the ViT each split over those groups of a 2-D grid. A small
 ViT trains a few SGD steps at T = 2 against one process. The tests of one task take solutions/'
 answers to the others and to Task 9 (judging), so a mistake costs one task's points.
 """
