@@ -1390,6 +1390,56 @@ MISTAKES = [
     Mistake("14.5", "first-split-missing", "template_sequence_parallel.py",  # the other reading of a whole block input
             "        model.blocks[0].register_forward_pre_hook(lambda module, args: (split_sequence(args[0], tp_group),))\n",
             "", "either the split never ran or a gather undid it"),
+    Mistake("14.2", "mlp-over-the-world", "template_sequence_parallel.py",  # trial 6: passed (14.2 had no sub-group)
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "    mlp.fc1 = column.from_linear(mlp.fc1)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2)\n",
+            "not over the 2 of the group it was given"),
+    Mistake("14.3", "keep-slice-by-global-rank", "template_sequence_parallel.py",  # trial 6: was a raw IndexError
+            "        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)\n",
+            "        rank, size = dist.get_rank(), dist.get_world_size(ctx.group)\n",
+            "not this rank's place in the group"),
+    Mistake("14.3", "gather-buffers-in-the-default-dtype", "template_sequence_parallel.py",  # trial 6: was gloo's raw ValueError
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]\n",
+            "        pieces = [torch.empty(x.shape) for _ in range(dist.get_world_size(group))]\n",
+            "make the buffers with the input's dtype"),
+    Mistake("14.3", "rs-backward-cat-along-dim-0", "template_sequence_parallel.py",  # trial 6: was told it ran the same collective again
+            "        return torch.cat(pieces, dim=1), None\n",
+            "        return torch.cat(pieces), None\n",
+            "concatenated the ranks' gradients along dim 0"),
+    Mistake("14.4", "row-bias-on-rank-0-only", "template_sequence_parallel.py",  # trial 6: a bare difference
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        return y if self.bias is None or dist.get_rank(self.group) != 0 else y + self.bias\n",
+            "each adds the bias, once"),
+    Mistake("14.5", "summed-in-float32", "template_sequence_parallel.py",  # trial 6: a bare list of calls
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n",
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same]).float()\n",
+            "sent the float64 gradients as float32"),
+    Mistake("14.5", "missing-gradient-not-skipped", "template_sequence_parallel.py",  # trial 6: was a raw AttributeError
+            "        if param.grad is not None:\n"
+            "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "parameters without .grad are skipped"),
+    Mistake("14.5", "sync-over-the-world", "template_sequence_parallel.py",  # trial 6: named already; kept so
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM)\n",
+            "not over the 2 of the group it was given"),
+    Mistake("14.4", "block-gather-keeps-the-slice", "template_sequence_parallel.py",  # trial 6: named already
+            "(gather_sequence(args[0], group), *args[1:])",
+            "(gather_sequence(args[0], group, tensor_parallel_output_grad=False), *args[1:])",
+            "must reduce-scatter the gradient in backward"),
+    Mistake("14.4", "gather-hooks-on-qkv-and-fc1", "template_sequence_parallel.py",  # trial 6: named already
+            "        for module in (block.attn, block.mlp):",
+            "        for module in (block.attn.qkv, block.mlp.fc1):",
+            "attn and mlp EACH get the whole sequence"),
+    Mistake("14.5", "missing-gradient-as-zeros", "template_sequence_parallel.py",  # trial 6: named already
+            "        if param.grad is not None:\n"
+            "            by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "        if param.grad is None:\n"
+            "            param.grad = torch.zeros_like(param)\n"
+            "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
+            "must keep None"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -1660,6 +1710,35 @@ MISTAKES = [
             "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)",
             "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits)",
             "not over the 2 of the group it was given"),
+    Mistake("16.1", "splits-kept-on-the-class", "template_experts.py",  # trial 6: passed (a backward before each forward)
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n"
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n"
+            "        return out\n"
+            "        # --- Task 16.1 end ---\n"
+            "\n"
+            "    @staticmethod\n"
+            "    def backward(ctx, grad):\n"
+            "        # --- Task 16.1 begin ---\n"
+            "        out = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))\n"
+            "        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)\n",
+            "        _AllToAll.splits = (output_splits, input_splits, group)  # for the backward\n"
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n"
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n"
+            "        return out\n"
+            "        # --- Task 16.1 end ---\n"
+            "\n"
+            "    @staticmethod\n"
+            "    def backward(ctx, grad):\n"
+            "        # --- Task 16.1 begin ---\n"
+            "        output_splits, input_splits, group = _AllToAll.splits\n"
+            "        out = grad.new_empty((sum(input_splits), *grad.shape[1:]))\n"
+            "        dist.all_to_all_single(out, grad.contiguous(), input_splits, output_splits, group=group)\n",
+            "Keep each call's splits (and group) on its own ctx"),
+    Mistake("16.1", "backward-averaged", "template_experts.py",  # trial 6: was told to swap the splits
+            "        return out, None, None, None\n",
+            "        return out / dist.get_world_size(ctx.group), None, None, None\n",
+            "the backward divided by the group's size"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
@@ -1671,6 +1750,26 @@ MISTAKES = [
             "    received = torch.empty_like(counts)\n"
             "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
             "    received = counts.clone()\n", "Exchange the counts first"),
+    Mistake("16.2", "counts-over-the-world", "template_experts.py",  # trial 6: passed (no sub-group in 16.2's tests)
+            "    dist.all_to_all_single(received, counts, group=group)  #",
+            "    dist.all_to_all_single(received, counts)  #",
+            "not over the 2 of the group it was given"),
+    Mistake("16.2", "tokens-over-the-world", "template_experts.py",  # trial 6: passed
+            "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
+            "    arrived = all_to_all(x[token], output_splits, input_splits)\n",
+            "not over the 2 of the group it was given"),
+    Mistake("16.2", "counts-as-floats", "template_experts.py",  # trial 6: was told it guessed its sizes
+            "    counts = torch.bincount(expert, minlength=num_experts)  #",
+            "    counts = torch.zeros(num_experts).index_add_(0, expert, torch.ones(len(expert)))  #",
+            "count in integers"),
+    Mistake("16.2", "pairs-enumerated-choice-major", "template_experts.py",  # trial 6: was told to sort stably
+            "    token, choice = torch.where(routing.kept)  # token order, then choice\n",
+            "    choice, token = torch.where(routing.kept.t())\n",
+            "listed choice by choice"),
+    Mistake("16.2", "tokens-detached-before-sending", "template_experts.py",  # trial 6: a bare count of the backward's calls
+            "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
+            "    arrived = all_to_all(x[token].detach(), output_splits, input_splits, group)\n",
+            "never came back through dispatch's all-to-all"),
     # Task 16.3
     Mistake("16.3", "not-gate-weighted", "template_experts.py",
             "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
@@ -1685,6 +1784,26 @@ MISTAKES = [
     Mistake("16.3", "gate-not-cast", "template_experts.py",  # passed: float64 everywhere; fails in any float32 model
             "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)",
             "    gate = plan.weight[plan.token, plan.choice].unsqueeze(-1)", "cast the gate to the outputs' dtype"),
+    Mistake("16.3", "combine-over-the-world", "template_experts.py",  # trial 6: passed (no sub-group in 16.3's tests)
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)",
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits)",
+            "not over the 2 of the group it was given"),
+    Mistake("16.3", "zeros-in-the-default-dtype", "template_experts.py",  # trial 6: was a raw index_add_ error
+            "    return back.new_zeros((tokens, back.shape[-1]))",
+            "    return torch.zeros(tokens, back.shape[-1])",
+            "made in torch's default dtype (float32) met the float64"),
+    Mistake("16.3", "tokens-counted-from-the-plan", "template_experts.py",  # trial 6: was a raw reshape error
+            "    tokens = plan.weight.shape[0]\n",
+            "    tokens = int(plan.token.max()) + 1 if len(plan.token) else 0\n",
+            "y has one row per token"),
+    Mistake("16.3", "gate-cast-to-float32", "template_experts.py",  # trial 6: was told the outputs came in dispatch order
+            "plan.weight[plan.token, plan.choice].to(back.dtype)",
+            "plan.weight[plan.token, plan.choice].float()",
+            "gates rounded to float32"),
+    Mistake("16.3", "gate-detached", "template_experts.py",  # trial 6: named already
+            "plan.weight[plan.token, plan.choice].to(back.dtype)",
+            "plan.weight[plan.token, plan.choice].detach().to(back.dtype)",
+            "(not detached)"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -1784,6 +1903,23 @@ MISTAKES = [
             '            model.add_module(name, ExpertParallelMoE.from_moe(module, ep_group))\n'
             '    return model\n',
             "take a child's own name, without dots"),
+    Mistake("16.4", "aux-loss-detached", "template_experts.py",  # trial 6: was told the gates were detached
+            "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n",
+            "        self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts).detach()\n",
+            "out of the graph"),
+    Mistake("16.4", "router-made-anew", "template_experts.py",  # trial 6: a bare difference of the outputs
+            "        return cls(moe.router, experts,",
+            "        router = nn.Linear(moe.router.in_features, moe.num_experts, bias=False, dtype=moe.router.weight.dtype)\n"
+            "        return cls(router, experts,",
+            "router weight is not the models.MoE's"),
+    Mistake("16.4", "probs-in-the-logits-dtype", "template_experts.py",  # trial 6: passed (float64 only)
+            "        probs = logits.softmax(dim=-1, dtype=routing.weight.dtype)\n",
+            "        probs = logits.softmax(dim=-1)\n",
+            "router probabilities were taken in bfloat16"),
+    Mistake("16.4", "capacity-over-the-group", "template_experts.py",  # trial 6: named already
+            "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
+            "        routing = models.route(logits, self.top_k, self.capacity_factor * dist.get_world_size(self.group))\n",
+            "counted on THIS rank's T tokens"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
@@ -1811,6 +1947,18 @@ MISTAKES = [
             "                grad /= divisor\n", "not one per parameter"),
     Mistake("16.5", "dense-grads-not-averaged", "template_experts.py",
             "not in experts], \"all\", dist.get_world_size())", "not in experts], None, 1)", "not averaged over the ranks"),
+    Mistake("16.5", "parameters-without-grad-not-skipped", "template_experts.py",  # trial 6: passed (every parameter had a gradient)
+            "    with_grad = [p for p in model.parameters() if p.grad is not None]\n",
+            "    with_grad = list(model.parameters())\n",
+            "parameters without .grad are left alone"),
+    Mistake("16.5", "copies-from-the-ep-group", "template_experts.py",  # trial 6: passed (ep 2 of 4: 2 copies)
+            "    copies = 1 if expert_dp_group is None else dist.get_world_size(expert_dp_group)\n",
+            "    copies = 1 if expert_dp_group is None else dist.get_world_size(ep_group)\n",
+            "summed over the 2 copies of expert_dp_group"),
+    Mistake("16.5", "experts-summed-over-copies", "template_experts.py",  # trial 6: was told to divide by N
+            "expert_dp_group, size * copies)",
+            "expert_dp_group, size)",
+            "summed over the 2 copies of expert_dp_group"),
     # Issue 45: what a student trial of Tasks 11-13 found passing or told with a wrong cause
     Mistake("12.3", "forgets-every-bucket", "template_compression.py",  # the reference's own bug: a KeyError
             "        if not state.warm_start:  # this bucket's only: the others may still be in flight\n"

@@ -10,7 +10,10 @@ k = 1 and 2, E = 4 and 8, N = 2 and 4 ranks, 13 tokens a rank (divisible by noth
 rank whose tokens all go to one expert, an expert no token reaches. What goes on the wire is recorded
 (tests/wire.py): per MoE layer, forward one count exchange and two token all-to-alls, backward two,
 of the kept tokens' sizes, nothing else. The all-to-all (16.1) is tested alone on rank-valued rows
-with uneven and empty splits. The tests of one task take solutions/' answers to the others.
+with uneven and empty splits, and there and back before either backward (as dispatch and combine).
+Dispatch and combine also run inside ep groups of 4 ranks (slow), where the default group is wrong;
+the layer's aux_loss in a bfloat16 MoE; the sync with a parameter without .grad, and with --ep 1,
+where the copies are not N. The tests of one task take solutions/' answers to the others.
 """
 import copy
 import gc
@@ -77,7 +80,9 @@ def _close(a, b):
 SPLITS = {
     "even totals": [[1, 0, 2], [0, 3, 0], [2, 0, 1]],  # every rank sends 3 and receives 3, not to the same ranks
     "empty": [[1, 2, 0], [0, 0, 0], [3, 0, 0]],  # rank 1 sends nothing; rank 2 receives nothing
+    "asymmetric": [[1, 2, 0], [0, 1, 2], [2, 0, 1]],  # every rank sends 3 and receives 3, from other ranks than to
 }
+CHAINED = "asymmetric"  # the splits of the way there and back: a second all_to_all before the first one's backward
 
 
 def _rows(rank, count, offset=0.0):
@@ -107,6 +112,18 @@ def _a2a(rank, world_size, impl):
                 continue
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward])
+    # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
+    # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
+    splits = SPLITS[CHAINED]
+    input_splits, output_splits = splits[rank], [splits[s][rank] for s in range(world_size)]
+    x = _rows(rank, sum(input_splits)).requires_grad_()
+    grad_out = _rows(rank, sum(input_splits), offset=1000.0)
+    try:
+        back = ep.all_to_all(ep.all_to_all(x, output_splits, input_splits) * 2, input_splits, output_splits)
+        (grad_x,) = torch.autograd.grad(back, x, grad_out)
+        out["there and back"] = dict(error=None, y=back.detach(), grad_x=grad_x)
+    except (RuntimeError, ValueError) as error:
+        out["there and back"] = dict(error=f"{type(error).__name__}: {error}"[:400])
     return out
 
 
@@ -152,6 +169,11 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert _close(got["y"], y_expected), (
                 f"{T161}: {where} received {got['y'][:, 0].tolist()}, expected {y_expected[:, 0].tolist()} (row r of "
                 "rank s is 100 s + r): rank s's rows for this rank, in rank order, a new tensor of sum(output_splits) rows")
+            if not _close(got["grad_x"], grad_expected) and _close(got["grad_x"] * 3, grad_expected):  # each a third
+                pytest.fail(f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, a third of the expected "
+                            f"{grad_expected[:, 0].tolist()}: the backward divided by the group's size (3); an "
+                            "all-to-all moves rows and sums nothing, so its backward sends each row's gradient back "
+                            "as it is, not averaged")
             assert _close(got["grad_x"], grad_expected), (
                 f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, expected "
                 f"{grad_expected[:, 0].tolist()}: backward must send each row's gradient back to the rank the row came "
@@ -163,6 +185,25 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
                 f"out, {received} in), it sent {got['backward']}")
+        _check_there_and_back(rank, out["there and back"])
+
+
+def _check_there_and_back(rank, got):
+    """all_to_all there (the splits of CHAINED) and back (swapped), both forwards before the backwards, as dispatch
+    and combine run in a MoE layer; said after each call alone passed, with the same splits."""
+    splits = SPLITS[CHAINED]
+    where = (f"all_to_all on rank {rank} of 3 there and back (the {CHAINED} splits {splits}, then the splits swapped), "
+             "both forwards before either backward, as a MoE layer's dispatch and combine")
+    x, grad_out = _rows(rank, sum(splits[rank])), _rows(rank, sum(splits[rank]), offset=1000.0)
+    assert got["error"] is None, f"{T161}: {where} failed: {got['error']}"
+    assert _close(got["y"], 2 * x), (
+        f"{T161}: {where}: got {got['y'][:, 0].tolist()}, expected twice this rank's rows {(2 * x)[:, 0].tolist()}")
+    if not _close(got["grad_x"], 2 * grad_out):
+        pytest.fail(f"{T161}: {where}: x's gradient is {got['grad_x'][:, 0].tolist()}, expected "
+                    f"{(2 * grad_out)[:, 0].tolist()}, while each all_to_all alone with these splits gave the right "
+                    "gradient: the second call's forward changed what the first call's backward uses. Keep each "
+                    "call's splits (and group) on its own ctx, not on the class or in a global: a MoE layer runs "
+                    "two all-to-alls before either backward")
 
 
 def _a2a_in_groups(rank, world_size, impl):
@@ -236,7 +277,8 @@ def _reference(moe, xs, grads):
     """models.MoE on each rank's slice in turn: outputs, aux losses, each slice's input gradient and
     router gradient (its own loss's), and every expert's gradient summed over the slices' losses."""
     moe = copy.deepcopy(moe)
-    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[], x=[x.clone() for x in xs])
+    out = dict(y=[], aux=[], grad_x=[], grad_router=[], expert_inputs=[], y_ungated=[], kept=[], x=[x.clone() for x in xs],
+               choice_major=[])
     total = 0
     for x, g in zip(xs, grads):
         x = x.clone().requires_grad_()
@@ -251,6 +293,9 @@ def _reference(moe, xs, grads):
         routing = models.route(moe.router(x.detach()), moe.top_k, moe.capacity_factor)
         out["expert_inputs"].append([x.detach()[torch.where((routing.expert == e) & routing.kept)[0]]
                                      for e in range(moe.num_experts)])
+        # every first choice before any second choice: the order a choice-by-choice enumeration gives
+        out["choice_major"].append([x.detach()[torch.where(((routing.expert == e) & routing.kept).t())[1]]
+                                    for e in range(moe.num_experts)])
         with torch.no_grad():  # what a combine that forgets the gates gives
             ungated = torch.zeros_like(x)
             for e, expert in enumerate(moe.experts):
@@ -278,6 +323,11 @@ def _counts_check(rank, expected_rows, task):
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
             return
+        if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1:
+            raise AssertionError(  # the tokens are (rows, dim): a 1-D tensor first is the counts
+                f"{TASK[task]}: rank {rank} exchanges its counts as {dtype_name(call.dtype)} (a 1-D all-to-all of "
+                f"{call.shape[0]} elements before the tokens): count in integers (torch.bincount gives int64), so that "
+                "the split sizes taken from them (.tolist()) are ints")
         if not seen["counts"] and not seen["tokens"]:
             raise AssertionError(
                 f"{TASK[task]}: rank {rank} sends its tokens (an all-to-all that would receive {call.shape[0] if call.shape else '?'} "
@@ -343,6 +393,9 @@ def _layer(rank, world_size, impl, task, configs):
         copied = copy.deepcopy(moe)
         layer = ep.ExpertParallelMoE.from_moe(copied)
         got["held"] = [_which_expert(moe, mlp) for mlp in layer.experts]
+        router = getattr(getattr(layer, "router", None), "weight", None)
+        got["router_same"] = isinstance(router, torch.Tensor) and router.shape == moe.router.weight.shape and torch.equal(
+            router, moe.router.weight)
         del copied
         x = xs[rank].clone().requires_grad_()
         with Wire(check=_counts_check(rank, expected_rows, task)) as wire:
@@ -363,12 +416,20 @@ def _layer(rank, world_size, impl, task, configs):
                         if task == "16.3" and "Split sizes" in str(error) else
                         "; the layer gets (B, S, dim) tokens, models.route takes (T, E) logits: flatten the tokens to "
                         "(T, dim) first, as models.MoE does, and reshape the output back"
-                        if isinstance(error, ValueError) and "unpack" in str(error) else "")
+                        if isinstance(error, ValueError) and "unpack" in str(error) else
+                        "; a tensor made in torch's default dtype (float32) met the float64 expert outputs: make new "
+                        "tensors in the outputs' dtype (back.new_zeros(...), or dtype=...)"
+                        if "self (Float) and source (Double)" in str(error) else
+                        f"; combine alone returned {got['identity'].shape[0]} rows for this rank's {TOKENS} tokens: y has "
+                        "one row per token, T = plan.weight.shape[0] (the routing's), zeros for a token none of whose "
+                        "choices was kept" if task == "16.3" and isinstance(got.get("identity"), torch.Tensor)
+                        and got["identity"].shape[0] != TOKENS else "")
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
             backward = [(c.kind, c.tensors) for c in wire.calls[len(forward):]]
         got.update(y=y.detach().view(TOKENS, DIM), aux=aux.detach() if isinstance(aux, torch.Tensor) else aux,
+                   aux_in_graph=isinstance(aux, torch.Tensor) and aux.requires_grad,
                    grad_x=x.grad, grad_router=layer.router.weight.grad, forward=forward, backward=backward,
                    num_local=len(layer.experts),
                    grad_experts=[{n: None if p.grad is None else p.grad.clone() for n, p in e.named_parameters()}
@@ -406,6 +467,10 @@ def _combine_hint(got, rank):
                 "the outputs come back to the wrong tokens. Send them back in the order dispatch received them (for "
                 "each source rank, its rows for local expert 0, then expert 1, ...: plan.received), so that the "
                 "all-to-all with the splits swapped returns every rank its rows in the order it sent them")
+    rounded = (routing.weight.float().to(x.dtype) * routing.kept).sum(dim=1, keepdim=True) * x
+    if not _close(rounded, expected) and _close(y, rounded):
+        return (": combine alone, every expert the identity, weighted each token by its gates rounded to float32: "
+                "cast the gate to the outputs' dtype (float64 here), not to float32")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
     if single and all(single):
@@ -439,6 +504,13 @@ def _check_expert_inputs(rank, world_size, got):
         if got_j.shape[0] > everything:
             hint = (": more rows than the kept choices: a choice past its expert's capacity (routing.kept False) "
                     "is dropped, it travels nowhere")
+        elif got_j.shape == want.shape and torch.equal(got_j, torch.cat([ref["choice_major"][s][mine[j]]
+                                                                          for s in range(world_size)])):
+            raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) holds the right "
+                                 f"{want.shape[0]} rows, within each rank's in choice order (every first choice, then "
+                                 "every second choice), not in token order: the (token, choice) pairs were listed "
+                                 "choice by choice (torch.where on routing.kept.t(), or a loop over the choices); list "
+                                 "them in token order (torch.where(routing.kept)) before the stable sort by expert")
         elif got_j.shape == want.shape and torch.equal(got_j.sort(dim=0).values, want.sort(dim=0).values):
             raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) holds the right "
                                  f"{want.shape[0]} rows in another order: rank 0's first, then rank 1's, ..., each in "
@@ -475,6 +547,9 @@ def _check_held(task, rank, world_size, got):
     assert got["num_local"] == len(mine), (
         f"{T}: {where}: the layer holds {got['num_local']} experts in `experts`, expected E / N = {len(mine)}: a rank keeps "
         "its own experts only, the others' memory is not freed otherwise")
+    assert got["router_same"], (
+        f"{T}: {where}: the layer's router weight is not the models.MoE's: the router is the MoE's own (or a copy of "
+        "it), whole on every rank; a new nn.Linear starts from new random weights")
     assert got["held"] == mine, (
         f"{T}: {where}: the layer holds the experts {got['held']} of the models.MoE, expected {mine}: rank r holds the "
         "consecutive experts [r * E / N, (r + 1) * E / N) (local_experts), which dispatch sends their tokens to"
@@ -505,6 +580,11 @@ def _check_layer(task, rank, world_size, got):
     assert len(others) == 1 and token_calls == expected_forward, (
         f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
         f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
+    if len(backward) == 1 and not _close(got["grad_x"], ref["grad_x"][rank]):
+        pytest.fail(f"{T}: {where}: the layer's backward sent one all-to-all, combine's, and the input's gradient differs "
+                    "from models.MoE's: the tokens' gradients never came back through dispatch's all-to-all, whose "
+                    "rows were cut from the graph (x[token].detach(), or dist.all_to_all_single, which autograd does "
+                    "not see): send them with all_to_all (16.1), differentiable")
     assert sorted(t for _, t in backward) == sorted(expected_forward) and len(backward) == 2, (
         f"{T}: {where}: the layer's backward should send two all-to-alls (the tokens' gradients back the way they "
         f"came), it sent {backward}")
@@ -513,7 +593,7 @@ def _check_layer(task, rank, world_size, got):
     if not _close(y, y_ref):
         tokens_y = y.shape[0] == y_ref.shape[0]
         hint = ""
-        if (tokens_y and torch.allclose(y.sort(dim=0).values, y_ref.sort(dim=0).values)) or (
+        if (tokens_y and _close(y.sort(dim=0).values, y_ref.sort(dim=0).values)) or (
                 not tokens_y and y.shape[0] == ref["kept"][rank]):
             hint = (": the outputs are returned in the order dispatch sent them (one row per kept choice, by "
                     "expert), not in token order: add each at its token (plan.token), in the original token order")
@@ -527,6 +607,9 @@ def _check_layer(task, rank, world_size, got):
     assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
         f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
         "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
+    assert got["aux_in_graph"], (
+        f"{T}: {where}: the layer's aux_loss has the right value but is out of the graph (requires_grad False): the "
+        "load-balancing loss trains the router through it; keep it in the graph, as models.MoE does (no detach, no .item())")
     # the router's first: with the outputs right, only the gates' path makes it differ (and then x's too)
     if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
         pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
@@ -600,7 +683,37 @@ def _suite(rank, world_size, impl, task, configs, extras):
         out["vit"] = _vit(rank, world_size, impl, task, world_size, 4, 2, 1.0)
     if "subgroups" in extras:
         out["subgroups"] = _subgroups(rank, world_size, ep)
+    if "bfloat16" in extras:
+        out["bfloat16"] = _aux_in_bfloat16(rank, ep)
     return out
+
+
+def _aux_in_bfloat16(rank, ep):
+    """The layer's aux_loss in a bfloat16 MoE against models.MoE's (its router probabilities in float32, as
+    models.route's gates), and the loss of probabilities left in bfloat16: (the layer's, models.MoE's, bfloat16's)."""
+    torch.manual_seed(20 + rank)
+    moe = models.MoE(DIM, HIDDEN, 4, 2, 8.0).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, DIM).to(torch.bfloat16)
+    reference = copy.deepcopy(moe)
+    reference(x)
+    layer = ep.ExpertParallelMoE.from_moe(copy.deepcopy(moe))
+    with torch.no_grad():
+        layer(x)
+        logits = moe.router(x.view(TOKENS, DIM))
+        coarse = models.load_balancing_loss(logits.softmax(dim=-1), models.route(logits, 2, 8.0).expert, 4)
+    aux = layer.aux_loss
+    return tuple(float(a) if isinstance(a, torch.Tensor) else a for a in (aux, reference.aux_loss, coarse))
+
+
+def _check_aux_in_bfloat16(rank, world_size, got):
+    mine, want, coarse = got
+    where = f"rank {rank} of {world_size}, a bfloat16 MoE (E = 4, k = 2)"
+    if isinstance(mine, float) and abs(mine - want) > 1e-6 * abs(want) and abs(mine - coarse) <= 1e-6 * abs(coarse):
+        pytest.fail(f"{T164}: {where}: the layer's aux_loss is {mine}, models.MoE's {want}: its router probabilities "
+                    "were taken in bfloat16; models.MoE takes them in the gates' dtype, float32 at least "
+                    "(logits.softmax(dim=-1, dtype=routing.weight.dtype)): bfloat16 probabilities are too coarse")
+    assert isinstance(mine, float) and abs(mine - want) <= 1e-6 * abs(want), (
+        f"{T164}: {where}: the layer's aux_loss is {mine}, models.MoE's {want}")
 
 
 def _subgroups(rank, world_size, ep):
@@ -715,6 +828,8 @@ def _run_suite(impl, task, world_size, configs, extras=()):
             _check_vit(task, rank, world_size, world_size, out["vit"])
         if "subgroups" in extras:
             _check_subgroups(rank, world_size, out["subgroups"])
+        if "bfloat16" in extras:
+            _check_aux_in_bfloat16(rank, world_size, out["bfloat16"])
         if "refused" in extras:
             assert out["refused"] is not None, (
                 f"{TASK[task]}: rank {rank}: 3 experts over 2 ranks must raise ValueError with one clear line, on every "
@@ -740,7 +855,8 @@ def test_combine_gives_models_moe_outputs_and_gradients(impl, world_size, config
 def test_expert_parallel_moe_computes_models_moe_with_its_experts_only(impl, world_size, configs):
     """The layer's output, aux_loss and gradients; its bytes (E / N experts, the others freed); a ViT converted by
     parallelize_moe, whose aux_loss() still counts the layer; 3 experts over 2 ranks refused."""
-    _run_suite(impl, "16.4", world_size, configs, ("storage", "vit", "subgroups") + (("refused",) if world_size == 2 else ()))
+    _run_suite(impl, "16.4", world_size, configs,
+               ("storage", "vit", "subgroups", "bfloat16") + (("refused",) if world_size == 2 else ()))
 
 
 # --------------------------------------------------------------------------- the ViT (16.4, 16.5)
@@ -789,9 +905,16 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
     if task == "16.5":  # a float32 parameter among the float64 ones: one collective per group AND dtype
         with torch.no_grad():
             vit.head.bias.data, vit.head.bias.grad = vit.head.bias.data.float(), vit.head.bias.grad.float()
+        vit.pos_embed.grad = None  # frozen, say: left alone
     members = []  # the global ranks of each collective's group, in call order (the sizes alone cannot tell groups apart)
+    crashed = None
     with Wire(check=lambda call, group: members.append(dist.get_process_group_ranks(group or dist.group.WORLD))) as wire:
-        ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+        try:
+            ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+        except AttributeError as error:  # said by the test where a None .grad proves its cause
+            if "'NoneType'" not in str(error) or wire.calls:
+                raise
+            crashed = one_line(error)
     per_rank = num_experts // ep_size
     first = (rank % ep_size) * per_rank
     expected, got = {}, {}
@@ -799,9 +922,12 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
         found = re.match(r"(.*\.experts)\.(\d+)\.(.*)", name)
         ref_name = f"{found[1]}.{first + int(found[2])}.{found[3]}" if found else name
         expected[name], got[name] = grads.get(ref_name), p.grad
+    if task == "16.5":
+        expected["pos_embed"] = None
     copies = world_size // ep_size
     expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
+                crashed=crashed, frozen_numel=vit.pos_embed.numel() if task == "16.5" else 0,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
@@ -844,6 +970,14 @@ def _check_vit(task, rank, world_size, ep_size, got):
     assert abs(got["loss"] - got["ref_loss"]) < 1e-10, f"{T}: {where}: the loss differs from one process's"
     if task != "16.5":
         return
+    if got["crashed"]:
+        pytest.fail(f"{T}: {where}: sync_moe_gradients raised {got['crashed']}, before any collective, on a model where "
+                    "pos_embed has no gradient (None: frozen, or unused in the step): parameters without .grad are left "
+                    "alone (leave them out of the flat buffers)")
+    assert got["got"]["pos_embed"] is None, (
+        f"{T}: {where}: pos_embed had no gradient (None: frozen, or unused in the step) and must keep None after the "
+        "sync, not get one")
+    del got["got"]["pos_embed"], got["expected"]["pos_embed"]
     def close(have, want):
         if have is not None and want is not None and have.dtype == torch.float32:  # head.bias, made float32
             return have.shape == want.shape and torch.allclose(have.double(), want, atol=1e-6, rtol=1e-5)
@@ -864,9 +998,15 @@ def _check_vit(task, rank, world_size, ep_size, got):
     if experts:
         r = [ratio.get(name, float("nan")) for name in experts]
         hint = ""
-        if all(abs(x - ep_size) < 1e-6 for x in r):
+        copies = got["copies"]
+        if copies > 1 and copies != ep_size and all(abs(x - copies) < 1e-6 for x in r):
+            hint = (f": {copies} times too large: summed over the {copies} copies of expert_dp_group, not averaged: "
+                    f"divide by its size too (the divisor is N * copies = {ep_size * copies}, here N = {ep_size})")
+        elif all(abs(x - ep_size) < 1e-6 for x in r):
             hint = (f": {ep_size} times too large: the all-to-all's backward already SUMMED every rank's tokens' gradients "
-                    f"into the expert: divide by the expert-parallel size {ep_size}")
+                    f"into the expert: divide by the expert-parallel size {ep_size}"
+                    + (f" and by the {copies} copies of expert_dp_group it is summed over (here both are {ep_size}: "
+                       f"the divisor is N * copies = {ep_size * copies})" if copies == ep_size else ""))
         elif all(abs(x - 1 / ep_size) < 1e-6 for x in r):
             hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
                     "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
@@ -898,11 +1038,12 @@ def _check_vit(task, rank, world_size, ep_size, got):
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
     wire = got["wire"]
     head = 10  # head.bias, float32
-    expected = [("all_reduce", "float64", got["dense_numel"] - head, world_size), ("all_reduce", "float32", head, world_size)]
+    dense = got["dense_numel"] - head - got["frozen_numel"]
+    expected = [("all_reduce", "float64", dense, world_size), ("all_reduce", "float32", head, world_size)]
     expected += [("all_reduce", "float64", got["expert_numel"], got["copies"])] if got["copies"] > 1 else []
     assert sorted(wire) == sorted(expected), (
         f"{T}: {where}: sync_moe_gradients should send one all-reduce of the non-expert gradients over all ranks per "
-        f"dtype (here {got['dense_numel'] - head} float64 and {head} float32: the head's bias)"
+        f"dtype (here {dense} float64 and {head} float32: the head's bias; pos_embed, without .grad, left out)"
         + (f", and one of the {got['expert_numel']} expert gradients over the {got['copies']} ranks of expert_dp_group"
            if got["copies"] > 1 else ", and nothing for the experts (one copy)")
         + f": one collective per group and dtype, not one per parameter. It sent {wire} (kind, dtype, elements, ranks)")
@@ -910,8 +1051,8 @@ def _check_vit(task, rank, world_size, ep_size, got):
 
 @pytest.mark.task16_5
 @pytest.mark.parametrize("world_size,ep_size,num_experts,top_k,capacity_factor", [
-    (2, 2, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
-    ids=["2 ranks ep 2", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
+    (2, 2, 4, 2, 0.5), slow(2, 1, 4, 2, 0.5), slow(4, 2, 8, 1, 8.0), slow(4, 4, 8, 2, 0.5)],
+    ids=["2 ranks ep 2", "2 ranks ep 1 (2 copies)", "4 ranks ep 2 (2 copies)", "4 ranks ep 4"])
 def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_size, num_experts, top_k, capacity_factor):
     judging(impl, "16.5")
     for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
@@ -989,6 +1130,67 @@ def test_a_rank_with_no_tokens_still_takes_part_in_every_all_to_all(impl, task):
                 + (f", expected {tuple(y.shape)}" if got["y"].shape != y.shape else ", not the gated sum of the "
                    "experts' outputs for its tokens") + (": a rank with no tokens returns a (0, dim) y"
                                                          if rank == EMPTY_RANK else ""))
+
+
+def _stop_outside(size):
+    """A Wire check: a collective over another number of ranks than the group's is stopped before it runs, the same
+    on every rank (over the default group the sizes of the two groups' messages would not match: a hang or an abort)."""
+    def check(call, group):
+        if call.group_size != size:
+            raise WrongGroup(f"{call.kind} over {call.group_size} ranks")
+    return check
+
+
+class WrongGroup(Exception):
+    """Raised by _stop_outside: a collective outside the group given (said by the test, with its cause)."""
+
+
+def _dispatch_in_groups(rank, world_size, impl, task):
+    """dispatch, experts that multiply by (global index + 2), combine, inside the ep groups [0, 1] and [2, 3] of 4
+    ranks, each group on tokens of its own: (this rank in its group, its tokens' routing, the experts' inputs, y),
+    or the collective that ran outside the group."""
+    ep = judging(impl, task)
+    group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    grank = rank % 2
+    torch.manual_seed(160 + rank // 2)  # other tokens in each group
+    moe = models.MoE(DIM, HIDDEN, 4, 2, 8.0).double()
+    xs = [torch.randn(TOKENS, DIM, dtype=torch.float64) for _ in range(2)]
+    routings = [models.route(moe.router(x).detach(), 2, 8.0) for x in xs]
+    with Wire(check=_stop_outside(2)):
+        try:
+            inputs, plan = ep.dispatch(xs[grank], routings[grank], 4, group)
+            outputs = [x * (e + 2) for e, x in zip(ep.local_experts(4, group), inputs)]
+            y = ep.combine(outputs, plan, group).detach()
+        except WrongGroup as error:
+            return dict(error=str(error))
+    return dict(error=None, grank=grank, xs=xs, routings=routings, inputs=[x.detach() for x in inputs], y=y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [pytest.param("16.2", marks=pytest.mark.task16_2),
+                                  pytest.param("16.3", marks=pytest.mark.task16_3)])
+def test_dispatch_and_combine_run_inside_the_group_they_are_given(impl, task):
+    """4 ranks, the ep groups [0, 1] and [2, 3], each on tokens of its own: every collective over the group given (the
+    default group, all 4 ranks, passed every test above, where the group is the world)."""
+    judging(impl, task)
+    for rank, got in enumerate(run_ranks(_dispatch_in_groups, 4, impl, task, timeout=60)):
+        where = (f"rank {rank} of 4, in the ep group {[rank // 2 * 2, rank // 2 * 2 + 1]} (E = 4, k = 2), on its "
+                 "group's tokens")
+        assert got["error"] is None, (
+            f"{TASK[task]}: {where}: {'dispatch' if task == '16.2' else 'combine'} ran a collective ({got['error']}, "
+            "stopped by the test) not over the 2 of the group it was given: pass group=group to every collective and "
+            "all_to_all, the counts' and the tokens' (the default group is all 4 ranks)")
+        xs, routings, grank = got["xs"], got["routings"], got["grank"]
+        mine = range(2 * grank, 2 * grank + 2)
+        want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(2)])
+                for e in mine]
+        assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
+            f"{TASK[task]}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} rows, "
+            f"expected {[tuple(w.shape) for w in want]}: every rank of the group's kept rows for them")
+        routing, x = routings[grank], xs[grank]
+        gates = (routing.weight * routing.kept).to(x.dtype)
+        y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
+        assert _close(got["y"], y), f"{TASK[task]}: {where}: y is not the gated sum of the experts' outputs for its tokens"
 
 
 def _sync_with_zero_gradients(rank, world_size, impl):

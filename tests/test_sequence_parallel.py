@@ -10,7 +10,8 @@ ranks), with and without sequence parallelism, 1, 2 and 3 blocks deep, and with 
 parallelize_module plan (ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput).
 What goes on the wire is recorded per block, forward and backward; what a rank stores is counted
 in bytes. Task 14.3's operators are called alone on rank-valued inputs, as Task 9.1's, and (slow) inside
-the groups [0, 1] and [2, 3] of 4 ranks, where the default group is wrong; so is Task 14.5's sync. A small
+the groups [0, 1] and [2, 3] of 4 ranks, where the default group is wrong; so is Task 14.5's sync, and
+(slow) the attention, the MLP, the block and the ViT each split over those groups of a 2-D grid. A small
 ViT trains a few SGD steps at T = 2 against one process. The tests of one task take solutions/'
 answers to the others and to Task 9 (judging), so a mistake costs one task's points.
 """
@@ -190,7 +191,19 @@ def _check_operator(name, rank, size, got):
             pytest.fail(f"{where}, inside the group [0, 1] or [2, 3] of 4 ranks: it ran a collective over "
                         f"{got['wrong_group'][0]} ranks, not over the {size} of the group it was given: pass "
                         f"group=... to every collective (the default group is all 4) ({got['error'][:200]})")
-        if ("invalid gradient" in got["error"] or "shape" in got["error"]) and name == "gather_keep" and \
+        stacked = re.search(r"got \[([\d, ]+)\] but expected shape compatible with \[([\d, ]+)\]", got["error"])
+        if stacked:
+            have, want = ([int(n) for n in s.split(",")] for s in stacked.groups())
+            stacked = len(have) == len(want) == 3 and have[0] == size * want[0] and have[1] * size == want[1]
+        if "different dtypes" in got["error"]:
+            hint = (": a buffer given to the collective has another dtype than its input (gloo refuses them): make the "
+                    "buffers with the input's dtype (torch.empty_like(x), x.new_empty(...)), not torch.empty(shape) in "
+                    "torch's default dtype (float32)")
+        elif stacked and name == "reduce_scatter":
+            hint = (": its backward concatenated the ranks' gradients along dim 0, the batch (a gradient of shape "
+                    f"{tuple(have)} for an input of {tuple(want)}): the shards lie along dim 1, the tokens "
+                    "(torch.cat(pieces, dim=1))")
+        elif ("invalid gradient" in got["error"] or "shape" in got["error"]) and name == "gather_keep" and \
                 got["y_shape"] == tuple(y_expected.shape):
             hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
                     "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
@@ -286,7 +299,17 @@ def test_sequence_operators_give_exact_values_and_gradients(impl, world_size):
 def test_sequence_operators_run_inside_the_group_they_are_given(impl):
     """Over the groups [0, 1] and [2, 3] of 4 ranks: a collective over the default group (all 4) is wrong there."""
     judging(impl, "14.3")
-    for group_rank, size, out in run_ranks(_operators, 4, impl, True):
+    runs = run_ranks(_operators, 4, impl, True)
+    for name in ("gather", "gather_keep", "reduce_scatter"):
+        errors = [out[name]["error"] for _, _, out in runs]
+        if errors[0] is None and errors[1] is None and all(e and e.startswith("IndexError") for e in errors[2:]):
+            call = {"gather": "gather_sequence(x)", "gather_keep": "gather_sequence(x, tensor_parallel_output_grad=False)",
+                    "reduce_scatter": "reduce_scatter_sequence(x)"}[name]
+            pytest.fail(f"{T143}: {call} inside the groups [0, 1] and [2, 3] of 4 ranks raised {errors[2]} on global "
+                        "ranks 2 and 3, and ran on ranks 0 and 1, whose global and group ranks agree: a rank taken from "
+                        "dist.get_rank() without the group is the global rank (2 or 3), not this rank's place in the "
+                        "group: dist.get_rank(group)")
+    for group_rank, size, out in runs:
         for name in ("gather", "gather_keep", "reduce_scatter"):
             _check_operator(name, group_rank, size, out[name])
 
@@ -688,6 +711,10 @@ def _check_layers_alone(rank, world_size, got):
     if _close(y_row, y_expected + (world_size - 1) * row.bias.detach()):
         pytest.fail(f"{where}: the output counts the bias {world_size} times: it was added to every rank's partial "
                     "product, before the reduce-scatter; add it once, after")
+    if _close(y_row, y_expected - row.bias.detach()):
+        pytest.fail(f"{where}: the output is nn.Linear's on this rank's tokens without the bias: every rank holds "
+                    "other tokens, so each adds the bias, once, after the reduce-scatter (on one rank only, as a "
+                    "bias could go before an all-reduce, the other ranks' tokens never get it)")
     assert _close(y_row, y_expected), f"{where}: the output differs from nn.Linear's on this rank's tokens"
     sent = [kind for kind, _, _ in got["row_forward"]]
     assert _close(grad_row, h.grad.chunk(world_size, dim=-1)[rank]), (
@@ -785,11 +812,17 @@ def _sync(rank, world_size, impl, sub=False):
         p.grad = _rank_valued(rank, p.shape, offset=i).to(p.dtype)
     model.b.norm2.bias.grad = None  # frozen or unused: skipped
     before = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    crashed = None
     with Wire() as wire:
-        sp.sync_sequence_parallel_gradients(model, group)
+        try:
+            sp.sync_sequence_parallel_gradients(model, group)
+        except AttributeError as error:  # said by the test where the None .grad proves its cause
+            if "'NoneType'" not in str(error) or wire.calls:
+                raise
+            crashed = one_line(error)
     sizes = sorted({c.group_size for c in wire.calls})
     return (before, {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}, wire.take(),
-            sizes, _unwaited(wire), any(c.async_op for c in wire.calls))
+            sizes, _unwaited(wire), any(c.async_op for c in wire.calls), crashed)
 
 
 def _check_sync(results, world_size, groups=None):
@@ -803,9 +836,13 @@ def _check_sync(results, world_size, groups=None):
 
 def _check_sync_in(results, world_size, ranks, world):
     summed = [n for n in results[0][0] if n[0] in "ab" and _partial_under_sp(n) and results[0][0][n] is not None]
-    for rank, (before, after, calls, sizes, unwaited, started_async) in enumerate(results):
+    for rank, (before, after, calls, sizes, unwaited, started_async, crashed) in enumerate(results):
         where = f"{T145}: sync_sequence_parallel_gradients on rank {rank} of {world_size}" + (
             f" (global rank {ranks[rank]}, in the group {ranks} of {world} ranks)" if world != world_size else "")
+        if crashed:
+            pytest.fail(f"{where} raised {crashed}, before any collective, on a model where b.norm2.bias has no "
+                        "gradient (None: frozen, or unused in the step): parameters without .grad are skipped (left "
+                        "out of the buffer, their .grad kept None)")
         if unwaited:  # the sum may or may not have arrived when it is read: a wrong gradient, or a right one by luck
             pytest.fail(f"{where}: it started {', '.join(unwaited)} with async_op=True and never waited on its Work: "
                         "the buffer holds the sum only after wait(); wait on each Work before copying the sums back "
@@ -845,6 +882,12 @@ def _check_sync_in(results, world_size, ranks, world):
             sizes[dtype] = sizes.get(dtype, 0) + before[name].numel()
         got = sorted(calls)
         expected = sorted(("all_reduce", dtype, numel) for dtype, numel in sizes.items())
+        cast = [(dtype, sent) for (_, dtype, numel) in expected for (kind, sent, n) in got
+                if kind == "all_reduce" and n == numel and sent != dtype]
+        if cast and sorted(n for _, _, n in got) == sorted(n for _, _, n in expected):
+            pytest.fail(f"{where} sent the {cast[0][0]} gradients as {cast[0][1]} ({calls}): all-reduce each dtype's "
+                        "buffer in that dtype (a narrower one rounds the gradients, a wider one sends more bytes for "
+                        "nothing)")
         assert got == expected, (
             f"{where} sent {calls[:4]}{' ...' if len(calls) > 4 else ''} ({len(calls)} calls); expected one all-reduce "
             f"per dtype of exactly those gradients, {expected}"
@@ -971,8 +1014,20 @@ def test_sync_and_the_vit_training_as_one_process(impl, world_size, sequence_par
                 f"{where}: after 3 steps {name} differs from one process's")
 
 
+class OutsideTheGroup(Exception):
+    """A collective over another number of ranks than the group's, stopped by the test before it runs (the same on
+    every rank: over the default group the two groups' messages could differ in size, a hang or an abort)."""
+
+
+def _stop_outside(size):
+    def check(call, group):
+        if call.group_size != size:
+            raise OutsideTheGroup(f"{call.kind} over {call.group_size} ranks")
+    return check
+
+
 def _in_a_grid(rank, world_size, impl, task):
-    """Task 14.1's attention, 14.4's sequence-parallel block or 14.5's tiny ViT (two SGD steps) split over the
+    """Task 14.1's attention, 14.2's MLP, 14.4's sequence-parallel block or 14.5's tiny ViT (two SGD steps) split over the
     tensor-parallel groups [0, 1] and [2, 3] of 4 ranks, each group on data of its own (the data-parallel half of
     the 2-D grid, Task 9.3), against the unsplit module on that data. Every size, gather and split must be the
     group's: the default group is all 4 ranks. The judged function is called itself (the reference answers that
@@ -983,63 +1038,78 @@ def _in_a_grid(rank, world_size, impl, task):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(10 + replica)  # other data in each group
     try:
-        if task in ("14.1", "14.4"):
-            module = Attention(DIM, HEADS).double() if task == "14.1" else Block(DIM, HEADS).double()
-            reference = copy.deepcopy(module)
-            x = torch.randn(BATCH, TOKENS, DIM, generator=g, dtype=torch.float64)
-            grad_out = torch.randn(BATCH, TOKENS, DIM, generator=g, dtype=torch.float64)
-            xr = x.clone().requires_grad_()
-            (reference(xr) * grad_out).sum().backward()
-            y_ref = reference(x).detach()
-            if task == "14.1":
-                sp.parallelize_attention(module, group, False)
-            else:
-                sp.parallelize_block(module, group, True)
-            mine = (lambda t: t) if task == "14.1" else (lambda t: _shard(t, grank, 2))  # a block: its tokens
-            xi = mine(x).clone().requires_grad_()
-            y = module(xi)
-            (y * mine(grad_out)).sum().backward()
-            return dict(y=y.detach(), y_ref=mine(y_ref), grad_x=xi.grad, grad_x_ref=mine(xr.grad))
-        model = _tiny_vit()
-        reference = copy.deepcopy(model)
-        batches = [(torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (4,), generator=g))
-                   for _ in range(2)]
-        sp.parallelize_vit(model, group, True)
-        out = {}
-        for who, net in (("ours", model), ("reference", reference)):
-            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-            losses = []
-            for images, labels in batches:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(net(images), labels)
-                loss.backward()
-                if who == "ours":
-                    sp.sync_sequence_parallel_gradients(net, group)
-                optimizer.step()
-                losses.append(loss.item())
-            out[who] = dict(losses=losses, params={n: p.detach().clone() for n, p in net.named_parameters()})
-        return out
+        with Wire(check=_stop_outside(2)):
+            return _in_a_grid_run(sp, task, group, grank, g)
     except NotImplementedError:
         raise
+    except OutsideTheGroup as error:
+        return dict(error=str(error), outside=True)
     except Exception as error:  # noqa: BLE001  said by the test: a size of 4 where the group has 2
         return dict(error=one_line(error))
 
 
+def _in_a_grid_run(sp, task, group, grank, g):
+    """_in_a_grid's split and runs, inside its Wire."""
+    if task in ("14.1", "14.2", "14.4"):
+        module = {"14.1": lambda: Attention(DIM, HEADS), "14.2": lambda: MLP(DIM, 4 * DIM),
+                  "14.4": lambda: Block(DIM, HEADS)}[task]().double()
+        reference = copy.deepcopy(module)
+        x = torch.randn(BATCH, TOKENS, DIM, generator=g, dtype=torch.float64)
+        grad_out = torch.randn(BATCH, TOKENS, DIM, generator=g, dtype=torch.float64)
+        xr = x.clone().requires_grad_()
+        (reference(xr) * grad_out).sum().backward()
+        y_ref = reference(x).detach()
+        if task == "14.1":
+            sp.parallelize_attention(module, group, False)
+        elif task == "14.2":
+            sp.parallelize_mlp(module, group, False)
+        else:
+            sp.parallelize_block(module, group, True)
+        mine = (lambda t: _shard(t, grank, 2)) if task == "14.4" else (lambda t: t)  # a block: its tokens
+        xi = mine(x).clone().requires_grad_()
+        y = module(xi)
+        (y * mine(grad_out)).sum().backward()
+        return dict(y=y.detach(), y_ref=mine(y_ref), grad_x=xi.grad, grad_x_ref=mine(xr.grad))
+    model = _tiny_vit()
+    reference = copy.deepcopy(model)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (4,), generator=g))
+               for _ in range(2)]
+    sp.parallelize_vit(model, group, True)
+    out = {}
+    for who, net in (("ours", model), ("reference", reference)):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        losses = []
+        for images, labels in batches:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(images), labels)
+            loss.backward()
+            if who == "ours":
+                sp.sync_sequence_parallel_gradients(net, group)
+            optimizer.step()
+            losses.append(loss.item())
+        out[who] = dict(losses=losses, params={n: p.detach().clone() for n, p in net.named_parameters()})
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", [pytest.param("14.1", marks=pytest.mark.task14_1),
+                                  pytest.param("14.2", marks=pytest.mark.task14_2),
                                   pytest.param("14.4", marks=pytest.mark.task14_4),
                                   pytest.param("14.5", marks=pytest.mark.task14_5)])
 def test_the_split_in_each_group_of_a_2d_grid_equals_the_unsplit_module_on_its_data(impl, task):
     """4 ranks, tensor-parallel groups [0, 1] and [2, 3], each on data of its own: a size, a gather or a split over
     the default group (all 4 ranks) passed every test above, where the group is the world."""
     judging(impl, task)
-    name, what = {"14.1": (T141, "the attention"), "14.4": (T144, "the sequence-parallel block"),
+    name, what = {"14.1": (T141, "the attention"), "14.2": (T142, "the MLP"), "14.4": (T144, "the sequence-parallel block"),
                   "14.5": (T145, "the tiny ViT with sequence parallelism")}[task]
     for rank, out in enumerate(run_ranks(_in_a_grid, 4, impl, task, timeout=60)):
         where = (f"{name}: {what} split over the tensor-parallel group {[rank // 2 * 2, rank // 2 * 2 + 1]} of 4 "
                  f"ranks, rank {rank}, on its group's data")
         hint = ("; every size, gather and split must be the group's it is given (dist.get_world_size(group), "
                 "group=group), not the default group's: the world here is 4 ranks, the group 2")
+        if out.get("outside"):
+            pytest.fail(f"{where}: it ran a collective ({out['error']}, stopped by the test) not over the 2 of the group "
+                        f"it was given{hint}")
         assert "error" not in out, f"{where}: {out.get('error')}{hint}"
         if task != "14.5":
             assert _close(out["y"], out["y_ref"]) and _close(out["grad_x"], out["grad_x_ref"]), (
