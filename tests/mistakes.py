@@ -1408,6 +1408,23 @@ MISTAKES = [
             "        return torch.cat(pieces, dim=1), None\n",
             "        return torch.cat(pieces), None\n",
             "concatenated the ranks' gradients along dim 0"),
+    Mistake("14.3", "rs-by-all-reduce", "template_sequence_parallel.py",  # trial 6: a bare list of calls
+            "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n"
+            "        out = torch.empty_like(pieces[0])\n"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n"
+            "        return out\n",
+            "        total = x.clone()\n"
+            "        dist.all_reduce(total, group=group)\n"
+            "        return total.chunk(size, dim=1)[dist.get_rank(group)].contiguous()\n",
+            "all-reduced the whole sequence, then kept its slice"),
+    Mistake("14.3", "gather-backward-by-all-reduce", "template_sequence_parallel.py",
+            "        out = torch.empty_like(pieces[rank])\n"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "        return out, None, None\n",
+            "        total = grad.clone()\n"
+            "        dist.all_reduce(total, group=ctx.group)\n"
+            "        return total.chunk(size, dim=1)[rank].contiguous(), None, None\n",
+            "all-reduced the whole sequence, then kept its slice"),
     Mistake("14.4", "row-bias-on-rank-0-only", "template_sequence_parallel.py",  # trial 6: a bare difference
             "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
             "        return y if self.bias is None or dist.get_rank(self.group) != 0 else y + self.bias\n",

@@ -278,6 +278,11 @@ def _check_operator(name, rank, size, got):
         wanted = f"one {' or '.join(sorted(allowed))} of {shard} float64 elements" if allowed else "nothing"
         ok = (not calls) if not allowed else (
             len(calls) == 1 and calls[0][0] in allowed and calls[0][1:] == ("float64", shard))
+        if not ok and allowed == REDUCE_SCATTER and [call[0] for call in calls] == ["all_reduce"]:
+            pytest.fail(f"{where}'s {when} all-reduced the whole sequence, then kept its slice: the values are right, "
+                        f"but every rank received all S tokens' sums ({calls[0][2]} elements) to keep S / N of them; a "
+                        f"reduce-scatter (dist.reduce_scatter_tensor) delivers each rank only its own {shard} "
+                        "(sequence parallelism exists to keep only S / N tokens a rank)")
         assert ok, f"{where}'s {when} should send {wanted}; it sent {calls}"
 
 
