@@ -43,7 +43,8 @@ class _AllToAll(torch.autograd.Function):
     to rank 0 of the group, the next input_splits[1] rows to rank 1, ..., and receives output_splits[s]
     rows from rank s, concatenated in rank order: a new tensor of sum(output_splits) rows. Any split
     may be 0 (a rank that sends nothing to another). Backward: the gradient of what arrived goes back
-    where it came from: the same all-to-all with the two split lists swapped."""
+    where it came from: the same all-to-all with the two split lists swapped, which needs nothing of x:
+    keep no tensor on ctx (x saved would stay alive until the backward), only the splits and the group."""
 
     @staticmethod
     def forward(ctx, x, output_splits, input_splits, group):

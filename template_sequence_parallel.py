@@ -85,7 +85,8 @@ def parallelize_mlp(mlp, group=None, sequence_parallel=False):
 # ----------------------------------------------------------------------------- Task 14.3
 # Sequence parallelism's conversions, each an autograd Function as Task 9's f and g, on (B, S, dim)
 # tensors cut along dim 1 (the tokens) into N contiguous shards: rank r (of `group`, N ranks) holds
-# tokens [r * S / N, (r + 1) * S / N). A tensor autograd hands you is never changed in place.
+# tokens [r * S / N, (r + 1) * S / N). A tensor autograd hands you is never changed in place. Neither
+# backward needs the forward's input: keep none of it (saved or on ctx), or it stays alive until then.
 
 
 class _GatherSequence(torch.autograd.Function):

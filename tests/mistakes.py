@@ -1408,6 +1408,14 @@ MISTAKES = [
             "        return torch.cat(pieces, dim=1), None\n",
             "        return torch.cat(pieces), None\n",
             "concatenated the ranks' gradients along dim 0"),
+    Mistake("14.3", "gather-saves-its-input", "template_sequence_parallel.py",  # trial 6: passed
+            "        ctx.group, ctx.reduce = group, tensor_parallel_output_grad\n",
+            "        ctx.group, ctx.reduce = group, tensor_parallel_output_grad\n        ctx.save_for_backward(x)\n",
+            "keeps its input alive after the forward"),
+    Mistake("14.3", "reduce-scatter-keeps-its-input-on-ctx", "template_sequence_parallel.py",
+            "        ctx.group = group\n        size = dist.get_world_size(group)\n",
+            "        ctx.group, ctx.x = group, x\n        size = dist.get_world_size(group)\n",
+            "the whole (B, S, dim) sequence held until the backward"),
     Mistake("14.3", "rs-by-all-reduce", "template_sequence_parallel.py",  # trial 6: a bare list of calls
             "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n"
             "        out = torch.empty_like(pieces[0])\n"
@@ -1756,6 +1764,11 @@ MISTAKES = [
             "        return out, None, None, None\n",
             "        return out / dist.get_world_size(ctx.group), None, None, None\n",
             "the backward divided by the group's size"),
+    Mistake("16.1", "input-saved-for-backward", "template_experts.py",  # trial 6: passed
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n",
+            "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
+            "        ctx.save_for_backward(x)\n",
+            "all_to_all keeps its input x alive"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",

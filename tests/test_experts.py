@@ -18,6 +18,7 @@ where the copies are not N. The tests of one task take solutions/' answers to th
 import copy
 import gc
 import re
+import time
 import types
 import weakref
 
@@ -111,7 +112,8 @@ def _a2a(rank, world_size, impl):
                 out[case] = dict(error=f"{type(error).__name__}: {error}"[:400])
                 continue
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
-                         backward=[(c.kind, c.tensors) for c in backward])
+                         backward=[(c.kind, c.tensors) for c in backward],
+                         kept_input=_keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
     # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
     # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
     splits = SPLITS[CHAINED]
@@ -185,7 +187,26 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
                 f"out, {received} in), it sent {got['backward']}")
+            assert not got["kept_input"], (
+                f"{T161}: {where}: all_to_all keeps its input x alive after the forward (ctx.save_for_backward(x), "
+                "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
+                "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
+
+
+def _keeps_its_input(op, x):
+    """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx): x's only other reference, the
+    caller's, is dropped."""
+    inner = x.detach().clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
+    alive = weakref.ref(inner)
+    y = op(inner)
+    del inner
+    deadline = time.monotonic() + 3  # gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    kept = alive() is not None
+    del y
+    return kept
 
 
 def _check_there_and_back(rank, got):

@@ -18,6 +18,8 @@ answers to the others and to Task 9 (judging), so a mistake costs one task's poi
 import copy
 import re
 import sys
+import time
+import weakref
 from contextlib import contextmanager
 
 import pytest
@@ -147,6 +149,7 @@ def _operators(rank, world_size, impl, sub=False):
                                  wrong_group=wrong)
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
+                         kept_input=_keeps_its_input(op, before),
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
                          unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
@@ -157,6 +160,21 @@ def _operators(rank, world_size, impl, sub=False):
     except Exception as error:  # noqa: BLE001 (which exception is the test's to judge)
         out["uneven"] = f"{type(error).__name__}: {error}"
     return (rank, world_size, out) if sub else out
+
+
+def _keeps_its_input(op, x):
+    """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx). Run outside the test's Wire, whose
+    handles hold an asynchronous call's arguments: here x's only other reference is the caller's, dropped."""
+    inner = x.clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
+    alive = weakref.ref(inner)
+    y = op(inner)
+    del inner
+    deadline = time.monotonic() + 3  # gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    kept = alive() is not None
+    del y
+    return kept
 
 
 def _unwaited(wire):
@@ -284,6 +302,12 @@ def _check_operator(name, rank, size, got):
                         f"reduce-scatter (dist.reduce_scatter_tensor) delivers each rank only its own {shard} "
                         "(sequence parallelism exists to keep only S / N tokens a rank)")
         assert ok, f"{where}'s {when} should send {wanted}; it sent {calls}"
+    assert not got["kept_input"], (
+        f"{where} keeps its input alive after the forward (ctx.save_for_backward(x), or x on ctx), while its backward "
+        f"needs none of it (it {'all-gathers' if name == 'reduce_scatter' else 'reduce-scatters or slices'} the "
+        "gradient): " + ("the whole (B, S, dim) sequence held until the backward, N times the S / N tokens sequence "
+                         "parallelism keeps a rank" if name == "reduce_scatter" else "a shard held until the backward "
+                         "for nothing") + "; keep no tensor on ctx, only the group (and the flag)")
 
 
 @pytest.mark.task14_3
