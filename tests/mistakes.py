@@ -829,6 +829,13 @@ MISTAKES = [
             "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
     Mistake("10.3", "irecv-never-waited", "template_pipeline.py",  # was a hang at the 15 s limit, run twice: 44 s
             "dist.recv(tensor, peer)", "dist.irecv(tensor, peer)", "returned before its message arrived"),
+    Mistake("10.3", "irecv-polled-until-completed", "template_pipeline.py",  # trial 6: told the message never came
+            "        dist.recv(tensor, peer)\n",
+            "        work = dist.irecv(tensor, peer)\n        while not work.is_completed():  # gloo: never True before wait()\n"
+            "            pass\n", "only once their wait() has run"),
+    Mistake("10.3", "irecv-waited-through-its-future", "template_pipeline.py",  # trial 6: a raw RuntimeError
+            "        dist.recv(tensor, peer)\n", "        dist.irecv(tensor, peer).get_future().wait()\n",
+            "have no Future"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
