@@ -829,6 +829,13 @@ MISTAKES = [
             "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
     Mistake("10.3", "irecv-never-waited", "template_pipeline.py",  # was a hang at the 15 s limit, run twice: 44 s
             "dist.recv(tensor, peer)", "dist.irecv(tensor, peer)", "returned before its message arrived"),
+    Mistake("7.4", "waited-through-the-future-on-gloo", "template_fsdp.py",  # trial 6: a raw RuntimeError
+            "        return handle, piece\n", "        torch.futures.wait_all([handle.get_future()])\n        return None, piece\n",
+            "has no Future"),
+    Mistake("7.4", "polled-until-completed-on-gloo", "template_fsdp.py",  # trial 6: told of a collective never called
+            "        return handle, piece\n",
+            "        while not handle.is_completed():  # gloo: never True before wait()\n            pass\n"
+            "        return None, piece\n", "only once its wait() has run"),
     Mistake("10.3", "irecv-polled-until-completed", "template_pipeline.py",  # trial 6: told the message never came
             "        dist.recv(tensor, peer)\n",
             "        work = dist.irecv(tensor, peer)\n        while not work.is_completed():  # gloo: never True before wait()\n"
