@@ -335,6 +335,36 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 
 
 # --------------------------------------------------------------------------- Task 7.4
+# gloo's Work of a reduce-scatter (torch 2.14, measured) has no Future, and its is_completed() stays False until its
+# wait() has run (Wire(poison=True)'s handles too).
+GLOO_REDUCE_SCATTER = ("gloo's reduce-scatter Work has no Future (get_future() raises) and says is_completed() True "
+                       "only once its wait() has run, so a Future or a loop on is_completed() cannot wait for it: "
+                       "return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call "
+                       "handle.wait() yourself and return (None, piece))")
+
+
+def _polls_completion(text):
+    """Whether a hang report shows a rank in a template_*.py line that polls is_completed() (or in the body of the
+    `while` that does: the dump may show either line)."""
+    return any("is_completed(" in linecache.getline(path, int(line)) + linecache.getline(path, int(line) - 1)
+               for path, line in re.findall(r'File "([^"]*template_[^"/]*\.py)", line (\d+)', text))
+
+
+def _ranks_reducing(*args):
+    """run_ranks for Task 7.4's tests: a wait gloo's reduce-scatter Work cannot do is said as such (trial 6: a raw
+    "Work::getFuture not implemented", or a hang told as a collective another rank never calls)."""
+    try:
+        return run_ranks(*args)
+    except RankFailed as error:
+        if "getFuture not implemented" not in str(error):
+            raise
+        raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
+    except RankTimeout as error:
+        if not _polls_completion(str(error)):
+            raise
+        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {GLOO_REDUCE_SCATTER}.\n{error}") from None
+
+
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.4")
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
@@ -364,7 +394,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
     dtype = str(compute_dtype).replace("torch.", "")
     for rank, (dropped, untouched, piece, mean, (calls, kept, read_early)) in enumerate(
-            run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
+            _ranks_reducing(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
             "the asynchronous reduce-scatter (or None if you waited) and the tensor it reduces into")
@@ -470,41 +500,11 @@ def _compare(task, rank, full, expected, tol, against):
                              f"differs from {against} by {diff:.2e} (tolerance {tol:.0e})")
 
 
-# gloo's Work of a reduce-scatter (torch 2.14, measured) has no Future, and its is_completed() stays False until its
-# wait() has run. Wire(poison=True) in the test above gives every handle both, so such a wait is seen in training.
-GLOO_REDUCE_SCATTER = ("gloo's reduce-scatter Work has no Future (get_future() raises) and says is_completed() True "
-                       "only once its wait() has run, so a Future or a loop on is_completed() cannot wait for it: "
-                       "return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call "
-                       "handle.wait() yourself and return (None, piece))")
-
-
-def _polls_completion(text):
-    """Whether a hang report shows a rank in a template_*.py line that polls is_completed() (or in the body of the
-    `while` that does: the dump may show either line)."""
-    return any("is_completed(" in linecache.getline(path, int(line)) + linecache.getline(path, int(line) - 1)
-               for path, line in re.findall(r'File "([^"]*template_[^"/]*\.py)", line (\d+)', text))
-
-
-def _training_ranks(*args):
-    """run_ranks for Task 7.4's training: a wait gloo's reduce-scatter Work cannot do is said as such (trial 6:
-    a raw "Work::getFuture not implemented", or a hang told as a collective another rank never calls)."""
-    try:
-        return run_ranks(*args)
-    except RankFailed as error:
-        if "getFuture not implemented" not in str(error):
-            raise
-        raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
-    except RankTimeout as error:
-        if not _polls_completion(str(error)):
-            raise
-        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {GLOO_REDUCE_SCATTER}.\n{error}") from None
-
-
 @pytest.mark.task7_4
 @pytest.mark.parametrize("world_size,optimizer_name", [(2, "sgd"), slow(3, "adamw")])
 def test_training_equals_single_process_training_on_the_global_batch(impl, world_size, optimizer_name):
     expected = _single_process(Awkward, optimizer_name, world_size)
-    results = _training_ranks(_train_fsdp, world_size, impl, Awkward, optimizer_name)
+    results = _ranks_reducing(_train_fsdp, world_size, impl, Awkward, optimizer_name)
     # fp32 both ways; only the order of the sums differs (~1e-7 relative per operation), and
     # 4 steps of lr 0.1 or Adam's lr 0.01 keep that well below 1e-5.
     for rank, (full, _, _, gathered) in enumerate(results):
@@ -517,7 +517,7 @@ def test_training_equals_single_process_training_on_the_global_batch(impl, world
 def test_bf16_compute_keeps_fp32_shards_and_trains_like_fp32(impl):
     world_size = 2
     expected = _single_process(mlp, "sgd", world_size)
-    for rank, (full, gathered, kept, _) in enumerate(_training_ranks(_train_fsdp, world_size, impl, mlp, "sgd",
+    for rank, (full, gathered, kept, _) in enumerate(_ranks_reducing(_train_fsdp, world_size, impl, mlp, "sgd",
                                                                      torch.bfloat16)):
         assert gathered == {torch.bfloat16}, f"{T74}: with compute_dtype=bfloat16 the gathered parameters were {gathered}"
         assert kept == {torch.float32}, f"{T74}: the shards and the optimizer state must stay float32, got {kept}"
