@@ -829,6 +829,25 @@ MISTAKES = [
             "        stage.learn_shapes(inputs, num_microbatches)\n", "before it called stage.learn_shapes"),
     Mistake("10.3", "irecv-never-waited", "template_pipeline.py",  # was a hang at the 15 s limit, run twice: 44 s
             "dist.recv(tensor, peer)", "dist.irecv(tensor, peer)", "returned before its message arrived"),
+    Mistake("7.4", "waited-through-the-future-on-gloo", "template_fsdp.py",  # trial 6: a raw RuntimeError
+            "        return handle, piece\n", "        torch.futures.wait_all([handle.get_future()])\n        return None, piece\n",
+            "has no Future"),
+    Mistake("7.4", "polled-until-completed-on-gloo", "template_fsdp.py",  # trial 6: told of a collective never called
+            "        return handle, piece\n",
+            "        while not handle.is_completed():  # gloo: never True before wait()\n            pass\n"
+            "        return None, piece\n", "only once its wait() has run"),
+    Mistake("14.3", "reduce-scatter-waited-through-its-future", "template_sequence_parallel.py",  # trial 6: passed
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",  # (Wire's poisoned Future)
+            "        work = dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
+            "        torch.futures.wait_all([work.get_future()])  # gloo: no Future for a reduce-scatter\n",
+            "getFuture not implemented"),
+    Mistake("10.3", "irecv-polled-until-completed", "template_pipeline.py",  # trial 6: told the message never came
+            "        dist.recv(tensor, peer)\n",
+            "        work = dist.irecv(tensor, peer)\n        while not work.is_completed():  # gloo: never True before wait()\n"
+            "            pass\n", "only once their wait() has run"),
+    Mistake("10.3", "irecv-waited-through-its-future", "template_pipeline.py",  # trial 6: a raw RuntimeError
+            "        dist.recv(tensor, peer)\n", "        dist.irecv(tensor, peer).get_future().wait()\n",
+            "have no Future"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
@@ -2611,6 +2630,113 @@ RIGHT_ANSWERS = [
                 "            flat = torch.cat([g.reshape(-1) for g in grads]) / divisor\n"
                 "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
                 "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n", ""),)),
+    RightAnswer("0.3", "waited-through-the-future",  # trial 6
+                "'handle.wait() returns when the sum is in `tensor`': the Work's Future waited for "
+                "(get_future().wait()) returns then too", (
+        Mistake("0.3", "waited-through-the-future", "template_collectives.py",
+                "    handle.wait()\n"
+                "    return result",
+                "    handle.get_future().wait()\n"
+                "    return result", ""),)),
+    RightAnswer("5.4", "handles-waited-in-reverse-then-copied",  # trial 6
+                "'for every bucket: wait for its handle, and copy its slice of bucket.buffer back': every handle "
+                "waited for before any slice is read, in any order", (
+        Mistake("5.4", "handles-waited-in-reverse-then-copied", "template_ddp.py",
+                "        for bucket in self.buckets:\n"
+                "            bucket.handle.wait()\n"
+                "            means = bucket.buffer.split([param.numel() for param in bucket.params])\n",
+                "        for bucket in reversed(self.buckets):\n"
+                "            bucket.handle.wait()\n"
+                "        for bucket in self.buckets:\n"
+                "            means = bucket.buffer.split([param.numel() for param in bucket.params])\n", ""),)),
+    RightAnswer("6.3", "async-broadcasts-waited-in-reverse",  # trial 6
+                "'dist.broadcast(view, src=rank) for every piece in self.pieces, in that order on every rank': "
+                "launched in that order with async_op=True, every Work waited for before step() returns, in any order", (
+        Mistake("6.3", "async-broadcasts-waited-in-reverse", "template_zero.py",
+                "        for view, param, start, end, rank in self.pieces:\n"
+                "            dist.broadcast(view, src=rank)\n",
+                "        works = [dist.broadcast(view, src=rank, async_op=True) for view, param, start, end, rank in self.pieces]\n"
+                "        for work in reversed(works):\n"
+                "            work.wait()\n", ""),)),
+    RightAnswer("6.3", "one-all-gather",  # trial 6
+                "'dist.broadcast(view, src=rank) for every piece ... or an all-gather': each rank's pieces packed, "
+                "padded to the longest rank's, all-gathered and copied back into the views", (
+        Mistake("6.3", "one-all-gather", "template_zero.py",
+                "        for view, param, start, end, rank in self.pieces:\n"
+                "            dist.broadcast(view, src=rank)\n",
+                "        sizes = [0] * self.world_size\n"
+                "        for view, param, start, end, rank in self.pieces:\n"
+                "            sizes[rank] += view.numel()\n"
+                "        mine = [view for view, param, start, end, rank in self.pieces if rank == self.rank]\n"
+                "        first = self.pieces[0][0]\n"
+                "        send = torch.zeros(max(sizes), dtype=first.dtype, device=first.device)  # every rank sends as many\n"
+                "        if mine:\n"
+                "            send[:sizes[self.rank]] = torch.cat(mine)\n"
+                "        gathered = [torch.empty_like(send) for _ in range(self.world_size)]\n"
+                "        dist.all_gather(gathered, send, async_op=True).wait()\n"
+                "        offsets = [0] * self.world_size\n"
+                "        for view, param, start, end, rank in self.pieces:\n"
+                "            view.copy_(gathered[rank][offsets[rank]:offsets[rank] + view.numel()])\n"
+                "            offsets[rank] += view.numel()\n", ""),)),
+    RightAnswer("7.2", "shard-copied-into-its-place-in-full",  # trial 6
+                "'all_gather_into_tensor into self.full ... in compute_dtype; send a detached copy of the shard': the"
+                " copy made in this rank's own slice of self.full (fully_shard's in-place all-gather)", (
+        Mistake("7.2", "shard-copied-into-its-place-in-full", "template_fsdp.py",
+                "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)",
+                "        mine = self.full.chunk(self.world_size)[self.rank]\n"
+                "        mine.copy_(self.shard.detach())  # this rank's part of full, in compute_dtype: gathered in place\n"
+                "        return dist.all_gather_into_tensor(self.full, mine, async_op=async_op)", ""),)),
+    RightAnswer("7.4", "piece-made-in-compute-dtype",  # trial 6
+                "'Start the reduce-scatter into a new tensor of the shard's size, in compute_dtype': made from "
+                "self.compute_dtype, not from full_grad's dtype (the same dtype)", (
+        Mistake("7.4", "piece-made-in-compute-dtype", "template_fsdp.py",
+                "        piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)\n"
+                "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, async_op=True)\n"
+                "        return handle, piece\n",
+                "        piece = torch.zeros_like(self.shard, dtype=self.compute_dtype).detach()\n"
+                "        handle = dist.reduce_scatter_tensor(piece, (full_grad / self.world_size).contiguous(), op=dist.ReduceOp.SUM,\n"
+                "                                            async_op=True)\n"
+                "        return handle, piece\n", ""),)),
+    RightAnswer("10.2", "isend-to-a-global-rank-in-the-group",  # trial 6
+                "'Start sending `tensor` to global rank `peer` ... dist.isend': isend's dst is a global rank with "
+                "group=self.group given too", (
+        Mistake("10.2", "isend-to-a-global-rank-in-the-group", "template_pipeline.py",
+                "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+                "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), dst=peer, group=self.group))\n", ""),)),
+    RightAnswer("10.3", "irecv-waited-at-once",  # trial 6
+                "'Blocking (dist.recv into a new tensor): the stage cannot compute before it has its input': an irecv"
+                " whose Work is waited for at once blocks the same", (
+        Mistake("10.3", "irecv-waited-at-once", "template_pipeline.py",
+                "        tensor = torch.empty(shape, dtype=dtype)\n"
+                "        dist.recv(tensor, peer)\n"
+                "        return tensor.requires_grad_(requires_grad)\n",
+                "        tensor = torch.empty(shape, dtype=dtype)\n"
+                "        dist.irecv(tensor, src=peer).wait()\n"
+                "        return tensor.requires_grad_(requires_grad)\n", ""),)),
+    RightAnswer("15.2", "group-dst-and-group-src",  # trial 6
+                "'rank r sending to r + 1 and receiving from r - 1 (ranks of the group), point to point': isend's "
+                "group_dst and irecv's group_src take those group ranks directly", (
+        Mistake("15.2", "group-dst-and-group-src", "template_context_parallel.py",
+                "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n"
+                "            owner = (rank - step) % size  # whose",
+                "                works = [dist.isend(kv, group=group, group_dst=(rank + 1) % size),\n"
+                "                         dist.irecv(incoming, group=group, group_src=(rank - 1) % size)]\n"
+                "            owner = (rank - step) % size  # whose", ""),)),
+    RightAnswer("15.2", "k-and-v-in-two-messages",  # trial 6
+                "'N - 1 K/V blocks sent per rank, no collective': k and v of a block in two messages each step are "
+                "the same bytes (the solution's one message a step is a comment, not the docstring)", (
+        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+                "        kv = torch.stack([k, v])  # one message a step\n"
+                "        for step in range(size):\n"
+                "            if step < size - 1:\n"
+                "                incoming = torch.empty_like(kv)\n"
+                "                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n",
+                "        kv = [k.contiguous(), v.contiguous()]  # two messages a step\n"
+                "        for step in range(size):\n"
+                "            if step < size - 1:\n"
+                "                incoming = [torch.empty_like(t) for t in kv]\n"
+                "                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n"
+                "                         dist.irecv(incoming[0], recv_from, group=group), dist.irecv(incoming[1], recv_from, group=group)]\n", ""),)),
 ]
 
 

@@ -9,7 +9,9 @@ references: single-process training on the global batch, and PyTorch's own fully
 The tests of one task take solutions/' answers to the other tasks (judging), so a mistake costs
 one task's points.
 """
+import linecache
 import math
+import re
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import call_alone, load_with_reference
-from harness import run_ranks
+from harness import RankFailed, RankTimeout, run_ranks
 from wire import Wire
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
@@ -333,6 +335,36 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 
 
 # --------------------------------------------------------------------------- Task 7.4
+# gloo's Work of a reduce-scatter (torch 2.14, measured) has no Future, and its is_completed() stays False until its
+# wait() has run (Wire(poison=True)'s handles too).
+GLOO_REDUCE_SCATTER = ("gloo's reduce-scatter Work has no Future (get_future() raises) and says is_completed() True "
+                       "only once its wait() has run, so a Future or a loop on is_completed() cannot wait for it: "
+                       "return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call "
+                       "handle.wait() yourself and return (None, piece))")
+
+
+def _polls_completion(text):
+    """Whether a hang report shows a rank in a template_*.py line that polls is_completed() (or in the body of the
+    `while` that does: the dump may show either line)."""
+    return any("is_completed(" in linecache.getline(path, int(line)) + linecache.getline(path, int(line) - 1)
+               for path, line in re.findall(r'File "([^"]*template_[^"/]*\.py)", line (\d+)', text))
+
+
+def _ranks_reducing(*args):
+    """run_ranks for Task 7.4's tests: a wait gloo's reduce-scatter Work cannot do is said as such (trial 6: a raw
+    "Work::getFuture not implemented", or a hang told as a collective another rank never calls)."""
+    try:
+        return run_ranks(*args)
+    except RankFailed as error:
+        if "getFuture not implemented" not in str(error):
+            raise
+        raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
+    except RankTimeout as error:
+        if not _polls_completion(str(error)):
+            raise
+        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {GLOO_REDUCE_SCATTER}.\n{error}") from None
+
+
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.4")
     unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
@@ -362,7 +394,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
     dtype = str(compute_dtype).replace("torch.", "")
     for rank, (dropped, untouched, piece, mean, (calls, kept, read_early)) in enumerate(
-            run_ranks(_reduce_scatter, world_size, impl, compute_dtype)):
+            _ranks_reducing(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
             "the asynchronous reduce-scatter (or None if you waited) and the tensor it reduces into")
@@ -472,7 +504,7 @@ def _compare(task, rank, full, expected, tol, against):
 @pytest.mark.parametrize("world_size,optimizer_name", [(2, "sgd"), slow(3, "adamw")])
 def test_training_equals_single_process_training_on_the_global_batch(impl, world_size, optimizer_name):
     expected = _single_process(Awkward, optimizer_name, world_size)
-    results = run_ranks(_train_fsdp, world_size, impl, Awkward, optimizer_name)
+    results = _ranks_reducing(_train_fsdp, world_size, impl, Awkward, optimizer_name)
     # fp32 both ways; only the order of the sums differs (~1e-7 relative per operation), and
     # 4 steps of lr 0.1 or Adam's lr 0.01 keep that well below 1e-5.
     for rank, (full, _, _, gathered) in enumerate(results):
@@ -485,7 +517,8 @@ def test_training_equals_single_process_training_on_the_global_batch(impl, world
 def test_bf16_compute_keeps_fp32_shards_and_trains_like_fp32(impl):
     world_size = 2
     expected = _single_process(mlp, "sgd", world_size)
-    for rank, (full, gathered, kept, _) in enumerate(run_ranks(_train_fsdp, world_size, impl, mlp, "sgd", torch.bfloat16)):
+    for rank, (full, gathered, kept, _) in enumerate(_ranks_reducing(_train_fsdp, world_size, impl, mlp, "sgd",
+                                                                     torch.bfloat16)):
         assert gathered == {torch.bfloat16}, f"{T74}: with compute_dtype=bfloat16 the gathered parameters were {gathered}"
         assert kept == {torch.float32}, f"{T74}: the shards and the optimizer state must stay float32, got {kept}"
         # bf16 rounds weights, activations and gradients to 8-bit mantissas (~0.4%); 4 SGD steps

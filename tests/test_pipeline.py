@@ -313,6 +313,23 @@ WAITS_FOR = {
 }
 
 
+# gloo's point-to-point Work (dist.isend, dist.irecv) is marked completed by its own wait(): is_completed() stays
+# False until then, even once its message has arrived (measured on torch 2.14), and get_future() raises
+POLLED = ("gloo's point-to-point Works (dist.isend, dist.irecv) say is_completed() True only once their wait() has "
+          "run, even after the message has arrived, so a loop that polls it never ends: call work.wait() (or "
+          "receive with the blocking dist.recv)")
+NO_FUTURE = ("gloo's point-to-point Works (dist.isend, dist.irecv) have no Future (get_future() raises): wait for "
+             "one with work.wait() (dist.irecv(...).wait(), or the blocking dist.recv)")
+
+
+def _polls_completion(frames, ours):
+    """Whether the innermost course frame of a stuck rank is a loop on is_completed(): its line, or the line of the
+    `while` it is the body of (the dump may show either)."""
+    path = next(p for p, line, _ in frames if p.rsplit("/", 1)[-1].startswith("template_"))
+    line = int(ours[0][0])
+    return any("is_completed(" in linecache.getline(path, n) for n in (line, line - 1))
+
+
 def hang_hint(task, text):
     """What the stuck ranks of a RankTimeout's report wait for, said for the judged task: a blocking send,
     a receive whose message never comes, sends that are never received, or no message at all (a loop)."""
@@ -343,6 +360,10 @@ def hang_hint(task, text):
             hints.append("the sends were started and kept, but no receive matches them: send to `peer`, the global "
                          "rank _send is given, with no tag (the receives use the default tag, 0)"
                          if task == "10.2" else WAITS_FOR.get(task))
+        elif ours and _polls_completion(frames, ours):
+            # trial 6: told "it never comes", though the message had come: gloo's p2p Work is completed by wait()
+            doing = f"poll{{s}} is_completed() in {at}, and it never turns True"
+            hints.append(POLLED)
         elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
                 "recv", "blocking_recv", "irecv"}:
             what = next((w for n, w in (("recv_backward", "a gradient (recv_backward)"),
@@ -466,6 +487,8 @@ def warmup_hint(task, text):
 
 def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
+    if "getFuture not implemented" in text:  # trial 6: the raw RuntimeError said nothing of why
+        return NO_FUTURE
     if "raised AnySource" in text:
         said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"

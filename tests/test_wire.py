@@ -104,6 +104,19 @@ def _everything(rank, world_size, _):
         work.wait()
         out["poisoned"] = (shown, kept.tolist(), changed.tolist(),
                            [(c.waits, c.futures, c.done_seen, c.written_early) for c in wire.calls])
+    # poisoned, the handle keeps the real Work's ways to be waited for: gloo's reduce-scatter has no Future, and is
+    # not complete before its wait() (trial 6: a Future waited for passed here and raised in training)
+    with Wire(poison=True):
+        piece = torch.zeros(1)
+        work = dist.reduce_scatter_tensor(piece, torch.ones(world_size), async_op=True)
+        try:
+            work.get_future()
+            future = "a Future"
+        except RuntimeError as error:
+            future = str(error)
+        polled = [work.is_completed() for _ in range(3)]
+        work.wait()
+        out["reduce_scatter"] = (future, polled, piece.isnan().any().item(), work.is_completed())
     # check: a call it refuses never runs, and the wire is put back all the same
     def refuse_the_world(call, group):
         if group is None:
@@ -161,4 +174,6 @@ def test_the_wire_records_every_kind_its_size_its_handle_and_its_waits():
         assert out["poisoned"] == ([(True, gathered)] * 3, [2.0], [2.0],
                                    [(1, 0, False, False), (0, 1, False, False), (0, 0, True, False),
                                     (0, 0, False, False), (1, 0, False, True)]), out["poisoned"]
+        assert out["reduce_scatter"] == ("Work::getFuture not implemented.", [False] * 3, False, True), (
+            out["reduce_scatter"])
         assert out["refused"] == "all_reduce over the world" and out["restored"] == "all_reduce", out

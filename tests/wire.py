@@ -107,7 +107,8 @@ class Wire:
     defer=True: an asynchronous collective does not run until its wait() or flush(), so that a
     Future complete before then was completed by hand. poison=True: an asynchronous all-gather or
     reduce-scatter runs at once into buffers of the wire's own, and the caller's (floating-point)
-    outputs hold NaN until its wait(), its Future taken, or is_completed(): an output read before
+    outputs hold NaN until its wait(), its Future taken, or is_completed() (each where the real Work
+    has it: gloo's reduce-scatter has no Future, and is never complete before its wait()): an output read before
     the wait shows as NaN every time, not by the luck of a race, and one changed in place before it is
     recorded (the Call's written_early). check(call, group), if given, runs before
     each call (raise to refuse it). recv_limit: a blocking dist.recv waits at most this many
@@ -196,13 +197,14 @@ class Wire:
         return handle
 
     def _poisoned(self, call, real, given, outputs):
-        """Run the collective now, blocking, into tensors of the wire's own; NaN in the caller's outputs until its
-        handle delivers the results (wait(), get_future(), is_completed())."""
+        """Run the collective now into tensors of the wire's own, and wait for it; NaN in the caller's outputs until
+        its handle delivers the results (wait(), get_future(), is_completed()). The handle keeps the real Work, and
+        so its ways to be waited for: gloo's reduce-scatter has no Future, and is complete only once waited for."""
         own = [torch.empty_like(t) for t in outputs]
         name = OUTPUTS[call.kind]
         given.arguments[name] = own if isinstance(given.arguments[name], (list, tuple)) else own[0]
-        given.arguments["async_op"] = False
-        real(*given.args, **given.kwargs)
+        work = real(*given.args, **given.kwargs)  # async_op=True, as the caller asked
+        work.wait()
         for t in outputs:
             t.fill_(float("nan"))
         versions = [_version(t) for t in outputs]  # an in-place change before the wait moves it (NaN / 2 is NaN)
@@ -212,7 +214,7 @@ class Wire:
             for t, result in zip(outputs, own):
                 t.copy_(result)
             return outputs
-        return self._handle(call, None, None, deliver)
+        return self._handle(call, work, None, deliver)
 
     def run_until(self, future):
         """Run the deferred collectives, in their order, up to the one of `future`."""
@@ -321,9 +323,18 @@ class Handle:
             return True
         return self.work.wait(*args, **kwargs)
 
+    def _has_future(self):
+        """Whether the real Work has a Future (gloo's reduce-scatter and point-to-point Works have none)."""
+        try:
+            self.work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented"
+            return False
+        return True
+
     def get_future(self):
         self.call.futures += 1
         if self.deliver is not None:
+            self.work.get_future()  # raises where the real Work has no Future, as the caller's code would see
             future = torch.futures.Future()
             future.set_result(self._deliver())
             return future
@@ -331,6 +342,10 @@ class Handle:
 
     def is_completed(self):
         if self.deliver is not None:
+            # gloo's Works without a Future are complete only once their wait() has run (measured, torch 2.14): a
+            # loop polling one never ends, here as there
+            if self.delivered is None and not self._has_future():
+                return False
             self._deliver()
             self.call.done_seen = True
             return True
