@@ -1820,6 +1820,32 @@ MISTAKES = [
             '(world if id(param) in head else world // cp_size)',
             '(cp_size if id(param) in head else 1)',
             "the replicas' gradients were summed, not averaged"),
+    Mistake("15.2", "blocks-sent-in-bfloat16", "template_context_parallel.py",  # trial 6's: was a bare difference
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            if step < size - 1:\n'
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+            '                incoming = torch.empty_like(kv, dtype=torch.bfloat16)  # half the bytes on the wire\n'
+            '                works = [dist.isend(kv.to(torch.bfloat16), send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            if step < size - 1:\n'
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming.to(q.dtype), None\n',
+            'sent or received bfloat16 messages in forward'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -2526,6 +2552,33 @@ RIGHT_ANSWERS = [
                 "        share = x.sum(dim=1) / ctx.tokens  # this rank's share of the mean; the shares add up to it\n"
                 "        dist.all_reduce(share, group=group)\n"
                 "        return share\n", ""),)),
+    RightAnswer("15.1", "nan-to-num-weights",
+                "'A side with lse = -inf ... contributes nothing; both -inf gives lse = -inf and out = 0. No NaN': "
+                "exp(lse_a - lse) with the NaN of -inf - -inf replaced by 0 is the same weight", (
+        Mistake("15.1", "nan-to-num-weights", "template_context_parallel.py",
+                '    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n'
+                '    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n',
+                '    weight_a = torch.nan_to_num(torch.exp(lse_a - lse), nan=0.0).unsqueeze(-1)  # -inf - -inf: no key on either side\n'
+                '    weight_b = torch.nan_to_num(torch.exp(lse_b - lse), nan=0.0).unsqueeze(-1)\n',
+                ''),
+    )),
+    RightAnswer("15.2", "k-and-v-in-two-messages",
+                "'the K/V block sent whole each step (k and v stacked in one message, as the solution does, or in "
+                "two)' (the module docstring)", (
+        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+                '                incoming = torch.empty_like(kv)\n'
+                '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+                '            owner = (rank - step) % size  # whose',
+                '                k_in, v_in = torch.empty_like(kv[0]), torch.empty_like(kv[1])\n'
+                '                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n'
+                '                         dist.irecv(k_in, recv_from, group=group), dist.irecv(v_in, recv_from, group=group)]\n'
+                '            owner = (rank - step) % size  # whose',
+                ''),
+        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+                '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+                '                kv, works, k_in, v_in = torch.stack([k_in, v_in]), None, None, None\n',
+                ''),
+    )),
     RightAnswer("16.2", "int32-counts-experts-in-turn",
                 "'the number of pairs per expert goes ... in ONE all-to-all of E integers': any integer dtype; a "
                 "token chooses an expert at most once, so each expert's pairs from torch.where are in token order", (

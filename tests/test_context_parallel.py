@@ -533,6 +533,12 @@ def _check_forward(rank, size, got, causal, layout, shape):
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
     own = token_chunks_of(rank, size, out.shape[2], layout)
     if not _close(got["out"], out):
+        other_dtypes = sorted({m[1] for m in fwd["messages"]} - {"float64"})
+        if other_dtypes:
+            pytest.fail(f"{T152}: rank {rank} sent or received {other_dtypes[0]} messages in forward, though q, k and v "
+                        "are float64: the blocks lose precision on the way (a buffer made in another dtype, or a "
+                        f".to() before sending); keep the inputs' dtype (the output differs by "
+                        f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'})")
         mine_again = [w for _, _, w in fwd["blocks"] if w is not None and w in own]
         chunks = 1 if layout == "contiguous" else 2
         if size > 1 and len(mine_again) > chunks * chunks:  # more than step 0's pairs: its own keys at a later step
