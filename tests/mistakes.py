@@ -1846,6 +1846,18 @@ MISTAKES = [
             '                    work.wait()\n'
             '                kv, works = incoming.to(q.dtype), None\n',
             'sent or received bfloat16 messages in forward'),
+    Mistake("15.2", "receive-buffer-float32", "template_context_parallel.py",  # trial 6's: gloo's abort, run twice
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty(kv.shape)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            'posted a receive into a float32 buffer'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

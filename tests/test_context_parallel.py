@@ -257,6 +257,7 @@ class Recorder:
             peer = check_peer("send", group, dst)
             work = send(group, tensors, dst, *args, **kwargs)
             self.in_flight[id(work)] = (weakref.ref(tensors[0]), tensors[0].detach().clone(), peer)
+            self.sent_dtype = tensors[0].dtype
             self.log.append(("send", *self.block_of(tensors[0])))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
@@ -265,6 +266,14 @@ class Recorder:
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
             check_peer("recv", group, src)
+            sent = getattr(self, "sent_dtype", None)
+            if sent is not None and tensors[0].dtype != sent:  # said here: gloo aborts the rank on the mismatch
+                raise AssertionError(
+                    f"{self.name}: RingAttention posted a receive into a {str(tensors[0].dtype).replace('torch.', '')} "
+                    f"buffer, while its own sends are {str(sent).replace('torch.', '')}: every rank of the ring sends "
+                    "what this one does, so what arrives has another element size than the buffer, and gloo aborts "
+                    "the rank on a message whose size differs from its buffer's; make the buffer like the tensor sent "
+                    "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
