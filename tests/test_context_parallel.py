@@ -9,7 +9,9 @@ above 1, on 2, 3 and 4 gloo ranks. Besides the values, a rank records what goes 
 computed against when its messages were posted and waited for (Work.wait is counted), whose keys
 each computed block holds (to see a ring turning the wrong way), the query-key pairs each rank
 computes (causal load balance), how many other ranks' K/V blocks are alive at once (weak
-references to every received buffer), and what the ring saves for backward. The ViT (15.6) runs one
+references to every received buffer), whether a block is used before its receive is waited for or a
+sent tensor changed before its send's wait, and what the ring saves for backward (its lse against
+torch's logsumexp over the whole sequence). The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
 import re
