@@ -1746,6 +1746,212 @@ MISTAKES = [
             "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size(group)",
             "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size()",
             "divided by S counted with the world size"),
+    # the sixth trial of our own (2026-11-29, 06:40): passed, wrongly blamed, raw or bare before
+    Mistake("15.1", "lse-summed", "template_context_parallel.py",
+            '    lse = torch.logaddexp(lse_a, lse_b)',
+            '    lse = lse_a + lse_b',
+            'the log of the PRODUCT'),
+    Mistake("15.1", "weights-swapped", "template_context_parallel.py",
+            '    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n'
+            '    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n',
+            '    weight_a = torch.exp(lse_b - finite).unsqueeze(-1)\n'
+            '    weight_b = torch.exp(lse_a - finite).unsqueeze(-1)\n',
+            "the OTHER block's share"),
+    Mistake("15.1", "shifted-by-the-max-not-normalised", "template_context_parallel.py",
+            '    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n'
+            '    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n',
+            '    m = torch.maximum(lse_a, lse_b)\n'
+            '    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)\n'
+            '    weight_a = torch.exp(lse_a - m).unsqueeze(-1)\n'
+            '    weight_b = torch.exp(lse_b - m).unsqueeze(-1)\n',
+            'not divided by the sum of those weights'),
+    Mistake("15.1", "weights-in-float32", "template_context_parallel.py",
+            '    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n'
+            '    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n',
+            '    weight_a = torch.exp((lse_a - finite).float()).unsqueeze(-1)\n'
+            '    weight_b = torch.exp((lse_b - finite).float()).unsqueeze(-1)\n',
+            "float32's rounding"),
+    Mistake("15.1", "scaled-again", "template_context_parallel.py",
+            '    return weight_a * out_a + weight_b * out_b, lse',
+            '    return (weight_a * out_a + weight_b * out_b) / out_a.shape[-1] ** 0.5, lse',
+            'the scores were scaled already'),
+    Mistake("15.1", "guard-on-one-side", "template_context_parallel.py",
+            '    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # both -inf: weights 0, not NaN',
+            '    finite = torch.where(torch.isinf(lse_b), torch.zeros_like(lse), lse)',
+            'wrong in the rows where one block is fully masked'),
+    Mistake("15.2", "block-never-replaced", "template_context_parallel.py",
+            # trial 6's: was told as the ring turning the wrong way
+            '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+            '                works = None\n',
+            'never took the place of the one it held'),
+    Mistake("15.2", "receive-not-waited", "template_context_parallel.py",  # trial 6's: was a bare difference of 1e289
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming, None  # a Work keeps',
+            '                works[0].wait()  # the send; the receive is used at the next step\n'
+            '                kv, works = incoming, None  # a Work keeps',
+            'whose dist.irecv had not been waited for'),
+    Mistake("15.2", "last-blocks-lse-saved", "template_context_parallel.py",
+            # trial 6's: passed the default tests; a bare message in a slow one
+            '        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n',
+            '        out = torch.cat(outs, dim=2)\n',
+            "it is the last block's alone"),
+    Mistake("15.2", "global-rank-and-size", "template_context_parallel.py",
+            # trial 6's: was told as isend taking global ranks, which it did
+            '        rank, size = dist.get_rank(group), dist.get_world_size(group)\n'
+            '        send_to = dist.get_global_rank(group, (rank + 1) % size) if group is not None else (rank + 1) % size\n'
+            '        recv_from = dist.get_global_rank(group, (rank - 1) % size) if group is not None else (rank - 1) % size\n'
+            '        tokens = q.shape[2]\n'
+            '        q_chunks = token_chunks(rank, size, tokens, layout)\n'
+            '        q_pieces = _pieces(q, q_chunks)\n'
+            '        outs',
+            '        rank, size = dist.get_rank(), dist.get_world_size()\n'
+            '        send_to = dist.get_global_rank(group, (rank + 1) % size) if group is not None else (rank + 1) % size\n'
+            '        recv_from = dist.get_global_rank(group, (rank - 1) % size) if group is not None else (rank - 1) % size\n'
+            '        tokens = q.shape[2]\n'
+            '        q_chunks = token_chunks(rank, size, tokens, layout)\n'
+            '        q_pieces = _pieces(q, q_chunks)\n'
+            '        outs',
+            "the ring's rank and size were the world's"),
+    Mistake("15.2", "one-step-too-many", "template_context_parallel.py",
+            # trial 6's: was told as its own positions for every block
+            '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n'
+            '        kv = torch.stack([k, v])  # one message a step\n'
+            '        for step in range(size):\n',
+            '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n'
+            '        kv = torch.stack([k, v])  # one message a step\n'
+            '        for step in range(size + 1):\n',
+            'one step more computes the last block again'),
+    Mistake("15.3", "block-own-out-and-lse", "template_context_parallel.py",  # trial 6's: was a bare difference
+            '                dq_b, dk_b, dv_b = attention_block_backward(\n'
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n',
+            '                out_b, lse_b = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                               causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_b, dk_b, dv_b = attention_block_backward(\n'
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_b, lse_b, causal, q_chunks[i][1], k_chunks[j][1])\n',
+            "that block's OWN out and lse"),
+    Mistake("15.3", "gradients-in-float32", "template_context_parallel.py",  # trial 6's: was a bare difference of 1e-7
+            '            else:\n'
+            '                dkv = torch.zeros_like(kv)\n',
+            '            else:\n'
+            '                dkv = torch.zeros_like(kv, dtype=torch.float32)  # half the bytes on the wire\n',
+            'sent float32 messages in backward'),
+    Mistake("15.3", "gradients-sent-before-this-steps-share", "template_context_parallel.py",
+            # trial 6's: was told as dK/dV restarted from zeros
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):\n'
+            '                dq_b, dk_b, dv_b = attention_block_backward(\n'
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)\n'
+            '                _pieces(dkv[0], k_chunks)[j].add_(dk_b)\n'
+            '                _pieces(dkv[1], k_chunks)[j].add_(dv_b)\n'
+            "            if size > 1:  # the block's gradients go on with it: after N sends they reach its owner\n"
+            '                grad_incoming = torch.empty_like(dkv)\n'
+            '                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n',
+            '            if size > 1:  # posted early, to overlap with the compute\n'
+            '                grad_incoming = torch.empty_like(dkv)\n'
+            '                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):\n'
+            '                dq_b, dk_b, dv_b = attention_block_backward(\n'
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)\n'
+            '                _pieces(dkv[0], k_chunks)[j].add_(dk_b)\n'
+            '                _pieces(dkv[1], k_chunks)[j].add_(dv_b)\n',
+            'changed a tensor that it had posted in a dist.isend'),
+    Mistake("15.3", "backward-ring-turns-the-wrong-way", "template_context_parallel.py",
+            # trial 6's: was a bare difference on rank 0, which computes one block
+            '            owner = (rank - step) % size\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            if step > 0:',
+            '            owner = (rank + step) % size\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            if step > 0:',
+            'the ring turns the wrong way in backward'),
+    Mistake("15.4", "unshard-over-the-default-group", "template_context_parallel.py",
+            # trial 6's: passed: no sub-group in 15.4's tests
+            '    dist.all_gather(parts, x.contiguous(), group=group)\n',
+            '    dist.all_gather(parts, x.contiguous())\n',
+            'not over the 1 of the group it was given'),
+    Mistake("15.4", "shard-by-the-global-rank", "template_context_parallel.py",
+            # trial 6's: passed: no sub-group in 15.4's tests
+            '    rank, size = dist.get_rank(group), dist.get_world_size(group)\n'
+            '    if x.shape[dim] % (2 * size):',
+            '    rank, size = dist.get_rank(), dist.get_world_size(group)\n'
+            '    if x.shape[dim] % (2 * size):',
+            'by the GLOBAL rank'),
+    Mistake("15.4", "odd-ranks-chunks-reversed", "template_context_parallel.py",  # trial 6's: the expected value only
+            '    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in (rank, 2 * world_size - 1 - rank)]',
+            '    ids = (rank, 2 * world_size - 1 - rank) if rank % 2 == 0 else (2 * world_size - 1 - rank, rank)\n'
+            '    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in ids]',
+            'the right chunks in the wrong order'),
+    Mistake("15.5", "q-scaled-before-sdpa", "template_context_parallel.py",  # trial 6's: was a bare difference
+            '    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)',
+            '    out = F.scaled_dot_product_attention(qkv[0] / qkv.shape[-1] ** 0.5, qkv[1], qkv[2], is_causal=causal)',
+            'the scale was applied twice'),
+    Mistake("15.5", "all-to-all-buffer-float32", "template_context_parallel.py",
+            # trial 6's: was the test's own KeyError
+            '        received = torch.empty_like(send)\n'
+            '        dist.all_to_all_single(received, send, group=group)',
+            '        received = torch.empty(send.shape)\n'
+            '        dist.all_to_all_single(received, send, group=group)',
+            'the buffer that receives must be like the one sent'),
+    Mistake("15.5", "heads-checked-against-the-world", "template_context_parallel.py",
+            # trial 6's: passed: 4 heads divide by the group and by the world
+            '    heads, size = q.shape[1], dist.get_world_size(group)\n',
+            '    heads, size = q.shape[1], dist.get_world_size()\n',
+            "dist.get_world_size(group), not over the world's 4"),
+    Mistake("15.6", "pooled-with-avg-then-divided-by-s", "template_context_parallel.py",
+            # trial 6's: was a bare 'not the mean'
+            '        dist.all_reduce(total, group=group)\n'
+            '        return total / ctx.tokens\n',
+            '        dist.all_reduce(total, op=dist.ReduceOp.AVG, group=group)\n'
+            '        return total / ctx.tokens\n',
+            'its all-reduce averaged (ReduceOp.AVG)'),
+    Mistake("15.6", "replicas-not-averaged", "template_context_parallel.py",  # trial 6's: was a ratio only
+            '(world if id(param) in head else world // cp_size)',
+            '(cp_size if id(param) in head else 1)',
+            "the replicas' gradients were summed, not averaged"),
+    Mistake("15.2", "blocks-sent-in-bfloat16", "template_context_parallel.py",  # trial 6's: was a bare difference
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            if step < size - 1:\n'
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+            '                incoming = torch.empty_like(kv, dtype=torch.bfloat16)  # half the bytes on the wire\n'
+            '                works = [dist.isend(kv.to(torch.bfloat16), send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose block this is: it came from r - 1, which had it from r - 2, ...\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            for i, j in block_pairs(q_chunks, k_chunks, causal):  # views of kv made here die here: kv can go\n'
+            '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                                           causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n'
+            '            if step < size - 1:\n'
+            '                for work in works:\n'
+            '                    work.wait()\n'
+            '                kv, works = incoming.to(q.dtype), None\n',
+            'sent or received bfloat16 messages in forward'),
+    Mistake("15.2", "receive-buffer-float32", "template_context_parallel.py",  # trial 6's: gloo's abort, run twice
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '        for step in range(size):\n'
+            '            if step < size - 1:\n'
+            '                incoming = torch.empty(kv.shape)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            'posted a receive into a float32 buffer'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -2555,6 +2761,33 @@ RIGHT_ANSWERS = [
                 "        share = x.sum(dim=1) / ctx.tokens  # this rank's share of the mean; the shares add up to it\n"
                 "        dist.all_reduce(share, group=group)\n"
                 "        return share\n", ""),)),
+    RightAnswer("15.1", "nan-to-num-weights",
+                "'A side with lse = -inf ... contributes nothing; both -inf gives lse = -inf and out = 0. No NaN': "
+                "exp(lse_a - lse) with the NaN of -inf - -inf replaced by 0 is the same weight", (
+        Mistake("15.1", "nan-to-num-weights", "template_context_parallel.py",
+                '    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n'
+                '    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n',
+                '    weight_a = torch.nan_to_num(torch.exp(lse_a - lse), nan=0.0).unsqueeze(-1)  # -inf - -inf: no key on either side\n'
+                '    weight_b = torch.nan_to_num(torch.exp(lse_b - lse), nan=0.0).unsqueeze(-1)\n',
+                ''),
+    )),
+    RightAnswer("15.2", "k-and-v-in-two-messages",
+                "'the K/V block sent whole each step (k and v stacked in one message, as the solution does, or in "
+                "two)' (the module docstring)", (
+        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+                '                incoming = torch.empty_like(kv)\n'
+                '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+                '            owner = (rank - step) % size  # whose',
+                '                k_in, v_in = torch.empty_like(kv[0]), torch.empty_like(kv[1])\n'
+                '                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n'
+                '                         dist.irecv(k_in, recv_from, group=group), dist.irecv(v_in, recv_from, group=group)]\n'
+                '            owner = (rank - step) % size  # whose',
+                ''),
+        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+                '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+                '                kv, works, k_in, v_in = torch.stack([k_in, v_in]), None, None, None\n',
+                ''),
+    )),
     RightAnswer("16.2", "int32-counts-experts-in-turn",
                 "'the number of pairs per expert goes ... in ONE all-to-all of E integers': any integer dtype; a "
                 "token chooses an expert at most once, so each expert's pairs from torch.where are in token order", (

@@ -9,7 +9,9 @@ above 1, on 2, 3 and 4 gloo ranks. Besides the values, a rank records what goes 
 computed against when its messages were posted and waited for (Work.wait is counted), whose keys
 each computed block holds (to see a ring turning the wrong way), the query-key pairs each rank
 computes (causal load balance), how many other ranks' K/V blocks are alive at once (weak
-references to every received buffer), and what the ring saves for backward. The ViT (15.6) runs one
+references to every received buffer), whether a block is used before its receive is waited for or a
+sent tensor changed before its send's wait, and what the ring saves for backward (its lse against
+torch's logsumexp over the whole sequence). The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
 import re
@@ -119,24 +121,66 @@ def test_merge_is_the_attention_over_both_blocks(impl, case):
                     "near 1e4? Work with lse differences, never exp(lse) itself")
     assert got_out.shape == out.shape and got_lse.shape == lse.shape, (
         f"{T151}: shapes {tuple(got_out.shape)}, {tuple(got_lse.shape)}; expected {tuple(out.shape)}, {tuple(lse.shape)}")
+    assert got_out.dtype == out.dtype and got_lse.dtype == lse.dtype, (
+        f"{T151}: merge_attention of float64 blocks returned out in {got_out.dtype} and lse in {got_lse.dtype}: "
+        "part of it was computed in another dtype (a .float(), or a tensor made with a default dtype); keep the "
+        "inputs' dtype throughout")
     finite = ~torch.isinf(lse)
     if not (torch.allclose(got_lse[finite], lse[finite], rtol=1e-12, atol=1e-12)
             and torch.equal(torch.isinf(got_lse), torch.isinf(lse))):
         if torch.allclose(got_lse, torch.maximum(lse_a, lse_b)):
             pytest.fail(f"{T151}: the merged lse is the max of the two, not their log-sum-exp "
                         "log(exp(lse_a) + exp(lse_b)): the max instead of log-sum-exp forgets the smaller block's mass")
+        if torch.allclose(got_lse, lse_a + lse_b):
+            pytest.fail(f"{T151}: the merged lse is lse_a + lse_b, the log of the PRODUCT of the two blocks' softmax "
+                        "masses; the union's mass is their sum: lse = log(exp(lse_a) + exp(lse_b)) (torch.logaddexp)")
         pytest.fail(f"{T151}: the merged lse differs from the log-sum-exp over both blocks ({case}) by up to "
                     f"{(got_lse - lse)[finite].abs().max():.3g}")
     if not torch.allclose(got_out, out, rtol=1e-10, atol=1e-12):
         if torch.allclose(got_out, (out_a + out_b) / 2):
             pytest.fail(f"{T151}: the two outputs were averaged: each must be weighted by its block's share of the "
                         "softmax, exp(lse_a - lse) and exp(lse_b - lse)")
+        _name_a_wrong_merge(cp, got_out, out, out_a, lse_a, out_b, lse_b, lse, case)
+        error = (got_out - out).abs().max() / out.abs().max()
         pytest.fail(f"{T151}: the merged output differs from the attention over both blocks ({case}) by up to "
-                    f"{(got_out - out).abs().max():.3g}")
+                    f"{(got_out - out).abs().max():.3g}"
+                    + (f", {error:.2g} of its largest value: float32's rounding (float64's is 1e-16): a part of the "
+                       "merge was computed in float32 (a .float(), or a tensor made in torch's default dtype); keep "
+                       "the inputs' dtype" if 1e-9 < error < 1e-5 else ""))
     # and attention_block of the whole is F.scaled_dot_product_attention (the given code, checked once here)
     if not causal:
         expected = F.scaled_dot_product_attention(q, torch.cat([k_a, k_b], 2), torch.cat([v_a, v_b], 2))
         assert torch.allclose(got_out, expected, rtol=1e-9, atol=1e-12), f"{T151}: not SDPA's result ({case})"
+
+
+def _name_a_wrong_merge(cp, got_out, out, out_a, lse_a, out_b, lse_b, lse, case):
+    """A merged output that differs, said with its cause where the output is one that a known wrong weighting gives
+    (computed here from the blocks' out and lse); the merged lse is right by then."""
+    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    share_a, share_b = torch.exp(lse_a - shift).unsqueeze(-1), torch.exp(lse_b - shift).unsqueeze(-1)
+    if torch.allclose(got_out, share_b * out_a + share_a * out_b):
+        pytest.fail(f"{T151}: each block's output was weighted by the OTHER block's share: out_a takes exp(lse_a - lse), "
+                    "out_b takes exp(lse_b - lse)")
+    if torch.allclose(got_out, torch.exp(lse_a - m).unsqueeze(-1) * out_a + torch.exp(lse_b - m).unsqueeze(-1) * out_b):
+        pytest.fail(f"{T151}: the outputs were weighted by exp(lse - max(lse_a, lse_b)) and not divided by the sum of "
+                    "those weights: the shares must add up to 1; subtract the merged lse, exp(lse_a - lse), not the max")
+    if torch.allclose(got_out * out.shape[-1] ** 0.5, out):
+        pytest.fail(f"{T151}: the merged output is 1/sqrt(D) times the attention over both blocks: the scores were "
+                    "scaled already (attention_block's out is softmax(q k^T / sqrt(D)) v); the merge only weighs the "
+                    "two outputs")
+    one_sided = (torch.isinf(lse_a) | torch.isinf(lse_b)) & ~torch.isinf(lse)
+    if one_sided.any():  # rows where one block is fully masked: are they the ones that differ?
+        plain = _blocks("plain")
+        a, b = cp.attention_block(*plain[:3]), cp.attention_block(plain[0], *plain[3:5])
+        whole = cp.attention_block(plain[0], torch.cat([plain[1], plain[3]], 2), torch.cat([plain[2], plain[4]], 2))
+        right_elsewhere = torch.allclose(got_out[~one_sided], out[~one_sided], rtol=1e-10, atol=1e-12)
+        if right_elsewhere and torch.allclose(cp.merge_attention(*a, *b)[0], whole[0], rtol=1e-10, atol=1e-12):
+            pytest.fail(f"{T151}: the merge is right where both blocks are visible, and wrong in the rows where one "
+                        f"block is fully masked (its lse = -inf; {case}): that side must weigh exp(-inf) = 0 and the "
+                        "other exp(lse_other - lse) = 1: guard the rows where the MERGED lse is -inf (both sides), "
+                        "not where one side is")
 
 
 # --------------------------------------------------------------------------- the recorder for the ring
@@ -153,6 +197,8 @@ class Recorder:
         self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
         self.size, self.name, self.unwaited, self.dropped = size, name, {}, []
         self.received, self.kv_numel = [], kv_numel
+        self.pairs = []  # (query piece's address, its length, the keys' positions) of each computed block
+        self.unwaited_recvs, self.in_flight = {}, {}  # by id(Work): a receive's buffer; a send's tensor and a copy
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
         self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
         self.k_full, self.v_full, self.log, self.recvs = k_full, v_full, [], weakref.WeakKeyDictionary()
@@ -212,6 +258,8 @@ class Recorder:
         def recorded_send(group, tensors, dst, *args, **kwargs):
             peer = check_peer("send", group, dst)
             work = send(group, tensors, dst, *args, **kwargs)
+            self.in_flight[id(work)] = (weakref.ref(tensors[0]), tensors[0].detach().clone(), peer)
+            self.sent_dtype = tensors[0].dtype
             self.log.append(("send", *self.block_of(tensors[0])))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
@@ -220,10 +268,19 @@ class Recorder:
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
             check_peer("recv", group, src)
+            sent = getattr(self, "sent_dtype", None)
+            if sent is not None and tensors[0].dtype != sent:  # said here: gloo aborts the rank on the mismatch
+                raise AssertionError(
+                    f"{self.name}: RingAttention posted a receive into a {str(tensors[0].dtype).replace('torch.', '')} "
+                    f"buffer, while its own sends are {str(sent).replace('torch.', '')}: every rank of the ring sends "
+                    "what this one does, so what arrives has another element size than the buffer, and gloo aborts "
+                    "the rank on a message whose size differs from its buffer's; make the buffer like the tensor sent "
+                    "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
             self.recvs[work] = weakref.ref(tensors[0])
+            self.unwaited_recvs[id(work)] = weakref.ref(tensors[0])
             messages.add(work)
             return work
 
@@ -252,13 +309,36 @@ class Recorder:
                 raise AssertionError("RingAttention waited for a Work a second time: wait for each Work once (on gloo "
                                      "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
             waited.add(work)
+            self.unwaited_recvs.pop(id(work), None)
             result = wait(work, *args, **kwargs)
+            tensor, copy, peer = self.in_flight.pop(id(work), (lambda: None, None, None))
+            tensor = tensor()
+            if tensor is not None and not bool(((tensor == copy) | (tensor.isnan() & copy.isnan())).all()):
+                raise AssertionError(
+                    f"{self.name}: RingAttention changed a tensor that it had posted in a dist.isend to rank {peer}, "
+                    "before that send's wait: what its receiver gets is then the tensor as it was at some moment in "
+                    "between (the sum so far, or part of this step's additions); post the send once the tensor is "
+                    "final (this step's shares added in), or send a copy")
             tensor = self.recvs[work]() if work in self.recvs else None
             if tensor is not None:
                 self.log.append(("arrived", *self.block_of(tensor)))
             return result
 
+        def check_received(k, v):
+            """Said where it happens: a block used before its receive's wait holds anything, and its values alone
+            cannot say why."""
+            storages = {t.untyped_storage().data_ptr() for t in (k, v)}
+            for ref in self.unwaited_recvs.values():
+                buffer = ref()
+                if buffer is not None and buffer.untyped_storage().data_ptr() in storages:
+                    raise AssertionError(
+                        f"{self.name}: RingAttention computed with a block whose dist.irecv had not been waited for: "
+                        "until that receive's wait() returns, its buffer may hold anything (gloo writes it when the "
+                        "message arrives); wait for each receive (its Work, once) before using what it brings")
+
         def recorded_block(q, k, v, causal=False, q_pos=None, k_pos=None):
+            check_received(k, v)
+            self.pairs.append((q.data_ptr(), q.shape[2], self.which_keys(k)))
             self.events.append(("compute", len(self.wire.calls)))
             self.masks.append((bool(causal), None if q_pos is None else q_pos.clone(), self.which_keys(k)))
             self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
@@ -266,6 +346,7 @@ class Recorder:
             return block(q, k, v, causal, q_pos, k_pos)
 
         def recorded_backward(dout, q, k, v, out, lse, causal=False, q_pos=None, k_pos=None):
+            check_received(k, v)
             self.blocks.append((q.shape[2] * k.shape[2], None if k_pos is None else k_pos.clone(), self.which_keys(k)))
             keys = self.which_keys(k)
             self.log.append(("compute", None, None if keys is None else self.owner[int(keys[0])]))
@@ -288,15 +369,17 @@ class Recorder:
         """What happened since the last take: (messages, collectives, events, blocks, alive peak)."""
         calls = self.wire.calls[getattr(self, "_taken", 0):]
         self._taken = len(self.wire.calls)
-        events, blocks, peak, masks = self.events, self.blocks, self.alive_peak, self.masks
+        events, blocks, peak, masks, pairs = self.events, self.blocks, self.alive_peak, self.masks, self.pairs
         self.events, self.blocks, self.alive_peak, self.masks, self.log = [], [], self.alive(), [], []
+        self.pairs = []
         messages = [(c.kind, str(c.dtype).replace("torch.", ""), c.numel, c.peer) for c in calls
                     if c.kind in ("send", "isend", "recv", "irecv")]
         collectives = [c.kind for c in calls if c.kind not in ("send", "isend", "recv", "irecv")]
         return dict(messages=messages, collectives=collectives, events=[e for e in events],
                     blocks=[(n, None if p is None else p.tolist(), None if w is None else w.tolist()) for n, p, w in blocks],
                     alive_peak=peak, masks=[(c, None if q is None else q.tolist(), None if k is None else k.tolist())
-                                            for c, q, k in masks])
+                                            for c, q, k in masks],
+                    pairs=[(q, n, None if k is None else tuple(k.tolist())) for q, n, k in pairs])
 
 
 def skipped_gradients(log):
@@ -360,6 +443,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
         out = cp.ring_attention(q_l, k_l, v_l, None, causal, layout)
         forward = rec.take()
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
+        saved_lse = out.grad_fn.saved_tensors[4].detach().clone() if len(saved) == 5 else None
         extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
         try:
             grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
@@ -394,7 +478,22 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
                 "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
+                saved_lse=saved_lse,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
+
+
+def _expected_lse(rank, size, layout, causal, shape):
+    """This rank's rows of the log-sum-exp of the scaled scores over the whole sequence (torch's own ops, not the
+    given attention_block), and, contiguous, that over the last block it meets alone (rank r + 1's keys)."""
+    q, k, _, _ = _inputs(*shape)
+    scores = q @ k.transpose(-2, -1) / shape[3] ** 0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(shape[2], shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    mine = _mine(scores, rank, size, layout)  # (B, H, my rows, S)
+    last = None
+    if layout == "contiguous":
+        last = mine.chunk(size, dim=-1)[(rank + 1) % size].logsumexp(dim=-1)
+    return mine.logsumexp(dim=-1), last
 
 
 def _expected_mine(rank, size, layout, causal, shape):
@@ -445,6 +544,26 @@ def _check_forward(rank, size, got, causal, layout, shape):
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
     own = token_chunks_of(rank, size, out.shape[2], layout)
     if not _close(got["out"], out):
+        other_dtypes = sorted({m[1] for m in fwd["messages"]} - {"float64"})
+        if other_dtypes:
+            pytest.fail(f"{T152}: rank {rank} sent or received {other_dtypes[0]} messages in forward, though q, k and v "
+                        "are float64: the blocks lose precision on the way (a buffer made in another dtype, or a "
+                        f".to() before sending); keep the inputs' dtype (the output differs by "
+                        f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'})")
+        mine_again = [w for _, _, w in fwd["blocks"] if w is not None and w in own]
+        chunks = 1 if layout == "contiguous" else 2
+        if size > 1 and len(mine_again) > chunks * chunks:  # more than step 0's pairs: its own keys at a later step
+            pytest.fail(f"{T152}: rank {rank} computed {len(mine_again)} blocks with its OWN keys (positions "
+                        f"{mine_again[0][:3]}...), at steps after the first: the block that arrived never took the place "
+                        "of the one it held; after a step's wait, the received block is the one to compute with and "
+                        "to send on")
+        seen = [pair for pair in fwd["pairs"] if pair[2] is not None]
+        twice = next((pair for i, pair in enumerate(seen) if pair in seen[:i]), None)
+        if twice is not None:
+            pytest.fail(f"{T152}: rank {rank} computed the same query block with the keys of positions "
+                        f"{list(twice[2][:3])}... twice ({len(fwd['blocks'])} blocks computed, {size} ranks): each "
+                        f"rank's K/V block is met once, at one of the N = {size} steps; one step more computes the "
+                        "last block again (as the block of another owner)")
         if wrong_way and all(p in own for p, _ in wrong_way):
             pytest.fail(f"{T152}: rank {rank} computed every block with its OWN tokens' positions as the keys' "
                         f"positions (keys of positions {wrong_way[0][1][:3]}... masked as {wrong_way[0][0][:3]}...): the "
@@ -484,6 +603,15 @@ def _check_forward(rank, size, got, causal, layout, shape):
     assert sorted(got["saved"]) == sorted([got["shapes"]["q"]] * 4 + [got["shapes"]["lse"]]) and not got["extra"], (
         f"{T152}: RingAttention saved tensors of shapes {got['saved']} (and ctx tensors {got['extra']}) for backward: "
         "only this rank's q, k, v, out and lse (save_for_backward): the other blocks travel again in backward")
+    lse, last = _expected_lse(rank, size, layout, causal, shape)
+    saved_lse = got["saved_lse"]
+    if saved_lse is not None and saved_lse.shape == lse.shape and not _close(saved_lse, lse):
+        pytest.fail(f"{T152}: rank {rank}'s RingAttention saved an lse (the fifth of q, k, v, out, lse) that is not "
+                    "the log-sum-exp of its queries' scores over the WHOLE sequence"
+                    + (f": it is the last block's alone (rank {(rank + 1) % size}'s keys); save the merged lse, the "
+                       "one that goes with the merged out" if last is not None and _close(saved_lse, last) else
+                       f" (it differs by {(saved_lse - lse).abs().max():.3g})")
+                    + ": the backward recomputes each block's probabilities as exp(s - lse) with it")
 
 
 def _check_block_pairs(cp):
@@ -596,6 +724,12 @@ def test_ring_runs_inside_groups_that_do_not_start_at_rank_0(impl):
     except RankFailed as error:
         if "is not part of group" not in str(error):
             raise
+        asked = re.search(r"Group rank (\d+) is not part of group", str(error))
+        if asked and int(asked.group(1)) >= 2:
+            pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] asked dist.get_global_rank for "
+                        f"rank {asked.group(1)} of a group of 2 ranks: the ring's rank and size were the world's; in a "
+                        "group they are the group's, dist.get_rank(group) and dist.get_world_size(group) (dist.isend "
+                        f"and dist.irecv then take the global ranks of its neighbours)\n{error}")
         pytest.fail(f"{T152}: ring attention inside the groups [0, 1] and [2, 3] sent to a rank outside its group: "
                     f"{global_ranks}\n{error}")
     for rank, (out, grads) in enumerate(results):
@@ -632,6 +766,28 @@ def _shares(rank, size, causal, shape):
             [backward(s, rank)[1:] for s in range(size)])
 
 
+def _with_block_softmax(rank, size, causal, shape):
+    """Contiguous layout: this rank's dq, dk, dv as a backward that gives attention_block_backward each block's own
+    out and lse (attention_block of that block alone) instead of the whole attention's would compute them."""
+    q, k, v, dout = _inputs(*shape)
+    tokens = shape[2] // size
+
+    def mine(x, r):
+        return x.chunk(size, dim=2)[r]
+
+    def pos(r):
+        return torch.arange(r * tokens, (r + 1) * tokens)
+
+    def backward(s, owner):
+        if causal and owner > s:
+            return [torch.zeros_like(mine(q, s))] * 3
+        out, lse = attention_block(mine(q, s), mine(k, owner), mine(v, owner), causal, pos(s), pos(owner))
+        return attention_block_backward(mine(dout, s), mine(q, s), mine(k, owner), mine(v, owner), out, lse, causal,
+                                        pos(s), pos(owner))
+    return dict(dq=sum(backward(rank, owner)[0] for owner in range(size)),
+                dk=sum(backward(s, rank)[1] for s in range(size)), dv=sum(backward(s, rank)[2] for s in range(size)))
+
+
 A_NEW_DQ = ("a dq made anew at each step keeps only the last step's share: create dq (and its views) once, before "
             "the loop")
 
@@ -654,7 +810,22 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
         if not _close(g, e):
             why = ""
             elsewhere = sorted({m[3] for m in sends} - {(rank + 1) % size})
-            if what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
+            wrong_way = [(p, w) for _, p, w in back["blocks"] if p is not None and w is not None and p != w]
+            other_dtypes = sorted({m[1] for m in sends} - {"float64"})
+            if other_dtypes:
+                why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
+                       "gradient are float64: the gradients lose precision on the way (a buffer made in another "
+                       "dtype, or a .float()); keep the inputs' dtype")
+            elif wrong_way:
+                why = (f": rank {rank}'s backward computed a block with the key positions {wrong_way[0][0][:3]}... and "
+                       f"the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way in backward (or "
+                       "the block's owner is counted the wrong way round): at step s a rank holds the block of rank "
+                       "r - s, as in forward")
+            elif layout == "contiguous" and _close(g, _with_block_softmax(rank, size, causal, shape)[what]):
+                why = (": each block's gradients were computed with that block's OWN out and lse (attention_block's "
+                       "of the block alone): its probabilities exp(s - lse) must be those of the WHOLE attention, "
+                       "with the out and lse that forward saved (attention_block_backward's docstring)")
+            elif what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
                 why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
                        "they are returned, in the order they were stacked, or which of attention_block_backward's "
                        "dk, dv was added into which)")
@@ -704,13 +875,32 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
         f"most 2 of each{WORK_KEEPS_ITS_TENSOR}")
 
 
+def _check_backward_ring_direction(results, cases, size, shape):
+    """A rank's wrong gradients can come from another rank's backward (causal: rank 0 computes one block only): a
+    backward that computed a block with another rank's positions is said first, with the rank that did."""
+    for (causal, layout), runs in zip(cases, zip(*results)):
+        wrong = [(rank, p, w) for rank, got in enumerate(runs) if got["backward"] is not None
+                 for _, p, w in got["backward"]["blocks"] if p is not None and w is not None and p != w]
+        if wrong and not all(all(_close(g, e) for g, e in zip(got["grads"], _expected_mine(r, size, layout, causal,
+                                                                                           shape)[1]))
+                             for r, got in enumerate(runs)):
+            rank, p, w = wrong[0]
+            pytest.fail(f"{T153}: rank {rank}'s backward ({'causal' if causal else 'not causal'}, {layout}, {size} ranks) "
+                        f"computed a block with the key positions {p[:3]}... and the keys of positions {w[:3]}...: the "
+                        "ring turns the wrong way in backward (or the block's owner is counted the wrong way round): "
+                        "at step s a rank holds the block of rank r - s, as in forward; wrong gradients follow on "
+                        "every rank")
+
+
 @pytest.mark.task15_3
 @pytest.mark.parametrize("size", [3, slow(2), slow(4)])
 def test_ring_backward_gives_each_rank_its_own_gradients(impl, size):
     judging(impl, "15.3")
     shape = (2, 2, 4 * size, 4)
     cases = [(True, "contiguous"), (False, "contiguous")] if size != 3 else [(True, "contiguous")]
-    for rank, runs in enumerate(run_ring(T153, _rings, size, impl, "15.3", cases, True, shape)):
+    results = run_ring(T153, _rings, size, impl, "15.3", cases, True, shape)
+    _check_backward_ring_direction(results, cases, size, shape)
+    for rank, runs in enumerate(results):
         for (causal, _), got in zip(cases, runs):
             _check_backward(rank, size, got, causal, "contiguous", shape, "15.3")
 
@@ -736,6 +926,16 @@ def _zigzag(rank, size, impl):
         raise
     except (IndexError, RuntimeError, ValueError) as error:
         out["shard_dim1"] = out["whole_dim1"] = one_line(error)
+    if size == 3:  # in the groups [0] and [1, 2], where a group's rank is not the global one
+        group = [dist.new_group([0]), dist.new_group([1, 2])][min(rank, 1)]
+        members = [0] if rank == 0 else [1, 2]
+        with Wire() as wire:
+            try:
+                out["in_group"] = (cp.zigzag_shard(x, group),
+                                   cp.zigzag_unshard(_mine(x, members.index(rank), len(members), "zigzag"), group))
+            except (RuntimeError, ValueError, IndexError) as error:
+                out["in_group"] = one_line(error)
+        out["in_group_sizes"] = sorted({c.group_size for c in wire.calls})
     out["uneven"] = {}
     for tokens in (2 * size + 1, 3 * size):  # 3N: N divides it, 2N does not (a check of % N lets it through)
         try:
@@ -764,9 +964,12 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
             pytest.fail(f"{T154}: zigzag_shard on rank {rank} of {size}: " + (
                 "the two chunks are in the wrong order: chunk r first, then chunk 2N-1-r" if torch.equal(
                     got["shard"], swapped) else f"not chunks {rank} and {2 * size - 1 - rank} of the {2 * size}"))
-        assert got["chunks"] == [(c, list(range(c * 2, c * 2 + 2))) for c in (rank, 2 * size - 1 - rank)], (
+        expected = [(c, list(range(c * 2, c * 2 + 2))) for c in (rank, 2 * size - 1 - rank)]
+        assert got["chunks"] == expected, (
             f"{T154}: token_chunks({rank}, {size}, 4, 'zigzag') gave {got['chunks']}; expected chunk ids {rank} and "
-            f"{2 * size - 1 - rank} (in that order) with their global positions, 2 tokens each")
+            f"{2 * size - 1 - rank} (in that order) with their global positions, 2 tokens each"
+            + (": the right chunks in the wrong order; on every rank, odd or even, chunk r comes first, then 2N-1-r: "
+               "the order they lie in this rank's tensors (zigzag_shard's)" if got["chunks"] == expected[::-1] else ""))
         parts = torch.cat([_mine(x, r, size, "zigzag") for r in range(size)], dim=2)
         assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order" + (
             ": it concatenated the ranks' parts as they lie; rank r's part is chunks r and 2N-1-r of the sequence: put "
@@ -782,6 +985,8 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
             f"{T154}: zigzag_shard / zigzag_unshard with dim=1 (tokens in dim 1) on rank {rank}{raised}: not chunks "
             f"{rank} and {2 * size - 1 - rank} along dim 1, or not the whole sequence back along it: cut, check and "
             "concatenate along `dim`, not along 2")
+    if size == 3:
+        _check_zigzag_in_groups(x, [got for got, _ in results])
     work = []
     for rank, (_, got) in enumerate(results):
         out, _ = _expected_mine(rank, size, "zigzag", True, shape)
@@ -795,6 +1000,29 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
     assert work == [2 * size + 1] * size, (
         f"{T154}: the ranks computed {work} chunk pairs in the zig-zag causal forward; expected 2N+1 = {2 * size + 1} "
         "on every rank (the pairs whose key chunk lies wholly after the query chunk skipped)")
+
+
+def _check_zigzag_in_groups(x, results):
+    """zigzag_shard and zigzag_unshard with group=, in the groups [0] and [1, 2] of 3 ranks."""
+    for rank, got in enumerate(results):
+        members = [0] if rank == 0 else [1, 2]
+        grank, gsize = members.index(rank), len(members)
+        where = f"{T154}: rank {rank} (rank {grank} of the group {members} of 3 ranks)"
+        assert got["in_group_sizes"] in ([], [gsize]), (
+            f"{where}: zigzag_unshard(x, group) ran a collective over {got['in_group_sizes']} ranks, not over the "
+            f"{gsize} of the group it was given: pass group=group to the collective (the default group is all 3)")
+        assert not isinstance(got["in_group"], str), f"{where}: zigzag_shard / zigzag_unshard with group= raised {got['in_group']}"
+        shard, whole = got["in_group"]
+        if not torch.equal(shard, _mine(x, grank, gsize, "zigzag")):
+            world_rank = torch.cat([x.chunk(2 * gsize, dim=2)[c] for c in (rank, 2 * gsize - 1 - rank)], dim=2) \
+                if rank < 2 * gsize else None
+            pytest.fail(f"{where}: zigzag_shard(x, group) is not chunks {grank} and {2 * gsize - 1 - grank} of the "
+                        f"{2 * gsize}" + (f": it took chunks {rank} and {2 * gsize - 1 - rank}, by the GLOBAL rank; "
+                                          "the chunks are the group's: dist.get_rank(group)"
+                                          if world_rank is not None and shard.shape == world_rank.shape
+                                          and torch.equal(shard, world_rank) else ""))
+        assert torch.equal(whole, x), (
+            f"{where}: zigzag_unshard(x, group) did not give the whole sequence of the group's parts in order")
 
 
 # --------------------------------------------------------------------------- Task 15.5
@@ -825,7 +1053,8 @@ def _ulysses(rank, size, impl, heads, causal):
             try:
                 o = cp.ulysses_attention(q_l, k_l, v_l, None, causal)
             except ValueError as error:
-                return dict(out, refused=str(error), calls=[c.sent for c in wire.calls])
+                return dict(out, refused=str(error), calls=[c.sent for c in wire.calls],
+                            calls_given=[c.tensors for c in wire.calls])
             except RuntimeError as error:  # heads not refused: said by _check_refused, not as a raw shape error
                 if heads % size == 0 or isinstance(error, NotImplementedError):
                     raise
@@ -851,6 +1080,12 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
                         f"{got['a2a_error']}: its backward is the reverse all-to-all, the same one with scatter_dim and "
                         "gather_dim swapped (the gradient's pieces go back along the dim they came in by)")
         _check_refused(rank, refused)
+        assert got["refused"] is None, (
+            f"{T155}: rank {rank}'s ulysses_attention with {heads} heads on {size} ranks (they divide) raised "
+            f"ValueError: {got['refused']}; calls before it: {got['calls']}"
+            + ("" if len({t[0] for c in got["calls_given"] for t in c}) < 2 else
+               f": a collective was given tensors of different dtypes ({got['calls_given'][-1]}): the buffer that "
+               "receives must be like the one sent (torch.empty_like), not made in torch's default dtype"))
         # the all-to-all: rank r gets heads r*6/N... of every rank's tokens, in rank order along the sequence
         xs = [torch.arange(2.0 * 12 * 2 * 3).view(2, 12, 2, 3) + 1000 * r for r in range(size)]
         h = 12 // size
@@ -876,6 +1111,13 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
                         "one in, scattering the sequence and gathering the heads")
         if not _close(got["out"], out):
             other, _ = _expected_mine(rank, size, "contiguous", not causal, (2, heads, 4 * size, 4))
+            q, k, v, _ = _inputs(2, heads, 4 * size, 4)
+            twice = _mine(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1 / 4), rank, size,
+                          "contiguous")
+            if _close(got["out"], twice):
+                pytest.fail(f"{T155}: rank {rank}'s Ulysses output is the attention with the scores scaled by 1/D, "
+                            "not 1/sqrt(D): the scale was applied twice; F.scaled_dot_product_attention scales by "
+                            "1/sqrt(D) itself")
             pytest.fail(f"{T155}: rank {rank}'s Ulysses output differs from F.scaled_dot_product_attention over the "
                         "whole sequence" + (f": attention ran on shape {wrong[0]}, expected (B, H / N, S, D) = "
                                             f"(2, {heads // size}, {4 * size}, 4): the all-to-all splits the wrong "
@@ -896,16 +1138,19 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
 
 def _ulysses_in_groups(rank, size, impl):
     """Ulysses (forward and backward) inside the groups [0, 1] and [2, 3] of 4 ranks: (its output, its gradients, the
-    sizes of the groups its collectives ran over), or the error as text."""
+    sizes of the groups its collectives ran over), or the error as text. 6 heads: they divide by the group's 2 ranks,
+    not by the world's 4."""
     cp = judging(impl, "15.5")
     group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
-    q, k, v, dout = _inputs(2, 4, 8, 4, seed=rank // 2)
+    q, k, v, dout = _inputs(2, 6, 8, 4, seed=rank // 2)
     mine = [_mine(t, rank % 2, 2, "contiguous") for t in (q, k, v, dout)]
     q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
     with Wire() as wire:
         try:
             out = cp.ulysses_attention(q_l, k_l, v_l, group, True)
             grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3])
+        except ValueError as error:
+            return ("refused", one_line(error)), sorted({c.group_size for c in wire.calls})
         except RuntimeError as error:
             return one_line(error), sorted({c.group_size for c in wire.calls})
     return (out.detach(), grads), sorted({c.group_size for c in wire.calls})
@@ -917,11 +1162,15 @@ def test_ulysses_runs_inside_the_group_it_is_given(impl):
     judging(impl, "15.5")
     for rank, (got, sizes) in enumerate(run_ranks(_ulysses_in_groups, 4, impl)):
         where = f"{T155}: rank {rank} (rank {rank % 2} of the group {[rank - rank % 2, rank - rank % 2 + 1]} of 4 ranks)"
+        assert got[0] != "refused", (
+            f"{where}: ulysses_attention refused 6 heads in a group of 2 ranks ({got[1]}): they divide by the group's "
+            "size; the heads are split over the ranks of the group it is given, dist.get_world_size(group), not over "
+            "the world's 4")
         assert sizes == [2], (
             f"{where}: Ulysses ran collectives over groups of {sizes} ranks, not over the 2 of the group it was given: "
             "pass group=group to every all-to-all (the default group is all 4)" + (f" ({got})" if isinstance(got, str) else ""))
         assert not isinstance(got, str), f"{where}: Ulysses inside a group failed: {got}"
-        q, k, v, dout = _inputs(2, 4, 8, 4, seed=rank // 2)
+        q, k, v, dout = _inputs(2, 6, 8, 4, seed=rank // 2)
         expected, expected_grads = _reference(q, k, v, dout, True)
         assert _close(got[0], _mine(expected, rank % 2, 2, "contiguous")), (
             f"{where}: Ulysses inside a group differs from SDPA over the group's sequence")
@@ -965,10 +1214,11 @@ def _pooling(rank, size, impl, group=None):
     x = (torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * rank).double().requires_grad_()
     with Wire() as wire:
         y = cp.sequence_mean(x, group)
-        forward = wire.take()
+        forward = list(wire.calls)
         grad, = torch.autograd.grad(y, x, torch.full((2, 4), 6.0, dtype=torch.float64) * (1 + torch.arange(4.0)))
-        backward = wire.take()
-    return dict(y=y.detach(), grad=grad, forward=forward, backward=backward)
+        backward = list(wire.calls[len(forward):])
+    return dict(y=y.detach(), grad=grad, forward=[(*c.sent, c.op) for c in forward],
+                backward=[(*c.sent, c.op) for c in backward])
 
 
 def _check_pooling(results):
@@ -983,7 +1233,11 @@ def _check_pooling(results):
                            torch.allclose(got["y"], xs[rank].mean(1)) else
                            f": it is {size} times the mean: the sum over every rank's tokens was divided by this "
                            f"rank's token count (3), not by the whole sequence's S = {size} x 3"
-                           if torch.allclose(got["y"], size * whole) else ""))
+                           if torch.allclose(got["y"], size * whole) else
+                           f": it is 1/N = 1/{size} of the mean: its all-reduce averaged (ReduceOp.AVG), and the "
+                           "average was divided by S again: sum (ReduceOp.SUM), then / S"
+                           if torch.allclose(got["y"], whole / size) and any(
+                               "AVG" in str(c[3]) for c in got["forward"]) else ""))
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
         if got["backward"] == [] and torch.allclose(got["grad"], size * expected):
             pytest.fail(f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token, "
@@ -1053,8 +1307,15 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                                 f"context group's size, {cp_size} x 3: the sequence is split over the group only; "
                                 "count its ranks with dist.get_world_size(group)")
     numel = sum(grad.numel() for grad in expected.values())
+    replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
+        if replicas > 1 and all(torch.allclose(grads[name], replicas * grad, rtol=1e-8, atol=1e-12)
+                                for name, grad in expected.items()):
+            pytest.fail(f"{T156}: every gradient on rank {rank} is {replicas} x the single-process gradient on the "
+                        f"global batch ({size} ranks, context groups of {cp_size}: {replicas} data-parallel replicas): "
+                        "the replicas' gradients were summed, not averaged; after the rule of each parameter (the "
+                        "head's N copies, the others' N parts), divide by the number of replicas too")
         for name, grad in grads.items():
             if torch.allclose(grad, expected[name], rtol=1e-8, atol=1e-12):
                 continue
