@@ -2955,10 +2955,10 @@ RIGHT_ANSWERS = [
                 "                works = [dist.isend(kv, group=group, group_dst=(rank + 1) % size),\n"
                 "                         dist.irecv(incoming, group=group, group_src=(rank - 1) % size)]\n"
                 "            owner = (rank - step) % size  # whose", ""),)),
-    RightAnswer("15.2", "k-and-v-in-two-messages",  # trial 6
+    RightAnswer("15.2", "k-and-v-in-two-messages-from-a-list",  # trial 6
                 "'N - 1 K/V blocks sent per rank, no collective': k and v of a block in two messages each step are "
                 "the same bytes (the solution's one message a step is a comment, not the docstring)", (
-        Mistake("15.2", "k-and-v-in-two-messages", "template_context_parallel.py",
+        Mistake("15.2", "k-and-v-in-two-messages-from-a-list", "template_context_parallel.py",
                 "        kv = torch.stack([k, v])  # one message a step\n"
                 "        for step in range(size):\n"
                 "            if step < size - 1:\n"
