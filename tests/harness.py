@@ -340,10 +340,7 @@ def _collect(ranks, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
             except EOFError:  # the rank has ended: whatever it sent was read before this
                 del reading[connection]
         if rank is None:  # nobody reported in the last 50 ms
-            # ended without answering, and nothing left to read from it: its pipe ended, or holds nothing (a child
-            # of the rank, a DataLoader's worker, may keep the pipe open)
-            dead = [r for r, (p, connection) in enumerate(ranks) if r not in outputs and p.exitcode is not None
-                    and (connection not in reading or not connection.poll())]
+            dead = _ended_silently(ranks, outputs, reading)
             if dead:
                 raise RankFailed(_died(dead[0], procs[dead[0]].exitcode))
             if time.monotonic() > deadline:
@@ -371,12 +368,19 @@ def _collect(ranks, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
         if re.search(r"Connection (closed|reset) by peer|pair closure", message):
             # the consequence of another rank's end: a rank killed by a signal is the news, if there is one
             time.sleep(0.5)
-            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode and r not in outputs and r != rank]
+            dead = [r for r in _ended_silently(ranks, outputs, reading) if r != rank]
             if dead:
                 raise RankFailed(f"{_died(dead[0], procs[dead[0]].exitcode)} (rank {rank} then lost its connection "
                                  "to it, a consequence)")
         raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
     return [outputs[rank] for rank in range(world_size)]
+
+
+def _ended_silently(ranks, outputs, reading):
+    """The ranks that ended without answering, with nothing left to read from them: their pipe ended, or holds
+    nothing (a child of the rank, a DataLoader's worker, may keep the pipe open). Any exit code: os._exit(0) too."""
+    return [r for r, (p, connection) in enumerate(ranks) if r not in outputs and p.exitcode is not None
+            and (connection not in reading or not connection.poll())]
 
 
 def _died(rank, exitcode):

@@ -177,6 +177,20 @@ def test_a_rank_that_ends_without_answering_is_reported_at_once_even_with_exit_c
     assert time.monotonic() - start < 30, "the harness waited for the time limit"
 
 
+def _rank_1_ends_quietly_while_rank_0_waits_for_it(rank, world_size):
+    if rank == 1:
+        os._exit(0)
+    dist.recv(torch.zeros(1), src=1)  # gloo: "Connection closed by peer" once rank 1 is gone
+    return rank
+
+
+def test_a_rank_that_loses_its_peer_blames_the_peer_that_ended_with_exit_code_0():
+    """A rank's lost connection is the consequence of another rank's end, also of an end with exit code 0 (the
+    flaky failure of the test above: rank 0's lost connection came first, and an exit code 0 was not an end)."""
+    with pytest.raises(RankFailed, match=r"rank 1 ended with exit code 0 without reporting"):
+        run_ranks(_rank_1_ends_quietly_while_rank_0_waits_for_it, 2, timeout=60)
+
+
 def _rank_1_waits_for_a_send_that_never_comes(rank, world_size):
     if rank == 1:
         dist.recv(torch.zeros(1), src=0)
