@@ -55,6 +55,9 @@ HINTS = [
     (r"ProcessGroupGloo::allgather: invalid tensor size",
      "Gloo's all_gather_into_tensor takes an output of the inputs concatenated along dim 0 (world_size * n, ...), "
      "not stacked (world_size, n, ...): view it so, or all_gather into a list of tensors."),
+    (r"Work::getFuture not implemented|getFuture.*not (?:implemented|supported)",
+     "On gloo, point-to-point (isend/irecv) and reduce-scatter Works have no Future: wait for them with "
+     "work.wait()."),
     (r"Default process group has not been initialized",
      "A collective ran before init_process_group (or after destroy_process_group)."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",

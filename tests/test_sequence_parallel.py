@@ -226,6 +226,9 @@ def _check_operator(name, rank, size, got):
             hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
                     "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
                     "collective: every rank already holds the whole gradient")
+        elif "getFuture not implemented" in got["error"]:
+            hint = (": on gloo a reduce-scatter's Work has no Future (nor is it complete before its wait()): wait for "
+                    "it with work.wait(), or use the blocking call")
         elif "invalid gradient" in got["error"] or "shape" in got["error"]:
             hint = (": its backward returned a gradient of the wrong shape; gather_sequence's backward is a "
                     "reduce-scatter (each rank keeps its S / N tokens of the summed gradient) and "

@@ -295,6 +295,9 @@ class Wire:
         dist.send, dist.recv = blocking_send, blocking_recv
 
 
+POLLED_FOREVER = 100_000  # is_completed() calls on a Work that only its wait() completes: a loop, not a check
+
+
 class Handle:
     """What an asynchronous collective returns on the wire: its Work (or, deferred, a Future the
     wire completes), counting the wait() calls in its Call and in the wire's events."""
@@ -345,6 +348,12 @@ class Handle:
             # gloo's Works without a Future are complete only once their wait() has run (measured, torch 2.14): a
             # loop polling one never ends, here as there
             if self.delivered is None and not self._has_future():
+                self.polls = getattr(self, "polls", 0) + 1
+                if self.polls == POLLED_FOREVER:  # said in the rank, at once: there the loop hangs to the time limit
+                    raise RuntimeError(
+                        f"is_completed() polled {POLLED_FOREVER} times on an asynchronous {self.call.kind}'s Work "
+                        "before its wait(): on gloo that Work (it has no Future) is complete only once its wait() has "
+                        "run, so the loop never ends; wait for it with work.wait()")
                 return False
             self._deliver()
             self.call.done_seen = True
