@@ -35,13 +35,27 @@ class GradBucket:
 
 class HookHandle:
     """bucket.handle on the hook's path: wait() waits for the hook's Future and puts its value,
-    the averaged flat gradients, into bucket.buffer, where Task 5.4 reads the means."""
+    the averaged flat gradients, into bucket.buffer, where Task 5.4 reads the means. Waited for
+    as Task 5.2's all-reduce Work can be: wait(), get_future().wait(), or is_completed() True."""
 
     def __init__(self, future, bucket):
         self.future, self.bucket = future, bucket
 
     def wait(self):
-        value = self.future.wait()
+        self._deliver(self.future.wait())
+        return True
+
+    def get_future(self):
+        """A Future done once the averaged gradients are in bucket.buffer, holding them."""
+        return self.future.then(lambda future: self._deliver(future.value()))
+
+    def is_completed(self):
+        if not self.future.done():
+            return False
+        self._deliver(self.future.value())
+        return True
+
+    def _deliver(self, value):
         if isinstance(value, (list, tuple)):  # an all_reduce's own future holds [tensor]
             value = value[0]
         if not isinstance(value, torch.Tensor) or value.shape != self.bucket.buffer.shape:
@@ -49,7 +63,7 @@ class HookHandle:
             raise RuntimeError(f"the communication hook's Future held {got}, expected a tensor shaped like the "
                                f"bucket's buffer {tuple(self.bucket.buffer.shape)}: return the averaged buffer")
         self.bucket.buffer = value.to(self.bucket.buffer.dtype)
-        return True
+        return self.bucket.buffer
 
 
 def launch_comm_hook(bucket):

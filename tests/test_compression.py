@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 import gpu  # where the GPU tests' ranks run
 from conftest import REFERENCE, call_alone, load, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
-from support.comm_hooks import GradBucket
+from support.comm_hooks import GradBucket, HookHandle
 from wire import Wire
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +151,28 @@ def _compress_direct(rank, world_size, impl, name):
                         ops=[call.op for call in wire.calls], waited=waited_in_hook(wire),
                         divided_first=divided_first.to(dtype)))
     return out
+
+
+@pytest.mark.repo
+@pytest.mark.parametrize("way", ["wait", "get_future", "is_completed"])
+def test_a_hooks_handle_is_waited_for_as_task_5s_all_reduce_work_is(way):
+    """support/comm_hooks.py's HookHandle stands for Task 5.2's all-reduce Work where a hook sends the bucket: a
+    Task 5.4 that waits through get_future() or polls is_completed() (as gloo's all-reduce Work allows) finds the
+    averaged gradients in bucket.buffer on the hook's path too (trial 6: HookHandle had wait() alone)."""
+    class Bucket:
+        buffer, params = torch.zeros(3, dtype=torch.float64), []
+    bucket, future = Bucket(), torch.futures.Future()
+    handle = HookHandle(future, bucket)
+    assert not handle.is_completed()
+    chained = handle.get_future() if way == "get_future" else None
+    future.set_result([torch.arange(3.0, dtype=torch.float64)])  # as an all_reduce's own Future holds it
+    if way == "wait":
+        assert handle.wait()
+    elif way == "get_future":
+        assert torch.equal(chained.wait(), torch.arange(3.0, dtype=torch.float64))
+    else:
+        assert handle.is_completed()
+    assert torch.equal(bucket.buffer, torch.arange(3.0, dtype=torch.float64))
 
 
 @pytest.mark.task12_1
