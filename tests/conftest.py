@@ -18,6 +18,7 @@ import queue
 import sys
 import time
 import traceback
+import weakref
 
 import harness  # first: it starts the server that forks the ranks, see harness.py
 import pytest
@@ -98,6 +99,22 @@ def raise_if_unfilled(module, places):
         stub = STUB.search(inspect.getsource(getattr(function, "__func__", function)))
         if stub:
             raise NotImplementedError(stub.group(1))
+
+
+def keeps_its_input(op, x):
+    """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx): an autograd Function whose
+    backward needs nothing of its input must not hold it (Tasks 14.3, 15.5, 16.1). x's only other reference, the
+    caller's, is dropped; gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)."""
+    inner = x.detach().clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
+    alive = weakref.ref(inner)
+    y = op(inner)
+    del inner
+    deadline = time.monotonic() + 3
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    kept = alive() is not None
+    del y
+    return kept
 
 
 class DidNotFinish(AssertionError):

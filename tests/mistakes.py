@@ -1611,6 +1611,11 @@ MISTAKES = [
             # a bare "differs"
             "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
             "    return all_to_all(out, group)", "the all-to-all back is the reverse of the one in"),
+    Mistake("15.5", "all-to-all-saves-its-input", "template_context_parallel.py",  # trial 6: passed
+            "        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim\n",
+            "        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim\n"
+            "        ctx.save_for_backward(x)\n",
+            "keeps its input x alive after the forward"),
     Mistake("15.6", "one-all-reduce-a-parameter", "template_context_parallel.py",  # a student trial's: passed
             "    flat = torch.cat([param.grad.reshape(-1) for param in params])\n"
             "    dist.all_reduce(flat, group=group)\n"

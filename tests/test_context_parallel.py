@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import load, load_with_reference, raise_if_unfilled
+from conftest import keeps_its_input, load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
 from harness import RankFailed, RankTimeout, _student_frame, one_line, run_ranks
 from wire import Wire
@@ -1039,6 +1039,7 @@ def _ulysses(rank, size, impl, heads, causal):
         except RuntimeError as error:
             return dict(out, a2a_error=str(error).splitlines()[0][:300])
     out["a2a_calls"] = [c.sent for c in wire.calls]
+    out["a2a_kept"] = keeps_its_input(lambda t: cp.all_to_all(t, None, 1, 2), x)
     q, k, v, dout = _inputs(2, heads, 4 * size, 4)
     mine = [_mine(t, rank, size, "contiguous") for t in (q, k, v, dout)]
     q_l, k_l, v_l = (t.clone().requires_grad_() for t in mine[:3])
@@ -1103,6 +1104,10 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
                 "each piece must return to the rank it came from)")
             assert [c[0] for c in got["a2a_calls"]] in (["all_to_all_single"] * 2, ["all_to_all"] * 2), (
                 f"{T155}: the all-to-all and its backward called {got['a2a_calls']}: one all-to-all each way")
+            assert not got["a2a_kept"], (
+                f"{T155}: all_to_all on rank {rank} keeps its input x alive after the forward (ctx.save_for_backward(x), "
+                "or x on ctx), while its backward needs none of it, only the group and the two dims: q, k and v would "
+                "stay in memory twice until the backward; keep no tensor on ctx")
         out, grads = _expected_mine(rank, size, "contiguous", causal, (2, heads, 4 * size, 4))
         wrong = [s for s in got["shapes"] if s[1:3] != (heads // size, 4 * size)]
         if got["out"].shape != out.shape and not wrong:  # the way in was right (wrong: said below)

@@ -18,7 +18,6 @@ where the copies are not N. The tests of one task take solutions/' answers to th
 import copy
 import gc
 import re
-import time
 import types
 import weakref
 
@@ -28,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import models
-from conftest import load_with_reference, raise_if_unfilled
+from conftest import keeps_its_input, load_with_reference, raise_if_unfilled
 from harness import RankFailed, RankTimeout, one_line, run_ranks
 from wire import Wire, dtype_name
 
@@ -113,7 +112,7 @@ def _a2a(rank, world_size, impl):
                 continue
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward],
-                         kept_input=_keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
+                         kept_input=keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
     # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
     # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
     splits = SPLITS[CHAINED]
@@ -192,21 +191,6 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
                 "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
                 "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
-
-
-def _keeps_its_input(op, x):
-    """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx): x's only other reference, the
-    caller's, is dropped."""
-    inner = x.detach().clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
-    alive = weakref.ref(inner)
-    y = op(inner)
-    del inner
-    deadline = time.monotonic() + 3  # gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)
-    while alive() is not None and time.monotonic() < deadline:
-        time.sleep(0.001)
-    kept = alive() is not None
-    del y
-    return kept
 
 
 def _check_there_and_back(rank, got):

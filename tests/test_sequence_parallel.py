@@ -18,8 +18,6 @@ answers to the others and to Task 9 (judging), so a mistake costs one task's poi
 import copy
 import re
 import sys
-import time
-import weakref
 from contextlib import contextmanager
 
 import pytest
@@ -28,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import REFERENCE, load, load_with_reference, raise_if_unfilled
+from conftest import REFERENCE, keeps_its_input, load, load_with_reference, raise_if_unfilled
 from harness import one_line, run_ranks
 from models import MLP, Attention, Block, ViT
 from wire import Wire
@@ -149,7 +147,7 @@ def _operators(rank, world_size, impl, sub=False):
                                  wrong_group=wrong)
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
-                         kept_input=_keeps_its_input(op, before),
+                         kept_input=keeps_its_input(op, before),
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
                          unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
@@ -160,21 +158,6 @@ def _operators(rank, world_size, impl, sub=False):
     except Exception as error:  # noqa: BLE001 (which exception is the test's to judge)
         out["uneven"] = f"{type(error).__name__}: {error}"
     return (rank, world_size, out) if sub else out
-
-
-def _keeps_its_input(op, x):
-    """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx). Run outside the test's Wire, whose
-    handles hold an asynchronous call's arguments: here x's only other reference is the caller's, dropped."""
-    inner = x.clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
-    alive = weakref.ref(inner)
-    y = op(inner)
-    del inner
-    deadline = time.monotonic() + 3  # gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)
-    while alive() is not None and time.monotonic() < deadline:
-        time.sleep(0.001)
-    kept = alive() is not None
-    del y
-    return kept
 
 
 def _unwaited(wire):
