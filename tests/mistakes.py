@@ -1611,6 +1611,12 @@ MISTAKES = [
             # a bare "differs"
             "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
             "    return all_to_all(out, group)", "the all-to-all back is the reverse of the one in"),
+    Mistake("15.2", "ring-polled-until-completed", "template_context_parallel.py",  # trial 6: a 50 s hang
+            "            if step < size - 1:\n                for work in works:\n                    work.wait()\n"
+            "                kv, works = incoming, None  # a Work keeps",
+            "            if step < size - 1:\n                while not all(work.is_completed() for work in works):\n"
+            "                    pass\n                kv, works = incoming, None  # a Work keeps",
+            "say True only once their wait() has run"),
     Mistake("15.5", "all-to-all-saves-its-input", "template_context_parallel.py",  # trial 6: passed
             "        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim\n",
             "        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim\n"

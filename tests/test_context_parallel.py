@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from conftest import keeps_its_input, load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
 from harness import RankFailed, RankTimeout, _student_frame, one_line, run_ranks
-from wire import Wire
+from wire import POLLED_FOREVER, Wire
 
 FILE = "template_context_parallel.py"
 T151 = f"Task 15.1 ({FILE}, merge_attention)"
@@ -232,8 +232,8 @@ class Recorder:
         self.modules = [self.cp, load("solutions", "template_context_parallel")]
         self.saved = (vars(ProcessGroup)["recv"], vars(Work)["wait"],
                       [(m.attention_block, m.attention_block_backward) for m in self.modules],
-                      vars(ProcessGroup)["send"], vars(Work)["get_future"])
-        recv, wait, _, send, get_future = self.saved
+                      vars(ProcessGroup)["send"], vars(Work)["get_future"], vars(Work)["is_completed"])
+        recv, wait, _, send, get_future, is_completed = self.saved
         messages = weakref.WeakSet()  # the Works of the ring's sends and receives
         block, block_backward = self.saved[2][0]
         rank = dist.get_rank()
@@ -296,6 +296,18 @@ class Recorder:
                     "point-to-point Works have no Future; wait for each with work.wait()") from None
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
+        polls = {}  # by id(Work): is_completed() calls on a ring message before its wait
+
+        def recorded_is_completed(work):
+            done = is_completed(work)
+            if not done and work in messages and work not in waited:
+                polls[id(work)] = polls.get(id(work), 0) + 1
+                if polls[id(work)] == POLLED_FOREVER:  # said in the rank, at once: the loop hangs to the time limit
+                    raise AssertionError(
+                        f"{self.name}: RingAttention polled is_completed() {POLLED_FOREVER} times on the Work of a "
+                        "dist.isend or dist.irecv before its wait(): gloo's point-to-point Works say True only once "
+                        "their wait() has run, so the loop never ends; wait for each with work.wait()")
+            return done
 
         def recorded_wait(work, *args, **kwargs):
             self.events.append(("wait", len(self.wire.calls)))
@@ -353,14 +365,14 @@ class Recorder:
             return block_backward(dout, q, k, v, out, lse, causal, q_pos, k_pos)
 
         ProcessGroup.recv, Work.wait, ProcessGroup.send = recorded_recv, recorded_wait, recorded_send
-        Work.get_future = recorded_get_future
+        Work.get_future, Work.is_completed = recorded_get_future, recorded_is_completed
         for module in self.modules:
             module.attention_block, module.attention_block_backward = recorded_block, recorded_backward
         return self
 
     def __exit__(self, *exc):
         from torch._C._distributed_c10d import ProcessGroup, Work
-        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send, Work.get_future = self.saved
+        ProcessGroup.recv, Work.wait, blocks, ProcessGroup.send, Work.get_future, Work.is_completed = self.saved
         for module, (block, block_backward) in zip(self.modules, blocks):
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
