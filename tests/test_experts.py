@@ -1087,6 +1087,17 @@ def _empty_rank_tokens(world_size, case):
     return xs, routings
 
 
+def _through_toy_experts(xs, routings, rank):
+    """With two experts a rank that multiply by (global index + 2): what dispatch gives `rank`'s experts (every
+    rank's kept rows for them, rank 0's first, each in token order) and what combine returns it (the gated sum)."""
+    mine = range(2 * rank, 2 * rank + 2)
+    want = [torch.cat([x[torch.where((routing.expert == e) & routing.kept)[0]] for x, routing in zip(xs, routings)])
+            for e in mine]
+    routing, x = routings[rank], xs[rank]
+    gates = (routing.weight * routing.kept).to(x.dtype)
+    return want, (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
+
+
 def _through_dispatch_and_combine(rank, world_size, impl, task):
     """dispatch, experts that multiply by (global index + 2), combine: what this rank's experts got, and y."""
     ep = judging(impl, task)
@@ -1119,17 +1130,13 @@ def test_a_rank_with_no_tokens_still_takes_part_in_every_all_to_all(impl, task):
     for case in EMPTY_CASES:
         xs, routings = _empty_rank_tokens(3, case)
         for rank, out in enumerate(results):
-            got, mine = out[case], range(2 * rank, 2 * rank + 2)
-            want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(3)])
-                    for e in mine]
+            got = out[case]
+            want, y = _through_toy_experts(xs, routings, rank)
             where = f"rank {rank} of 3, rank {EMPTY_RANK} with no tokens and {case}"
             if task == "16.2":
                 assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
                     f"{T162}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} "
                     f"rows, expected {[tuple(w.shape) for w in want]}: every rank's kept rows for them")
-            routing, x = routings[rank], xs[rank]
-            gates = (routing.weight * routing.kept).to(x.dtype)
-            y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
             assert _close(got["y"], y), (
                 f"{TASK[task]}: {where}: y is {tuple(got['y'].shape)}"
                 + (f", expected {tuple(y.shape)}" if got["y"].shape != y.shape else ", not the gated sum of the "
@@ -1185,16 +1192,10 @@ def test_dispatch_and_combine_run_inside_the_group_they_are_given(impl, task):
             f"{TASK[task]}: {where}: {'dispatch' if task == '16.2' else 'combine'} ran a collective ({got['error']}, "
             "stopped by the test) not over the 2 of the group it was given: pass group=group to every collective and "
             "all_to_all, the counts' and the tokens' (the default group is all 4 ranks)")
-        xs, routings, grank = got["xs"], got["routings"], got["grank"]
-        mine = range(2 * grank, 2 * grank + 2)
-        want = [torch.cat([xs[s][torch.where((routings[s].expert == e) & routings[s].kept)[0]] for s in range(2)])
-                for e in mine]
+        want, y = _through_toy_experts(got["xs"], got["routings"], got["grank"])
         assert len(got["inputs"]) == 2 and all(_close(g, w) for g, w in zip(got["inputs"], want)), (
             f"{TASK[task]}: {where}: dispatch gave this rank's experts {[tuple(g.shape) for g in got['inputs']]} rows, "
             f"expected {[tuple(w.shape) for w in want]}: every rank of the group's kept rows for them")
-        routing, x = routings[grank], xs[grank]
-        gates = (routing.weight * routing.kept).to(x.dtype)
-        y = (gates * (routing.expert + 2).to(x.dtype)).sum(dim=1, keepdim=True) * x
         assert _close(got["y"], y), f"{TASK[task]}: {where}: y is not the gated sum of the experts' outputs for its tokens"
 
 
