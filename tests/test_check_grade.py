@@ -168,8 +168,8 @@ def test_a_crash_is_an_error_and_the_tasks_after_it_were_not_run():
 
 def test_only_an_error_a_busy_machine_can_cause_is_run_again():
     """A RuntimeError of the code (a shape, autograd) comes again on a second run: check.py and the grader
-    report it at once. One that says a peer left or a time-out came, or a lost connection, may be the
-    machine's, and is run again."""
+    report it at once, as a rank that aborted, crashed or exited. One that says a peer left or a time-out came, a
+    lost connection, or a rank killed from outside, may be the machine's, and is run again."""
     trace = "\n\n--- rank 1 traceback ---\nTraceback ..."
     messages = {
         "1.1": "rank 1 raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 4x3)" + trace,
@@ -177,13 +177,17 @@ def test_only_an_error_a_busy_machine_can_cause_is_run_again():
         "2.2": "rank 0 raised DistBackendError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out" + trace,
         "2.3": "rank 0 raised ValueError: too many values to unpack (expected 2)" + trace,
         "1.2": "rank 0 was killed by SIGKILL (exit code -9) without reporting: killed from outside (out of memory?)",
+        "1.3": "Task 1.3 (t.py, f()): rank 1 was killed by SIGABRT (exit code -6) without reporting: an abort in C "
+               "code (gloo aborts on a message whose size differs from its buffer's)",
+        "1.4": "rank 1 ended with exit code 0 without reporting: os._exit() or sys.exit() in the code under test, or "
+               "a crash in C code",
     }
     run = _run(*[event for task, message in messages.items()
                  for event in _test(f"t::{task}", task, "failed", "RankFailed", message)])
     results = {r.task.id: r for r in summarize(_tasks(*messages), run)}
     assert {task: r.status for task, r in results.items()} == dict.fromkeys(messages, "failing")
     assert {task: r.certain for task, r in results.items()} == {
-        "1.1": True, "2.1": False, "2.2": False, "2.3": True, "1.2": False}
+        "1.1": True, "2.1": False, "2.2": False, "2.3": True, "1.2": False, "1.3": True, "1.4": True}
 
 
 def test_points_all_or_nothing_or_in_proportion():
