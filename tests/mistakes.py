@@ -206,6 +206,12 @@ MISTAKES = [
             "    bucket.handle.wait()\n", "overlap"),
     Mistake("5.2", "blocking-all-reduce", "template_ddp.py",
             "op=dist.ReduceOp.SUM, async_op=True)", "op=dist.ReduceOp.SUM)", "overlap"),
+    Mistake("5.2", "buffer-cast-to-float32", "template_ddp.py",  # trial 6: float64 gradients lost their low bits
+            "    bucket.buffer = torch.cat(grads)\n", "    bucket.buffer = torch.cat(grads).float()\n",
+            "keep the gradients' dtype"),
+    Mistake("5.2", "zeros-in-the-default-dtype", "template_ddp.py",  # trial 6: a float64 bucket of None grads
+            "torch.zeros_like(param).reshape(-1) if param.grad is None",
+            "torch.zeros(param.numel()) if param.grad is None", "the parameter's dtype"),
     # Task 5.3
     Mistake("5.3", "register-hook", "template_ddp.py",
             "self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))",

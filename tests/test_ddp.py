@@ -221,8 +221,19 @@ def _launch(rank, world_size, impl):
         handle_kept = bucket.handle is not None
         if handle_kept:
             bucket.handle.wait()
+    # float64 gradients whose low bits float32 cannot hold, and a float64 bucket with no gradient at all:
+    # the buffer keeps the gradients' dtype (PyTorch's DDP reduces a float64 model in float64)
+    precise = [nn.Parameter(torch.zeros(3, dtype=torch.float64)), nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    precise[0].grad = torch.full((3,), 1.0 + (rank + 1) * 2.0**-40, dtype=torch.float64)
+    dtypes = {}
+    for label, bucket64 in [("with gradients", lib.Bucket(precise)),
+                            ("no .grad at all", lib.Bucket([nn.Parameter(torch.zeros(4, dtype=torch.float64))]))]:
+        lib.launch_all_reduce(bucket64)
+        if bucket64.handle is not None:
+            bucket64.handle.wait()
+        dtypes[label] = None if bucket64.buffer is None else (bucket64.buffer.dtype, bucket64.buffer.clone())
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
-            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params]}
+            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes}
 
 
 @pytest.mark.task5_2
@@ -259,6 +270,20 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
             f"{buffer.tolist()}")
         assert torch.equal(got["params"][0], torch.full((2, 3), 100.0 + rank)), (
             f"{T52}: rank {rank}: launch_all_reduce changed a parameter: only the flat buffer is reduced")
+        dtype, buffer = got["float64"]["with gradients"]
+        exact = torch.cat([torch.full((3,), 1.0 + mean * 2.0**-40, dtype=torch.float64),
+                           torch.zeros(2, dtype=torch.float64)])
+        assert dtype == torch.float64, (
+            f"{T52}: rank {rank}: a bucket of float64 parameters gave a {dtype} buffer: keep the gradients' "
+            "dtype (torch.cat of the gradients as they are): a buffer in another dtype (a cast, or a new tensor in the "
+            "default dtype) drops the bits PyTorch's DDP keeps")
+        assert torch.allclose(buffer, exact, rtol=0, atol=2.0**-50), (
+            f"{T52}: rank {rank}: a float64 bucket's mean should be {exact.tolist()}, got {buffer.tolist()}")
+        dtype, _ = got["float64"]["no .grad at all"]
+        assert dtype == torch.float64, (
+            f"{T52}: rank {rank}: a bucket of one float64 parameter whose .grad is None gave a {dtype} buffer: "
+            "the zeros of a missing .grad must have the parameter's dtype (torch.zeros_like(param)), or its "
+            "mean comes back as a .grad of another dtype")
 
 
 # --------------------------------------------------------------------------- Task 5.3
