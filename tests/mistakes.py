@@ -265,6 +265,10 @@ MISTAKES = [
 """, "finally"),
     Mistake("5.5", "first-micro-batch-syncs", "template_trainer.py",
             "        last = micro_step == accumulate - 1", "        last = micro_step == 0", "last one outside"),
+    Mistake("5.5", "no-sync-also-stops-this-backward", "template_ddp.py",  # trial 6: forward decides, not no_sync
+            "        self.require_backward_grad_sync = False\n        try:",
+            "        self.require_backward_grad_sync = False\n        self.sync_this_backward = False\n        try:",
+            "only forward decides it"),
     # Task 6.1
     Mistake("6.1", "floor-not-ceil", "template_zero.py",
             "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
@@ -399,6 +403,10 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
             "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
+    Mistake("7.3", "drops-the-shards-gradient", "template_fsdp.py",  # trial 6: "free all but the shard"
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.untyped_storage().resize_(0)\n        self.shard.grad = None\n        # --- Task 7.3 end ---",
+            "dropped self.shard.grad"),
     # Task 7.4
     Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
             "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "

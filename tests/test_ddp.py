@@ -769,6 +769,13 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
         f"{T55}: in nested no_sync() blocks, require_backward_grad_sync was {after_inner} after the inner block ended "
         f"(the outer one still open) and {model.require_backward_grad_sync} after both: restore the value it had "
         "before the block (previous), not True")
+    model.sync_this_backward = True  # a forward ran outside no_sync(): its backward communicates
+    with model.no_sync():
+        during = model.sync_this_backward
+    assert during is True, (
+        f"{T55}: entering no_sync() set sync_this_backward to {during}: only forward decides it (PyTorch's DDP: "
+        "out = model(x) outside no_sync(), then out.backward() inside it, still all-reduces); no_sync() sets "
+        "require_backward_grad_sync alone")
     with pytest.raises(KeyError):
         with model.no_sync():
             raise KeyError("raised inside no_sync")

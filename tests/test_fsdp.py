@@ -256,6 +256,8 @@ def test_reshard_frees_the_memory_in_place(impl):
     unit, padded = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
     full, shard = unit.full, unit.shard
     kept = shard.detach().clone()
+    # the gradient of an earlier micro-batch, waiting for the next backward's to be added (accumulation)
+    shard.grad = torch.full_like(shard, 0.5)
     saved = unit.views(full)[0]  # what autograd saves for backward: a view of self.full's memory
     unit.reshard()
     # Numbers only, no tensor inside an assert: pytest would print one whose memory is freed.
@@ -282,6 +284,12 @@ def test_reshard_frees_the_memory_in_place(impl):
         "share, self.full.untyped_storage().resize_(0), rather than give self.full other memory")
     same_shard = unit.shard is shard and torch.equal(shard.detach(), kept)
     assert same_shard, f"{T73}: reshard() changed self.shard: keep it as it is, the only lasting copy of the weights"
+    grad = unit.shard.grad
+    kept_grad = grad is not None and torch.equal(grad, torch.full_like(shard, 0.5))
+    assert kept_grad, (
+        f"{T73}: reshard() {'dropped' if grad is None else 'changed'} self.shard.grad: free only self.full's memory. "
+        "reshard() runs after every forward and backward, so the gradient of an earlier micro-batch (two backwards "
+        "before one optimizer.step(), as gradient accumulation does) would be lost")
 
 
 def _unit_bytes(fsdp):
