@@ -232,6 +232,16 @@ MISTAKES = [
 """, "bucket order"),
     Mistake("5.3", "ignores-no-sync", "template_ddp.py",
             "                if not self.sync_this_backward:\n                    return\n", "", "no_sync"),
+    Mistake("5.3", "a-hook-per-listed-place", "template_ddp.py",  # trial 6: a tied weight hooked twice, counted twice
+            """        for bucket in self.buckets:
+            hook = make_hook(bucket)
+            for param in bucket.params:
+                self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))""",
+            """        bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        for _, param in self.module.named_parameters(remove_duplicate=False):
+            if id(param) in bucket_of:
+                self._hook_handles.append(param.register_post_accumulate_grad_hook(make_hook(bucket_of[id(param)])))""",
+            "counts the weight twice"),
     # Task 5.4
     Mistake("5.4", "hang-when-unused", "template_ddp.py",
             """        for bucket in self.buckets[self.next_bucket:]:

@@ -394,18 +394,36 @@ def _one_hook_each(rank, world_size, impl):
     with Wire(ALL_REDUCE) as recorder:
         model.sync_this_backward = False  # as after a forward inside no_sync()
         F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
-    return len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets]
+    # a weight used by two layers (one Parameter, listed twice by named_parameters(remove_duplicate=False)):
+    # one hook, so one count a backward; two would launch the bucket before its last gradient is in
+    tied = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    tied[2].weight = tied[0].weight
+    tied_model = bare_ddp(lib, tied, [[tied[2].bias, tied[0].weight, tied[0].bias]])
+    tied_model._register_hooks()
+    with Wire(ALL_REDUCE):
+        F.mse_loss(tied(torch.randn(3, 8)), torch.randn(3, 8)).backward()
+        bucket = tied_model.buckets[0]
+        if bucket.handle is not None:
+            bucket.handle.wait()
+    return (len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets],
+            (len(tied_model._hook_handles), bucket.num_ready))
 
 
 @pytest.mark.task5_3
 def test_one_hook_per_parameter_silent_while_sync_is_off(impl):
-    [(hooks, launches, ready)] = run_ranks(_one_hook_each, 1, impl)
+    [(hooks, launches, ready, (tied_hooks, tied_ready))] = run_ranks(_one_hook_each, 1, impl)
     assert hooks == 6, (
         f"{T53}: the 3 buckets hold 6 parameters: register one post-accumulate-grad hook per parameter and keep "
         f"its handle in self._hook_handles, got {hooks} handles")
     assert launches == 0, (
         f"{T53}: with self.sync_this_backward False (a forward inside no_sync), backward launched {launches} "
         "all-reduces: the hook must return at once, before counting or launching anything")
+    assert tied_ready == 3, (
+        f"{T53}: a bucket of 3 parameters, one of them a weight tied into two layers, counted {tied_ready} ready "
+        f"after one backward ({tied_hooks} hook handles): register one hook per parameter of the buckets (each "
+        "Parameter once, as the buckets hold it), not one per place the module lists it; autograd calls each hook "
+        "once, after the two layers' gradients are summed, and a second hook counts the weight twice, which "
+        "launches the bucket before its last gradient is in")
 
 
 class Gated(nn.Module):
