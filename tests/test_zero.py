@@ -326,7 +326,15 @@ def _train_three_ways(rank, world_size, impl):
                 opt.zero_grad()
                 _loss(m, step).backward()
                 started = len(waits.handles)
-                opt.step()
+                try:
+                    opt.step()
+                except AttributeError as error:
+                    if opt is optimizers[0] and "'NoneType'" in str(error) and m.unused.grad is None:
+                        raise AssertionError(
+                            f"{T63}: step() raised AttributeError: {error}, on a model whose parameter 'unused' has "
+                            ".grad None (forward never uses it, as torch.optim allows): give such a parameter's "
+                            "views no gradient (view.grad = None), and the local optimizer skips them") from None
+                    raise
                 if opt is optimizers[0]:  # every collective step() started asynchronously, waited on?
                     mine = waits.handles[started:]
                     out["unwaited"].append((sum(h.waits == 0 for h in mine), len(mine)))
