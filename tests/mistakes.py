@@ -444,6 +444,9 @@ MISTAKES = [
             "async_op=True)\n        return handle, piece\n",
             "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
             "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
+    Mistake("7.4", "piece-like-the-shard", "template_fsdp.py",  # trial 6: gloo's raw dtype check, now said
+            "piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)",
+            "piece = torch.empty_like(self.shard)", "make the piece in full_grad's dtype"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",

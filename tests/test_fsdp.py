@@ -360,10 +360,18 @@ def _polls_completion(text):
 
 def _ranks_reducing(*args):
     """run_ranks for Task 7.4's tests: a wait gloo's reduce-scatter Work cannot do is said as such (trial 6: a raw
-    "Work::getFuture not implemented", or a hang told as a collective another rank never calls)."""
+    "Work::getFuture not implemented", or a hang told as a collective another rank never calls), and so is a piece
+    in another dtype than full_grad (trial 6: gloo's raw "Check failed: outputTensors[i].dtype() == ...")."""
     try:
         return run_ranks(*args)
     except RankFailed as error:
+        if "dtype() == inputTensors" in str(error) and "reduce_scatter_gradient" in str(error):
+            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))
+            raise AssertionError(
+                f"{T74}: gloo refused a reduce-scatter whose piece and full_grad differ in dtype"
+                f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
+                "compute_dtype (bfloat16 here), not the shard's float32; finish_reduce_scatters() converts it when "
+                "it adds it to shard.grad") from None
         if "getFuture not implemented" not in str(error):
             raise
         raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
