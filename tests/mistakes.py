@@ -452,6 +452,22 @@ MISTAKES = [
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
             "            full = full.to(unit.compute_dtype)\n"
             "            dist.all_gather_into_tensor(full, unit.shard.detach().to(unit.compute_dtype))\n", "fp32 shards"),
+    Mistake("7.5", "gathered-through-unshard", "template_fsdp.py",  # trial 6: told as a wrong gather, not as bf16
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)""", """            unit.unshard()
+            views[id(unit)] = [view.to(unit.shard.dtype) for view in unit.views(unit.full)]""",
+            "rounded to bfloat16"),
+    Mistake("7.5", "fp32-units-left-gathered", "template_fsdp.py",  # trial 6: passed; the whole model stayed gathered
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                full = unit.full
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+""", "units still hold"),
     # Task 8.1
     Mistake("8.1", "every-rank-writes", "template_checkpoint.py",
             "    if get_rank() != 0:\n        return None\n    state = {", "    state = {", "rank 0 alone"),

@@ -550,13 +550,19 @@ def _gather_real(rank, world_size, impl):
     torch.manual_seed(rank)  # FSDP's broadcast gives every rank rank 0's parameters
     # a real FSDP: tied weights, a frozen unit, an unused parameter, bf16 compute
     fsdp = fsdp_lib.FSDP(Awkward(), compute_dtype=torch.bfloat16)
-    return fsdp.gather_full_params(), expected
+    full = fsdp.gather_full_params()
+    # and in fp32 compute, where gathering through the units' own full tensors gives the right values: what
+    # gather_full_params leaves gathered in the units (bytes that stay until the next forward frees them)
+    torch.manual_seed(rank)
+    plain = fsdp_lib.FSDP(Awkward())
+    plain_full = plain.gather_full_params()
+    return full, expected, (_unit_bytes(fsdp), plain_full, _unit_bytes(plain))
 
 
 @pytest.mark.task7_5
 @pytest.mark.parametrize("world_size", [2, slow(3)])
 def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size):
-    for rank, (full, expected) in enumerate(run_ranks(_gather_real, world_size, impl)):
+    for rank, (full, expected, (left, plain_full, plain_left)) in enumerate(run_ranks(_gather_real, world_size, impl)):
         assert isinstance(full, dict) and sorted(full) == sorted(expected), (
             f"{T75}: the names must be those of the model's named_parameters() before wrapping (a tied parameter "
             f"once, under its first name; frozen ones too), one entry each, as self._names lists them: expected "
@@ -568,10 +574,24 @@ def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size
             assert got.shape == value.shape, (
                 f"{T75}: rank {rank}'s '{name}' has shape {tuple(got.shape)}, expected {tuple(value.shape)}: cut each "
                 "unit's gathered flat tensor into its parameters with unit.views()")
+            rounded = torch.equal(got, value.to(torch.bfloat16).float()) and not torch.equal(got, value)
+            assert not rounded, (
+                f"{T75}: rank {rank}'s '{name}' holds the fp32 values rounded to bfloat16 ({got.flatten()[:2].tolist()}"
+                f"... expected {value.flatten()[:2].tolist()}...): it went through compute_dtype (unit.unshard(), "
+                "unit.full) and was cast back; gather the fp32 shards themselves into a new tensor")
             assert torch.equal(got, value), (
                 f"{T75}: rank {rank}'s '{name}' has the right shape but other values ({got.flatten()[:3].tolist()}... "
                 f"expected {value.flatten()[:3].tolist()}...): all_gather_into_tensor every rank's shard of the unit "
                 "that holds it, in rank order, then unit.views()")
+        for name, value in expected.items():
+            got = plain_full[name]
+            assert torch.equal(got, value), (
+                f"{T75}: without compute_dtype, rank {rank}'s '{name}' differs from the model's: gather every rank's "
+                "fp32 shard, in rank order, then unit.views()")
+        assert left == 0 and plain_left == 0, (
+            f"{T75}: after gather_full_params() rank {rank}'s units still hold {max(left, plain_left)} bytes of "
+            "gathered parameters (unit.full): gather into a new tensor and leave the units resharded (or reshard() "
+            "them again), or every rank keeps the whole model while it checkpoints")
 
 
 def _fully_shard(rank, world_size, make_model, optimizer_name):
