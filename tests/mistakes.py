@@ -373,6 +373,9 @@ MISTAKES = [
     Mistake("7.1", "strided-shard", "template_fsdp.py",  # a layout all_gather does not put back together
             "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()",
             "    return padded[rank::world_size].clone()", "contiguous"),
+    Mistake("7.1", "padding-in-the-default-dtype", "template_fsdp.py",  # trial 6: bf16 parameters got an fp32 shard
+            "padded = torch.cat([flat, flat.new_zeros(padding)])",
+            "padded = torch.cat([flat, torch.zeros(padding, device=flat.device)])", "make the padding in flat's dtype too"),
     # Task 7.2
     Mistake("7.2", "new-full-tensor", "template_fsdp.py",
             "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
@@ -393,6 +396,9 @@ MISTAKES = [
             "        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
             "async_op=async_op)\n"
             "        self.full.copy_(gathered)\n        return handle", "before waiting on its Work"),
+    Mistake("7.2", "storage-sized-in-float32", "template_fsdp.py",  # trial 6: passed; bf16 units took twice the bytes
+            "self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())",
+            "self.full.untyped_storage().resize_(self.full.numel() * 4)", "compute_dtype's size"),
     # Task 7.3
     Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",

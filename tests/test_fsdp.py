@@ -141,10 +141,10 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
                     "tensor alive (the whole model). Return a copy of this rank's piece (.clone())")
 
 
-def _shard_flat_elsewhere(impl, numel, rank, world_size):
-    """shard_flat of a float64 flat on the "meta" device, which stands for a GPU here (a device that is
+def _shard_flat_elsewhere(impl, numel, rank, world_size, dtype=torch.float64):
+    """shard_flat of a float64 (or `dtype`) flat on the "meta" device, which stands for a GPU here (a device that is
     not the CPU, no data): what comes back, or the error, as text (a meta tensor cannot cross processes)."""
-    flat = torch.empty(numel, dtype=torch.float64, device="meta")
+    flat = torch.empty(numel, dtype=dtype, device="meta")
     try:
         shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
     except NotImplementedError as error:
@@ -160,11 +160,18 @@ def _shard_flat_elsewhere(impl, numel, rank, world_size):
 def test_shard_flat_keeps_the_device_and_dtype_of_the_parameters(impl):
     """The shard lives where the parameters do: padding made on the default device (torch.zeros(n): the
     CPU) cannot join a GPU's flat, and fp32 zeros turn nothing float64 into fp32 but cost a copy."""
-    calls = [(impl, 5, 1, 2), (impl, 12, 0, 3)]
-    for (_, numel, rank, world_size), got in zip(calls, call_alone(
-            _shard_flat_elsewhere, calls, T71, lambda args: f"shard_flat(a float64 tensor of {args[1]} elements on "
+    # bfloat16 parameters too (a model kept in bf16): fp32 zeros would turn their shard into fp32
+    calls = [(impl, 5, 1, 2, torch.float64), (impl, 12, 0, 3, torch.float64), (impl, 5, 1, 2, torch.bfloat16)]
+    for (_, numel, rank, world_size, dtype), got in zip(calls, call_alone(
+            _shard_flat_elsewhere, calls, T71, lambda args: f"shard_flat(a {args[4]} tensor of {args[1]} elements on "
                                                             f"the meta device, rank={args[2]}, world_size={args[3]})")):
-        want = ("meta", "torch.float64", (math.ceil(numel / world_size),))
+        want = ("meta", str(dtype), (math.ceil(numel / world_size),))
+        if got[0] == "meta" and dtype == torch.bfloat16:
+            assert got == want, (
+                f"{T71}: shard_flat of a bfloat16 flat of {numel} elements, rank {rank} of {world_size}, gave "
+                f"{got}, expected a shard {want}: make the padding in flat's dtype too (flat.new_zeros(padding)): "
+                "torch.cat of bfloat16 parameters and float32 zeros is float32, a shard of another dtype than the "
+                "parameters")
         assert got == want, (
             f"{T71}: shard_flat of a float64 flat of {numel} elements on the 'meta' device (a device other than the "
             f"CPU, as a GPU), rank {rank} of {world_size}, gave {got}, expected a shard {want}: make the padding on "
@@ -212,7 +219,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
             if handle is not None:
                 handle.wait()
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        _moved(wire), _read_early(wire, unit.full)))
+                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes()))
     return results
 
 
@@ -220,7 +227,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        for async_op, dropped, same_tensor, full, expected, calls, read_early in results:
+        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
             assert not sent, (
@@ -247,6 +254,10 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                 f"{T72}: on rank {rank} of {world_size}, unshard(async_op={async_op}) did not leave every rank's "
                 f"shard in rank order in self.full (all_gather_into_tensor(self.full, shard)); first elements "
                 f"{full[:6].tolist()}, expected {expected[:6].tolist()}")
+            wanted = numel * full.element_size()
+            assert nbytes == wanted, (
+                f"{T72}: unshard() gave self.full {nbytes} bytes where its {numel} {dtype} elements take {wanted}: "
+                "give back numel() x element_size() of self.full itself (compute_dtype's size, not float32's 4)")
 
 
 # --------------------------------------------------------------------------- Task 7.3
