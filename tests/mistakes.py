@@ -1264,6 +1264,9 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "        self.synced = [param.detach() for param in self.params]\n", "shares memory"),
+    Mistake("13.3", "pseudo-gradient-subtracted-into-synced", "template_local_sgd.py",  # trial 6: a bare "off by"
+            "param.grad = synced.to(param.device) - param", "param.grad = synced.to(param.device).sub_(param)",
+            "written into self.synced in place"),
     Mistake("13.3", "forgets-buffers", "template_local_sgd.py",  # Task 13.3's own code: named as Task 13.3's
             "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
             "            all_reduce_mean([param.grad for param in self.params], self.group)\n", "floating-point buffers"),
