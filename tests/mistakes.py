@@ -361,6 +361,9 @@ MISTAKES = [
     Mistake("1.1", "no-seed", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()", "return torch.randperm(dataset_len).tolist()",
             "shards overlap"),
+    Mistake("6.3", "grad-piece-cast-to-float32", "template_zero.py",  # trial 6: passed, the tests had only fp32 models
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end].float()", "in the parameter's dtype"),
     Mistake("6.3", "none-grad-sliced", "template_zero.py",  # trial 6: an unused parameter raised a bare AttributeError
             "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
             "view.grad = param.grad.view(-1)[start:end]", "views no gradient"),
