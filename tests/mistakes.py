@@ -206,6 +206,12 @@ MISTAKES = [
             "    bucket.handle.wait()\n", "overlap"),
     Mistake("5.2", "blocking-all-reduce", "template_ddp.py",
             "op=dist.ReduceOp.SUM, async_op=True)", "op=dist.ReduceOp.SUM)", "overlap"),
+    Mistake("5.2", "buffer-cast-to-float32", "template_ddp.py",  # trial 6: float64 gradients lost their low bits
+            "    bucket.buffer = torch.cat(grads)\n", "    bucket.buffer = torch.cat(grads).float()\n",
+            "keep the gradients' dtype"),
+    Mistake("5.2", "zeros-in-the-default-dtype", "template_ddp.py",  # trial 6: a float64 bucket of None grads
+            "torch.zeros_like(param).reshape(-1) if param.grad is None",
+            "torch.zeros(param.numel()) if param.grad is None", "the parameter's dtype"),
     # Task 5.3
     Mistake("5.3", "register-hook", "template_ddp.py",
             "self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))",
@@ -226,6 +232,16 @@ MISTAKES = [
 """, "bucket order"),
     Mistake("5.3", "ignores-no-sync", "template_ddp.py",
             "                if not self.sync_this_backward:\n                    return\n", "", "no_sync"),
+    Mistake("5.3", "a-hook-per-listed-place", "template_ddp.py",  # trial 6: a tied weight hooked twice, counted twice
+            """        for bucket in self.buckets:
+            hook = make_hook(bucket)
+            for param in bucket.params:
+                self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))""",
+            """        bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        for _, param in self.module.named_parameters(remove_duplicate=False):
+            if id(param) in bucket_of:
+                self._hook_handles.append(param.register_post_accumulate_grad_hook(make_hook(bucket_of[id(param)])))""",
+            "counts the weight twice"),
     # Task 5.4
     Mistake("5.4", "hang-when-unused", "template_ddp.py",
             """        for bucket in self.buckets[self.next_bucket:]:
@@ -259,6 +275,10 @@ MISTAKES = [
 """, "finally"),
     Mistake("5.5", "first-micro-batch-syncs", "template_trainer.py",
             "        last = micro_step == accumulate - 1", "        last = micro_step == 0", "last one outside"),
+    Mistake("5.5", "no-sync-also-stops-this-backward", "template_ddp.py",  # trial 6: forward decides, not no_sync
+            "        self.require_backward_grad_sync = False\n        try:",
+            "        self.require_backward_grad_sync = False\n        self.sync_this_backward = False\n        try:",
+            "only forward decides it"),
     # Task 6.1
     Mistake("6.1", "floor-not-ceil", "template_zero.py",
             "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
@@ -341,6 +361,12 @@ MISTAKES = [
     Mistake("1.1", "no-seed", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()", "return torch.randperm(dataset_len).tolist()",
             "shards overlap"),
+    Mistake("6.3", "grad-piece-cast-to-float32", "template_zero.py",  # trial 6: passed, the tests had only fp32 models
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end].float()", "in the parameter's dtype"),
+    Mistake("6.3", "none-grad-sliced", "template_zero.py",  # trial 6: an unused parameter raised a bare AttributeError
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+            "view.grad = param.grad.view(-1)[start:end]", "views no gradient"),
     # Task 7.1
     Mistake("7.1", "no-padding", "template_fsdp.py",
             "    padding = -flat.numel() % world_size", "    padding = 0", "pad"),
@@ -350,6 +376,9 @@ MISTAKES = [
     Mistake("7.1", "strided-shard", "template_fsdp.py",  # a layout all_gather does not put back together
             "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()",
             "    return padded[rank::world_size].clone()", "contiguous"),
+    Mistake("7.1", "padding-in-the-default-dtype", "template_fsdp.py",  # trial 6: bf16 parameters got an fp32 shard
+            "padded = torch.cat([flat, flat.new_zeros(padding)])",
+            "padded = torch.cat([flat, torch.zeros(padding, device=flat.device)])", "make the padding in flat's dtype too"),
     # Task 7.2
     Mistake("7.2", "new-full-tensor", "template_fsdp.py",
             "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
@@ -370,6 +399,9 @@ MISTAKES = [
             "        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), "
             "async_op=async_op)\n"
             "        self.full.copy_(gathered)\n        return handle", "before waiting on its Work"),
+    Mistake("7.2", "storage-sized-in-float32", "template_fsdp.py",  # trial 6: passed; bf16 units took twice the bytes
+            "self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())",
+            "self.full.untyped_storage().resize_(self.full.numel() * 4)", "compute_dtype's size"),
     # Task 7.3
     Mistake("7.3", "keeps-gathered-params", "template_fsdp.py",
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
@@ -393,6 +425,10 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
             "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
+    Mistake("7.3", "drops-the-shards-gradient", "template_fsdp.py",  # trial 6: "free all but the shard"
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        self.full.untyped_storage().resize_(0)\n        self.shard.grad = None\n        # --- Task 7.3 end ---",
+            "dropped self.shard.grad"),
     # Task 7.4
     Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
             "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
@@ -417,11 +453,30 @@ MISTAKES = [
             "async_op=True)\n        return handle, piece\n",
             "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
             "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
+    Mistake("7.4", "piece-like-the-shard", "template_fsdp.py",  # trial 6: gloo's raw dtype check, now said
+            "piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)",
+            "piece = torch.empty_like(self.shard)", "make the piece in full_grad's dtype"),
     # Task 7.5
     Mistake("7.5", "compute-dtype-copies", "template_fsdp.py",
             "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
             "            full = full.to(unit.compute_dtype)\n"
             "            dist.all_gather_into_tensor(full, unit.shard.detach().to(unit.compute_dtype))\n", "fp32 shards"),
+    Mistake("7.5", "gathered-through-unshard", "template_fsdp.py",  # trial 6: told as a wrong gather, not as bf16
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)""", """            unit.unshard()
+            views[id(unit)] = [view.to(unit.shard.dtype) for view in unit.views(unit.full)]""",
+            "rounded to bfloat16"),
+    Mistake("7.5", "fp32-units-left-gathered", "template_fsdp.py",  # trial 6: passed; the whole model stayed gathered
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                full = unit.full
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+""", "units still hold"),
     # Task 8.1
     Mistake("8.1", "every-rank-writes", "template_checkpoint.py",
             "    if get_rank() != 0:\n        return None\n    state = {", "    state = {", "rank 0 alone"),
@@ -1212,6 +1267,9 @@ MISTAKES = [
             "        for param, synced in zip(self.params, self.synced):\n"
             "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
             "        self.synced = [param.detach() for param in self.params]\n", "shares memory"),
+    Mistake("13.3", "pseudo-gradient-subtracted-into-synced", "template_local_sgd.py",  # trial 6: a bare "off by"
+            "param.grad = synced.to(param.device) - param", "param.grad = synced.to(param.device).sub_(param)",
+            "written into self.synced in place"),
     Mistake("13.3", "forgets-buffers", "template_local_sgd.py",  # Task 13.3's own code: named as Task 13.3's
             "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
             "            all_reduce_mean([param.grad for param in self.params], self.group)\n", "floating-point buffers"),

@@ -221,8 +221,19 @@ def _launch(rank, world_size, impl):
         handle_kept = bucket.handle is not None
         if handle_kept:
             bucket.handle.wait()
+    # float64 gradients whose low bits float32 cannot hold, and a float64 bucket with no gradient at all:
+    # the buffer keeps the gradients' dtype (PyTorch's DDP reduces a float64 model in float64)
+    precise = [nn.Parameter(torch.zeros(3, dtype=torch.float64)), nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    precise[0].grad = torch.full((3,), 1.0 + (rank + 1) * 2.0**-40, dtype=torch.float64)
+    dtypes = {}
+    for label, bucket64 in [("with gradients", lib.Bucket(precise)),
+                            ("no .grad at all", lib.Bucket([nn.Parameter(torch.zeros(4, dtype=torch.float64))]))]:
+        lib.launch_all_reduce(bucket64)
+        if bucket64.handle is not None:
+            bucket64.handle.wait()
+        dtypes[label] = None if bucket64.buffer is None else (bucket64.buffer.dtype, bucket64.buffer.clone())
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
-            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params]}
+            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes}
 
 
 @pytest.mark.task5_2
@@ -259,6 +270,20 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
             f"{buffer.tolist()}")
         assert torch.equal(got["params"][0], torch.full((2, 3), 100.0 + rank)), (
             f"{T52}: rank {rank}: launch_all_reduce changed a parameter: only the flat buffer is reduced")
+        dtype, buffer = got["float64"]["with gradients"]
+        exact = torch.cat([torch.full((3,), 1.0 + mean * 2.0**-40, dtype=torch.float64),
+                           torch.zeros(2, dtype=torch.float64)])
+        assert dtype == torch.float64, (
+            f"{T52}: rank {rank}: a bucket of float64 parameters gave a {dtype} buffer: keep the gradients' "
+            "dtype (torch.cat of the gradients as they are): a buffer in another dtype (a cast, or a new tensor in the "
+            "default dtype) drops the bits PyTorch's DDP keeps")
+        assert torch.allclose(buffer, exact, rtol=0, atol=2.0**-50), (
+            f"{T52}: rank {rank}: a float64 bucket's mean should be {exact.tolist()}, got {buffer.tolist()}")
+        dtype, _ = got["float64"]["no .grad at all"]
+        assert dtype == torch.float64, (
+            f"{T52}: rank {rank}: a bucket of one float64 parameter whose .grad is None gave a {dtype} buffer: "
+            "the zeros of a missing .grad must have the parameter's dtype (torch.zeros_like(param)), or its "
+            "mean comes back as a .grad of another dtype")
 
 
 # --------------------------------------------------------------------------- Task 5.3
@@ -369,18 +394,36 @@ def _one_hook_each(rank, world_size, impl):
     with Wire(ALL_REDUCE) as recorder:
         model.sync_this_backward = False  # as after a forward inside no_sync()
         F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
-    return len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets]
+    # a weight used by two layers (one Parameter, listed twice by named_parameters(remove_duplicate=False)):
+    # one hook, so one count a backward; two would launch the bucket before its last gradient is in
+    tied = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    tied[2].weight = tied[0].weight
+    tied_model = bare_ddp(lib, tied, [[tied[2].bias, tied[0].weight, tied[0].bias]])
+    tied_model._register_hooks()
+    with Wire(ALL_REDUCE):
+        F.mse_loss(tied(torch.randn(3, 8)), torch.randn(3, 8)).backward()
+        bucket = tied_model.buckets[0]
+        if bucket.handle is not None:
+            bucket.handle.wait()
+    return (len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets],
+            (len(tied_model._hook_handles), bucket.num_ready))
 
 
 @pytest.mark.task5_3
 def test_one_hook_per_parameter_silent_while_sync_is_off(impl):
-    [(hooks, launches, ready)] = run_ranks(_one_hook_each, 1, impl)
+    [(hooks, launches, ready, (tied_hooks, tied_ready))] = run_ranks(_one_hook_each, 1, impl)
     assert hooks == 6, (
         f"{T53}: the 3 buckets hold 6 parameters: register one post-accumulate-grad hook per parameter and keep "
         f"its handle in self._hook_handles, got {hooks} handles")
     assert launches == 0, (
         f"{T53}: with self.sync_this_backward False (a forward inside no_sync), backward launched {launches} "
         "all-reduces: the hook must return at once, before counting or launching anything")
+    assert tied_ready == 3, (
+        f"{T53}: a bucket of 3 parameters, one of them a weight tied into two layers, counted {tied_ready} ready "
+        f"after one backward ({tied_hooks} hook handles): register one hook per parameter of the buckets (each "
+        "Parameter once, as the buckets hold it), not one per place the module lists it; autograd calls each hook "
+        "once, after the two layers' gradients are summed, and a second hook counts the weight twice, which "
+        "launches the bucket before its last gradient is in")
 
 
 class Gated(nn.Module):
@@ -744,6 +787,13 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
         f"{T55}: in nested no_sync() blocks, require_backward_grad_sync was {after_inner} after the inner block ended "
         f"(the outer one still open) and {model.require_backward_grad_sync} after both: restore the value it had "
         "before the block (previous), not True")
+    model.sync_this_backward = True  # a forward ran outside no_sync(): its backward communicates
+    with model.no_sync():
+        during = model.sync_this_backward
+    assert during is True, (
+        f"{T55}: entering no_sync() set sync_this_backward to {during}: only forward decides it (PyTorch's DDP: "
+        "out = model(x) outside no_sync(), then out.backward() inside it, still all-reduces); no_sync() sets "
+        "require_backward_grad_sync alone")
     with pytest.raises(KeyError):
         with model.no_sync():
             raise KeyError("raised inside no_sync")

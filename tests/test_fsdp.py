@@ -141,10 +141,10 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
                     "tensor alive (the whole model). Return a copy of this rank's piece (.clone())")
 
 
-def _shard_flat_elsewhere(impl, numel, rank, world_size):
-    """shard_flat of a float64 flat on the "meta" device, which stands for a GPU here (a device that is
+def _shard_flat_elsewhere(impl, numel, rank, world_size, dtype=torch.float64):
+    """shard_flat of a float64 (or `dtype`) flat on the "meta" device, which stands for a GPU here (a device that is
     not the CPU, no data): what comes back, or the error, as text (a meta tensor cannot cross processes)."""
-    flat = torch.empty(numel, dtype=torch.float64, device="meta")
+    flat = torch.empty(numel, dtype=dtype, device="meta")
     try:
         shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
     except NotImplementedError as error:
@@ -160,11 +160,18 @@ def _shard_flat_elsewhere(impl, numel, rank, world_size):
 def test_shard_flat_keeps_the_device_and_dtype_of_the_parameters(impl):
     """The shard lives where the parameters do: padding made on the default device (torch.zeros(n): the
     CPU) cannot join a GPU's flat, and fp32 zeros turn nothing float64 into fp32 but cost a copy."""
-    calls = [(impl, 5, 1, 2), (impl, 12, 0, 3)]
-    for (_, numel, rank, world_size), got in zip(calls, call_alone(
-            _shard_flat_elsewhere, calls, T71, lambda args: f"shard_flat(a float64 tensor of {args[1]} elements on "
+    # bfloat16 parameters too (a model kept in bf16): fp32 zeros would turn their shard into fp32
+    calls = [(impl, 5, 1, 2, torch.float64), (impl, 12, 0, 3, torch.float64), (impl, 5, 1, 2, torch.bfloat16)]
+    for (_, numel, rank, world_size, dtype), got in zip(calls, call_alone(
+            _shard_flat_elsewhere, calls, T71, lambda args: f"shard_flat(a {args[4]} tensor of {args[1]} elements on "
                                                             f"the meta device, rank={args[2]}, world_size={args[3]})")):
-        want = ("meta", "torch.float64", (math.ceil(numel / world_size),))
+        want = ("meta", str(dtype), (math.ceil(numel / world_size),))
+        if got[0] == "meta" and dtype == torch.bfloat16:
+            assert got == want, (
+                f"{T71}: shard_flat of a bfloat16 flat of {numel} elements, rank {rank} of {world_size}, gave "
+                f"{got}, expected a shard {want}: make the padding in flat's dtype too (flat.new_zeros(padding)): "
+                "torch.cat of bfloat16 parameters and float32 zeros is float32, a shard of another dtype than the "
+                "parameters")
         assert got == want, (
             f"{T71}: shard_flat of a float64 flat of {numel} elements on the 'meta' device (a device other than the "
             f"CPU, as a GPU), rank {rank} of {world_size}, gave {got}, expected a shard {want}: make the padding on "
@@ -212,7 +219,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
             if handle is not None:
                 handle.wait()
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        _moved(wire), _read_early(wire, unit.full)))
+                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes()))
     return results
 
 
@@ -220,7 +227,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        for async_op, dropped, same_tensor, full, expected, calls, read_early in results:
+        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
             assert not sent, (
@@ -247,6 +254,10 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                 f"{T72}: on rank {rank} of {world_size}, unshard(async_op={async_op}) did not leave every rank's "
                 f"shard in rank order in self.full (all_gather_into_tensor(self.full, shard)); first elements "
                 f"{full[:6].tolist()}, expected {expected[:6].tolist()}")
+            wanted = numel * full.element_size()
+            assert nbytes == wanted, (
+                f"{T72}: unshard() gave self.full {nbytes} bytes where its {numel} {dtype} elements take {wanted}: "
+                "give back numel() x element_size() of self.full itself (compute_dtype's size, not float32's 4)")
 
 
 # --------------------------------------------------------------------------- Task 7.3
@@ -256,6 +267,8 @@ def test_reshard_frees_the_memory_in_place(impl):
     unit, padded = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
     full, shard = unit.full, unit.shard
     kept = shard.detach().clone()
+    # the gradient of an earlier micro-batch, waiting for the next backward's to be added (accumulation)
+    shard.grad = torch.full_like(shard, 0.5)
     saved = unit.views(full)[0]  # what autograd saves for backward: a view of self.full's memory
     unit.reshard()
     # Numbers only, no tensor inside an assert: pytest would print one whose memory is freed.
@@ -282,6 +295,12 @@ def test_reshard_frees_the_memory_in_place(impl):
         "share, self.full.untyped_storage().resize_(0), rather than give self.full other memory")
     same_shard = unit.shard is shard and torch.equal(shard.detach(), kept)
     assert same_shard, f"{T73}: reshard() changed self.shard: keep it as it is, the only lasting copy of the weights"
+    grad = unit.shard.grad
+    kept_grad = grad is not None and torch.equal(grad, torch.full_like(shard, 0.5))
+    assert kept_grad, (
+        f"{T73}: reshard() {'dropped' if grad is None else 'changed'} self.shard.grad: free only self.full's memory. "
+        "reshard() runs after every forward and backward, so the gradient of an earlier micro-batch (two backwards "
+        "before one optimizer.step(), as gradient accumulation does) would be lost")
 
 
 def _unit_bytes(fsdp):
@@ -352,10 +371,18 @@ def _polls_completion(text):
 
 def _ranks_reducing(*args):
     """run_ranks for Task 7.4's tests: a wait gloo's reduce-scatter Work cannot do is said as such (trial 6: a raw
-    "Work::getFuture not implemented", or a hang told as a collective another rank never calls)."""
+    "Work::getFuture not implemented", or a hang told as a collective another rank never calls), and so is a piece
+    in another dtype than full_grad (trial 6: gloo's raw "Check failed: outputTensors[i].dtype() == ...")."""
     try:
         return run_ranks(*args)
     except RankFailed as error:
+        if "dtype() == inputTensors" in str(error) and "reduce_scatter_gradient" in str(error):
+            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))
+            raise AssertionError(
+                f"{T74}: gloo refused a reduce-scatter whose piece and full_grad differ in dtype"
+                f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
+                "compute_dtype (bfloat16 here), not the shard's float32; finish_reduce_scatters() converts it when "
+                "it adds it to shard.grad") from None
         if "getFuture not implemented" not in str(error):
             raise
         raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
@@ -534,13 +561,19 @@ def _gather_real(rank, world_size, impl):
     torch.manual_seed(rank)  # FSDP's broadcast gives every rank rank 0's parameters
     # a real FSDP: tied weights, a frozen unit, an unused parameter, bf16 compute
     fsdp = fsdp_lib.FSDP(Awkward(), compute_dtype=torch.bfloat16)
-    return fsdp.gather_full_params(), expected
+    full = fsdp.gather_full_params()
+    # and in fp32 compute, where gathering through the units' own full tensors gives the right values: what
+    # gather_full_params leaves gathered in the units (bytes that stay until the next forward frees them)
+    torch.manual_seed(rank)
+    plain = fsdp_lib.FSDP(Awkward())
+    plain_full = plain.gather_full_params()
+    return full, expected, (_unit_bytes(fsdp), plain_full, _unit_bytes(plain))
 
 
 @pytest.mark.task7_5
 @pytest.mark.parametrize("world_size", [2, slow(3)])
 def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size):
-    for rank, (full, expected) in enumerate(run_ranks(_gather_real, world_size, impl)):
+    for rank, (full, expected, (left, plain_full, plain_left)) in enumerate(run_ranks(_gather_real, world_size, impl)):
         assert isinstance(full, dict) and sorted(full) == sorted(expected), (
             f"{T75}: the names must be those of the model's named_parameters() before wrapping (a tied parameter "
             f"once, under its first name; frozen ones too), one entry each, as self._names lists them: expected "
@@ -552,10 +585,24 @@ def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size
             assert got.shape == value.shape, (
                 f"{T75}: rank {rank}'s '{name}' has shape {tuple(got.shape)}, expected {tuple(value.shape)}: cut each "
                 "unit's gathered flat tensor into its parameters with unit.views()")
+            rounded = torch.equal(got, value.to(torch.bfloat16).float()) and not torch.equal(got, value)
+            assert not rounded, (
+                f"{T75}: rank {rank}'s '{name}' holds the fp32 values rounded to bfloat16 ({got.flatten()[:2].tolist()}"
+                f"... expected {value.flatten()[:2].tolist()}...): it went through compute_dtype (unit.unshard(), "
+                "unit.full) and was cast back; gather the fp32 shards themselves into a new tensor")
             assert torch.equal(got, value), (
                 f"{T75}: rank {rank}'s '{name}' has the right shape but other values ({got.flatten()[:3].tolist()}... "
                 f"expected {value.flatten()[:3].tolist()}...): all_gather_into_tensor every rank's shard of the unit "
                 "that holds it, in rank order, then unit.views()")
+        for name, value in expected.items():
+            got = plain_full[name]
+            assert torch.equal(got, value), (
+                f"{T75}: without compute_dtype, rank {rank}'s '{name}' differs from the model's: gather every rank's "
+                "fp32 shard, in rank order, then unit.views()")
+        assert left == 0 and plain_left == 0, (
+            f"{T75}: after gather_full_params() rank {rank}'s units still hold {max(left, plain_left)} bytes of "
+            "gathered parameters (unit.full): gather into a new tensor and leave the units resharded (or reshard() "
+            "them again), or every rank keeps the whole model while it checkpoints")
 
 
 def _fully_shard(rank, world_size, make_model, optimizer_name):

@@ -247,7 +247,7 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
         sign = -1 if mistake == "wrong-sign" else 1
         pseudo_div = {"pseudo-summed": 1, "pseudo-divided-by-h": div * sync_every}.get(mistake, div)
         pseudo = [sign * sum(s - c[i] for c in current) / pseudo_div for i, s in enumerate(synced)]
-        start = mean[:n_params] if mistake == "from-average" else synced
+        start = mean[:n_params] if mistake == "from-average" else pseudo if mistake == "pseudo-in-synced" else synced
         with torch.no_grad():
             for p, s, g in zip(outer_params, start, pseudo):
                 p.copy_(s)
@@ -298,6 +298,10 @@ MISTAKES = {
                                   "round, synced - param, nothing scaled (the outer learning rate sets the step)"),
     "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
                            "synced ones (self.synced) first, then step"),
+    "pseudo-in-synced": (T133, "the outer step started from the averaged pseudo-gradient, not from self.synced: the "
+                               "pseudo-gradient was written into self.synced in place (synced.to(param.device) is "
+                               "synced itself when it is on that device already, and sub_ wrote into it), and then "
+                               "set the parameters back to it: make it a new tensor, synced.to(param.device) - param"),
     "synced-stale": (T133, "self.synced never moves (copied before the outer step, or never: every round restarts "
                            "from the start): copy the parameters into self.synced after self.outer_optimizer.step()"),
     "outer-reset": (T133, "the outer optimizer's state (its momentum) was reset: build it once (it is, in __init__) "
@@ -945,7 +949,7 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     sync_every, steps, outer = 3, 9, (0.7, 0.9)
     results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
     n = sum(t.numel() for t in averaged(make(Net)))
-    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "from-average", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
+    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "from-average", "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
                   "first-step", "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
