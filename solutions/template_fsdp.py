@@ -325,7 +325,8 @@ class FSDP(nn.Module):
         parameter once, under its first name), in the shards' dtype (fp32,
         also with a bf16 compute_dtype), each a new tensor that training does not change. A
         collective: every rank calls it, and every rank gets the whole model. For saving a
-        checkpoint and for tests; it holds the whole model in memory, so call it rarely.
+        checkpoint and for tests; it holds the whole model in memory, so call it rarely, and
+        leaves every unit as resharded as it found it (no unit.full kept alive after it).
         Gather each unit's shards (all_gather_into_tensor, into fp32), then cut the flat
         tensor into parameters with unit.views(); self._names says which name is which view.
         """
