@@ -701,6 +701,39 @@ MISTAKES = [
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True)\n"
             "        param.grad /= dp_size\n", "started all_reduce with async_op=True and never waited on its Work"),
+    # Task 9, trial 6 (2026-11-29): inputs kept for backward, float64 inputs, gathers over the world
+    Mistake("9.1", "gather-keeps-x-for-its-width", "template_tensor_parallel.py",  # passed
+            "        ctx.group = group\n        pieces = [",
+            "        ctx.group, ctx.x = group, x  # backward needs the width of x\n        pieces = [",
+            "keeps its input for backward (ctx.x)"),
+    Mistake("9.1", "g-saves-x", "template_tensor_parallel.py",  # passed
+            "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
+            "        ctx.save_for_backward(x)\n        out = x.clone(memory_format=torch.contiguous_format)\n",
+            "keeps its input for backward (ctx.save_for_backward"),
+    Mistake("9.1", "f-saves-x", "template_tensor_parallel.py",  # passed
+            "        ctx.group = group\n        return x\n",
+            "        ctx.group = group\n        ctx.save_for_backward(x)\n        return x.view_as(x)\n",
+            "keeps its input for backward (ctx.save_for_backward"),
+    Mistake("9.1", "gather-pieces-float32", "template_tensor_parallel.py",  # passed: every x was float32
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format)\n",
+            "        pieces = [torch.empty(x.shape)\n",
+            "not with torch.empty(shape) or torch.zeros(shape)"),
+    Mistake("9.1", "g-sum-into-float32-zeros", "template_tensor_parallel.py",  # passed
+            "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
+            "        out = torch.zeros(x.shape)\n        out += x\n",
+            "the output is torch.float32"),
+    Mistake("9.1", "f-backward-into-float32-zeros", "template_tensor_parallel.py",  # passed: autograd casts the gradient back
+            "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n",
+            "        grad = torch.zeros(grad.shape).copy_(grad)\n",
+            "to float32's precision only"),
+    Mistake("9.1", "gather-pieces-by-world-size", "template_tensor_parallel.py",  # was gloo's raw list-length error
+            "                  for _ in range(dist.get_world_size(group))]",
+            "                  for _ in range(dist.get_world_size())]",
+            "one per rank of the world (dist.get_world_size())"),
+    Mistake("9.1", "gather-over-the-world", "template_tensor_parallel.py",  # was gloo's raw list-length error
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n",
+            "        dist.all_gather(pieces, x.contiguous())\n",
+            "Pass group=group to the all-gather"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -2986,6 +3019,20 @@ RIGHT_ANSWERS = [
                 "                incoming = [torch.empty_like(t) for t in kv]\n"
                 "                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n"
                 "                         dist.irecv(incoming[0], recv_from, group=group), dist.irecv(incoming[1], recv_from, group=group)]\n", ""),)),
+    RightAnswer("9.1", "g-waited-through-the-future",  # trial 6 (2026-11-29)
+                "'forward, the all-reduce (SUM) of x over the group, into a new tensor': a gloo all-reduce's Work "
+                "has a Future; waiting through it returns once the sum is there", (
+        Mistake("9.1", "g-waited-through-the-future", "template_tensor_parallel.py",
+                "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out\n",
+                "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future().wait()\n"
+                "        return out\n", ""),)),
+    RightAnswer("9.1", "f-polls-is-completed",  # trial 6 (2026-11-29)
+                "'backward, the all-reduce (SUM) of the gradient over the group': a gloo all-reduce's Work completes "
+                "on its own (its p2p Works do not), so polling is_completed() until True ends with the sum", (
+        Mistake("9.1", "f-polls-is-completed", "template_tensor_parallel.py",
+                "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+                "        work = dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)\n"
+                "        while not work.is_completed():\n            pass\n        return grad, None\n", ""),)),
 ]
 
 

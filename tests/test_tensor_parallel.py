@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load_with_reference, raise_if_unfilled
+from conftest import keeps_its_input, load_with_reference, raise_if_unfilled
 from harness import RankTimeout, one_line, run_ranks
 from models import CNN
 from wire import Wire
@@ -104,7 +104,40 @@ def _operators(rank, world_size, impl, sub):
         out[label] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
+    for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
+        out[("float64", name)] = _in_float64(tp, name, grank, gsize, group)
+        try:
+            out[("kept", name)] = _kept(tp, name, group)
+        except (RuntimeError, IndexError, ValueError):  # its error is told by the checks of the cases above
+            out[("kept", name)] = dict(held=[], alive=False)
     return grank, gsize, out
+
+
+def _in_float64(tp, name, grank, gsize, group):
+    """The operator on float64 rank values / 3 (not exact in float32): its output and x's gradient, or the error."""
+    shape = (2, 3)
+    x = (_rank_valued(grank, shape).double() / 3).requires_grad_()
+    grad_shape = shape[:-1] + (shape[-1] * gsize,) if name == "gather_from_tp" else shape
+    grad_out = _rank_valued(grank, grad_shape, offset=0.5).double() / 3
+    try:
+        y = getattr(tp, name)(x, group)
+        (grad_x,) = torch.autograd.grad(y, x, grad_out)
+    except (RuntimeError, TypeError, ValueError) as error:
+        return dict(error=one_line(error, 200))
+    return dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone())
+
+
+def _kept(tp, name, group):
+    """The tensors the operator keeps for backward (saved, or on ctx), by where; and whether its output keeps
+    its input alive (conftest.keeps_its_input; f's output is its input itself, so for f only ctx is looked at)."""
+    x = _rank_valued(0, (2, 3)).requires_grad_().clone()
+    y = getattr(tp, name)(x, group)
+    ctx = y.grad_fn
+    held = [f"ctx.save_for_backward ({len(ctx.saved_tensors)} tensors)"] if ctx is not None and ctx.saved_tensors else []
+    held += [f"ctx.{key}" for key, value in (vars(ctx).items() if ctx is not None else ()) if torch.is_tensor(value)]
+    del x, y, ctx
+    alive = name != "copy_to_tp" and keeps_its_input(lambda t: getattr(tp, name)(t, group), _rank_valued(0, (2, 3)))
+    return dict(held=held, alive=alive)
 
 
 # (label, operator, x's shape): gather_from_tp also on a 3-D x (batch, sequence, features), as the docstrings allow
@@ -154,6 +187,17 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"incoming gradient (forward's output), for x of shape {dims}: backward must return this "
                         "rank's slice, shaped like the forward input, the part of the gradient that forward's "
                         "concatenation took from this rank's x (grad.chunk(size, dim=-1)[rank])")
+    lengths = re.search(r"invalid output tensor list at index \d+ \(expected length (\d+), got (\d+)\)", got["error"] or "")
+    if lengths and world_size > gsize and name == "gather_from_tp":  # gloo's check of the all-gather's list
+        expected_n, got_n = (int(n) for n in lengths.groups())
+        if (expected_n, got_n) == (gsize, world_size):
+            pytest.fail(f"{T91}: {where}'s forward made {world_size} output tensors, one per rank of the world "
+                        f"(dist.get_world_size()), for an all-gather over a group of {gsize}: {got['error'][:200]}. "
+                        "Make one per rank of the group, dist.get_world_size(group)")
+        if (expected_n, got_n) == (world_size, gsize):
+            pytest.fail(f"{T91}: {where}'s forward all-gathered over all {world_size} ranks, the default group, into "
+                        f"{gsize} tensors, one per rank of the group: {got['error'][:200]}. Pass group=group to the "
+                        "all-gather")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -236,6 +280,40 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
     for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
         for label, _, _ in OPERATOR_CASES:  # the order they ran in
             _check_operator(label, rank, world_size, grank, gsize, out[label])
+        for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
+            _check_float64(name, rank, grank, gsize, out[("float64", name)])
+            kept = out[("kept", name)]
+            where = f"{T91}: {name} on rank {rank} (group rank {grank} of {gsize})"
+            assert not kept["held"] and not kept["alive"], (
+                f"{where} keeps its input for backward ({', '.join(kept['held']) or 'x stays alive while the output does'}),"
+                " which its backward does not need: keep no tensor of forward's (the docstring), only the group "
+                "(and sizes, as ints), or every layer's input stays in memory until backward")
+
+
+def _check_float64(name, rank, grank, gsize, got):
+    """A float64 x: the output and x's gradient in float64, to float64's precision."""
+    where = f"{T91}: {name} on rank {rank} (group rank {grank} of {gsize}), a float64 x"
+    buffers = ("make every new tensor from the one it stands for (torch.empty_like(x), x.clone(), x.new_zeros), not "
+               "with torch.empty(shape) or torch.zeros(shape), which are float32 (torch's default dtype)")
+    assert got["error"] is None, (
+        f"{where}, failed: {got['error']}" + (f": {buffers}" if re.search(r"dtype|[Ff]loat|[Dd]ouble", got["error"]) else ""))
+    shape = (2, 3)
+    y_expected = (torch.cat([_rank_valued(r, shape).double() / 3 for r in range(gsize)], dim=-1)
+                  if name == "gather_from_tp" else
+                  sum(_rank_valued(r, shape).double() / 3 for r in range(gsize)) if name == "reduce_from_tp" else
+                  _rank_valued(grank, shape).double() / 3)
+    grads = [_rank_valued(r, shape[:-1] + (shape[-1] * (gsize if name == "gather_from_tp" else 1),), 0.5).double() / 3
+             for r in range(gsize)]
+    grad_expected = (sum(grads) if name == "copy_to_tp" else grads[grank] if name == "reduce_from_tp" else
+                     grads[grank][..., 3 * grank:3 * (grank + 1)])
+    for what, value, expected in (("output", got["y"], y_expected), ("gradient of x", got["grad_x"], grad_expected)):
+        assert value.dtype == torch.float64, f"{where}: the {what} is {value.dtype}: {buffers}"
+        if value.shape == expected.shape and not torch.allclose(value, expected, rtol=1e-12, atol=0):
+            if torch.allclose(value, expected, rtol=1e-6, atol=0):
+                pytest.fail(f"{where}: the {what} equals the expected one to float32's precision only (off by "
+                            f"{(value - expected).abs().max():.1e}): it went through a float32 tensor: {buffers}")
+        assert value.shape == expected.shape and torch.allclose(value, expected, rtol=1e-12, atol=0), (
+            f"{where}: the {what} {value.tolist()} differs from the expected {expected.tolist()}")
 
 
 # --------------------------------------------------------------------------- Task 9.2
