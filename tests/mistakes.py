@@ -734,6 +734,31 @@ MISTAKES = [
             "        dist.all_gather(pieces, x.contiguous(), group=group)\n",
             "        dist.all_gather(pieces, x.contiguous())\n",
             "Pass group=group to the all-gather"),
+    # Task 9, trial 6: a layer's collective over the world, a slice without f, a split by the default group, float32
+    Mistake("9.2", "column-gathers-over-the-world", "template_tensor_parallel.py",  # was a bare difference
+            "        return gather_from_tp(y, self.group) if self.gather_output else y\n",
+            "        return gather_from_tp(y) if self.gather_output else y\n",
+            "pass self.group to gather_from_tp"),
+    Mistake("9.2", "row-reduces-over-the-world", "template_tensor_parallel.py",  # was a bare difference
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n",
+            "        y = reduce_from_tp(F.linear(x, self.weight))\n",
+            "pass self.group to reduce_from_tp"),
+    Mistake("9.2", "row-split-without-f", "template_tensor_parallel.py",  # was told only that the gradient differs
+            "            x = _split_last_dim(x, self.group)\n",
+            "            k = x.shape[-1] // dist.get_world_size(self.group)\n            r = dist.get_rank(self.group)\n            x = x[..., r * k:(r + 1) * k]\n",
+            "the slice was taken without f before it"),
+    Mistake("9.3", "row-layer-without-group", "template_tensor_parallel.py",  # was told 'not the global rank'
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3])\n",
+            "give tp_group to from_linear"),
+    Mistake("9.3", "layers-without-group", "template_tensor_parallel.py",  # was told 'not the global rank'
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1])\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3])\n",
+            "it was split over all 4 ranks, the default group"),
+    Mistake("9.4", "flat-buffer-float32", "template_tensor_parallel.py",  # passed: every gradient was float32
+            "    dp_size = dist.get_world_size(dp_group)\n    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+            "    dp_size = dist.get_world_size(dp_group)\n    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    flat = torch.zeros(sum(g.numel() for g in grads))\n    torch.cat([g.reshape(-1) for g in grads], out=flat) if False else flat.copy_(torch.cat([g.reshape(-1) for g in grads]))\n    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)\n    flat /= dp_size\n    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):\n        g.copy_(mean.view_as(g))\n",
+            "to float32's precision only"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -3033,6 +3058,19 @@ RIGHT_ANSWERS = [
                 "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
                 "        work = dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)\n"
                 "        while not work.is_completed():\n            pass\n        return grad, None\n", ""),)),
+    RightAnswer("9.2", "row-bias-added-in-place",  # trial 6 (2026-11-29)
+                "'the partial product without bias, g (reduce_from_tp), then the bias': g returns a new tensor, "
+                "so adding the bias to it in place changes no tensor autograd needs", (
+        Mistake("9.2", "row-bias-added-in-place", "template_tensor_parallel.py",
+                "        return y if self.bias is None else y + self.bias\n",
+                "        if self.bias is not None:\n            y += self.bias\n        return y\n", ""),)),
+    RightAnswer("9.4", "waited-through-the-future",  # trial 6 (2026-11-29)
+                "'all_reduce with SUM over dp_group, then divide': a gloo all-reduce's Future waited for before "
+                "dividing", (
+        Mistake("9.4", "waited-through-the-future", "template_tensor_parallel.py",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True).get_future().wait()\n",
+                ""),)),
 ]
 
 

@@ -446,7 +446,7 @@ def _close(a, b):
     return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-def _check_column(rank, grank, gsize, got, ref, gather_output):
+def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     where = f"ColumnParallelLinear (gather_output={gather_output}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[0] // gsize
     rows = slice(grank * k, (grank + 1) * k)
@@ -466,6 +466,10 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
             f"{T92}: {where}: the bias must be this rank's slice of it, the same rows as the weight's")
     assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
     y_expected = ref["y"] if gather_output else ref["y"][:, rows]
+    if gather_output and (world_size or gsize) > gsize and got["y"].shape[-1] == ref["y"].shape[-1] * world_size // gsize:
+        pytest.fail(f"{T92}: {where}'s output has {got['y'].shape[-1]} features, {world_size} slices of "
+                    f"{k}: the slices were gathered over all {world_size} ranks, the default group, not over the "
+                    f"layer's group of {gsize}: pass self.group to gather_from_tp")
     assert _close(got["y"], y_expected), (
         f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
         + ("whole output: gather_from_tp the slices" if gather_output else f"columns {rows.start}..{rows.stop - 1}"))
@@ -484,7 +488,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
         f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
 
 
-def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True):
+def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True, world_size=None):
     where = f"RowParallelLinear (input_is_parallel={input_is_parallel}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[1] // gsize
     cols = slice(grank * k, (grank + 1) * k)
@@ -516,10 +520,24 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
     if ref["bias"] is not None and gsize > 1 and not _close(got["y"], ref["y"]) and _close(got["y"], ref["y"] - ref["bias"]):
         pytest.fail(f"{T92}: {where}'s output is nn.Linear's without the bias: every rank adds the whole bias, "
                     "after the sum (g), so that every rank holds the whole output")
+    copies = (world_size or gsize) // gsize  # the groups hold the same layer and data: the world sums each term that often
+    bias = 0 if ref["bias"] is None else ref["bias"]
+    if copies > 1 and not _close(got["y"], ref["y"]) and _close(got["y"], copies * (ref["y"] - bias) + bias):
+        pytest.fail(f"{T92}: {where}'s output is nn.Linear's product summed {copies} times, over all {world_size} "
+                    f"ranks, the default group, not over the layer's group of {gsize}: pass self.group to "
+                    "reduce_from_tp")
     assert _close(got["y"], ref["y"]), (
         f"{T92}: {where}'s output differs from nn.Linear's: the partial products summed by reduce_from_tp (g), "
         "then the bias")
     grad_x_expected = ref["grad_x"][:, cols] if input_is_parallel else ref["grad_x"]
+    if not input_is_parallel and gsize > 1 and got["grad_x"] is not None and not _close(got["grad_x"], grad_x_expected):
+        own = torch.zeros_like(ref["grad_x"])
+        own[:, cols] = ref["grad_x"][:, cols]
+        if _close(got["grad_x"], own):
+            pytest.fail(f"{T92}: {where}: the input's gradient is nn.Linear's in this rank's columns "
+                        f"{cols.start}..{cols.stop - 1} and zero elsewhere: the slice was taken without f before it, "
+                        "so no rank gets the other ranks' parts of x's gradient. Take it with _split_last_dim "
+                        "(copy_to_tp, then the slice), whose backward all-reduces them")
     assert _close(got["grad_x"], grad_x_expected), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's"
         + ("" if input_is_parallel else ": without input_is_parallel, every rank gets x's whole gradient"))
@@ -576,11 +594,12 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
     for rank, (grank, gsize, results, refs) in enumerate(ranks):
         ref = _unsplit(refs)
         for gather_output in (False, True):
-            _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
+            _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output,
+                          world_size)
         for input_is_parallel in (True, False):
             anywhere = any(other[("row", input_is_parallel)]["grad_bias"] is not None for _, _, other, _ in ranks)
             _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel,
-                       anywhere)
+                       anywhere, world_size)
         for name in ("ColumnParallelLinear", "RowParallelLinear"):
             _check_copies(rank, name, results[("copies", name)])
             if ("alone", name) in results:
@@ -911,6 +930,10 @@ def test_parallelize_classifier_changes_the_callers_model_in_groups_without_rank
         grank = rank % 2
         want = {1: got["whole"][1].chunk(2, dim=0)[grank], 3: got["whole"][3].chunk(2, dim=1)[grank]}
         for i in (1, 3):
+            split_by_world = got["whole"][i].chunk(4, dim=0 if i == 1 else 1)[rank]
+            if torch.equal(got["weights"][i], split_by_world):
+                pytest.fail(f"{where}: classifier[{i}] holds slice {rank} of 4 of the model's weight: it was split over "
+                            "all 4 ranks, the default group; give tp_group to from_linear (group=None is the world)")
             assert torch.equal(got["weights"][i], want[i]), (
                 f"{where}: classifier[{i}] holds the wrong slice of the model's weight (tp group rank {grank} of 2, "
                 "dist.get_rank(tp_group), not the global rank)")
@@ -1028,14 +1051,18 @@ def _average(rank, world_size, impl, dp_size, tp_size):
                 f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
     # an asynchronous collective whose Work nobody waited for (wait(), its Future, or is_completed() seen True)
     unwaited = [call.kind for call in wire.calls if call.async_op and not (call.waits or call.futures or call.done_seen)]
-    return model.weight.grad, model.bias.grad, wire.take(), unwaited
+    calls = wire.take()
+    double = nn.Linear(3, 2).double()  # float64 gradients: (rank + 1) / 3 is not exact in float32
+    double.weight.grad = torch.full((2, 3), (rank + 1) / 3, dtype=torch.float64)
+    tp.average_gradients_over_dp(double, dp_group)
+    return model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad
 
 
 @pytest.mark.task9_4
 def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     dp_size, tp_size = 2, 2
-    for rank, (grad, bias_grad, calls, unwaited) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
+    for rank, (grad, bias_grad, calls, unwaited, double) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
         column = rank % tp_size
         peers = list(range(column, dp_size * tp_size, tp_size))
         expected = sum(r + 1 for r in peers) / dp_size
@@ -1064,6 +1091,16 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
         assert bias_grad is None, f"{T94}: a parameter without .grad must be skipped, and keep None"
         assert [kind for kind, _, _ in calls] == ["all_reduce"], (
             f"{T94}: one all_reduce per gradient over the dp group, got {calls}")
+        expected = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
+        where = f"{T94}: rank {rank}, a float64 model's gradients"
+        assert double.dtype == torch.float64, f"{where} became {double.dtype}: keep each gradient's dtype"
+        if not torch.allclose(double, expected, rtol=1e-12, atol=0) and torch.allclose(double, expected, rtol=1e-6):
+            pytest.fail(f"{where} equal their mean over the dp group to float32's precision only (off by "
+                        f"{(double - expected).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
+                        "and torch.empty(n) are torch's default dtype, float32): make a flat buffer in the gradients' "
+                        "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
+        assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
+            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
 
 
 @pytest.mark.task9_4
