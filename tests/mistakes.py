@@ -1051,6 +1051,35 @@ MISTAKES = [
             "            if self.track_running_stats:\n                self.num_batches_tracked.add_(1)\n",
             "            if True:\n                self.num_batches_tracked.add_(1)\n",
             "in training, there are no running statistics to update"),
+    # Task 11, trial 6 (2026-11-29): buffers in float32 for float64 inputs, inputs changed in place, a list sized by the world
+    Mistake("11.1", "packed-in-float32", "template_batchnorm.py",  # was told to sum the ranks' sums
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n",
+            "    packed = torch.zeros(1 + 2 * x.shape[1])\n    packed[0] = n\n    packed[1:1 + x.shape[1]] = n * mean\n    packed[1 + x.shape[1]:] = m2 + n * mean ** 2\n",
+            "to float32's precision only, for float64 slices"),
+    Mistake("11.1", "all-gather-by-world-size", "template_batchnorm.py",  # was gloo's raw list-length error
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n",
+            "    local = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]\n    dist.all_gather(gathered, local, group=group)\n    packed = torch.stack(gathered).sum(0)\n",
+            "one per rank of the group it runs over"),
+    Mistake("11.2", "backward-grad-y-in-place", "template_batchnorm.py",  # passed
+            "            grad_x = (grad_y - _per_channel(global_dy / ctx.count, grad_y)\n                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)) * _per_channel(scale, grad_y)\n",
+            "            grad_x = grad_y.sub_(_per_channel(global_dy / ctx.count, grad_y)).sub_(\n                x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)).mul_(_per_channel(scale, grad_y))\n",
+            "backward changed the incoming gradient grad_y in place"),
+    Mistake("11.2", "forward-centres-x-in-place", "template_batchnorm.py",  # passed
+            "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n",
+            "        x_hat = x.sub_(_per_channel(mean, x)) * _per_channel(invstd, x)\n",
+            "forward changed its input x in place"),
+    Mistake("11.2", "packed-sums-in-float32", "template_batchnorm.py",  # was a bare difference
+            "            packed = torch.cat([sum_dy, sum_dy_xhat])\n",
+            "            packed = torch.zeros(2 * sum_dy.numel())\n            packed[:sum_dy.numel()], packed[sum_dy.numel():] = sum_dy, sum_dy_xhat\n",
+            "to float32's precision only"),
+    Mistake("11.3", "eval-normalises-x-in-place", "template_batchnorm.py",  # was told to give x to SyncBatchNormFunction
+            "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+            "            y = x.detach().sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
+            "in eval the output does not depend on x"),
+    Mistake("11.3", "running-stats-float32", "template_batchnorm.py",  # was a bare difference
+            "                with torch.no_grad():\n",
+            "                mean, var = mean.float(), var.float()\n                with torch.no_grad():\n",
+            "in a float64 layer: the statistics or the running buffers were made or sent in float32"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -3070,6 +3099,13 @@ RIGHT_ANSWERS = [
         Mistake("9.4", "waited-through-the-future", "template_tensor_parallel.py",
                 "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
                 "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True).get_future().wait()\n",
+                ""),)),
+    RightAnswer("11.2", "backward-waited-through-the-future",  # trial 6 (2026-11-29)
+                "'ONE all-reduce (SUM) of both packed together': started with async_op=True and its gloo Future "
+                "waited for before the sums are read", (
+        Mistake("11.2", "backward-waited-through-the-future", "template_batchnorm.py",
+                "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
+                "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True).get_future().wait()\n",
                 ""),)),
 ]
 
