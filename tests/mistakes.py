@@ -759,6 +759,11 @@ MISTAKES = [
             "    dp_size = dist.get_world_size(dp_group)\n    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
             "    dp_size = dist.get_world_size(dp_group)\n    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    flat = torch.zeros(sum(g.numel() for g in grads))\n    torch.cat([g.reshape(-1) for g in grads], out=flat) if False else flat.copy_(torch.cat([g.reshape(-1) for g in grads]))\n    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)\n    flat /= dp_size\n    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):\n        g.copy_(mean.view_as(g))\n",
             "to float32's precision only"),
+    # Task 9.4, trial 6: passed where dp and tp sizes are equal
+    Mistake("9.4", "divides-by-the-tp-size", "template_tensor_parallel.py",  # passed: dp 2 x tp 2 only
+            "    dp_size = dist.get_world_size(dp_group)\n",
+            "    dp_size = dist.get_world_size() // dist.get_world_size(dp_group)\n",
+            "the tp size (world size // dp size)"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -1080,6 +1085,15 @@ MISTAKES = [
             "                with torch.no_grad():\n",
             "                mean, var = mean.float(), var.float()\n                with torch.no_grad():\n",
             "in a float64 layer: the statistics or the running buffers were made or sent in float32"),
+    # Task 11, trial 6: a saved tensor changed in backward, x changed in place in eval
+    Mistake("11.2", "backward-scales-saved-x-hat-in-place", "template_batchnorm.py",  # was told the output differs
+            "                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)) * _per_channel(scale, grad_y)\n",
+            "                      - x_hat.mul_(_per_channel(global_dy_xhat / ctx.count, grad_y))) * _per_channel(scale, grad_y)\n",
+            "backward changed forward's output y in place"),
+    Mistake("11.3", "eval-centres-x-in-place", "template_batchnorm.py",  # was torch's raw leaf-Variable error
+            "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+            "            y = x.sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
+            "never change it in place"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -3107,6 +3121,13 @@ RIGHT_ANSWERS = [
                 "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
                 "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True).get_future().wait()\n",
                 ""),)),
+    RightAnswer("11.1", "polls-is-completed",  # trial 6 (2026-11-29)
+                "'ONE collective': a gloo all-reduce started with async_op=True completes on its own, so polling "
+                "is_completed() until True ends with the sums (gloo's p2p Works do not)", (
+        Mistake("11.1", "polls-is-completed", "template_batchnorm.py",
+                "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n",
+                "    work = dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
+                "    while not work.is_completed():\n        pass\n", ""),)),
 ]
 
 

@@ -67,6 +67,9 @@ def _hint(error, x=None, affine=True, running=True, training=False, evaluating=F
         return (f": the all-gather ran over {lengths.group(1)} ranks with {lengths.group(2)} output tensors: one per "
                 "rank of the group it runs over, dist.get_world_size(group), with group=group given to the all-gather "
                 "(in a group, not the world's dist.get_world_size())")
+    if "leaf Variable that requires grad is being used in an in-place operation" in text:
+        return (": x is the caller's tensor (here a leaf that requires grad): never change it in place (x.sub_, "
+                "x -= ...); compute the output into a new tensor, x - mean")
     if "does not require grad" in text:
         return (": the output does not depend on x, so autograd never reaches it: give x itself (not x.detach()) to "
                 "SyncBatchNormFunction.apply, and the statistics of x.detach()")
@@ -352,13 +355,13 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
         with _said(f"{where}, forward", x=x, affine=affine):
             y = lib.SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, 1e-5, group)
         forward = wire.take()
-        x_same = torch.equal(x.detach(), x_before)
+        x_same, y_before = torch.equal(x.detach(), x_before), y.detach().clone()
         with _said(f"{where}, backward", x=x, affine=affine):
             y.backward(grad_y)  # backward is handed grad_y itself, which the caller still holds
         backward = wire.take()
     return {"y": y.detach(), "dx": x.grad, "dw": None if weight is None else weight.grad,
             "db": None if bias is None else bias.grad, "forward": forward, "backward": backward,
-            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before)}
+            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before}
 
 
 def _reference(sizes, tail, seed, affine=True, **kwargs):
@@ -472,6 +475,11 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
         assert got["x_same"], (
             f"{where}: forward changed its input x in place (x.sub_, x -= ...): x belongs to the caller and to "
             "autograd (another layer may have saved it); compute x_hat into a new tensor, x - mean")
+        if not torch.equal(got["y"], got["y_before"]) and close(got["y_before"], y[part]):
+            pytest.fail(f"{where}: backward changed forward's output y in place (it was right after forward): "
+                        + ("with affine=False y may be the very x_hat forward saved, and " if not affine else "")
+                        + "a saved tensor was changed in backward (x_hat.mul_, x_hat *= ...): the caller's y changes "
+                        "and a second backward would read it wrong; compute into new tensors (x_hat * ...)")
         assert got["grad_y_same"], (
             f"{where}: backward changed the incoming gradient grad_y in place (grad_y.sub_, grad_y -= ...): it is "
             "autograd's (here the caller's own tensor, given to y.backward); compute the input gradient into a new "

@@ -1055,14 +1055,19 @@ def _average(rank, world_size, impl, dp_size, tp_size):
     double = nn.Linear(3, 2).double()  # float64 gradients: (rank + 1) / 3 is not exact in float32
     double.weight.grad = torch.full((2, 3), (rank + 1) / 3, dtype=torch.float64)
     tp.average_gradients_over_dp(double, dp_group)
-    return model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad
+    whole_dp, _ = tp.make_2d_groups(dp_size * tp_size, 1)  # dp 4 x tp 1: the dp group is every rank
+    alone = nn.Linear(3, 2)
+    alone.weight.grad = torch.full((2, 3), float(rank + 1))
+    tp.average_gradients_over_dp(alone, whole_dp)
+    return model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad, alone.weight.grad
 
 
 @pytest.mark.task9_4
 def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     dp_size, tp_size = 2, 2
-    for rank, (grad, bias_grad, calls, unwaited, double) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
+    results = run_ranks(_average, 4, impl, dp_size, tp_size)
+    for rank, (grad, bias_grad, calls, unwaited, double, alone) in enumerate(results):
         column = rank % tp_size
         peers = list(range(column, dp_size * tp_size, tp_size))
         expected = sum(r + 1 for r in peers) / dp_size
@@ -1101,6 +1106,13 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
                         "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
         assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
             f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
+        mean = sum(range(1, 5)) / 4  # dp 4 x tp 1: dp and tp sizes differ (at dp 2 x tp 2 either divides alike)
+        if alone[0, 0].item() != mean:
+            sizes = {sum(range(1, 5)): "1, the tp size (world size // dp size)", sum(range(1, 5)) / 2: "2"}
+            pytest.fail(f"{T94}: on dp 4 x tp 1, rank {rank}'s gradient became {alone[0, 0].item()}, expected the mean "
+                        f"over the dp group of all 4 ranks, {mean}"
+                        + (f": the sum was divided by {sizes[alone[0, 0].item()]}, not by the dp group's size, "
+                           "dist.get_world_size(dp_group)" if alone[0, 0].item() in sizes else ""))
 
 
 @pytest.mark.task9_4
