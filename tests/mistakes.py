@@ -759,11 +759,15 @@ MISTAKES = [
             "    dp_size = dist.get_world_size(dp_group)\n    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
             "    dp_size = dist.get_world_size(dp_group)\n    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    flat = torch.zeros(sum(g.numel() for g in grads))\n    torch.cat([g.reshape(-1) for g in grads], out=flat) if False else flat.copy_(torch.cat([g.reshape(-1) for g in grads]))\n    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)\n    flat /= dp_size\n    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):\n        g.copy_(mean.view_as(g))\n",
             "to float32's precision only"),
-    # Task 9.4, trial 6: passed where dp and tp sizes are equal
+    # Task 9.2 and 9.4, trial 6: passed where dp and tp sizes are equal; a refusal on rank 0 only
     Mistake("9.4", "divides-by-the-tp-size", "template_tensor_parallel.py",  # passed: dp 2 x tp 2 only
             "    dp_size = dist.get_world_size(dp_group)\n",
             "    dp_size = dist.get_world_size() // dist.get_world_size(dp_group)\n",
             "the tp size (world size // dp size)"),
+    Mistake("9.2", "refuses-on-rank-0-only", "template_tensor_parallel.py",  # told 'accepted', not 'rank 0 refused'
+            "        _refuse_uneven(\"ColumnParallelLinear\", \"out_features\", linear.out_features, size)\n",
+            "        if rank == 0:\n            _refuse_uneven(\"ColumnParallelLinear\", \"out_features\", linear.out_features, size)\n",
+            "accepted it on rank 1"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -3128,6 +3132,22 @@ RIGHT_ANSWERS = [
                 "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n",
                 "    work = dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
                 "    while not work.is_completed():\n        pass\n", ""),)),
+    RightAnswer("9.1", "gather-backward-returns-a-view",  # trial 6 (2026-11-29)
+                "'Backward: this rank's slice of the gradient, [..., r * k:(r + 1) * k]': the slice as a view of "
+                "grad, not copied, is that slice (autograd accepts a strided gradient)", (
+        Mistake("9.1", "gather-backward-returns-a-view", "template_tensor_parallel.py",
+                "        return grad.chunk(size, dim=-1)[rank].contiguous(), None\n",
+                "        k = grad.shape[-1] // size\n        return grad[..., rank * k:(rank + 1) * k], None\n", ""),)),
+    RightAnswer("11.2", "saves-x-recomputes-x-hat",  # trial 6 (2026-11-29)
+                "'x_hat is the part before * weight': saving x, mean and invstd and recomputing x_hat in backward "
+                "(PyTorch's own BatchNorm saves its input) gives the same gradient", (
+        Mistake("11.2", "saves-x-recomputes-x-hat", "template_batchnorm.py",
+                "        ctx.save_for_backward(x_hat, invstd, weight)\n",
+                "        ctx.save_for_backward(x, mean, invstd, weight)\n", ""),
+        Mistake("11.2", "saves-x-recomputes-x-hat", "template_batchnorm.py",
+                "        x_hat, invstd, weight = ctx.saved_tensors\n",
+                "        x, mean, invstd, weight = ctx.saved_tensors\n"
+                "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n", ""),)),
 ]
 
 

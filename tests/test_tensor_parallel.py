@@ -612,6 +612,11 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
             continue
         for name, what in (("ColumnParallelLinear", "out_features"), ("RowParallelLinear", "in_features")):
             refused = results[("refused", name)]
+            others = [r for r, (_, _, res, _) in enumerate(ranks) if res[("refused", name)] is not None]
+            if refused is None and others:
+                pytest.fail(f"{T92}: {name}.from_linear refused {what} = {2 * world_size + 1} on rank(s) {others} but "
+                            f"accepted it on rank {rank}: refuse on every rank alike (the check depends on the sizes "
+                            "only, never on the rank), or the ranks that go on wait in a collective for the others")
             assert refused is not None, (
                 f"{T92}: {name}.from_linear accepted {what} = {2 * world_size + 1} on {world_size} ranks: refuse a "
                 "split size that does not divide by the group's size (raise ValueError, one clear line)")
