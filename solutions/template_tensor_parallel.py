@@ -52,7 +52,9 @@ from torch import nn
 class _CopyToTP(torch.autograd.Function):
     """f (Megatron's copy_to_tensor_model_parallel_region): forward, the identity; backward,
     the all-reduce (SUM) of the gradient over the group. Before a column-parallel layer: every
-    rank uses the whole input x, so x's gradient is the sum of every rank's contribution."""
+    rank uses the whole input x, so x's gradient is the sum of every rank's contribution.
+    Backward needs no tensor of forward's: keep none (no ctx.save_for_backward, no tensor on
+    ctx), or x stays in memory until backward runs."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -74,7 +76,9 @@ class _ReduceFromTP(torch.autograd.Function):
     """g (Megatron's reduce_from_tensor_model_parallel_region): forward, the all-reduce (SUM) of
     x over the group, into a new tensor; backward, the identity. After a row-parallel layer:
     each rank's partial product is one term of the sum, and the sum's gradient with respect to
-    each term is the sum's own gradient."""
+    each term is the sum's own gradient.
+    Backward needs no tensor of forward's: keep none (no ctx.save_for_backward, no tensor on
+    ctx), or x stays in memory until backward runs."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -95,7 +99,9 @@ class _GatherFromTP(torch.autograd.Function):
     """Forward: every rank's x, all-gathered and concatenated along the last dimension in group-rank
     order (x of shape (..., k) gives (..., N * k)). Backward: this rank's slice of the gradient,
     [..., r * k:(r + 1) * k] with r = dist.get_rank(group), and no reduction: every rank already
-    holds the gradient of the whole output."""
+    holds the gradient of the whole output.
+    Backward needs no tensor of forward's: keep none (no ctx.save_for_backward, no tensor on
+    ctx), or x stays in memory until backward runs."""
 
     @staticmethod
     def forward(ctx, x, group):

@@ -756,6 +756,73 @@ MISTAKES = [
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
             "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True)\n"
             "        param.grad /= dp_size\n", "started all_reduce with async_op=True and never waited on its Work"),
+    # Task 9, trial 6 (2026-11-29): inputs kept for backward, float64 inputs, gathers over the world
+    Mistake("9.1", "gather-keeps-x-for-its-width", "template_tensor_parallel.py",  # passed
+            "        ctx.group = group\n        pieces = [",
+            "        ctx.group, ctx.x = group, x  # backward needs the width of x\n        pieces = [",
+            "keeps its input for backward (ctx.x)"),
+    Mistake("9.1", "g-saves-x", "template_tensor_parallel.py",  # passed
+            "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
+            "        ctx.save_for_backward(x)\n        out = x.clone(memory_format=torch.contiguous_format)\n",
+            "keeps its input for backward (ctx.save_for_backward"),
+    Mistake("9.1", "f-saves-x", "template_tensor_parallel.py",  # passed
+            "        ctx.group = group\n        return x\n",
+            "        ctx.group = group\n        ctx.save_for_backward(x)\n        return x.view_as(x)\n",
+            "keeps its input for backward (ctx.save_for_backward"),
+    Mistake("9.1", "gather-pieces-float32", "template_tensor_parallel.py",  # passed: every x was float32
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format)\n",
+            "        pieces = [torch.empty(x.shape)\n",
+            "not with torch.empty(shape) or torch.zeros(shape)"),
+    Mistake("9.1", "g-sum-into-float32-zeros", "template_tensor_parallel.py",  # passed
+            "        out = x.clone(memory_format=torch.contiguous_format)  # x may be saved by autograd: leave it as it is\n",
+            "        out = torch.zeros(x.shape)\n        out += x\n",
+            "the output is torch.float32"),
+    Mistake("9.1", "f-backward-into-float32-zeros", "template_tensor_parallel.py",  # passed: autograd casts the gradient back
+            "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n",
+            "        grad = torch.zeros(grad.shape).copy_(grad)\n",
+            "to float32's precision only"),
+    Mistake("9.1", "gather-pieces-by-world-size", "template_tensor_parallel.py",  # was gloo's raw list-length error
+            "                  for _ in range(dist.get_world_size(group))]",
+            "                  for _ in range(dist.get_world_size())]",
+            "one per rank of the world (dist.get_world_size())"),
+    Mistake("9.1", "gather-over-the-world", "template_tensor_parallel.py",  # was gloo's raw list-length error
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n",
+            "        dist.all_gather(pieces, x.contiguous())\n",
+            "Pass group=group to the all-gather"),
+    # Task 9, trial 6: a layer's collective over the world, a slice without f, a split by the default group, float32
+    Mistake("9.2", "column-gathers-over-the-world", "template_tensor_parallel.py",  # was a bare difference
+            "        return gather_from_tp(y, self.group) if self.gather_output else y\n",
+            "        return gather_from_tp(y) if self.gather_output else y\n",
+            "pass self.group to gather_from_tp"),
+    Mistake("9.2", "row-reduces-over-the-world", "template_tensor_parallel.py",  # was a bare difference
+            "        y = reduce_from_tp(F.linear(x, self.weight), self.group)\n",
+            "        y = reduce_from_tp(F.linear(x, self.weight))\n",
+            "pass self.group to reduce_from_tp"),
+    Mistake("9.2", "row-split-without-f", "template_tensor_parallel.py",  # was told only that the gradient differs
+            "            x = _split_last_dim(x, self.group)\n",
+            "            k = x.shape[-1] // dist.get_world_size(self.group)\n            r = dist.get_rank(self.group)\n            x = x[..., r * k:(r + 1) * k]\n",
+            "the slice was taken without f before it"),
+    Mistake("9.3", "row-layer-without-group", "template_tensor_parallel.py",  # was told 'not the global rank'
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3])\n",
+            "give tp_group to from_linear"),
+    Mistake("9.3", "layers-without-group", "template_tensor_parallel.py",  # was told 'not the global rank'
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1])\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3])\n",
+            "it was split over all 4 ranks, the default group"),
+    Mistake("9.4", "flat-buffer-float32", "template_tensor_parallel.py",  # passed: every gradient was float32
+            "    dp_size = dist.get_world_size(dp_group)\n    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+            "    dp_size = dist.get_world_size(dp_group)\n    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    flat = torch.zeros(sum(g.numel() for g in grads))\n    torch.cat([g.reshape(-1) for g in grads], out=flat) if False else flat.copy_(torch.cat([g.reshape(-1) for g in grads]))\n    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)\n    flat /= dp_size\n    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):\n        g.copy_(mean.view_as(g))\n",
+            "to float32's precision only"),
+    # Task 9.2 and 9.4, trial 6: passed where dp and tp sizes are equal; a refusal on rank 0 only
+    Mistake("9.4", "divides-by-the-tp-size", "template_tensor_parallel.py",  # passed: dp 2 x tp 2 only
+            "    dp_size = dist.get_world_size(dp_group)\n",
+            "    dp_size = dist.get_world_size() // dist.get_world_size(dp_group)\n",
+            "the tp size (world size // dp size)"),
+    Mistake("9.2", "refuses-on-rank-0-only", "template_tensor_parallel.py",  # told 'accepted', not 'rank 0 refused'
+            "        _refuse_uneven(\"ColumnParallelLinear\", \"out_features\", linear.out_features, size)\n",
+            "        if rank == 0:\n            _refuse_uneven(\"ColumnParallelLinear\", \"out_features\", linear.out_features, size)\n",
+            "accepted it on rank 1"),
     # Task 10 (pipeline): wrong answers a student's trial found passing (issue: trial of Tasks 9-10)
     Mistake("10.3", "recv-without-dtype", "template_pipeline.py",  # learn_shapes' int64 message: gloo aborts
             "        tensor = torch.empty(shape, dtype=dtype)\n", "        tensor = torch.empty(shape)\n",
@@ -1048,6 +1115,44 @@ MISTAKES = [
             "            if self.track_running_stats:\n                self.num_batches_tracked.add_(1)\n",
             "            if True:\n                self.num_batches_tracked.add_(1)\n",
             "in training, there are no running statistics to update"),
+    # Task 11, trial 6 (2026-11-29): buffers in float32 for float64 inputs, inputs changed in place, a list sized by the world
+    Mistake("11.1", "packed-in-float32", "template_batchnorm.py",  # was told to sum the ranks' sums
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n",
+            "    packed = torch.zeros(1 + 2 * x.shape[1])\n    packed[0] = n\n    packed[1:1 + x.shape[1]] = n * mean\n    packed[1 + x.shape[1]:] = m2 + n * mean ** 2\n",
+            "to float32's precision only, for float64 slices"),
+    Mistake("11.1", "all-gather-by-world-size", "template_batchnorm.py",  # was gloo's raw list-length error
+            "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n",
+            "    local = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]\n    dist.all_gather(gathered, local, group=group)\n    packed = torch.stack(gathered).sum(0)\n",
+            "one per rank of the group it runs over"),
+    Mistake("11.2", "backward-grad-y-in-place", "template_batchnorm.py",  # passed
+            "            grad_x = (grad_y - _per_channel(global_dy / ctx.count, grad_y)\n                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)) * _per_channel(scale, grad_y)\n",
+            "            grad_x = grad_y.sub_(_per_channel(global_dy / ctx.count, grad_y)).sub_(\n                x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)).mul_(_per_channel(scale, grad_y))\n",
+            "backward changed the incoming gradient grad_y in place"),
+    Mistake("11.2", "forward-centres-x-in-place", "template_batchnorm.py",  # passed
+            "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n",
+            "        x_hat = x.sub_(_per_channel(mean, x)) * _per_channel(invstd, x)\n",
+            "forward changed its input x in place"),
+    Mistake("11.2", "packed-sums-in-float32", "template_batchnorm.py",  # was a bare difference
+            "            packed = torch.cat([sum_dy, sum_dy_xhat])\n",
+            "            packed = torch.zeros(2 * sum_dy.numel())\n            packed[:sum_dy.numel()], packed[sum_dy.numel():] = sum_dy, sum_dy_xhat\n",
+            "to float32's precision only"),
+    Mistake("11.3", "eval-normalises-x-in-place", "template_batchnorm.py",  # was told to give x to SyncBatchNormFunction
+            "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+            "            y = x.detach().sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
+            "in eval the output does not depend on x"),
+    Mistake("11.3", "running-stats-float32", "template_batchnorm.py",  # was a bare difference
+            "                with torch.no_grad():\n",
+            "                mean, var = mean.float(), var.float()\n                with torch.no_grad():\n",
+            "in a float64 layer: the statistics or the running buffers were made or sent in float32"),
+    # Task 11, trial 6: a saved tensor changed in backward, x changed in place in eval
+    Mistake("11.2", "backward-scales-saved-x-hat-in-place", "template_batchnorm.py",  # was told the output differs
+            "                      - x_hat * _per_channel(global_dy_xhat / ctx.count, grad_y)) * _per_channel(scale, grad_y)\n",
+            "                      - x_hat.mul_(_per_channel(global_dy_xhat / ctx.count, grad_y))) * _per_channel(scale, grad_y)\n",
+            "backward changed forward's output y in place"),
+    Mistake("11.3", "eval-centres-x-in-place", "template_batchnorm.py",  # was torch's raw leaf-Variable error
+            "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+            "            y = x.sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
+            "never change it in place"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -3044,6 +3149,63 @@ RIGHT_ANSWERS = [
                 "                incoming = [torch.empty_like(t) for t in kv]\n"
                 "                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n"
                 "                         dist.irecv(incoming[0], recv_from, group=group), dist.irecv(incoming[1], recv_from, group=group)]\n", ""),)),
+    RightAnswer("9.1", "g-waited-through-the-future",  # trial 6 (2026-11-29)
+                "'forward, the all-reduce (SUM) of x over the group, into a new tensor': a gloo all-reduce's Work "
+                "has a Future; waiting through it returns once the sum is there", (
+        Mistake("9.1", "g-waited-through-the-future", "template_tensor_parallel.py",
+                "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out\n",
+                "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future().wait()\n"
+                "        return out\n", ""),)),
+    RightAnswer("9.1", "f-polls-is-completed",  # trial 6 (2026-11-29)
+                "'backward, the all-reduce (SUM) of the gradient over the group': a gloo all-reduce's Work completes "
+                "on its own (its p2p Works do not), so polling is_completed() until True ends with the sum", (
+        Mistake("9.1", "f-polls-is-completed", "template_tensor_parallel.py",
+                "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+                "        work = dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)\n"
+                "        while not work.is_completed():\n            pass\n        return grad, None\n", ""),)),
+    RightAnswer("9.2", "row-bias-added-in-place",  # trial 6 (2026-11-29)
+                "'the partial product without bias, g (reduce_from_tp), then the bias': g returns a new tensor, "
+                "so adding the bias to it in place changes no tensor autograd needs", (
+        Mistake("9.2", "row-bias-added-in-place", "template_tensor_parallel.py",
+                "        return y if self.bias is None else y + self.bias\n",
+                "        if self.bias is not None:\n            y += self.bias\n        return y\n", ""),)),
+    RightAnswer("9.4", "waited-through-the-future",  # trial 6 (2026-11-29)
+                "'all_reduce with SUM over dp_group, then divide': a gloo all-reduce's Future waited for before "
+                "dividing", (
+        Mistake("9.4", "waited-through-the-future", "template_tensor_parallel.py",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group, async_op=True).get_future().wait()\n",
+                ""),)),
+    RightAnswer("11.2", "backward-waited-through-the-future",  # trial 6 (2026-11-29)
+                "'ONE all-reduce (SUM) of both packed together': started with async_op=True and its gloo Future "
+                "waited for before the sums are read", (
+        Mistake("11.2", "backward-waited-through-the-future", "template_batchnorm.py",
+                "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n",
+                "            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True).get_future().wait()\n",
+                ""),)),
+    RightAnswer("11.1", "polls-is-completed",  # trial 6 (2026-11-29)
+                "'ONE collective': a gloo all-reduce started with async_op=True completes on its own, so polling "
+                "is_completed() until True ends with the sums (gloo's p2p Works do not)", (
+        Mistake("11.1", "polls-is-completed", "template_batchnorm.py",
+                "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n",
+                "    work = dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
+                "    while not work.is_completed():\n        pass\n", ""),)),
+    RightAnswer("9.1", "gather-backward-returns-a-view",  # trial 6 (2026-11-29)
+                "'Backward: this rank's slice of the gradient, [..., r * k:(r + 1) * k]': the slice as a view of "
+                "grad, not copied, is that slice (autograd accepts a strided gradient)", (
+        Mistake("9.1", "gather-backward-returns-a-view", "template_tensor_parallel.py",
+                "        return grad.chunk(size, dim=-1)[rank].contiguous(), None\n",
+                "        k = grad.shape[-1] // size\n        return grad[..., rank * k:(rank + 1) * k], None\n", ""),)),
+    RightAnswer("11.2", "saves-x-recomputes-x-hat",  # trial 6 (2026-11-29)
+                "'x_hat is the part before * weight': saving x, mean and invstd and recomputing x_hat in backward "
+                "(PyTorch's own BatchNorm saves its input) gives the same gradient", (
+        Mistake("11.2", "saves-x-recomputes-x-hat", "template_batchnorm.py",
+                "        ctx.save_for_backward(x_hat, invstd, weight)\n",
+                "        ctx.save_for_backward(x, mean, invstd, weight)\n", ""),
+        Mistake("11.2", "saves-x-recomputes-x-hat", "template_batchnorm.py",
+                "        x_hat, invstd, weight = ctx.saved_tensors\n",
+                "        x, mean, invstd, weight = ctx.saved_tensors\n"
+                "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n", ""),)),
 ]
 
 

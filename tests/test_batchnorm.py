@@ -55,9 +55,21 @@ def judging(impl, task):
     return lib
 
 
-def _hint(error, x=None, affine=True, running=True, training=False):
+def _hint(error, x=None, affine=True, running=True, training=False, evaluating=False):
     """What an exception of the code under test usually means here, from its text."""
     text = str(error)
+    if "does not require grad" in text and evaluating:
+        return (": in eval the output does not depend on x, so autograd never reaches it: compute it from x itself "
+                "(not x.detach(), x.data or a tensor changed in place), as nn.BatchNorm does; the running statistics "
+                "are constants")
+    lengths = re.search(r"invalid output tensor list at index \d+ \(expected length (\d+), got (\d+)\)", text)
+    if lengths:  # gloo's check of an all-gather's outputs
+        return (f": the all-gather ran over {lengths.group(1)} ranks with {lengths.group(2)} output tensors: one per "
+                "rank of the group it runs over, dist.get_world_size(group), with group=group given to the all-gather "
+                "(in a group, not the world's dist.get_world_size())")
+    if "leaf Variable that requires grad is being used in an in-place operation" in text:
+        return (": x is the caller's tensor (here a leaf that requires grad): never change it in place (x.sub_, "
+                "x -= ...); compute the output into a new tensor, x - mean")
     if "does not require grad" in text:
         return (": the output does not depend on x, so autograd never reaches it: give x itself (not x.detach()) to "
                 "SyncBatchNormFunction.apply, and the statistics of x.detach()")
@@ -123,6 +135,16 @@ def slices(sizes, tail, seed, dtype=torch.float64, loc=0.0):
 
 def dims_of(x):
     return [0] + list(range(2, x.dim()))
+
+
+FLOAT32_ONLY = ("made or sent in float32 (torch.zeros(n), torch.empty(n) and torch.tensor of Python floats are torch's "
+                "default dtype, float32; so is .float()): make every buffer in x's dtype, or in float64 for the sums")
+
+
+def float32_close(a, b):
+    """Equal to float32's rounding (relative 1e-6), where float64 is expected to 1e-9: a float32 tensor on the way."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def close(a, b, dtype=torch.float64):
@@ -213,6 +235,9 @@ def _check_stats(results, cases, sub=False):
                             f"slice (rank {sizes.index(0)} holds no samples): the mean of nothing is 0 / 0. A rank whose "
                             "slice is empty must send zeros (count 0, sums 0), not the statistics of its slice")
             if not close(got["mean"], mean, dtype):
+                if dtype == torch.float64 and float32_close(got["mean"], mean):
+                    pytest.fail(f"{where}: mean {got['mean'].tolist()} equals the global batch's {mean.tolist()} to "
+                                f"float32's precision only, for float64 slices: the sums were {FLOAT32_ONLY}")
                 sums = whole.sum(dim=dims_of(whole))
                 if close(got["mean"], torch.stack([m for _, m in local]).mean(0), dtype):
                     pytest.fail(f"{where}: mean {got['mean'].tolist()} is the plain average of the ranks' means, as if "
@@ -243,6 +268,8 @@ def _check_stats(results, cases, sub=False):
                 why = ("each rank's squared deviations are too large by n / (n - 1): its variance was the UNBIASED "
                        "one (torch.var and torch.var_mean divide by n - 1 unless correction=0); M2 = the biased "
                        "variance * n, the plain sum of (x - mean)^2")
+            elif dtype == torch.float64 and float32_close(got["var"], var):
+                why = f"equal to float32's precision only, for float64 slices: the sums were {FLOAT32_ONLY}"
             elif dtype == torch.float32:
                 why = (f"relative error {relative:.1e} (at most 2e-4): E[x^2] - E[x]^2 in float32 cancels when the "
                        "mean is far from zero. Combine each rank's mean and squared deviations (torch.var_mean) instead, "
@@ -323,15 +350,18 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
     mean, var, count = lib.global_batch_stats(x.detach(), group)  # solutions/' answer to 11.1
     _forbid_batchnorm(T112)
     where = f"{T112}, slices of {sizes} samples of shape {tuple(tail)}, affine={affine}, rank {rank}"
+    x_before, grad_y_before = x.detach().clone(), grad_y.clone()
     with Wire() as wire:
         with _said(f"{where}, forward", x=x, affine=affine):
             y = lib.SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, 1e-5, group)
         forward = wire.take()
+        x_same, y_before = torch.equal(x.detach(), x_before), y.detach().clone()
         with _said(f"{where}, backward", x=x, affine=affine):
-            (y * grad_y).sum().backward()
+            y.backward(grad_y)  # backward is handed grad_y itself, which the caller still holds
         backward = wire.take()
     return {"y": y.detach(), "dx": x.grad, "dw": None if weight is None else weight.grad,
-            "db": None if bias is None else bias.grad, "forward": forward, "backward": backward}
+            "db": None if bias is None else bias.grad, "forward": forward, "backward": backward,
+            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before}
 
 
 def _reference(sizes, tail, seed, affine=True, **kwargs):
@@ -442,6 +472,18 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
         assert not got["forward"], (
             f"{where}: forward ran the collectives {got['forward']}: the global statistics are given (mean, var, "
             "count), forward only normalises with them")
+        assert got["x_same"], (
+            f"{where}: forward changed its input x in place (x.sub_, x -= ...): x belongs to the caller and to "
+            "autograd (another layer may have saved it); compute x_hat into a new tensor, x - mean")
+        if not torch.equal(got["y"], got["y_before"]) and close(got["y_before"], y[part]):
+            pytest.fail(f"{where}: backward changed forward's output y in place (it was right after forward): "
+                        + ("with affine=False y may be the very x_hat forward saved, and " if not affine else "")
+                        + "a saved tensor was changed in backward (x_hat.mul_, x_hat *= ...): the caller's y changes "
+                        "and a second backward would read it wrong; compute into new tensors (x_hat * ...)")
+        assert got["grad_y_same"], (
+            f"{where}: backward changed the incoming gradient grad_y in place (grad_y.sub_, grad_y -= ...): it is "
+            "autograd's (here the caller's own tensor, given to y.backward); compute the input gradient into a new "
+            "tensor, grad_y - ...")
         if not close(got["y"], y[part]):
             why = _first(got["y"], _wrong_outputs(slices(sizes, tail, seed)[grank], mean, var, count, weight, bias))
             if why:
@@ -472,6 +514,10 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
                                                        x_hats[grank].numel() // C, other_sums, world_size))
             if why:
                 pytest.fail(f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch: {why}")
+        if not close(got["dx"], dx[part]) and float32_close(got["dx"], dx[part]):
+            pytest.fail(f"{where}: the input gradient equals nn.BatchNorm's on the whole batch to float32's precision "
+                        f"only (off by {(got['dx'] - dx[part]).abs().max():.1e}), for float64 slices: the sums were "
+                        f"{FLOAT32_ONLY}")
         assert close(got["dx"], dx[part]), (
             f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch by "
             f"{(got['dx'] - dx[part]).abs().max():.2e}: dx = weight / sqrt(var + eps) * (dy - sum(dy) / count - "
@@ -593,7 +639,7 @@ def _layer(rank, world_size, impl, configs, sub):
         x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank].requires_grad_()
         grad_y = slices([2] * len(sizes), tail, 100 * number + 8 + 1000 * index)[grank]
         with wire, _said(f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval on x of shape {tuple(x.shape)}, "
-                         f"rank {rank}", x=x, affine=layer.affine, running=layer.track_running_stats):
+                         f"rank {rank}", x=x, affine=layer.affine, running=layer.track_running_stats, evaluating=True):
             y = layer(x)
             (y * grad_y).sum().backward()  # eval's gradients too (Issue 45: statistics of x.detach() passed)
         out.append({"steps": steps, "eval": y.detach(), "eval_dx": x.grad, "eval_calls": wire.take(),
@@ -645,6 +691,10 @@ def _check_layers(results, configs, sub=False):
                         why = _first(got["y"], wrong)
                         if why:
                             pytest.fail(f"{where}: the output differs from nn.BatchNorm's on the whole batch: {why}")
+                    if not close(got["y"], y[part].detach()) and float32_close(got["y"], y[part].detach()):
+                        pytest.fail(f"{where}: the output equals nn.BatchNorm's on the whole batch to float32's "
+                                    f"precision only (off by {(got['y'] - y[part]).abs().max():.1e}), in a float64 "
+                                    f"layer: the statistics or the running buffers were {FLOAT32_ONLY}")
                     assert close(got["y"], y[part].detach()), (
                         f"{where}: the output differs from nn.BatchNorm's on the whole batch by "
                         f"{(got['y'] - y[part]).abs().max():.2e}: in training, normalise with global_batch_stats "

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load_with_reference, raise_if_unfilled
+from conftest import keeps_its_input, load_with_reference, raise_if_unfilled
 from harness import RankTimeout, one_line, run_ranks
 from models import CNN
 from wire import Wire
@@ -104,7 +104,40 @@ def _operators(rank, world_size, impl, sub):
         out[label] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
+    for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
+        out[("float64", name)] = _in_float64(tp, name, grank, gsize, group)
+        try:
+            out[("kept", name)] = _kept(tp, name, group)
+        except (RuntimeError, IndexError, ValueError):  # its error is told by the checks of the cases above
+            out[("kept", name)] = dict(held=[], alive=False)
     return grank, gsize, out
+
+
+def _in_float64(tp, name, grank, gsize, group):
+    """The operator on float64 rank values / 3 (not exact in float32): its output and x's gradient, or the error."""
+    shape = (2, 3)
+    x = (_rank_valued(grank, shape).double() / 3).requires_grad_()
+    grad_shape = shape[:-1] + (shape[-1] * gsize,) if name == "gather_from_tp" else shape
+    grad_out = _rank_valued(grank, grad_shape, offset=0.5).double() / 3
+    try:
+        y = getattr(tp, name)(x, group)
+        (grad_x,) = torch.autograd.grad(y, x, grad_out)
+    except (RuntimeError, TypeError, ValueError) as error:
+        return dict(error=one_line(error, 200))
+    return dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone())
+
+
+def _kept(tp, name, group):
+    """The tensors the operator keeps for backward (saved, or on ctx), by where; and whether its output keeps
+    its input alive (conftest.keeps_its_input; f's output is its input itself, so for f only ctx is looked at)."""
+    x = _rank_valued(0, (2, 3)).requires_grad_().clone()
+    y = getattr(tp, name)(x, group)
+    ctx = y.grad_fn
+    held = [f"ctx.save_for_backward ({len(ctx.saved_tensors)} tensors)"] if ctx is not None and ctx.saved_tensors else []
+    held += [f"ctx.{key}" for key, value in (vars(ctx).items() if ctx is not None else ()) if torch.is_tensor(value)]
+    del x, y, ctx
+    alive = name != "copy_to_tp" and keeps_its_input(lambda t: getattr(tp, name)(t, group), _rank_valued(0, (2, 3)))
+    return dict(held=held, alive=alive)
 
 
 # (label, operator, x's shape): gather_from_tp also on a 3-D x (batch, sequence, features), as the docstrings allow
@@ -154,6 +187,17 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"incoming gradient (forward's output), for x of shape {dims}: backward must return this "
                         "rank's slice, shaped like the forward input, the part of the gradient that forward's "
                         "concatenation took from this rank's x (grad.chunk(size, dim=-1)[rank])")
+    lengths = re.search(r"invalid output tensor list at index \d+ \(expected length (\d+), got (\d+)\)", got["error"] or "")
+    if lengths and world_size > gsize and name == "gather_from_tp":  # gloo's check of the all-gather's list
+        expected_n, got_n = (int(n) for n in lengths.groups())
+        if (expected_n, got_n) == (gsize, world_size):
+            pytest.fail(f"{T91}: {where}'s forward made {world_size} output tensors, one per rank of the world "
+                        f"(dist.get_world_size()), for an all-gather over a group of {gsize}: {got['error'][:200]}. "
+                        "Make one per rank of the group, dist.get_world_size(group)")
+        if (expected_n, got_n) == (world_size, gsize):
+            pytest.fail(f"{T91}: {where}'s forward all-gathered over all {world_size} ranks, the default group, into "
+                        f"{gsize} tensors, one per rank of the group: {got['error'][:200]}. Pass group=group to the "
+                        "all-gather")
     assert got["error"] is None, (
         f"{T91}: {where} failed: {got['error'][:300]}"
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
@@ -236,6 +280,40 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
     for rank, (grank, gsize, out) in enumerate(run_ranks(_operators, world_size, impl, sub)):
         for label, _, _ in OPERATOR_CASES:  # the order they ran in
             _check_operator(label, rank, world_size, grank, gsize, out[label])
+        for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
+            _check_float64(name, rank, grank, gsize, out[("float64", name)])
+            kept = out[("kept", name)]
+            where = f"{T91}: {name} on rank {rank} (group rank {grank} of {gsize})"
+            assert not kept["held"] and not kept["alive"], (
+                f"{where} keeps its input for backward ({', '.join(kept['held']) or 'x stays alive while the output does'}),"
+                " which its backward does not need: keep no tensor of forward's (the docstring), only the group "
+                "(and sizes, as ints), or every layer's input stays in memory until backward")
+
+
+def _check_float64(name, rank, grank, gsize, got):
+    """A float64 x: the output and x's gradient in float64, to float64's precision."""
+    where = f"{T91}: {name} on rank {rank} (group rank {grank} of {gsize}), a float64 x"
+    buffers = ("make every new tensor from the one it stands for (torch.empty_like(x), x.clone(), x.new_zeros), not "
+               "with torch.empty(shape) or torch.zeros(shape), which are float32 (torch's default dtype)")
+    assert got["error"] is None, (
+        f"{where}, failed: {got['error']}" + (f": {buffers}" if re.search(r"dtype|[Ff]loat|[Dd]ouble", got["error"]) else ""))
+    shape = (2, 3)
+    y_expected = (torch.cat([_rank_valued(r, shape).double() / 3 for r in range(gsize)], dim=-1)
+                  if name == "gather_from_tp" else
+                  sum(_rank_valued(r, shape).double() / 3 for r in range(gsize)) if name == "reduce_from_tp" else
+                  _rank_valued(grank, shape).double() / 3)
+    grads = [_rank_valued(r, shape[:-1] + (shape[-1] * (gsize if name == "gather_from_tp" else 1),), 0.5).double() / 3
+             for r in range(gsize)]
+    grad_expected = (sum(grads) if name == "copy_to_tp" else grads[grank] if name == "reduce_from_tp" else
+                     grads[grank][..., 3 * grank:3 * (grank + 1)])
+    for what, value, expected in (("output", got["y"], y_expected), ("gradient of x", got["grad_x"], grad_expected)):
+        assert value.dtype == torch.float64, f"{where}: the {what} is {value.dtype}: {buffers}"
+        if value.shape == expected.shape and not torch.allclose(value, expected, rtol=1e-12, atol=0):
+            if torch.allclose(value, expected, rtol=1e-6, atol=0):
+                pytest.fail(f"{where}: the {what} equals the expected one to float32's precision only (off by "
+                            f"{(value - expected).abs().max():.1e}): it went through a float32 tensor: {buffers}")
+        assert value.shape == expected.shape and torch.allclose(value, expected, rtol=1e-12, atol=0), (
+            f"{where}: the {what} {value.tolist()} differs from the expected {expected.tolist()}")
 
 
 # --------------------------------------------------------------------------- Task 9.2
@@ -368,7 +446,7 @@ def _close(a, b):
     return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-def _check_column(rank, grank, gsize, got, ref, gather_output):
+def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     where = f"ColumnParallelLinear (gather_output={gather_output}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[0] // gsize
     rows = slice(grank * k, (grank + 1) * k)
@@ -388,6 +466,10 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
             f"{T92}: {where}: the bias must be this rank's slice of it, the same rows as the weight's")
     assert got["error"] is None, f"{T92}: {where}'s forward or backward failed: {got['error']}"
     y_expected = ref["y"] if gather_output else ref["y"][:, rows]
+    if gather_output and (world_size or gsize) > gsize and got["y"].shape[-1] == ref["y"].shape[-1] * world_size // gsize:
+        pytest.fail(f"{T92}: {where}'s output has {got['y'].shape[-1]} features, {world_size} slices of "
+                    f"{k}: the slices were gathered over all {world_size} ranks, the default group, not over the "
+                    f"layer's group of {gsize}: pass self.group to gather_from_tp")
     assert _close(got["y"], y_expected), (
         f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
         + ("whole output: gather_from_tp the slices" if gather_output else f"columns {rows.start}..{rows.stop - 1}"))
@@ -406,7 +488,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output):
         f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
 
 
-def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True):
+def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True, world_size=None):
     where = f"RowParallelLinear (input_is_parallel={input_is_parallel}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[1] // gsize
     cols = slice(grank * k, (grank + 1) * k)
@@ -438,10 +520,24 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
     if ref["bias"] is not None and gsize > 1 and not _close(got["y"], ref["y"]) and _close(got["y"], ref["y"] - ref["bias"]):
         pytest.fail(f"{T92}: {where}'s output is nn.Linear's without the bias: every rank adds the whole bias, "
                     "after the sum (g), so that every rank holds the whole output")
+    copies = (world_size or gsize) // gsize  # the groups hold the same layer and data: the world sums each term that often
+    bias = 0 if ref["bias"] is None else ref["bias"]
+    if copies > 1 and not _close(got["y"], ref["y"]) and _close(got["y"], copies * (ref["y"] - bias) + bias):
+        pytest.fail(f"{T92}: {where}'s output is nn.Linear's product summed {copies} times, over all {world_size} "
+                    f"ranks, the default group, not over the layer's group of {gsize}: pass self.group to "
+                    "reduce_from_tp")
     assert _close(got["y"], ref["y"]), (
         f"{T92}: {where}'s output differs from nn.Linear's: the partial products summed by reduce_from_tp (g), "
         "then the bias")
     grad_x_expected = ref["grad_x"][:, cols] if input_is_parallel else ref["grad_x"]
+    if not input_is_parallel and gsize > 1 and got["grad_x"] is not None and not _close(got["grad_x"], grad_x_expected):
+        own = torch.zeros_like(ref["grad_x"])
+        own[:, cols] = ref["grad_x"][:, cols]
+        if _close(got["grad_x"], own):
+            pytest.fail(f"{T92}: {where}: the input's gradient is nn.Linear's in this rank's columns "
+                        f"{cols.start}..{cols.stop - 1} and zero elsewhere: the slice was taken without f before it, "
+                        "so no rank gets the other ranks' parts of x's gradient. Take it with _split_last_dim "
+                        "(copy_to_tp, then the slice), whose backward all-reduces them")
     assert _close(got["grad_x"], grad_x_expected), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's"
         + ("" if input_is_parallel else ": without input_is_parallel, every rank gets x's whole gradient"))
@@ -498,11 +594,12 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
     for rank, (grank, gsize, results, refs) in enumerate(ranks):
         ref = _unsplit(refs)
         for gather_output in (False, True):
-            _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output)
+            _check_column(rank, grank, gsize, results[("column", gather_output)], ref["column"], gather_output,
+                          world_size)
         for input_is_parallel in (True, False):
             anywhere = any(other[("row", input_is_parallel)]["grad_bias"] is not None for _, _, other, _ in ranks)
             _check_row(rank, grank, gsize, results[("row", input_is_parallel)], ref["row"], input_is_parallel,
-                       anywhere)
+                       anywhere, world_size)
         for name in ("ColumnParallelLinear", "RowParallelLinear"):
             _check_copies(rank, name, results[("copies", name)])
             if ("alone", name) in results:
@@ -515,6 +612,11 @@ def test_layers_equal_the_unsplit_linear(impl, world_size, sub, bias):
             continue
         for name, what in (("ColumnParallelLinear", "out_features"), ("RowParallelLinear", "in_features")):
             refused = results[("refused", name)]
+            others = [r for r, (_, _, res, _) in enumerate(ranks) if res[("refused", name)] is not None]
+            if refused is None and others:
+                pytest.fail(f"{T92}: {name}.from_linear refused {what} = {2 * world_size + 1} on rank(s) {others} but "
+                            f"accepted it on rank {rank}: refuse on every rank alike (the check depends on the sizes "
+                            "only, never on the rank), or the ranks that go on wait in a collective for the others")
             assert refused is not None, (
                 f"{T92}: {name}.from_linear accepted {what} = {2 * world_size + 1} on {world_size} ranks: refuse a "
                 "split size that does not divide by the group's size (raise ValueError, one clear line)")
@@ -833,6 +935,10 @@ def test_parallelize_classifier_changes_the_callers_model_in_groups_without_rank
         grank = rank % 2
         want = {1: got["whole"][1].chunk(2, dim=0)[grank], 3: got["whole"][3].chunk(2, dim=1)[grank]}
         for i in (1, 3):
+            split_by_world = got["whole"][i].chunk(4, dim=0 if i == 1 else 1)[rank]
+            if torch.equal(got["weights"][i], split_by_world):
+                pytest.fail(f"{where}: classifier[{i}] holds slice {rank} of 4 of the model's weight: it was split over "
+                            "all 4 ranks, the default group; give tp_group to from_linear (group=None is the world)")
             assert torch.equal(got["weights"][i], want[i]), (
                 f"{where}: classifier[{i}] holds the wrong slice of the model's weight (tp group rank {grank} of 2, "
                 "dist.get_rank(tp_group), not the global rank)")
@@ -950,14 +1056,23 @@ def _average(rank, world_size, impl, dp_size, tp_size):
                 f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
     # an asynchronous collective whose Work nobody waited for (wait(), its Future, or is_completed() seen True)
     unwaited = [call.kind for call in wire.calls if call.async_op and not (call.waits or call.futures or call.done_seen)]
-    return model.weight.grad, model.bias.grad, wire.take(), unwaited
+    calls = wire.take()
+    double = nn.Linear(3, 2).double()  # float64 gradients: (rank + 1) / 3 is not exact in float32
+    double.weight.grad = torch.full((2, 3), (rank + 1) / 3, dtype=torch.float64)
+    tp.average_gradients_over_dp(double, dp_group)
+    whole_dp, _ = tp.make_2d_groups(dp_size * tp_size, 1)  # dp 4 x tp 1: the dp group is every rank
+    alone = nn.Linear(3, 2)
+    alone.weight.grad = torch.full((2, 3), float(rank + 1))
+    tp.average_gradients_over_dp(alone, whole_dp)
+    return model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad, alone.weight.grad
 
 
 @pytest.mark.task9_4
 def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     dp_size, tp_size = 2, 2
-    for rank, (grad, bias_grad, calls, unwaited) in enumerate(run_ranks(_average, 4, impl, dp_size, tp_size)):
+    results = run_ranks(_average, 4, impl, dp_size, tp_size)
+    for rank, (grad, bias_grad, calls, unwaited, double, alone) in enumerate(results):
         column = rank % tp_size
         peers = list(range(column, dp_size * tp_size, tp_size))
         expected = sum(r + 1 for r in peers) / dp_size
@@ -986,6 +1101,23 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
         assert bias_grad is None, f"{T94}: a parameter without .grad must be skipped, and keep None"
         assert [kind for kind, _, _ in calls] == ["all_reduce"], (
             f"{T94}: one all_reduce per gradient over the dp group, got {calls}")
+        expected = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
+        where = f"{T94}: rank {rank}, a float64 model's gradients"
+        assert double.dtype == torch.float64, f"{where} became {double.dtype}: keep each gradient's dtype"
+        if not torch.allclose(double, expected, rtol=1e-12, atol=0) and torch.allclose(double, expected, rtol=1e-6):
+            pytest.fail(f"{where} equal their mean over the dp group to float32's precision only (off by "
+                        f"{(double - expected).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
+                        "and torch.empty(n) are torch's default dtype, float32): make a flat buffer in the gradients' "
+                        "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
+        assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
+            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
+        mean = sum(range(1, 5)) / 4  # dp 4 x tp 1: dp and tp sizes differ (at dp 2 x tp 2 either divides alike)
+        if alone[0, 0].item() != mean:
+            sizes = {sum(range(1, 5)): "1, the tp size (world size // dp size)", sum(range(1, 5)) / 2: "2"}
+            pytest.fail(f"{T94}: on dp 4 x tp 1, rank {rank}'s gradient became {alone[0, 0].item()}, expected the mean "
+                        f"over the dp group of all 4 ranks, {mean}"
+                        + (f": the sum was divided by {sizes[alone[0, 0].item()]}, not by the dp group's size, "
+                           "dist.get_world_size(dp_group)" if alone[0, 0].item() in sizes else ""))
 
 
 @pytest.mark.task9_4
