@@ -104,7 +104,8 @@ def raise_if_unfilled(module, places):
 def keeps_its_input(op, x):
     """Whether y = op(x) keeps x alive while y is (saved for backward, or on ctx): an autograd Function whose
     backward needs nothing of its input must not hold it (Tasks 14.3, 15.5, 16.1). x's only other reference, the
-    caller's, is dropped; gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms)."""
+    caller's, is dropped; gloo's thread may hold a finished collective's tensors a moment (measured: 1 ms). Not for
+    a Function whose output is x or a view of it (Task 9.1's f): the output itself keeps x (look at its ctx there)."""
     inner = x.detach().clone().requires_grad_().clone()  # a non-leaf: no AccumulateGrad node holds it
     alive = weakref.ref(inner)
     y = op(inner)
