@@ -94,11 +94,30 @@ def test_masks_hide_the_machine_and_keep_the_results():
     assert transcripts.difference(line, line.replace("(231/256)", "(230/256)")), "a changed count must differ"
 
 
+def test_figures_of_another_cpu_are_not_compared_and_the_rest_is():
+    line = "epoch 1/5  train loss 2.0316  test loss 0.6051  test accuracy 86.95% (1739/2000)  3,674 images/s\n"
+    moved = line.replace("2.0316", "2.0318").replace("86.95%", "86.40%").replace("(1739/2000)", "(1728/2000)")
+    other = {"cpu": "other-kind"}
+    assert transcripts.difference(line, moved, other) == "", "another CPU's kernels round otherwise"
+    assert transcripts.difference(line, moved.replace("test loss", "test error"), other), "words still count"
+    assert transcripts.difference(line, moved.replace("epoch 1/5", "epoch 2/5"), other), "so do integers"
+    assert transcripts.difference(line, moved, {"cpu": transcripts.cpu_kind()}), "this CPU's figures must match"
+    assert transcripts.difference(line, moved), "a block without the option is compared whole"
+
+
+def test_update_writes_this_cpu_into_the_marker():
+    page = "<!-- transcript kill-rank-1-at-step 50 cpu other-kind: python x.py -->\n```text\n$ python x.py\nold\n```\n"
+    match = transcripts.MARKER.search(page)
+    rewritten = transcripts.with_this_cpu(page, match)
+    assert rewritten == page.replace("other-kind", transcripts.cpu_kind()), rewritten
+    assert re.fullmatch(r"[a-z0-9_]+(-[a-z0-9_]+)+", transcripts.cpu_kind()), "one word, as a marker option is"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2 * transcripts.TIMEOUT + 60)
 @pytest.mark.parametrize("page, options, command, shown", BLOCKS, ids=[f"{b[0]}:{b[2][:60]}" for b in BLOCKS])
 def test_transcript_is_what_the_command_prints_now(page, options, command, shown):
     fresh = transcripts.produce(command, options)
-    problem = transcripts.difference(shown, fresh)
+    problem = transcripts.difference(shown, fresh, options)
     assert not problem, (f"{page}: the transcript of `{command}` is stale; if the change is intended, run "
                          f"python tools/transcripts.py --update {page}\n{problem}")
