@@ -16,6 +16,9 @@ it is reported; a deadlock (a rank finished, the others wait in a collective for
 A task's slow-marked tests run after its others, and not at all once one of those failed: a
 wrong answer is told in the time of the fast tests, a right one runs them all, as the grader
 does. Without GPUs the NCCL variants of the tests are skipped; on a machine with GPUs they run too.
+In a student release (no solutions/) a task's tests use your own answers to the earlier tasks of
+its file: when it fails, the earlier ones this run did not check are checked too, and its message
+names those that fail.
 """
 import argparse
 import os
@@ -23,7 +26,8 @@ import sys
 import tempfile
 import textwrap
 
-from grading.checker import discover_tasks, run_tests, select_tasks, summarize
+from grading.checker import (blame_own_answers, discover_tasks, earlier_tasks_used, is_release, run_tests,
+                             select_tasks, summarize)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -154,7 +158,7 @@ def run_again_if_uncertain(run, results, workdir, args):
     rerun = run_tests(REPO, ids, retry_dir, impl=args.impl, timeout=args.timeout,
                       fast_first=True)
     results = list(results)
-    for new in summarize([r.task for r in again], rerun):
+    for new in summarize([r.task for r in again], rerun, blame=False):
         index = next(i for i, r in enumerate(results) if r.task.id == new.task.id)
         old = results[index]
         if new.done:
@@ -165,6 +169,24 @@ def run_again_if_uncertain(run, results, workdir, args):
         with open(rerun.log_path, encoding="utf-8", errors="replace") as log:
             print(log.read())
     return results, notes, rerun.seconds
+
+
+def check_earlier_tasks(results, tasks, workdir, args):
+    """In a student release a failing task's tests run the student's own answers to the earlier tasks of
+    its file: check those this run did not, so that its message can say which of them fail (or that none
+    does) instead of that any may. Returns their results and the seconds it took."""
+    earlier = earlier_tasks_used(results, tasks) if is_release(REPO) else []
+    if not earlier:
+        return [], 0.0
+    ids = [t.id for t in earlier]
+    failed = [r.task.id for r in results if r.status in ("failing", "hang")
+              and any(t.file == r.task.file and t.key < r.task.key for t in earlier)]
+    print(f"Task {', '.join(failed)} failed, and {'its' if len(failed) == 1 else 'their'} tests use your answers to "
+          f"Task {', '.join(ids)}: checking {'it' if len(ids) == 1 else 'them'} too ...", flush=True)
+    folder = os.path.join(workdir, "earlier")
+    os.makedirs(folder)
+    run = run_tests(REPO, ids, folder, impl=args.impl, timeout=args.timeout, fast_first=True)
+    return summarize(earlier, run, blame=False), run.seconds
 
 
 def main(argv=None):
@@ -189,22 +211,32 @@ def main(argv=None):
     print(f"Checking {which}: Task {', '.join(t.id for t in chosen)} ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="check-") as workdir:
         run = run_tests(REPO, [t.id for t in chosen], workdir, impl=args.impl, timeout=args.timeout, fast_first=True)
-        results = summarize(chosen, run)
+        results = summarize(chosen, run, blame=False)
         if args.verbose or (all(r.status in ("error", "no tests") for r in results)):
             with open(run.log_path, encoding="utf-8", errors="replace") as log:
                 print(log.read())
         results, notes, seconds_again = run_again_if_uncertain(run, results, workdir, args)
+        earlier, seconds_earlier = check_earlier_tasks(results, tasks, workdir, args)
+    if is_release(REPO):  # each task's message names the earlier tasks of its file that fail, of both runs
+        blame_own_answers(results, tasks, others=earlier)
+        blame_own_answers(earlier, tasks, others=results)
     gpu = {e["nodeid"] for e in run.events if e.get("event") == "collected" and e.get("gpu")}
     skipped = {o.nodeid for r in results for o in r.outcomes if o.state == "skipped"} & gpu
-    width = max(len(r.task.where()) for r in results) + 1
+    width = max(len(r.task.where()) for r in results + earlier) + 1
     for result in results:
         print_result(result, width)
         if result.task.id in notes:
             print(" " * 13 + notes[result.task.id])
+    if earlier:
+        print("Checked too, as the tests above ran them:")
+        for result in earlier:
+            print_result(result, width)
     done = sum(r.done for r in results)
     gpu_note = f" ({len(skipped)} GPU tests skipped: they need CUDA)" if skipped else ""
-    print(f"\n{done} of {len(results)} tasks done in {run.seconds + seconds_again:.0f} s{gpu_note}.")
-    print("Next:", next_step(results, args.impl, everything=len(chosen) == len(tasks)))
+    seconds = run.seconds + seconds_again + seconds_earlier
+    print(f"\n{done} of {len(results)} tasks done in {seconds:.0f} s{gpu_note}.")
+    in_order = sorted(results + earlier, key=lambda r: r.task.key)  # an earlier task is fixed first
+    print("Next:", next_step(in_order, args.impl, everything=len(chosen) == len(tasks)))
     return 0 if done == len(results) else 1
 
 

@@ -428,28 +428,46 @@ def outcomes_of(run):
     return list(tests.values())
 
 
-def summarize(tasks, run):
-    """A TaskResult for each task, in course order."""
+def summarize(tasks, run, blame=True):
+    """A TaskResult for each task, in course order. With blame, in a student release, a failing task's
+    explanation says which earlier tasks of its file fail too (blame_own_answers)."""
     outcomes = outcomes_of(run)
     collect_errors = [e for e in run.events if e.get("event") == "collect_error"]
     results = [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
                for task in tasks]
-    if run.repo and not os.path.isdir(os.path.join(run.repo, "solutions")):
-        _blame_own_answers(results, discover_tasks(run.repo))
+    if blame and run.repo and is_release(run.repo):
+        blame_own_answers(results, discover_tasks(run.repo))
     return results
 
 
-def _blame_own_answers(results, course):
+def is_release(repo):
+    """A student release has no solutions/: a task's tests then run the student's own answers to the other
+    tasks of its file (tests/conftest.py's `load`)."""
+    return not os.path.isdir(os.path.join(repo, "solutions"))
+
+
+def earlier_tasks_used(results, course):
+    """The tasks of course that a failing or hung result's tests ran as the student wrote them (in a release)
+    and that results did not check: the earlier tasks of its file."""
+    checked = {r.task.id for r in results}
+    failing = [r for r in results if r.status in ("failing", "hang")]
+    return [t for t in course if t.id not in checked
+            and any(t.file == r.task.file and t.key < r.task.key for r in failing)]
+
+
+def blame_own_answers(results, course, others=()):
     """Without solutions/ (a student release) a task's tests run the student's own answers to
     the other tasks of its file: say which earlier ones fail too (or were not checked), as the
-    likely cause."""
+    likely cause. others: results of tasks checked for this purpose only (check.py checks the
+    earlier tasks of a failing one's file), which are read, not changed."""
+    known = list(results) + list(others)
     for result in results:
         if result.status not in ("failing", "hang"):
             continue
         file = result.task.file
-        broken = [r.task.id for r in results if r.task.file == file and r.task.key < result.task.key and not r.done]
+        broken = [r.task.id for r in known if r.task.file == file and r.task.key < result.task.key and not r.done]
         unchecked = [t.id for t in course if t.file == file and t.key < result.task.key
-                     and t.id not in {r.task.id for r in results}]
+                     and t.id not in {r.task.id for r in known}]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
         if broken:  # said first (Issue 45): the test's own hint assumes the earlier tasks right, and may blame this one
             one = len(broken) == 1

@@ -259,19 +259,19 @@ def test_in_a_release_a_failing_earlier_task_of_the_file_is_said_first():
     self.weight and self.bias to SyncBatchNormFunction.apply', which the student's 11.3 did; only the
     end of the message named 11.2. In a release (the student's own 11.2 runs in 11.3's tests) the
     earlier failing task comes first; an earlier task not checked in this run is still a note at the end."""
-    from grading.checker import _blame_own_answers
+    from grading.checker import blame_own_answers
 
     course = [Task(f"11.{n}", file="template_batchnorm.py") for n in (1, 2, 3)]
     hint = "Task 11.3: the weight and bias gradients ...: pass self.weight and self.bias to SyncBatchNormFunction.apply"
     results = [TaskResult(course[1], "failing", "Task 11.2: the weight gradient is 2 times ..."),
                TaskResult(course[2], "failing", hint)]
-    _blame_own_answers(results, course)
+    blame_own_answers(results, course)
     assert results[0].explanation.startswith("Task 11.2: the weight gradient"), results[0].explanation
     said = results[1].explanation
     assert said.startswith("This course has no solutions/") and "Task 11.2 is not done either" in said, said
     assert said.index("Task 11.2 is not done") < said.index("pass self.weight"), said
     alone = [TaskResult(course[2], "failing", hint)]
-    _blame_own_answers(alone, course)
+    blame_own_answers(alone, course)
     assert alone[0].explanation.startswith(hint) and "if Task 11.1, 11.2 is wrong" in alone[0].explanation, \
         alone[0].explanation
 
