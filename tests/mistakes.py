@@ -956,18 +956,19 @@ MISTAKES = [
             "has no Future"),
     Mistake("7.4", "polled-until-completed-on-gloo", "template_fsdp.py",  # trial 6: told of a collective never called
             "        return handle, piece\n",
-            "        while not handle.is_completed():  # gloo: never True before wait()\n            pass\n"
-            "        return None, piece\n", "only once its wait() has run"),
+            "        while not handle.is_completed():  # gloo: never True for a reduce-scatter\n            pass\n"
+            "        return None, piece\n", "reduce-scatter Work has no Future (get_future() raises), and polled with "
+            "is_completed() it never says True"),
     Mistake("14.3", "reduce-scatter-polled-until-completed", "template_sequence_parallel.py",  # trial 6: a 50 s hang
             "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
             "        work = dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
-            "        while not work.is_completed():  # gloo: never True before wait()\n            pass\n",
-            "is complete only once its wait() has run"),
+            "        while not work.is_completed():  # gloo: never True for a reduce-scatter\n            pass\n",
+            "it never says True, not even after its wait() has run"),
     Mistake("14.3", "reduce-scatter-waited-through-its-future", "template_sequence_parallel.py",  # trial 6: passed
             "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",  # (Wire's poisoned Future)
             "        work = dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
             "        torch.futures.wait_all([work.get_future()])  # gloo: no Future for a reduce-scatter\n",
-            "a reduce-scatter's Work has no Future"),
+            "reduce-scatter Work has no Future"),
     Mistake("10.3", "irecv-polled-until-completed", "template_pipeline.py",  # trial 6: told the message never came
             "        dist.recv(tensor, peer)\n",
             "        work = dist.irecv(tensor, peer)\n        while not work.is_completed():  # gloo: never True before wait()\n"

@@ -9,7 +9,6 @@ references: single-process training on the global batch, and PyTorch's own fully
 The tests of one task take solutions/' answers to the other tasks (judging), so a mistake costs
 one task's points.
 """
-import linecache
 import math
 import re
 
@@ -21,7 +20,7 @@ from torch import nn
 
 from conftest import call_alone, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
-from wire import Wire
+from wire import NO_FUTURE, Wire, gloo_wait_only, polls_is_completed
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
 T72 = "Task 7.2 (template_fsdp.py, FlatUnit.unshard)"
@@ -354,18 +353,14 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 
 
 # --------------------------------------------------------------------------- Task 7.4
-# gloo's Work of a reduce-scatter (torch 2.14, measured) has no Future, and its is_completed() stays False until its
-# wait() has run (Wire(poison=True)'s handles too).
-GLOO_REDUCE_SCATTER = ("gloo's reduce-scatter Work has no Future (get_future() raises) and says is_completed() True "
-                       "only once its wait() has run, so a Future or a loop on is_completed() cannot wait for it: "
-                       "return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call "
-                       "handle.wait() yourself and return (None, piece))")
+# what a wait gloo's reduce-scatter Work cannot do (wire.gloo_wait_only) calls for instead, in Task 7.4's words
+WAIT_INSTEAD = ("return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call handle.wait() "
+                "yourself and return (None, piece))")
 
 
 def _polls_completion(text):
-    """Whether a hang report shows a rank in a template_*.py line that polls is_completed() (or in the body of the
-    `while` that does: the dump may show either line)."""
-    return any("is_completed(" in linecache.getline(path, int(line)) + linecache.getline(path, int(line) - 1)
+    """Whether a hang report shows a rank in a template_*.py line that polls is_completed()."""
+    return any(polls_is_completed(path, int(line))
                for path, line in re.findall(r'File "([^"]*template_[^"/]*\.py)", line (\d+)', text))
 
 
@@ -383,13 +378,14 @@ def _ranks_reducing(*args):
                 f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
                 "compute_dtype (bfloat16 here), not the shard's float32; finish_reduce_scatters() converts it when "
                 "it adds it to shard.grad") from None
-        if "getFuture not implemented" not in str(error):
+        if NO_FUTURE not in str(error):
             raise
-        raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
+        raise AssertionError(f"{T74}: {gloo_wait_only('reduce_scatter_tensor')}: {WAIT_INSTEAD}.\n{error}") from None
     except RankTimeout as error:
         if not _polls_completion(str(error)):
             raise
-        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {GLOO_REDUCE_SCATTER}.\n{error}") from None
+        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {gloo_wait_only('reduce_scatter_tensor')}: "
+                          f"{WAIT_INSTEAD}.\n{error}") from None
 
 
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
