@@ -453,6 +453,11 @@ MISTAKES = [
             "async_op=True)\n        return handle, piece\n",
             "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
             "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
+    Mistake("7.4", "divided-after-the-sum", "template_fsdp.py",  # passed: right in fp32 and bf16, inf in float16
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        dist.reduce_scatter_tensor(piece, full_grad.contiguous(), op=dist.ReduceOp.SUM)\n"
+            "        return None, piece / self.world_size\n", "overflowed before the division"),
     Mistake("7.4", "piece-like-the-shard", "template_fsdp.py",  # trial 6: gloo's raw dtype check, now said
             "piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)",
             "piece = torch.empty_like(self.shard)", "make the piece in full_grad's dtype"),
@@ -476,7 +481,34 @@ MISTAKES = [
             else:
                 full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
                 dist.all_gather_into_tensor(full, unit.shard.detach())
-""", "units still hold"),
+""", "never called unit.reshard() after reading them"),
+    Mistake("7.5", "resharded-before-the-copy", "template_fsdp.py",  # was a SIGSEGV: clone() of freed memory
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = unit.views(unit.full)
+                unit.reshard()  # before the views are copied, below
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+""", "after unit.reshard() had freed it"),
+    Mistake("7.5", "views-of-the-units-own-full", "template_fsdp.py",  # what the next unshard() overwrites
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+        return {name: views[id(unit)][index].clone() for name, unit, index in self._names}
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = unit.views(unit.full)
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+        return {name: views[id(unit)][index] for name, unit, index in self._names}
+""", "share memory with their unit's gathered flat tensor"),
     # Task 8.1
     Mistake("8.1", "every-rank-writes", "template_checkpoint.py",
             "    if get_rank() != 0:\n        return None\n    state = {", "    state = {", "rank 0 alone"),
@@ -3099,6 +3131,30 @@ RIGHT_ANSWERS = [
                 "        mine = self.full.chunk(self.world_size)[self.rank]\n"
                 "        mine.copy_(self.shard.detach())  # this rank's part of full, in compute_dtype: gathered in place\n"
                 "        return dist.all_gather_into_tensor(self.full, mine, async_op=async_op)", ""),)),
+    RightAnswer("7.5", "fp32-units-through-unshard-then-resharded",
+                "'leaves every unit as resharded as it found it (no unit.full kept alive after it)': a unit whose "
+                "compute_dtype is already fp32 gathered with unit.unshard(), its views copied, then unit.reshard()", (
+        Mistake("7.5", "fp32-units-through-unshard-then-resharded", "template_fsdp.py",
+                """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = [view.clone() for view in unit.views(unit.full)]
+                unit.reshard()
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+""", ""),)),
+    RightAnswer("7.4", "reduce-scatter-of-a-list",
+                "'dist.reduce_scatter_tensor with SUM hands each rank the sum over the ranks of its own piece': "
+                "dist.reduce_scatter of the N chunks of full_grad / N does the same", (
+        Mistake("7.4", "reduce-scatter-of-a-list", "template_fsdp.py",
+                "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+                "async_op=True)\n",
+                "        handle = dist.reduce_scatter(piece, list((full_grad / self.world_size).chunk(self.world_size)),\n"
+                "                                     op=dist.ReduceOp.SUM, async_op=True)\n", ""),)),
     RightAnswer("7.4", "piece-made-in-compute-dtype",  # trial 6
                 "'Start the reduce-scatter into a new tensor of the shard's size, in compute_dtype': made from "
                 "self.compute_dtype, not from full_grad's dtype (the same dtype)", (
