@@ -425,6 +425,11 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
             "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
+    Mistake("7.3", "frees-only-after-backward", "template_fsdp.py",  # was "each unit must reshard", unnamed
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        if self.shard.grad is not None:  # after a backward only: forward's views are saved for it\n"
+            "            self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "(FSDP._post_forward) calls unit.free(), which calls reshard()"),
     Mistake("7.3", "drops-the-shards-gradient", "template_fsdp.py",  # trial 6: "free all but the shard"
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(0)\n        self.shard.grad = None\n        # --- Task 7.3 end ---",

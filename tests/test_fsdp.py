@@ -325,7 +325,7 @@ def _memory(rank, world_size, impl, prefetch):
         layer.register_forward_hook(lambda module, args, output: during.append(_unit_bytes(fsdp)))
     x = torch.randn(4, 12)
     out = fsdp(x)
-    after_forward = _unit_bytes(fsdp)
+    after_forward = _unit_bytes(fsdp), _gathered_units(fsdp)
     F.mse_loss(out, torch.zeros_like(out)).backward()
     fsdp.finish_gradient_synchronization()
     optimizer.step()
@@ -344,9 +344,11 @@ def _memory(rank, world_size, impl, prefetch):
 def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size, prefetch):
     for rank, (during, after_forward, after_step, persistent, unsharded, allowed) in enumerate(
             run_ranks(_memory, world_size, impl, prefetch)):
-        assert after_forward == 0, (
-            f"{T73}: rank {rank} still holds {after_forward} bytes of gathered parameters after forward: each "
-            "unit must reshard (free its full parameters) right after its forward, or nothing is saved")
+        assert after_forward[0] == 0, (
+            f"{T73}: after forward, rank {rank} still holds the gathered parameters (unit.full) of "
+            f"{', '.join(after_forward[1])}: the given hook after each module's forward (FSDP._post_forward) calls "
+            "unit.free(), which calls reshard(), so reshard() must free self.full's memory there "
+            "(self.full.untyped_storage().resize_(0)), or nothing is saved")
         units = "its own unit and the next one (prefetch)" if prefetch else "the largest unit"
         assert max(during) <= allowed, (
             f"{T73}: rank {rank} held {max(during)} bytes of gathered parameters during one layer's forward, more "
