@@ -425,6 +425,11 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(self.shard.numel() * self.full.element_size())\n"
             "        # --- Task 7.3 end ---", "the shard that lasts is self.shard"),
+    Mistake("7.3", "frees-only-after-backward", "template_fsdp.py",  # was "each unit must reshard", unnamed
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        if self.shard.grad is not None:  # after a backward only: forward's views are saved for it\n"
+            "            self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "(FSDP._post_forward) calls unit.free(), which calls reshard()"),
     Mistake("7.3", "drops-the-shards-gradient", "template_fsdp.py",  # trial 6: "free all but the shard"
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(0)\n        self.shard.grad = None\n        # --- Task 7.3 end ---",
@@ -453,6 +458,11 @@ MISTAKES = [
             "async_op=True)\n        return handle, piece\n",
             "        handle = dist.reduce_scatter_tensor(piece, full_grad, op=dist.ReduceOp.SUM, async_op=True)\n"
             "        return handle, piece.div_(self.world_size)\n", "changed in place before wait() filled it"),
+    Mistake("7.4", "divided-after-the-sum", "template_fsdp.py",  # passed: right in fp32 and bf16, inf in float16
+            "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+            "async_op=True)\n        return handle, piece\n",
+            "        dist.reduce_scatter_tensor(piece, full_grad.contiguous(), op=dist.ReduceOp.SUM)\n"
+            "        return None, piece / self.world_size\n", "overflowed before the division"),
     Mistake("7.4", "piece-like-the-shard", "template_fsdp.py",  # trial 6: gloo's raw dtype check, now said
             "piece = torch.empty(self.shard.numel(), dtype=full_grad.dtype, device=full_grad.device)",
             "piece = torch.empty_like(self.shard)", "make the piece in full_grad's dtype"),
@@ -476,7 +486,34 @@ MISTAKES = [
             else:
                 full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
                 dist.all_gather_into_tensor(full, unit.shard.detach())
-""", "units still hold"),
+""", "never called unit.reshard() after reading them"),
+    Mistake("7.5", "resharded-before-the-copy", "template_fsdp.py",  # was a SIGSEGV: clone() of freed memory
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = unit.views(unit.full)
+                unit.reshard()  # before the views are copied, below
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+""", "after unit.reshard() had freed it"),
+    Mistake("7.5", "views-of-the-units-own-full", "template_fsdp.py",  # what the next unshard() overwrites
+            """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+        return {name: views[id(unit)][index].clone() for name, unit, index in self._names}
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = unit.views(unit.full)
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+        return {name: views[id(unit)][index] for name, unit, index in self._names}
+""", "share memory with their unit's gathered flat tensor"),
     # Task 8.1
     Mistake("8.1", "every-rank-writes", "template_checkpoint.py",
             "    if get_rank() != 0:\n        return None\n    state = {", "    state = {", "rank 0 alone"),
@@ -956,18 +993,19 @@ MISTAKES = [
             "has no Future"),
     Mistake("7.4", "polled-until-completed-on-gloo", "template_fsdp.py",  # trial 6: told of a collective never called
             "        return handle, piece\n",
-            "        while not handle.is_completed():  # gloo: never True before wait()\n            pass\n"
-            "        return None, piece\n", "only once its wait() has run"),
+            "        while not handle.is_completed():  # gloo: never True for a reduce-scatter\n            pass\n"
+            "        return None, piece\n", "reduce-scatter Work has no Future (get_future() raises), and polled with "
+            "is_completed() it never says True"),
     Mistake("14.3", "reduce-scatter-polled-until-completed", "template_sequence_parallel.py",  # trial 6: a 50 s hang
             "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
             "        work = dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
-            "        while not work.is_completed():  # gloo: never True before wait()\n            pass\n",
-            "is complete only once its wait() has run"),
+            "        while not work.is_completed():  # gloo: never True for a reduce-scatter\n            pass\n",
+            "it never says True, not even after its wait() has run"),
     Mistake("14.3", "reduce-scatter-waited-through-its-future", "template_sequence_parallel.py",  # trial 6: passed
             "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",  # (Wire's poisoned Future)
             "        work = dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
             "        torch.futures.wait_all([work.get_future()])  # gloo: no Future for a reduce-scatter\n",
-            "a reduce-scatter's Work has no Future"),
+            "reduce-scatter Work has no Future"),
     Mistake("10.3", "irecv-polled-until-completed", "template_pipeline.py",  # trial 6: told the message never came
             "        dist.recv(tensor, peer)\n",
             "        work = dist.irecv(tensor, peer)\n        while not work.is_completed():  # gloo: never True before wait()\n"
@@ -3098,6 +3136,30 @@ RIGHT_ANSWERS = [
                 "        mine = self.full.chunk(self.world_size)[self.rank]\n"
                 "        mine.copy_(self.shard.detach())  # this rank's part of full, in compute_dtype: gathered in place\n"
                 "        return dist.all_gather_into_tensor(self.full, mine, async_op=async_op)", ""),)),
+    RightAnswer("7.5", "fp32-units-through-unshard-then-resharded",
+                "'leaves every unit as resharded as it found it (no unit.full kept alive after it)': a unit whose "
+                "compute_dtype is already fp32 gathered with unit.unshard(), its views copied, then unit.reshard()", (
+        Mistake("7.5", "fp32-units-through-unshard-then-resharded", "template_fsdp.py",
+                """            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            views[id(unit)] = unit.views(full)
+""", """            if unit.compute_dtype == unit.shard.dtype:  # already the shards' dtype: reuse the unit's own
+                unit.unshard()
+                views[id(unit)] = [view.clone() for view in unit.views(unit.full)]
+                unit.reshard()
+            else:
+                full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, device=unit.shard.device)
+                dist.all_gather_into_tensor(full, unit.shard.detach())
+                views[id(unit)] = unit.views(full)
+""", ""),)),
+    RightAnswer("7.4", "reduce-scatter-of-a-list",
+                "'dist.reduce_scatter_tensor with SUM hands each rank the sum over the ranks of its own piece': "
+                "dist.reduce_scatter of the N chunks of full_grad / N does the same", (
+        Mistake("7.4", "reduce-scatter-of-a-list", "template_fsdp.py",
+                "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
+                "async_op=True)\n",
+                "        handle = dist.reduce_scatter(piece, list((full_grad / self.world_size).chunk(self.world_size)),\n"
+                "                                     op=dist.ReduceOp.SUM, async_op=True)\n", ""),)),
     RightAnswer("7.4", "piece-made-in-compute-dtype",  # trial 6
                 "'Start the reduce-scatter into a new tensor of the shard's size, in compute_dtype': made from "
                 "self.compute_dtype, not from full_grad's dtype (the same dtype)", (

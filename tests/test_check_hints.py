@@ -100,7 +100,13 @@ def test_gloos_all_gather_into_a_stacked_output_is_explained():
 def test_gloos_missing_future_is_explained():
     """torch's own words for a Future gloo's p2p and reduce-scatter Works lack (measured, torch 2.14)."""
     text, _ = explain("RuntimeError", "Work::getFuture not implemented", "")
-    assert "have no Future" in text and "work.wait()" in text, text
+    assert "have no Future" in text and "is_completed()" in text and "work.wait()" in text, text
+    # where a test's message has said why (tests/wire.py's gloo_wait_only), the line is not said again
+    said = ("Task 10.3 (template_pipeline.py, Stage._recv): gloo's point-to-point Works have no Future (get_future() "
+            "raises on a dist.isend's or dist.irecv's Work), ...: call work.wait() on each. rank 0 raised "
+            "RuntimeError: Work::getFuture not implemented.")
+    text, _ = explain("AssertionError", said, "")
+    assert text.count("no Future") == 1, text
 
 
 def _without_task_prefix_of(task_id, text):
@@ -206,6 +212,23 @@ def test_a_pipeline_hang_is_told_by_where_the_ranks_wait_not_by_another_tasks_te
     assert "_send must start" not in hang_hint("10.4", _stuck(sending))
     looping = [("template_pipeline.py", 300, "one_f_one_b_step")]
     assert "a loop that never ends" in hang_hint("10.7", _stuck(looping))
+
+
+def test_a_rank_polling_is_completed_is_told_why_gloo_never_says_true(tmp_path):
+    """Trial 6: a loop on an irecv's is_completed() was told "the message never comes"; the stuck line, or the
+    `while` whose body it is, polls is_completed(), and the hint says why that never ends (wire.gloo_wait_only)."""
+    from test_pipeline import hang_hint
+    from wire import gloo_wait_only
+    template = tmp_path / "template_pipeline.py"
+    template.write_text("def _recv(tensor, peer):\n    work = dist.irecv(tensor, peer)\n"
+                        "    while not work.is_completed():\n        pass\n    return tensor\n")
+    for line in (3, 4):
+        report = ("ranks [0] were still running after 40 s (ranks [1] had finished). This is a hang\n"
+                  f'  rank 0 was at:\n      File "{template}", line {line} in _recv')
+        text = hang_hint("10.3", report)
+        assert "polls is_completed() in _recv()" in text and gloo_wait_only("irecv") in text, text
+    text = hang_hint("10.3", report.replace("line 4", "line 2"))  # waiting in the irecv itself: not a loop
+    assert "is_completed" not in text, text
 
 
 def test_pipeline_hints_only_where_their_condition_holds():

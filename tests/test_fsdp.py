@@ -9,7 +9,6 @@ references: single-process training on the global batch, and PyTorch's own fully
 The tests of one task take solutions/' answers to the other tasks (judging), so a mistake costs
 one task's points.
 """
-import linecache
 import math
 import re
 
@@ -21,7 +20,7 @@ from torch import nn
 
 from conftest import call_alone, load_with_reference
 from harness import RankFailed, RankTimeout, run_ranks
-from wire import Wire
+from wire import NO_FUTURE, Wire, gloo_wait_only, polls_is_completed
 
 T71 = "Task 7.1 (template_fsdp.py, shard_flat)"
 T72 = "Task 7.2 (template_fsdp.py, FlatUnit.unshard)"
@@ -307,6 +306,13 @@ def _unit_bytes(fsdp):
     return sum(unit.full.untyped_storage().nbytes() for unit in fsdp.units)
 
 
+def _gathered_units(fsdp):
+    """The units whose full tensor holds memory, each named by its parameters: ["the unit of 'hidden.weight' and
+    'hidden.bias' (120 bytes)", ...]."""
+    return ["the unit of " + " and ".join(repr(name) for name, owner, _ in fsdp._names if owner is unit) +
+            f" ({unit.full.untyped_storage().nbytes()} bytes)" for unit in fsdp.units if unit.is_unsharded()]
+
+
 def _memory(rank, world_size, impl, prefetch):
     fsdp_lib = judging(impl, "7.3")
     torch.manual_seed(0)
@@ -319,7 +325,7 @@ def _memory(rank, world_size, impl, prefetch):
         layer.register_forward_hook(lambda module, args, output: during.append(_unit_bytes(fsdp)))
     x = torch.randn(4, 12)
     out = fsdp(x)
-    after_forward = _unit_bytes(fsdp)
+    after_forward = _unit_bytes(fsdp), _gathered_units(fsdp)
     F.mse_loss(out, torch.zeros_like(out)).backward()
     fsdp.finish_gradient_synchronization()
     optimizer.step()
@@ -338,9 +344,11 @@ def _memory(rank, world_size, impl, prefetch):
 def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size, prefetch):
     for rank, (during, after_forward, after_step, persistent, unsharded, allowed) in enumerate(
             run_ranks(_memory, world_size, impl, prefetch)):
-        assert after_forward == 0, (
-            f"{T73}: rank {rank} still holds {after_forward} bytes of gathered parameters after forward: each "
-            "unit must reshard (free its full parameters) right after its forward, or nothing is saved")
+        assert after_forward[0] == 0, (
+            f"{T73}: after forward, rank {rank} still holds the gathered parameters (unit.full) of "
+            f"{', '.join(after_forward[1])}: the given hook after each module's forward (FSDP._post_forward) calls "
+            "unit.free(), which calls reshard(), so reshard() must free self.full's memory there "
+            "(self.full.untyped_storage().resize_(0)), or nothing is saved")
         units = "its own unit and the next one (prefetch)" if prefetch else "the largest unit"
         assert max(during) <= allowed, (
             f"{T73}: rank {rank} held {max(during)} bytes of gathered parameters during one layer's forward, more "
@@ -354,18 +362,14 @@ def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size
 
 
 # --------------------------------------------------------------------------- Task 7.4
-# gloo's Work of a reduce-scatter (torch 2.14, measured) has no Future, and its is_completed() stays False until its
-# wait() has run (Wire(poison=True)'s handles too).
-GLOO_REDUCE_SCATTER = ("gloo's reduce-scatter Work has no Future (get_future() raises) and says is_completed() True "
-                       "only once its wait() has run, so a Future or a loop on is_completed() cannot wait for it: "
-                       "return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call "
-                       "handle.wait() yourself and return (None, piece))")
+# what a wait gloo's reduce-scatter Work cannot do (wire.gloo_wait_only) calls for instead, in Task 7.4's words
+WAIT_INSTEAD = ("return (handle, piece) and let finish_reduce_scatters() call handle.wait() (or call handle.wait() "
+                "yourself and return (None, piece))")
 
 
 def _polls_completion(text):
-    """Whether a hang report shows a rank in a template_*.py line that polls is_completed() (or in the body of the
-    `while` that does: the dump may show either line)."""
-    return any("is_completed(" in linecache.getline(path, int(line)) + linecache.getline(path, int(line) - 1)
+    """Whether a hang report shows a rank in a template_*.py line that polls is_completed()."""
+    return any(polls_is_completed(path, int(line))
                for path, line in re.findall(r'File "([^"]*template_[^"/]*\.py)", line (\d+)', text))
 
 
@@ -383,13 +387,14 @@ def _ranks_reducing(*args):
                 f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
                 "compute_dtype (bfloat16 here), not the shard's float32; finish_reduce_scatters() converts it when "
                 "it adds it to shard.grad") from None
-        if "getFuture not implemented" not in str(error):
+        if NO_FUTURE not in str(error):
             raise
-        raise AssertionError(f"{T74}: {GLOO_REDUCE_SCATTER}.\n{error}") from None
+        raise AssertionError(f"{T74}: {gloo_wait_only('reduce_scatter_tensor')}: {WAIT_INSTEAD}.\n{error}") from None
     except RankTimeout as error:
         if not _polls_completion(str(error)):
             raise
-        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {GLOO_REDUCE_SCATTER}.\n{error}") from None
+        raise RankTimeout(f"{T74}: the ranks hung polling is_completed(): {gloo_wait_only('reduce_scatter_tensor')}: "
+                          f"{WAIT_INSTEAD}.\n{error}") from None
 
 
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
@@ -402,7 +407,7 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     with Wire(poison=True) as wire:  # an asynchronous reduce-scatter's output NaN until waited for: read early, seen
         returned = unit.reduce_scatter_gradient(full_grad)
         if not (isinstance(returned, tuple) and len(returned) == 2):
-            return f"{type(returned).__name__}", None, None, None, ([], 0, "")
+            return f"{type(returned).__name__}", None, None, None, ([], 0, "", None)
         handle, piece = returned
         dropped = handle is None and _started_asynchronously(wire, "reduce_scatter_tensor")
         if handle is not None:
@@ -410,7 +415,22 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
     kept = piece.untyped_storage().nbytes() if torch.is_tensor(piece) else 0
-    return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept, _read_early(wire, piece))
+    return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept, _read_early(wire, piece),
+                                                                  _overflows(fsdp_lib, rank, world_size))
+
+
+def _overflows(fsdp_lib, rank, world_size):
+    """Whether, in float16, gradients of 60000 on every rank (its largest is 65504) come back as inf: summed before
+    the division, which the docstring puts first so that the sum of the ranks' shares, the mean, fits. None: the
+    answer could not be run so (the main case says why)."""
+    unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), torch.float16, gathered=True)
+    try:
+        handle, piece = unit.reduce_scatter_gradient(torch.full((unit.full.numel(),), 60000.0, dtype=torch.float16))
+        if handle is not None:
+            handle.wait()
+        return bool(torch.isinf(piece).any())
+    except Exception:  # noqa: BLE001 (the main case judges the answer; this one only looks for inf)
+        return None
 
 
 @pytest.mark.task7_4
@@ -420,7 +440,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     # and sum rounded, ~1% relative on values of about 1.
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
     dtype = str(compute_dtype).replace("torch.", "")
-    for rank, (dropped, untouched, piece, mean, (calls, kept, read_early)) in enumerate(
+    for rank, (dropped, untouched, piece, mean, (calls, kept, read_early, overflows)) in enumerate(
             _ranks_reducing(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
@@ -460,6 +480,11 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
         assert torch.allclose(got, mean, atol=tol, rtol=tol), (
             f"{T74}: rank {rank} should get its own piece of the mean gradient over the ranks "
             f"(reduce_scatter_tensor with SUM, then / world_size): got {got[:4].tolist()}, expected {mean[:4].tolist()}")
+        assert not overflows, (
+            f"{T74}: in float16, with a gradient of 60000 on every rank (float16's largest value is 65504), rank "
+            f"{rank}'s piece came back inf: the sum over the {world_size} ranks overflowed before the division. "
+            "Divide full_grad by the world size BEFORE the reduce-scatter: the ranks' shares then sum to the mean, "
+            "which fits wherever the gradients do")
 
 
 def _batches(world_size, steps=4, per_rank=4, features=5, outputs=5):
@@ -554,6 +579,37 @@ def test_bf16_compute_keeps_fp32_shards_and_trains_like_fp32(impl):
 
 
 # --------------------------------------------------------------------------- Task 7.5
+def _gathered_full_params(fsdp):
+    """fsdp.gather_full_params(), where a unit's reshard() fills its full tensor with NaN and frees its memory only
+    once gather_full_params has returned, so that a tensor read after reshard() reads NaN every time (freed memory
+    holds anything, and clone() of a freed storage is a segmentation fault). Returns the result, without the tensors
+    that share memory with a unit's full tensor (freed now: one would crash the rank that sends it back), the names of
+    those, and the names of the tensors read after their unit's reshard()."""
+    resharded = {}
+    for unit in fsdp.units:
+        def poisoned(unit=unit):
+            if unit.is_unsharded() and unit.full.is_floating_point():
+                unit.full.fill_(float("nan"))
+            resharded[id(unit)] = unit
+        unit.reshard = poisoned  # FlatUnit.free() calls self.reshard(): this one
+    try:
+        full = fsdp.gather_full_params()
+    finally:
+        for unit in fsdp.units:
+            del unit.reshard
+    shared, read_freed = [], []
+    if isinstance(full, dict):
+        fulls = {unit.full.untyped_storage()._cdata for unit in fsdp.units}
+        shared = [name for name, t in full.items() if torch.is_tensor(t) and t.untyped_storage()._cdata in fulls]
+        resharded_names = {name for name, unit, _ in fsdp._names if id(unit) in resharded}
+        read_freed = [name for name, t in full.items() if name in resharded_names and name not in shared and
+                      torch.is_tensor(t) and t.is_floating_point() and t.isnan().any()]
+        full = {name: None if name in shared else t for name, t in full.items()}
+    for unit in resharded.values():
+        unit.reshard()
+    return full, shared, read_freed
+
+
 def _gather_real(rank, world_size, impl):
     fsdp_lib = judging(impl, "7.5")
     torch.manual_seed(0)
@@ -561,23 +617,40 @@ def _gather_real(rank, world_size, impl):
     torch.manual_seed(rank)  # FSDP's broadcast gives every rank rank 0's parameters
     # a real FSDP: tied weights, a frozen unit, an unused parameter, bf16 compute
     fsdp = fsdp_lib.FSDP(Awkward(), compute_dtype=torch.bfloat16)
-    full = fsdp.gather_full_params()
+    full, shared, read_freed = _gathered_full_params(fsdp)
     # and in fp32 compute, where gathering through the units' own full tensors gives the right values: what
-    # gather_full_params leaves gathered in the units (bytes that stay until the next forward frees them)
+    # gather_full_params leaves gathered in the units (bytes that stay until the next forward frees them), by unit;
+    # every unit is resharded before it (FSDP's constructor reshards them)
     torch.manual_seed(rank)
     plain = fsdp_lib.FSDP(Awkward())
-    plain_full = plain.gather_full_params()
-    return full, expected, (_unit_bytes(fsdp), plain_full, _unit_bytes(plain))
+    before = _gathered_units(fsdp) + _gathered_units(plain)
+    plain_full, plain_shared, plain_read_freed = _gathered_full_params(plain)
+    return full, expected, (before, _gathered_units(fsdp) + _gathered_units(plain), plain_full,
+                            sorted(set(shared + plain_shared)), (read_freed, plain_read_freed))
 
 
 @pytest.mark.task7_5
 @pytest.mark.parametrize("world_size", [2, slow(3)])
 def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size):
-    for rank, (full, expected, (left, plain_full, plain_left)) in enumerate(run_ranks(_gather_real, world_size, impl)):
+    for rank, (full, expected, (before, left, plain_full, shared, read_freed)) in enumerate(
+            run_ranks(_gather_real, world_size, impl)):
         assert isinstance(full, dict) and sorted(full) == sorted(expected), (
             f"{T75}: the names must be those of the model's named_parameters() before wrapping (a tied parameter "
             f"once, under its first name; frozen ones too), one entry each, as self._names lists them: expected "
             f"{sorted(expected)}, got {sorted(full) if isinstance(full, dict) else type(full).__name__}")
+        if shared:
+            pytest.fail(
+                f"{T75}: rank {rank}'s {', '.join(map(repr, shared))} share memory with their unit's gathered flat "
+                "tensor (unit.full), which reshard() frees and the next unshard() overwrites: return new tensors "
+                "(.clone(); .to(torch.float32) makes no copy of a tensor already float32)")
+        if any(read_freed):
+            names, where = ((read_freed[0], "compute_dtype=torch.bfloat16") if read_freed[0] else
+                            (read_freed[1], "no compute_dtype"))
+            pytest.fail(
+                f"{T75}: with {where}, rank {rank}'s {', '.join(map(repr, names))} were read from their unit's full "
+                "tensor after unit.reshard() had freed it (the test fills it with NaN at reshard(), and NaN came out; freed "
+                "memory holds anything, or crashes the rank): copy each unit's parameters out (.clone()) before "
+                "you reshard it")
         for name, value in expected.items():
             got = full[name]
             assert got.dtype == torch.float32, (
@@ -599,10 +672,15 @@ def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size
             assert torch.equal(got, value), (
                 f"{T75}: without compute_dtype, rank {rank}'s '{name}' differs from the model's: gather every rank's "
                 "fp32 shard, in rank order, then unit.views()")
-        assert left == 0 and plain_left == 0, (
-            f"{T75}: after gather_full_params() rank {rank}'s units still hold {max(left, plain_left)} bytes of "
-            "gathered parameters (unit.full): gather into a new tensor and leave the units resharded (or reshard() "
-            "them again), or every rank keeps the whole model while it checkpoints")
+        assert not left, (
+            f"{T75}: after gather_full_params() rank {rank} still holds the gathered parameters (unit.full) of "
+            f"{', '.join(left)}" +
+            (": every unit was resharded before the call, so gather_full_params() gathered them (unit.unshard() or "
+             "wait_unsharded()) and never called unit.reshard() after reading them. Call unit.reshard() in "
+             "gather_full_params() once the unit's views are cloned, before the next unit, or gather into a new "
+             "tensor of your own, which leaves the units as they were" if not before else
+             f" (before it, {', '.join(before)}): leave every unit resharded") +
+            "; else every rank keeps the whole model while it checkpoints")
 
 
 def _fully_shard(rank, world_size, make_model, optimizer_name):

@@ -35,7 +35,7 @@ from torch import nn
 
 from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference
 from harness import RankFailed, RankTimeout, one_line, run_ranks
-from wire import MESSAGES, Wire, dtype_name
+from wire import MESSAGES, NO_FUTURE, Wire, dtype_name, gloo_wait_only, polls_is_completed
 
 T101 = "Task 10.1 (template_pipeline.py, partition)"
 T102 = "Task 10.2 (template_pipeline.py, Stage._send)"
@@ -313,21 +313,16 @@ WAITS_FOR = {
 }
 
 
-# gloo's point-to-point Work (dist.isend, dist.irecv) is marked completed by its own wait(): is_completed() stays
-# False until then, even once its message has arrived (measured on torch 2.14), and get_future() raises
-POLLED = ("gloo's point-to-point Works (dist.isend, dist.irecv) say is_completed() True only once their wait() has "
-          "run, even after the message has arrived, so a loop that polls it never ends: call work.wait() (or "
-          "receive with the blocking dist.recv)")
-NO_FUTURE = ("gloo's point-to-point Works (dist.isend, dist.irecv) have no Future (get_future() raises): wait for "
-             "one with work.wait() (dist.irecv(...).wait(), or the blocking dist.recv)")
+# a point-to-point Work waited for otherwise than by its wait() (trial 6: told "the message never came", or a raw
+# RuntimeError), and what to call instead
+WAIT_ONLY = (f"{gloo_wait_only('irecv')}: call work.wait() on each (dist.irecv(...).wait()), or receive with the "
+             "blocking dist.recv")
 
 
 def _polls_completion(frames, ours):
-    """Whether the innermost course frame of a stuck rank is a loop on is_completed(): its line, or the line of the
-    `while` it is the body of (the dump may show either)."""
+    """Whether the innermost course frame of a stuck rank is a loop on is_completed()."""
     path = next(p for p, line, _ in frames if p.rsplit("/", 1)[-1].startswith("template_"))
-    line = int(ours[0][0])
-    return any("is_completed(" in linecache.getline(path, n) for n in (line, line - 1))
+    return polls_is_completed(path, int(ours[0][0]))
 
 
 def hang_hint(task, text):
@@ -363,7 +358,7 @@ def hang_hint(task, text):
         elif ours and _polls_completion(frames, ours):
             # trial 6: told "it never comes", though the message had come: gloo's p2p Work is completed by wait()
             doing = f"poll{{s}} is_completed() in {at}, and it never turns True"
-            hints.append(POLLED)
+            hints.append(WAIT_ONLY)
         elif set(course) & {"_recv", "recv_forward", "recv_backward", "learn_shapes"} or set(names) & {
                 "recv", "blocking_recv", "irecv"}:
             what = next((w for n, w in (("recv_backward", "a gradient (recv_backward)"),
@@ -487,8 +482,8 @@ def warmup_hint(task, text):
 
 def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
-    if "getFuture not implemented" in text:  # trial 6: the raw RuntimeError said nothing of why
-        return NO_FUTURE
+    if NO_FUTURE in text:  # trial 6: the raw RuntimeError said nothing of why
+        return WAIT_ONLY
     if "raised AnySource" in text:
         said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"

@@ -29,7 +29,7 @@ from torch import nn
 from conftest import REFERENCE, keeps_its_input, load, load_with_reference, raise_if_unfilled
 from harness import one_line, run_ranks
 from models import MLP, Attention, Block, ViT
-from wire import Wire
+from wire import NO_FUTURE, POLLED_FOREVER, Wire, gloo_wait_only
 
 T141 = "Task 14.1 (template_sequence_parallel.py, parallelize_attention)"
 T142 = "Task 14.2 (template_sequence_parallel.py, parallelize_mlp)"
@@ -187,6 +187,8 @@ def _check_operator(name, rank, size, got):
     where = f"{T143}: {call} on rank {rank} of {size}"
     y_expected, grad_expected = _expected_operator(name, rank, size)
     if got["error"] is not None:
+        if f"is_completed() polled {POLLED_FOREVER} times" in got["error"]:  # the wire's own sentence, whole
+            pytest.fail(f"{where}: {got['error'].partition(': ')[2]}")
         hint = ""
         if got.get("wrong_group"):
             pytest.fail(f"{where}, inside the group [0, 1] or [2, 3] of 4 ranks: it ran a collective over "
@@ -209,9 +211,8 @@ def _check_operator(name, rank, size, got):
             hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
                     "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
                     "collective: every rank already holds the whole gradient")
-        elif "getFuture not implemented" in got["error"]:
-            hint = (": on gloo a reduce-scatter's Work has no Future (nor is it complete before its wait()): wait for "
-                    "it with work.wait(), or use the blocking call")
+        elif NO_FUTURE in got["error"]:  # only a reduce-scatter's Work lacks one among the collectives here
+            hint = f": {gloo_wait_only('reduce_scatter')}: wait for it with work.wait(), or use the blocking call"
         elif "invalid gradient" in got["error"] or "shape" in got["error"]:
             hint = (": its backward returned a gradient of the wrong shape; gather_sequence's backward is a "
                     "reduce-scatter (each rank keeps its S / N tokens of the summed gradient) and "

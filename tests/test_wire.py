@@ -6,13 +6,15 @@ It must see every kind of collective and message with its dtype, size, async_op,
 group, see whether an asynchronous handle was waited on, and put torch.distributed back as it
 was, also when the code under test raises.
 """
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from harness import run_ranks
-from wire import COLLECTIVES, MESSAGES, Wire, dtype_name
+from wire import COLLECTIVES, MESSAGES, NO_FUTURE, Wire, dtype_name, gloo_wait_only
 
 pytestmark = pytest.mark.repo
 
@@ -36,6 +38,14 @@ def test_the_wire_puts_back_what_it_replaced_on_exit_and_on_an_exception():
     with Wire(("all_reduce",)):  # only what it is asked to record
         assert dist.broadcast is before[0]["broadcast"] and vars(ProcessGroup)["send"] is before[1]["send"]
     assert _patched() == before
+
+
+def _future_of(work):
+    try:
+        work.get_future()
+        return "a Future"
+    except RuntimeError as error:
+        return str(error)
 
 
 def _everything(rank, world_size, _):
@@ -117,6 +127,19 @@ def _everything(rank, world_size, _):
         polled = [work.is_completed() for _ in range(3)]
         work.wait()
         out["reduce_scatter"] = (future, polled, piece.isnan().any().item(), work.is_completed())
+    # gloo's own Works, no wire: what gloo_wait_only says of them. A reduce-scatter's: no Future, and not completed
+    # though the barrier behind it has run, nor after its wait()
+    work = dist.reduce_scatter_tensor(torch.zeros(1), torch.ones(world_size), async_op=True)
+    dist.barrier()
+    out["gloo"] = [_future_of(work), work.is_completed(), work.wait(), work.is_completed()]
+    # a message's: no Future, and not completed though the message is there, until its wait()
+    got = torch.zeros(3)
+    work = dist.isend(torch.full((3,), 7.0), peer) if rank == 0 else dist.irecv(got, peer)
+    deadline = time.monotonic() + 10
+    while rank == 1 and got[-1].item() != 7.0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    out["gloo"] += [_future_of(work), got[-1].item() == 7.0 or rank == 0, work.is_completed(), work.wait(),
+                    work.is_completed()]
     # check: a call it refuses never runs, and the wire is put back all the same
     def refuse_the_world(call, group):
         if group is None:
@@ -174,6 +197,11 @@ def test_the_wire_records_every_kind_its_size_its_handle_and_its_waits():
         assert out["poisoned"] == ([(True, gathered)] * 3, [2.0], [2.0],
                                    [(1, 0, False, False), (0, 1, False, False), (0, 0, True, False),
                                     (0, 0, False, False), (1, 0, False, True)]), out["poisoned"]
-        assert out["reduce_scatter"] == ("Work::getFuture not implemented.", [False] * 3, False, True), (
+        assert out["reduce_scatter"] == ("Work::getFuture not implemented.", [False] * 3, False, False), (
             out["reduce_scatter"])
+        # the facts gloo_wait_only tells (torch 2.14.1): if a new torch changes them, its sentence must change too
+        none = "Work::getFuture not implemented."
+        assert out["gloo"] == [none, False, True, False, none, True, False, True, True], out["gloo"]
+        assert NO_FUTURE in none and "never says True" in gloo_wait_only("reduce_scatter_tensor")
+        assert "only once their wait() has run" in gloo_wait_only("irecv") == gloo_wait_only("isend")
         assert out["refused"] == "all_reduce over the world" and out["restored"] == "all_reduce", out

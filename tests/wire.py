@@ -17,6 +17,7 @@ which counts its wait() calls. Used in a rank's own process (the harness's spawn
 """
 import datetime
 import inspect
+import linecache
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +109,7 @@ class Wire:
     Future complete before then was completed by hand. poison=True: an asynchronous all-gather or
     reduce-scatter runs at once into buffers of the wire's own, and the caller's (floating-point)
     outputs hold NaN until its wait(), its Future taken, or is_completed() (each where the real Work
-    has it: gloo's reduce-scatter has no Future, and is never complete before its wait()): an output read before
+    has it: gloo's reduce-scatter has neither, gloo_wait_only): an output read before
     the wait shows as NaN every time, not by the luck of a race, and one changed in place before it is
     recorded (the Call's written_early). check(call, group), if given, runs before
     each call (raise to refuse it). recv_limit: a blocking dist.recv waits at most this many
@@ -199,7 +200,7 @@ class Wire:
     def _poisoned(self, call, real, given, outputs):
         """Run the collective now into tensors of the wire's own, and wait for it; NaN in the caller's outputs until
         its handle delivers the results (wait(), get_future(), is_completed()). The handle keeps the real Work, and
-        so its ways to be waited for: gloo's reduce-scatter has no Future, and is complete only once waited for."""
+        so its ways to be waited for: gloo's reduce-scatter only by its wait() (gloo_wait_only)."""
         own = [torch.empty_like(t) for t in outputs]
         name = OUTPUTS[call.kind]
         given.arguments[name] = own if isinstance(given.arguments[name], (list, tuple)) else own[0]
@@ -295,7 +296,35 @@ class Wire:
         dist.send, dist.recv = blocking_send, blocking_recv
 
 
+# gloo's Works that only their wait() can wait for (torch 2.14.1, measured: tests/test_wire.py checks it): those of
+# point-to-point messages and of a reduce-scatter have no Future, and is_completed() on them says True only once their
+# wait() has run (a message's, even after it has arrived) or never (a reduce-scatter's, not even after its wait())
+NO_FUTURE = "getFuture not implemented"  # in what get_future() raises on them: "Work::getFuture not implemented."
 POLLED_FOREVER = 100_000  # is_completed() calls on a Work that only its wait() completes: a loop, not a check
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
+
+
+def gloo_wait_only(kind):
+    """Why gloo's Work of `kind` (a Call's kind: "isend", "irecv", "send", "recv" for a point-to-point message;
+    "reduce_scatter", "reduce_scatter_tensor", ... for a reduce-scatter) can be waited for by its wait() only: one
+    sentence, for any message that meets a get_future() that raised or a loop on is_completed(); what to call instead
+    is the caller's to add, after a colon."""
+    if kind in MESSAGES:
+        return ("gloo's point-to-point Works have no Future (get_future() raises on a dist.isend's or dist.irecv's "
+                "Work), and polled with is_completed() they say True only once their wait() has run, even after the "
+                "message has arrived, so neither a Future nor a loop on is_completed() can wait for them")
+    if kind in REDUCE_SCATTERS:
+        return ("gloo's reduce-scatter Work has no Future (get_future() raises), and polled with is_completed() it "
+                "never says True, not even after its wait() has run, so neither a Future nor a loop on is_completed() "
+                "can wait for it")
+    raise ValueError(f"gloo's Work of {kind} has a Future and completes on its own")
+
+
+def polls_is_completed(path, line):
+    """Whether line `line` of `path` (a frame in a hang report's stack), or the line before it (the `while` whose
+    body it is: the dump may show either), calls is_completed(): a rank stuck in a loop that gloo_wait_only says
+    never ends."""
+    return any("is_completed(" in linecache.getline(path, n) for n in (line, line - 1))
 
 
 class Handle:
@@ -330,7 +359,9 @@ class Handle:
         """Whether the real Work has a Future (gloo's reduce-scatter and point-to-point Works have none)."""
         try:
             self.work.get_future()
-        except RuntimeError:  # "Work::getFuture not implemented"
+        except RuntimeError as error:
+            if NO_FUTURE not in str(error):
+                raise
             return False
         return True
 
@@ -344,17 +375,21 @@ class Handle:
         return self.future if self.work is None else self.work.get_future()
 
     def is_completed(self):
-        if self.deliver is not None:
-            # gloo's Works without a Future are complete only once their wait() has run (measured, torch 2.14): a
-            # loop polling one never ends, here as there
-            if self.delivered is None and not self._has_future():
+        if self.deliver is not None and not self._has_future():
+            # gloo's Works without a Future cannot be waited for by is_completed() (gloo_wait_only): it says what the
+            # real Work says, False before its wait() (the results are not delivered) and, after it, False still (a
+            # reduce-scatter's), so that a loop polling it never ends, here as there
+            done = self.delivered is not None and self.work.is_completed()
+            if not done:
                 self.polls = getattr(self, "polls", 0) + 1
                 if self.polls == POLLED_FOREVER:  # said in the rank, at once: there the loop hangs to the time limit
                     raise RuntimeError(
-                        f"is_completed() polled {POLLED_FOREVER} times on an asynchronous {self.call.kind}'s Work "
-                        "before its wait(): on gloo that Work (it has no Future) is complete only once its wait() has "
-                        "run, so the loop never ends; wait for it with work.wait()")
-                return False
+                        f"is_completed() polled {POLLED_FOREVER} times on an asynchronous {self.call.kind}'s Work"
+                        + (" before its wait()" if self.delivered is None else " after its wait()") +
+                        f": {gloo_wait_only(self.call.kind)}; wait for it with work.wait(), once, and do not poll it")
+            self.call.done_seen = self.call.done_seen or done
+            return done
+        if self.deliver is not None:
             self._deliver()
             self.call.done_seen = True
             return True
