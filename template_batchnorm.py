@@ -119,7 +119,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     The same attributes as nn.BatchNorm (weight, bias, running_mean, running_var,
     num_batches_tracked; built by nn.BatchNorm's own base class), plus process_group: the ranks
     whose slices form the global batch (None: every rank). Takes (N, C, ...) inputs of any
-    number of dimensions from 2.
+    number of dimensions from 2. A frozen weight or bias (requires_grad=False, as in
+    fine-tuning) still scales and shifts, in training and in eval; it only gets no gradient,
+    as in nn.BatchNorm.
 
     forward(x), in training (self.training), or in eval without running statistics:
     - training: mean, var, count = global_batch_stats (11.1), and y = SyncBatchNormFunction

@@ -1153,6 +1153,26 @@ MISTAKES = [
             "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
             "            y = x.sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
             "never change it in place"),
+    # Task 11, helper-a (2026-11-29): a frozen weight or bias (requires_grad=False), which the tests never built
+    Mistake("11.3", "frozen-weight-passed-as-none", "template_batchnorm.py",  # passed: the output lost its scale
+            "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+            "            weight = self.weight if self.weight is not None and self.weight.requires_grad else None\n"
+            "            return SyncBatchNormFunction.apply(x, weight, self.bias,", "a frozen weight still scales"),
+    Mistake("11.3", "eval-skips-a-frozen-affine", "template_batchnorm.py",  # passed
+            "        if self.weight is not None:\n            y = y * _per_channel(self.weight, x)",
+            "        if self.weight is not None and self.weight.requires_grad:\n            y = y * _per_channel(self.weight, x)",
+            "a frozen weight still scales"),
+    Mistake("11.3", "frozen-weight-detaches-the-bias-too", "template_batchnorm.py",  # passed: bias.grad None
+            "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+            "            weight, bias = self.weight, self.bias\n"
+            "            if weight is not None and not weight.requires_grad:\n"
+            "                weight, bias = weight.detach(), bias.detach()\n"
+            "            return SyncBatchNormFunction.apply(x, weight, bias,", "bias.grad is None after backward"),
+    Mistake("11.3", "frozen-parameters-made-trainable", "template_batchnorm.py",  # passed
+            "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n",
+            "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n"
+            "        if self.weight is not None:\n            self.weight.requires_grad_(True)\n"
+            "            self.bias.requires_grad_(True)\n", "a frozen parameter gets no gradient"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -3206,6 +3226,24 @@ RIGHT_ANSWERS = [
                 "        x_hat, invstd, weight = ctx.saved_tensors\n",
                 "        x, mean, invstd, weight = ctx.saved_tensors\n"
                 "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n", ""),)),
+    RightAnswer("11.3", "frozen-parameters-detached",  # helper-a (2026-11-29)
+                "'a frozen weight or bias still scales and shifts; it only gets no gradient': passing a frozen "
+                "parameter detached gives the same values and, as before, no gradient", (
+        Mistake("11.3", "frozen-parameters-detached", "template_batchnorm.py",
+                "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+                "            weight, bias = (p if p is None or p.requires_grad else p.detach() for p in (self.weight, self.bias))\n"
+                "            return SyncBatchNormFunction.apply(x, weight, bias,", ""),)),
+    RightAnswer("11.3", "eval-scale-and-shift-folded",  # helper-a (2026-11-29)
+                "'eval with running statistics: normalise with running_mean and running_var (then weight and bias)': "
+                "folded into one scale and one shift per channel, as inference engines do, equal to rounding", (
+        Mistake("11.3", "eval-scale-and-shift-folded", "template_batchnorm.py",
+                "            invstd = torch.rsqrt(self.running_var + self.eps)\n"
+                "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+                "            scale = torch.rsqrt(self.running_var + self.eps)\n"
+                "            shift = -self.running_mean * scale\n"
+                "            if self.weight is not None:\n"
+                "                scale, shift = scale * self.weight, shift * self.weight + self.bias\n"
+                "            return x * _per_channel(scale, x) + _per_channel(shift, x)\n", ""),)),
 ]
 
 
