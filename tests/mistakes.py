@@ -1456,6 +1456,23 @@ MISTAKES = [
     Mistake("13.3", "never-resets-the-count", "template_local_sgd.py",
             "        self.local_step = 0\n        with torch.no_grad():\n", "        with torch.no_grad():\n",
             "never set back to 0"),
+    # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"
+    Mistake("13.3", "pseudo-gradient-rounded-through-bf16", "template_local_sgd.py",
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            for param in self.params:\n"
+            "                param.grad = param.grad.to(torch.bfloat16).to(param.dtype)\n"
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "went through bfloat16"),
+    Mistake("13.3", "pseudo-gradient-all-reduced-in-bf16", "template_local_sgd.py",  # and the wire in two dtypes
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            low = [param.grad.to(torch.bfloat16) for param in self.params]\n"
+            "            all_reduce_mean(low + buffers, self.group)\n"
+            "            for param, grad in zip(self.params, low):\n                param.grad.copy_(grad)\n",
+            "went through bfloat16"),
+    Mistake("13.3", "pseudo-gradient-rounded-through-float32", "template_local_sgd.py",  # off by 1e-9 only
+            "                param.grad = synced.to(param.device) - param",
+            "                param.grad = (synced.to(param.device) - param).float().to(param.dtype)",
+            "went through float32"),
     # Task 14 (the transformer: tensor and sequence parallelism)
     Mistake("14.1", "contiguous-qkv-split", "template_sequence_parallel.py",  # rank 0 gets all of q
             "    attn.qkv = column.from_linear(regrouped, group)\n", "    attn.qkv = column.from_linear(attn.qkv, group)\n",

@@ -10,6 +10,7 @@ DiLoCo one after the other in one process, with plain tensor arithmetic for the 
 wrong answer that equals `simulate` with one typical mistake is told that mistake.
 """
 import datetime
+import functools
 import linecache
 import os
 
@@ -247,6 +248,14 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
         sign = -1 if mistake == "wrong-sign" else 1
         pseudo_div = {"pseudo-summed": 1, "pseudo-divided-by-h": div * sync_every}.get(mistake, div)
         pseudo = [sign * sum(s - c[i] for c in current) / pseudo_div for i, s in enumerate(synced)]
+        low, how = LOW_PSEUDO.get(mistake, (None, None))
+        if how == "each":  # each rank's rounded to the low dtype and cast back, then averaged
+            pseudo = [sum((s - c[i]).to(low).to(s.dtype) for c in current) / div for i, s in enumerate(synced)]
+        if how == "reduced":  # all-reduced in the low dtype (gloo sums in it), divided in it, cast back
+            pseudo = [(functools.reduce(torch.add, [(s - c[i]).to(low) for c in current]) / div).to(s.dtype)
+                      for i, s in enumerate(synced)]
+        if how == "mean":  # averaged in the parameters' dtype, the mean rounded to the low dtype
+            pseudo = [p.to(low).to(p.dtype) for p in pseudo]
         start = mean[:n_params] if mistake == "from-average" else pseudo if mistake == "pseudo-in-synced" else synced
         with torch.no_grad():
             for p, s, g in zip(outer_params, start, pseudo):
@@ -273,6 +282,20 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
                     mean_state = sum(s[key] for s in states) / len(states)
                     for s in states:
                         s[key] = mean_state.clone()
+
+
+# a pseudo-gradient rounded through a lower precision than the parameters' (float64 here) and cast back: on each
+# rank before the all-reduce, in the all-reduce, or after it
+LOW_PSEUDO = {f"pseudo-{dtype}-{how}".replace("torch.", ""): (dtype, how)
+              for dtype in (torch.bfloat16, torch.float16, torch.float32) for how in ("each", "reduced", "mean")}
+
+
+def _low_pseudo(dtype):
+    name = str(dtype).replace("torch.", "")
+    return (f"the pseudo-gradient went through {name} (rounded, then cast back): the results equal the reference's "
+            f"outer steps on pseudo-gradients rounded to {name}. "
+            "Keep it in the parameter's dtype, exactly synced - param, and average it in that dtype (no .bfloat16(), "
+            ".half(), .float() or autocast on the way): the rounding changes the model")
 
 
 # the mistakes `simulate` can make, and what a student whose results equal it is told
@@ -310,6 +333,7 @@ MISTAKES = {
                           "rank's own"),
     "inner-averaged": (T133, "the inner optimizer's state was averaged: it stays this rank's own; only the "
                              "pseudo-gradients (and the floating-point buffers) are averaged"),
+    **{name: (T133, _low_pseudo(dtype)) for name, (dtype, _) in LOW_PSEUDO.items()},
 }
 # said in the words of Task 13.2 or 13.3 when their own code does it (Task 13.1 is the reference there)
 LATER = {
@@ -949,7 +973,7 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     sync_every, steps, outer = 3, 9, (0.7, 0.9)
     results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
     n = sum(t.numel() for t in averaged(make(Net)))
-    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "from-average", "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
+    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", *LOW_PSEUDO, "from-average", "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
                   "first-step", "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
