@@ -1456,6 +1456,15 @@ MISTAKES = [
     Mistake("13.3", "never-resets-the-count", "template_local_sgd.py",
             "        self.local_step = 0\n        with torch.no_grad():\n", "        with torch.no_grad():\n",
             "never set back to 0"),
+    # helper-a (2026-11-29): the buffers averaged over the world was told only as a split all-reduce (2 ranks, where
+    # the world is the group); the group ignored by average_parameters was told to pass group= to dist.all_reduce
+    Mistake("13.1", "buffers-averaged-over-the-world", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()), group)\n    all_reduce_mean(buffers)\n",
+            "calls all_reduce_mean without the group for some of its tensors"),
+    Mistake("13.1", "average-parameters-drops-the-group", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()) + buffers)\n", "calls all_reduce_mean without the group"),
     # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"
     Mistake("13.3", "pseudo-gradient-rounded-through-bf16", "template_local_sgd.py",
             "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",

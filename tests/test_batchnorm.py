@@ -765,7 +765,8 @@ def _check_layers(results, configs, sub=False):
                     why = _first(got["eval"], [(w, o.detach()) for w, o in wrong if "this rank's slice" not in w
                                                and (count > 1 or "UNBIASED" not in w)])
                     if why:
-                        pytest.fail(f"{where}: the output differs from nn.BatchNorm's in eval: {_frozen_hint(why, kwargs)}")
+                        pytest.fail(f"{where}: the output differs from nn.BatchNorm's in eval: "
+                                    f"{_frozen_hint(why, kwargs)}")
                 assert close(got["eval"], expected), (
                     f"{where}: the output differs from nn.BatchNorm's in eval by "
                     f"{(got['eval'] - expected).abs().max():.2e}: "
