@@ -1168,6 +1168,17 @@ MISTAKES = [
             "            if weight is not None and not weight.requires_grad:\n"
             "                weight, bias = weight.detach(), bias.detach()\n"
             "            return SyncBatchNormFunction.apply(x, weight, bias,", "bias.grad is None after backward"),
+    Mistake("11.2", "bias-gradient-under-the-weights-flag", "template_batchnorm.py",  # passed: a frozen weight
+            "        if ctx.needs_input_grad[2]:\n            grad_bias = sum_dy",
+            "        if ctx.needs_input_grad[1]:\n            grad_bias = sum_dy", "the bias got no gradient"),
+    Mistake("11.2", "input-gradient-unscaled-for-a-frozen-weight", "template_batchnorm.py",  # passed
+            "            scale = invstd if weight is None else invstd * weight",
+            "            scale = invstd * weight if ctx.needs_input_grad[1] else invstd",
+            "not on whether the weight needs a gradient"),
+    Mistake("11.2", "forward-skips-a-frozen-weight", "template_batchnorm.py",  # passed
+            "        if weight is not None:\n            y = y * _per_channel(weight, x)",
+            "        if weight is not None and weight.requires_grad:\n            y = y * _per_channel(weight, x)",
+            "a frozen weight still scales"),
     Mistake("11.3", "frozen-parameters-made-trainable", "template_batchnorm.py",  # passed
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n",
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n"

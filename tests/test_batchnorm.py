@@ -359,9 +359,20 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
         with _said(f"{where}, backward", x=x, affine=affine):
             y.backward(grad_y)  # backward is handed grad_y itself, which the caller still holds
         backward = wire.take()
+        # again with a frozen weight, then a frozen bias (requires_grad=False, fine-tuning): the same output and
+        # input gradient, the trainable one's gradient, none for the frozen one
+        frozen = {}
+        for name in ("weight", "bias") if affine else ():
+            w, b = (t.detach().clone().requires_grad_(n != name) for t, n in ((weight, "weight"), (bias, "bias")))
+            x2 = x.detach().clone().requires_grad_()
+            with _said(f"{where}, with a frozen {name} ({name}.requires_grad=False)", x=x2, affine=affine):
+                y2 = lib.SyncBatchNormFunction.apply(x2, w, b, mean, var, count, 1e-5, group)
+                y2.backward(grad_y.clone())
+            frozen[name] = {"y": y2.detach(), "dx": x2.grad, "dw": w.grad, "db": b.grad, "calls": wire.take()}
     return {"y": y.detach(), "dx": x.grad, "dw": None if weight is None else weight.grad,
             "db": None if bias is None else bias.grad, "forward": forward, "backward": backward,
-            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before}
+            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before,
+            "frozen": frozen}
 
 
 def _reference(sizes, tail, seed, affine=True, frozen=(), **kwargs):
@@ -545,6 +556,38 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
             f"{T112}: the {name} gradients averaged over the ranks are {averaged.tolist()}, expected the single "
             f"process's / {world_size} = {(expected / world_size).tolist()} (each rank's loss is its slice's share): "
             f"give this rank's own sum, {'sum(dy * x_hat)' if name == 'weight' else 'sum(dy)'} over its slice")
+    _check_frozen_function(results, ranks, sizes, tail)
+
+
+def _check_frozen_function(results, ranks, sizes, tail):
+    """The same function call with a frozen weight, then a frozen bias (requires_grad=False): every number as with
+    both trainable (already checked), but no gradient for the frozen one."""
+    for rank in ranks:
+        got = results[rank]
+        for name, again in got["frozen"].items():
+            other = "bias" if name == "weight" else "weight"
+            where = (f"{T112}, slices of {sizes} samples of shape {tuple(tail)}, a frozen {name} "
+                     f"({name}.requires_grad=False), the {other} trainable, rank {rank}")
+            assert close(again["y"], got["y"]), (
+                f"{where}: the output differs from the one with both trainable by "
+                f"{(again['y'] - got['y']).abs().max():.2e}: a frozen {name} still "
+                f"{'scales' if name == 'weight' else 'shifts'} the output: use it whatever its requires_grad")
+            assert again["dx"] is not None and close(again["dx"], got["dx"]), (
+                f"{where}: the input gradient differs from the one with both trainable"
+                + ("" if again["dx"] is None else f" by {(again['dx'] - got['dx']).abs().max():.2e}")
+                + f": it depends on the weight's value, not on whether the {name} needs a gradient "
+                "(ctx.needs_input_grad[i] says only whether to return input i's gradient)")
+            assert len(again["calls"]) == len(got["backward"]), (
+                f"{where}: backward ran {again['calls']}, with both trainable {got['backward']}: the input "
+                "gradient needs its all-reduce whatever the weight and the bias need")
+            mine, key = again["dw" if other == "weight" else "db"], "dw" if other == "weight" else "db"
+            assert mine is not None, (
+                f"{where}: the {other} got no gradient: backward returns a gradient for each input that needs one, "
+                f"ctx.needs_input_grad[{1 if other == 'weight' else 2}] for the {other} (input 0 is x, 1 the weight, "
+                "2 the bias), each checked on its own")
+            assert close(mine, got[key]), (
+                f"{where}: the {other} gradient is {mine.tolist()}, with both trainable {got[key].tolist()}: the "
+                f"same, {'sum(dy * x_hat)' if other == 'weight' else 'sum(dy)'} over this rank's slice")
 
 
 def _run_function(impl, world_size, sizes, tail, affine, sub=False):
