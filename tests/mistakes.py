@@ -1179,6 +1179,21 @@ MISTAKES = [
             "        if weight is not None:\n            y = y * _per_channel(weight, x)",
             "        if weight is not None and weight.requires_grad:\n            y = y * _per_channel(weight, x)",
             "a frozen weight still scales"),
+    Mistake("11.3", "running-stats-keep-the-graph", "template_batchnorm.py",  # was autograd's raw "a second time"
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n"
+            "            if self.track_running_stats:\n"
+            "                self.num_batches_tracked.add_(1)\n"
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n"
+            "                with torch.no_grad():\n"
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+            "            mean, var, count = global_batch_stats(x, self.process_group)\n"
+            "            if self.track_running_stats:\n"
+            "                self.num_batches_tracked.add_(1)\n"
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n"
+            "                self.running_mean = (1 - m) * self.running_mean + m * mean\n"
+            "                self.running_var = (1 - m) * self.running_var + m * var * count / (count - 1)\n",
+            "they hold autograd's graph"),
     Mistake("11.3", "frozen-parameters-made-trainable", "template_batchnorm.py",  # passed
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n",
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n"
@@ -3270,6 +3285,15 @@ RIGHT_ANSWERS = [
                 "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
                 "            weight, bias = (p if p is None or p.requires_grad else p.detach() for p in (self.weight, self.bias))\n"
                 "            return SyncBatchNormFunction.apply(x, weight, bias,", ""),)),
+    RightAnswer("11.3", "running-stats-rebound-with-lerp",  # helper-a (2026-11-29)
+                "'running_mean = (1 - m) * running_mean + m * mean': torch.lerp, the buffers rebound to new tensors "
+                "(nn.Module keeps them registered), from statistics of x.detach(): no graph kept", (
+        Mistake("11.3", "running-stats-rebound-with-lerp", "template_batchnorm.py",
+                "                with torch.no_grad():\n"
+                "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+                "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+                "                self.running_mean = torch.lerp(self.running_mean, mean, m)\n"
+                "                self.running_var = torch.lerp(self.running_var, var * count / (count - 1), m)\n", ""),)),
     RightAnswer("11.3", "eval-scale-and-shift-folded",  # helper-a (2026-11-29)
                 "'eval with running statistics: normalise with running_mean and running_var (then weight and bias)': "
                 "folded into one scale and one shift per channel, as inference engines do, equal to rounding", (

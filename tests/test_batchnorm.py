@@ -699,6 +699,12 @@ def _layer(rank, world_size, impl, configs, sub):
                 assert forward, (f"{where}, rank {rank} (a slice of {len(x)} samples): the training forward sent "
                                  "nothing. Every rank must call global_batch_stats, also one whose slice is empty (no "
                                  "early return for it), or the others wait forever")
+                graphed = [name for name, buffer in layer.named_buffers() if buffer.requires_grad]
+                assert not graphed, (
+                    f"{where}, rank {rank}: after the training forward the buffers {graphed} require grad: they hold "
+                    "autograd's graph of this step (and of every step before: it grows, and eval's backward runs into "
+                    "freed parts of it). Update the running statistics from statistics of x.detach() (or under "
+                    "torch.no_grad()): they are constants to autograd, as nn.BatchNorm's")
                 with _said(f"{where}, backward, rank {rank}", **context):
                     (y * grad_y).sum().backward()
                 backward = wire.take()
