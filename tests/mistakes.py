@@ -1194,6 +1194,10 @@ MISTAKES = [
             "                self.running_mean = (1 - m) * self.running_mean + m * mean\n"
             "                self.running_var = (1 - m) * self.running_var + m * var * count / (count - 1)\n",
             "they hold autograd's graph"),
+    Mistake("11.3", "running-var-count-as-equal-slices", "template_batchnorm.py",  # was the formula alone
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "                    n = x.numel() // x.shape[1] * dist.get_world_size()\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * n / (n - 1))", "as if every slice were the same size"),
     Mistake("11.3", "frozen-parameters-made-trainable", "template_batchnorm.py",  # passed
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n",
             "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n"

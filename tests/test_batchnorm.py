@@ -924,6 +924,10 @@ def _check_buffers(where, got, bn, bn_before, sizes, tail, seed, kwargs, grank=0
             elif any(n > 1 and close(got[key], (1 - m) * old + m * var * n / (n - 1)) for n in mine):
                 why = ("var * n / (n - 1) with this rank's own count n: use the global count, the same on every rank, "
                        "or the ranks' running statistics drift apart")
+            elif (k := mine[grank] * len(sizes)) > 1 and close(got[key], (1 - m) * old + m * var * k / (k - 1)):
+                why = (f"var * n / (n - 1) with n = this rank's count times the number of ranks ({mine[grank]} * "
+                       f"{len(sizes)}), as if every slice were the same size: use the global count that "
+                       "global_batch_stats returned, the sum of the ranks' counts")
             else:
                 why = "running_var = (1 - m) * running_var + m * var * count / (count - 1), the global count"
         elif key == "num_batches_tracked":
