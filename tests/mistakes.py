@@ -1495,6 +1495,8 @@ MISTAKES = [
     Mistake("13.1", "average-parameters-drops-the-group", "template_local_sgd.py",
             "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
             "    all_reduce_mean(list(model.parameters()) + buffers)\n", "calls all_reduce_mean without the group"),
+    Mistake("13.1", "divides-by-two", "template_local_sgd.py",  # right on 2 ranks; was told to advance the offset
+            "            flat /= size\n", "            flat /= 2\n", "divided by 2, where the group has 1 rank"),
     # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"
     Mistake("13.3", "pseudo-gradient-rounded-through-bf16", "template_local_sgd.py",
             "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
@@ -2747,6 +2749,21 @@ RIGHT_ANSWERS = [
                 "            average_parameters(self.model, self.group)\n"
                 "            for param, synced in zip(self.params, self.synced):\n"
                 "                param.grad = synced.to(param.device) - param\n", ""),)),
+    RightAnswer("13.1", "reduce-op-avg",  # helper-a (2026-11-29)
+                "'all-reduce that buffer once with SUM, divide it by the GROUP's size': ReduceOp.AVG over the group "
+                "does both (gloo takes it for floats since torch 2.7)", (
+        Mistake("13.1", "reduce-op-avg", "template_local_sgd.py",
+                "            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # gloo has AVG only since torch 2.7\n"
+                "            flat /= size\n",
+                "            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)\n", ""),)),
+    RightAnswer("13.1", "copied-back-through-split",  # helper-a (2026-11-29)
+                "'copy each slice back into its tensor': flat.split by the tensors' sizes gives the same slices", (
+        Mistake("13.1", "copied-back-through-split", "template_local_sgd.py",
+                "            offset = 0\n            for tensor in same:\n"
+                "                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))\n"
+                "                offset += tensor.numel()\n",
+                "            for tensor, piece in zip(same, flat.split([t.numel() for t in same])):\n"
+                "                tensor.copy_(piece.view(tensor.shape))\n", ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",

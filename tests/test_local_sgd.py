@@ -634,6 +634,11 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
             if torch.allclose(value.double(), total / world_size, rtol=1e-5, atol=1e-5) and sub:
                 pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by the world's size: divide by the "
                             "group's size, dist.get_world_size(group)")
+            divisor = next((k for k in range(2, 9) if k != len(members) and torch.allclose(
+                value.double(), total / k, rtol=1e-5, atol=1e-5)), None)
+            if divisor is not None and bool((total != 0).any()):
+                pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by {divisor}, where the group has "
+                            f"{len(members)} rank(s): divide by the group's size, dist.get_world_size(group)")
             if sub:
                 everyone = _expected_mean(rank, list(range(world_size)))[key]
                 over_world = torch.allclose(value.double(), everyone.double(), rtol=1e-6, atol=1e-6) or torch.allclose(
