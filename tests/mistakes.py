@@ -1498,6 +1498,11 @@ MISTAKES = [
     Mistake("13.1", "divides-by-two", "template_local_sgd.py",  # right on 2 ranks; was told to advance the offset
             "            flat /= size\n", "            flat /= 2\n", "divided by 2, where the group has 1 rank"),
     # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"
+    Mistake("13.3", "pseudo-gradient-added-to-the-inner-gradient", "template_local_sgd.py",  # was a bare "off by"
+            "                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+            "                if param.grad is None:\n                    param.grad = synced.to(param.device) - param\n"
+            "                else:\n                    param.grad += synced.to(param.device) - param\n",
+            "added to the last inner step's gradient"),
     Mistake("13.3", "pseudo-gradient-rounded-through-bf16", "template_local_sgd.py",
             "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
             "            for param in self.params:\n"
@@ -2764,6 +2769,13 @@ RIGHT_ANSWERS = [
                 "                offset += tensor.numel()\n",
                 "            for tensor, piece in zip(same, flat.split([t.numel() for t in same])):\n"
                 "                tensor.copy_(piece.view(tensor.shape))\n", ""),)),
+    RightAnswer("13.3", "synced-rebuilt-as-new-cpu-copies",  # helper-a (2026-11-29)
+                "'the result is the new synced value': a new list of CPU copies holds the same values as copying into "
+                "the old one", (
+        Mistake("13.3", "synced-rebuilt-as-new-cpu-copies", "template_local_sgd.py",
+                "        for param, synced in zip(self.params, self.synced):\n"
+                "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+                "        self.synced = [param.detach().to('cpu', copy=True) for param in self.params]\n", ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",

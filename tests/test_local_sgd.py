@@ -248,6 +248,9 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
         sign = -1 if mistake == "wrong-sign" else 1
         pseudo_div = {"pseudo-summed": 1, "pseudo-divided-by-h": div * sync_every}.get(mistake, div)
         pseudo = [sign * sum(s - c[i] for c in current) / pseudo_div for i, s in enumerate(synced)]
+        if mistake == "pseudo-plus-grad":  # added to the last inner step's gradient, still in .grad
+            pseudo = [sum(s - c[i] + (0 if p.grad is None else p.grad) for c, p in
+                          zip(current, (list(m.parameters())[i] for m in models))) / div for i, s in enumerate(synced)]
         low, how = LOW_PSEUDO.get(mistake, (None, None))
         if how == "each":  # each rank's rounded to the low dtype and cast back, then averaged
             pseudo = [sum((s - c[i]).to(low).to(s.dtype) for c in current) / div for i, s in enumerate(synced)]
@@ -319,6 +322,9 @@ MISTAKES = {
                             "buffers to ONE all_reduce_mean call, which divides the sum by the group's size"),
     "pseudo-divided-by-h": (T133, "the pseudo-gradient was divided by sync_every (H): it is the whole change of the "
                                   "round, synced - param, nothing scaled (the outer learning rate sets the step)"),
+    "pseudo-plus-grad": (T133, "the pseudo-gradient was added to the last inner step's gradient, still in param.grad "
+                               "(param.grad += ..., or add_): set it, param.grad = synced - param, replacing what is "
+                               "there"),
     "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
                            "synced ones (self.synced) first, then step"),
     "pseudo-in-synced": (T133, "the outer step started from the averaged pseudo-gradient, not from self.synced: the "
@@ -998,9 +1004,9 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     sync_every, steps, outer = 3, 9, (0.7, 0.9)
     results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
     n = sum(t.numel() for t in averaged(make(Net)))
-    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", *LOW_PSEUDO, "from-average", "pseudo-in-synced",
-                  "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
-                  "first-step", "never-resets", "no-buffers", "sum"]
+    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "pseudo-plus-grad", *LOW_PSEUDO, "from-average",
+                  "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged", "first-step",
+                  "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T133, rank, out["closures"], "DiLoCo")
