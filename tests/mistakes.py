@@ -2776,6 +2776,15 @@ RIGHT_ANSWERS = [
                 "        for param, synced in zip(self.params, self.synced):\n"
                 "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
                 "        self.synced = [param.detach().to('cpu', copy=True) for param in self.params]\n", ""),)),
+    RightAnswer("13.3", "pseudo-gradients-by-foreach-sub",  # helper-a (2026-11-29)
+                "'synced - param, as param.grad, on the parameter's device': torch._foreach_sub gives the same "
+                "tensors in one call", (
+        Mistake("13.3", "pseudo-gradients-by-foreach-sub", "template_local_sgd.py",
+                "            for param, synced in zip(self.params, self.synced):\n"
+                "                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+                "            pseudo = torch._foreach_sub([synced.to(param.device) for param, synced in zip(self.params, "
+                "self.synced)], [param.detach() for param in self.params])\n"
+                "            for param, grad in zip(self.params, pseudo):\n                param.grad = grad\n", ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
