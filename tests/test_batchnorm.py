@@ -6,9 +6,10 @@ The reference is independent: one process running nn.BatchNorm1d / nn.BatchNorm2
 global batch (every rank's slice put together), in float64 so that any difference beyond
 rounding is a mistake; and PyTorch's own torch.nn.SyncBatchNorm.convert_sync_batchnorm for the
 conversion. Real gloo ranks (tests/harness.py), 2 and 3 of them, slices of unequal sizes and an
-empty one, a sub-group of 4 ranks; what goes on the wire is recorded (each collective's kind,
-dtype and size): one collective in forward and one in backward, nothing in eval. The tests of one
-task take solutions/' answers to the others (judging), so a mistake costs one task's points.
+empty one, a sub-group of 4 ranks, a frozen weight and a frozen bias (requires_grad=False); what
+goes on the wire is recorded (each collective's kind, dtype and size): one collective in forward
+and one in backward, nothing in eval. The tests of one task take solutions/' answers to the
+others (judging), so a mistake costs one task's points.
 """
 import contextlib
 import copy
