@@ -1491,10 +1491,16 @@ MISTAKES = [
     Mistake("13.1", "buffers-averaged-over-the-world", "template_local_sgd.py",
             "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
             "    all_reduce_mean(list(model.parameters()), group)\n    all_reduce_mean(buffers)\n",
-            "calls all_reduce_mean without the group for some of its tensors"),
+            "some collectives of average_parameters were not given the group"),
+    Mistake("13.1", "buffers-all-reduced-alone-over-the-world", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()), group)\n    for buffer in buffers:\n"
+            "        dist.all_reduce(buffer)\n        buffer /= dist.get_world_size()\n",
+            "some collectives of average_parameters were not given the group"),
     Mistake("13.1", "average-parameters-drops-the-group", "template_local_sgd.py",
             "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
-            "    all_reduce_mean(list(model.parameters()) + buffers)\n", "calls all_reduce_mean without the group"),
+            "    all_reduce_mean(list(model.parameters()) + buffers)\n",
+            "average_parameters' collectives were not given the group"),
     Mistake("13.1", "divides-by-two", "template_local_sgd.py",  # right on 2 ranks; was told to advance the offset
             "            flat /= size\n", "            flat /= 2\n", "divided by 2, where the group has 1 rank"),
     # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"

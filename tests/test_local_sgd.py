@@ -658,11 +658,12 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
                         f"average_parameters sent {len(mine)} all-reduce(s), {len(wide)} of them over all "
                         f"{world_size} ranks ({', '.join(f'{c[3]} {c[2]}' for c in wide)} elements), while "
-                        "all_reduce_mean(tensors, group) called alone keeps to the group: average_parameters calls "
-                        "all_reduce_mean without the group"
-                        + (" for some of its tensors" if len(wide) < len(mine) else "")
-                        + ". Hand `group` on (all_reduce_mean(tensors, group)), in ONE call for the parameters and the "
-                        "floating-point buffers together"
+                        "all_reduce_mean(tensors, group) called alone keeps to the group: "
+                        + ("some collectives of average_parameters were" if len(wide) < len(mine) else
+                           "average_parameters' collectives were")
+                        + " not given the group (an all_reduce_mean or dist.all_reduce call without it). Average "
+                        "with ONE all_reduce_mean(tensors, group) call, the parameters and the floating-point buffers "
+                        "together"
                         + (f" ({n_dtypes} all-reduces, one per dtype, where it sent {len(mine)})"
                            if len(mine) > n_dtypes else ""))
                 if over_world:
