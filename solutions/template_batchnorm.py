@@ -89,8 +89,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
         y = SyncBatchNormFunction.apply(x, weight, bias, mean, var, count, eps, group)
 
-    x: this rank's slice (N, C, ...); weight, bias: (C,) or None (affine=False); mean, var,
-    count: global_batch_stats(x.detach(), group); eps: added to var; group: as there.
+    x: this rank's slice (N, C, ...); weight, bias: (C,) or None (affine=False), either of them
+    possibly frozen (requires_grad=False: it still scales or shifts, and gets no gradient); mean,
+    var, count: global_batch_stats(x.detach(), group); eps: added to var; group: as there.
 
     forward: y = (x - mean) / sqrt(var + eps) * weight + bias, per channel (x_hat is the part
     before * weight). Write it out: no PyTorch BatchNorm function (not F.batch_norm, not
@@ -106,7 +107,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
     The weight and bias gradients, sum(dy * x_hat) and sum(dy), stay THIS rank's sums (before
     the all-reduce): data parallelism averages them over the ranks like any other gradient
     (Task 2.2, DDP); summed here as well, they would come out world_size times too large.
-    Return one gradient per input of forward (None for those without).
+    Return one gradient per input of forward (None for those without; ctx.needs_input_grad[i]
+    says whether input i needs one).
     """
 
     @staticmethod
@@ -157,7 +159,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     The same attributes as nn.BatchNorm (weight, bias, running_mean, running_var,
     num_batches_tracked; built by nn.BatchNorm's own base class), plus process_group: the ranks
     whose slices form the global batch (None: every rank). Takes (N, C, ...) inputs of any
-    number of dimensions from 2.
+    number of dimensions from 2. A frozen weight or bias (requires_grad=False, as in
+    fine-tuning) still scales and shifts, in training and in eval; it only gets no gradient,
+    as in nn.BatchNorm.
 
     forward(x), in training (self.training), or in eval without running statistics:
     - training: mean, var, count = global_batch_stats (11.1), and y = SyncBatchNormFunction

@@ -1191,6 +1191,56 @@ MISTAKES = [
             "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
             "            y = x.sub_(_per_channel(self.running_mean, x)).mul_(_per_channel(invstd, x))\n",
             "never change it in place"),
+    # Task 11, helper-a (2026-11-29): a frozen weight or bias (requires_grad=False), which the tests never built
+    Mistake("11.3", "frozen-weight-passed-as-none", "template_batchnorm.py",  # passed: the output lost its scale
+            "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+            "            weight = self.weight if self.weight is not None and self.weight.requires_grad else None\n"
+            "            return SyncBatchNormFunction.apply(x, weight, self.bias,", "a frozen weight still scales"),
+    Mistake("11.3", "eval-skips-a-frozen-affine", "template_batchnorm.py",  # passed
+            "        if self.weight is not None:\n            y = y * _per_channel(self.weight, x)",
+            "        if self.weight is not None and self.weight.requires_grad:\n            y = y * _per_channel(self.weight, x)",
+            "a frozen weight still scales"),
+    Mistake("11.3", "frozen-weight-detaches-the-bias-too", "template_batchnorm.py",  # passed: bias.grad None
+            "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+            "            weight, bias = self.weight, self.bias\n"
+            "            if weight is not None and not weight.requires_grad:\n"
+            "                weight, bias = weight.detach(), bias.detach()\n"
+            "            return SyncBatchNormFunction.apply(x, weight, bias,", "bias.grad is None after backward"),
+    Mistake("11.2", "bias-gradient-under-the-weights-flag", "template_batchnorm.py",  # passed: a frozen weight
+            "        if ctx.needs_input_grad[2]:\n            grad_bias = sum_dy",
+            "        if ctx.needs_input_grad[1]:\n            grad_bias = sum_dy", "the bias got no gradient"),
+    Mistake("11.2", "input-gradient-unscaled-for-a-frozen-weight", "template_batchnorm.py",  # passed
+            "            scale = invstd if weight is None else invstd * weight",
+            "            scale = invstd * weight if ctx.needs_input_grad[1] else invstd",
+            "not on whether the weight needs a gradient"),
+    Mistake("11.2", "forward-skips-a-frozen-weight", "template_batchnorm.py",  # passed
+            "        if weight is not None:\n            y = y * _per_channel(weight, x)",
+            "        if weight is not None and weight.requires_grad:\n            y = y * _per_channel(weight, x)",
+            "a frozen weight still scales"),
+    Mistake("11.3", "running-stats-keep-the-graph", "template_batchnorm.py",  # was autograd's raw "a second time"
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n"
+            "            if self.track_running_stats:\n"
+            "                self.num_batches_tracked.add_(1)\n"
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n"
+            "                with torch.no_grad():\n"
+            "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+            "            mean, var, count = global_batch_stats(x, self.process_group)\n"
+            "            if self.track_running_stats:\n"
+            "                self.num_batches_tracked.add_(1)\n"
+            "                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum\n"
+            "                self.running_mean = (1 - m) * self.running_mean + m * mean\n"
+            "                self.running_var = (1 - m) * self.running_var + m * var * count / (count - 1)\n",
+            "they hold autograd's graph"),
+    Mistake("11.3", "running-var-count-as-equal-slices", "template_batchnorm.py",  # was the formula alone
+            "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
+            "                    n = x.numel() // x.shape[1] * dist.get_world_size()\n"
+            "                    self.running_var.mul_(1 - m).add_(m * var * n / (n - 1))", "as if every slice were the same size"),
+    Mistake("11.3", "frozen-parameters-made-trainable", "template_batchnorm.py",  # passed
+            "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n",
+            "        self._check_input_dim(x)\n        # --- Task 11.3 begin ---\n"
+            "        if self.weight is not None:\n            self.weight.requires_grad_(True)\n"
+            "            self.bias.requires_grad_(True)\n", "a frozen parameter gets no gradient"),
     # Task 12: gradient compression hooks (template_compression.py)
     Mistake("12.1", "divides-after-the-sum", "template_compression.py",  # fp16: the sum of 3 ranks overflows
             "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n"
@@ -1474,6 +1524,45 @@ MISTAKES = [
     Mistake("13.3", "never-resets-the-count", "template_local_sgd.py",
             "        self.local_step = 0\n        with torch.no_grad():\n", "        with torch.no_grad():\n",
             "never set back to 0"),
+    # helper-a (2026-11-29): the buffers averaged over the world was told only as a split all-reduce (2 ranks, where
+    # the world is the group); the group ignored by average_parameters was told to pass group= to dist.all_reduce
+    Mistake("13.1", "buffers-averaged-over-the-world", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()), group)\n    all_reduce_mean(buffers)\n",
+            "some collectives of average_parameters were not given the group"),
+    Mistake("13.1", "buffers-all-reduced-alone-over-the-world", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()), group)\n    for buffer in buffers:\n"
+            "        dist.all_reduce(buffer)\n        buffer /= dist.get_world_size()\n",
+            "some collectives of average_parameters were not given the group"),
+    Mistake("13.1", "average-parameters-drops-the-group", "template_local_sgd.py",
+            "    all_reduce_mean(list(model.parameters()) + buffers, group)\n",
+            "    all_reduce_mean(list(model.parameters()) + buffers)\n",
+            "average_parameters' collectives were not given the group"),
+    Mistake("13.1", "divides-by-two", "template_local_sgd.py",  # right on 2 ranks; was told to advance the offset
+            "            flat /= size\n", "            flat /= 2\n", "divided by 2, where the group has 1 rank"),
+    # helper-a (2026-11-29): a pseudo-gradient rounded through a lower precision was a bare "off by"
+    Mistake("13.3", "pseudo-gradient-added-to-the-inner-gradient", "template_local_sgd.py",  # was a bare "off by"
+            "                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+            "                if param.grad is None:\n                    param.grad = synced.to(param.device) - param\n"
+            "                else:\n                    param.grad += synced.to(param.device) - param\n",
+            "added to the last inner step's gradient"),
+    Mistake("13.3", "pseudo-gradient-rounded-through-bf16", "template_local_sgd.py",
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            for param in self.params:\n"
+            "                param.grad = param.grad.to(torch.bfloat16).to(param.dtype)\n"
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "went through bfloat16"),
+    Mistake("13.3", "pseudo-gradient-all-reduced-in-bf16", "template_local_sgd.py",  # and the wire in two dtypes
+            "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n",
+            "            low = [param.grad.to(torch.bfloat16) for param in self.params]\n"
+            "            all_reduce_mean(low + buffers, self.group)\n"
+            "            for param, grad in zip(self.params, low):\n                param.grad.copy_(grad)\n",
+            "went through bfloat16"),
+    Mistake("13.3", "pseudo-gradient-rounded-through-float32", "template_local_sgd.py",  # off by 1e-9 only
+            "                param.grad = synced.to(param.device) - param",
+            "                param.grad = (synced.to(param.device) - param).float().to(param.dtype)",
+            "went through float32"),
     # Task 14 (the transformer: tensor and sequence parallelism)
     Mistake("14.1", "contiguous-qkv-split", "template_sequence_parallel.py",  # rank 0 gets all of q
             "    attn.qkv = column.from_linear(regrouped, group)\n", "    attn.qkv = column.from_linear(attn.qkv, group)\n",
@@ -2709,6 +2798,37 @@ RIGHT_ANSWERS = [
                 "            average_parameters(self.model, self.group)\n"
                 "            for param, synced in zip(self.params, self.synced):\n"
                 "                param.grad = synced.to(param.device) - param\n", ""),)),
+    RightAnswer("13.1", "reduce-op-avg",  # helper-a (2026-11-29)
+                "'all-reduce that buffer once with SUM, divide it by the GROUP's size': ReduceOp.AVG over the group "
+                "does both (gloo takes it for floats since torch 2.7)", (
+        Mistake("13.1", "reduce-op-avg", "template_local_sgd.py",
+                "            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # gloo has AVG only since torch 2.7\n"
+                "            flat /= size\n",
+                "            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)\n", ""),)),
+    RightAnswer("13.1", "copied-back-through-split",  # helper-a (2026-11-29)
+                "'copy each slice back into its tensor': flat.split by the tensors' sizes gives the same slices", (
+        Mistake("13.1", "copied-back-through-split", "template_local_sgd.py",
+                "            offset = 0\n            for tensor in same:\n"
+                "                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))\n"
+                "                offset += tensor.numel()\n",
+                "            for tensor, piece in zip(same, flat.split([t.numel() for t in same])):\n"
+                "                tensor.copy_(piece.view(tensor.shape))\n", ""),)),
+    RightAnswer("13.3", "synced-rebuilt-as-new-cpu-copies",  # helper-a (2026-11-29)
+                "'the result is the new synced value': a new list of CPU copies holds the same values as copying into "
+                "the old one", (
+        Mistake("13.3", "synced-rebuilt-as-new-cpu-copies", "template_local_sgd.py",
+                "        for param, synced in zip(self.params, self.synced):\n"
+                "            synced.copy_(param.detach())  # after the outer step: where the next round starts\n",
+                "        self.synced = [param.detach().to('cpu', copy=True) for param in self.params]\n", ""),)),
+    RightAnswer("13.3", "pseudo-gradients-by-foreach-sub",  # helper-a (2026-11-29)
+                "'synced - param, as param.grad, on the parameter's device': torch._foreach_sub gives the same "
+                "tensors in one call", (
+        Mistake("13.3", "pseudo-gradients-by-foreach-sub", "template_local_sgd.py",
+                "            for param, synced in zip(self.params, self.synced):\n"
+                "                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+                "            pseudo = torch._foreach_sub([synced.to(param.device) for param, synced in zip(self.params, "
+                "self.synced)], [param.detach() for param in self.params])\n"
+                "            for param, grad in zip(self.params, pseudo):\n                param.grad = grad\n", ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",
@@ -3268,6 +3388,33 @@ RIGHT_ANSWERS = [
                 "        x_hat, invstd, weight = ctx.saved_tensors\n",
                 "        x, mean, invstd, weight = ctx.saved_tensors\n"
                 "        x_hat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)\n", ""),)),
+    RightAnswer("11.3", "frozen-parameters-detached",  # helper-a (2026-11-29)
+                "'a frozen weight or bias still scales and shifts; it only gets no gradient': passing a frozen "
+                "parameter detached gives the same values and, as before, no gradient", (
+        Mistake("11.3", "frozen-parameters-detached", "template_batchnorm.py",
+                "            return SyncBatchNormFunction.apply(x, self.weight, self.bias,",
+                "            weight, bias = (p if p is None or p.requires_grad else p.detach() for p in (self.weight, self.bias))\n"
+                "            return SyncBatchNormFunction.apply(x, weight, bias,", ""),)),
+    RightAnswer("11.3", "running-stats-rebound-with-lerp",  # helper-a (2026-11-29)
+                "'running_mean = (1 - m) * running_mean + m * mean': torch.lerp, the buffers rebound to new tensors "
+                "(nn.Module keeps them registered), from statistics of x.detach(): no graph kept", (
+        Mistake("11.3", "running-stats-rebound-with-lerp", "template_batchnorm.py",
+                "                with torch.no_grad():\n"
+                "                    self.running_mean.mul_(1 - m).add_(m * mean)\n"
+                "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))\n",
+                "                self.running_mean = torch.lerp(self.running_mean, mean, m)\n"
+                "                self.running_var = torch.lerp(self.running_var, var * count / (count - 1), m)\n", ""),)),
+    RightAnswer("11.3", "eval-scale-and-shift-folded",  # helper-a (2026-11-29)
+                "'eval with running statistics: normalise with running_mean and running_var (then weight and bias)': "
+                "folded into one scale and one shift per channel, as inference engines do, equal to rounding", (
+        Mistake("11.3", "eval-scale-and-shift-folded", "template_batchnorm.py",
+                "            invstd = torch.rsqrt(self.running_var + self.eps)\n"
+                "            y = (x - _per_channel(self.running_mean, x)) * _per_channel(invstd, x)\n",
+                "            scale = torch.rsqrt(self.running_var + self.eps)\n"
+                "            shift = -self.running_mean * scale\n"
+                "            if self.weight is not None:\n"
+                "                scale, shift = scale * self.weight, shift * self.weight + self.bias\n"
+                "            return x * _per_channel(scale, x) + _per_channel(shift, x)\n", ""),)),
 ]
 
 

@@ -6,9 +6,10 @@ The reference is independent: one process running nn.BatchNorm1d / nn.BatchNorm2
 global batch (every rank's slice put together), in float64 so that any difference beyond
 rounding is a mistake; and PyTorch's own torch.nn.SyncBatchNorm.convert_sync_batchnorm for the
 conversion. Real gloo ranks (tests/harness.py), 2 and 3 of them, slices of unequal sizes and an
-empty one, a sub-group of 4 ranks; what goes on the wire is recorded (each collective's kind,
-dtype and size): one collective in forward and one in backward, nothing in eval. The tests of one
-task take solutions/' answers to the others (judging), so a mistake costs one task's points.
+empty one, a sub-group of 4 ranks, a frozen weight and a frozen bias (requires_grad=False); what
+goes on the wire is recorded (each collective's kind, dtype and size): one collective in forward
+and one in backward, nothing in eval. The tests of one task take solutions/' answers to the
+others (judging), so a mistake costs one task's points.
 """
 import contextlib
 import copy
@@ -359,13 +360,25 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
         with _said(f"{where}, backward", x=x, affine=affine):
             y.backward(grad_y)  # backward is handed grad_y itself, which the caller still holds
         backward = wire.take()
+        # again with a frozen weight, then a frozen bias (requires_grad=False, fine-tuning): the same output and
+        # input gradient, the trainable one's gradient, none for the frozen one
+        frozen = {}
+        for name in ("weight", "bias") if affine else ():
+            w, b = (t.detach().clone().requires_grad_(n != name) for t, n in ((weight, "weight"), (bias, "bias")))
+            x2 = x.detach().clone().requires_grad_()
+            with _said(f"{where}, with a frozen {name} ({name}.requires_grad=False)", x=x2, affine=affine):
+                y2 = lib.SyncBatchNormFunction.apply(x2, w, b, mean, var, count, 1e-5, group)
+                y2.backward(grad_y.clone())
+            frozen[name] = {"y": y2.detach(), "dx": x2.grad, "dw": w.grad, "db": b.grad, "calls": wire.take()}
     return {"y": y.detach(), "dx": x.grad, "dw": None if weight is None else weight.grad,
             "db": None if bias is None else bias.grad, "forward": forward, "backward": backward,
-            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before}
+            "x_same": x_same, "grad_y_same": torch.equal(grad_y, grad_y_before), "y_before": y_before,
+            "frozen": frozen}
 
 
-def _reference(sizes, tail, seed, affine=True, **kwargs):
-    """One process, nn.BatchNorm on the whole global batch: output, input gradient, parameter gradients."""
+def _reference(sizes, tail, seed, affine=True, frozen=(), **kwargs):
+    """One process, nn.BatchNorm on the whole global batch: output, input gradient, parameter gradients.
+    frozen: the names of the parameters set to requires_grad=False (they still scale and shift)."""
     whole = torch.cat(slices(sizes, tail, seed)).requires_grad_()
     grad_y = torch.cat(slices(sizes, tail, seed + 1))
     bn = (nn.BatchNorm2d if len(tail) == 3 else nn.BatchNorm1d)(C, affine=affine, **kwargs).double()
@@ -373,6 +386,8 @@ def _reference(sizes, tail, seed, affine=True, **kwargs):
     if affine:
         with torch.no_grad():
             bn.weight.copy_(weight), bn.bias.copy_(bias)
+    for name in frozen:
+        getattr(bn, name).requires_grad_(False)
     y = bn(whole)
     (y * grad_y).sum().backward()
     return bn, y.detach(), whole.grad, bn.weight.grad if affine else None, bn.bias.grad if affine else None
@@ -403,7 +418,8 @@ def _wrong_outputs(x, mean, var, count, weight, bias, eps=1e-5):
     if weight is not None:
         wrong += [("weight and bias are swapped: y = x_hat * weight + bias", out(mean, (var + eps).rsqrt(), bias, weight)),
                   ("the bias is left out", out(mean, (var + eps).rsqrt(), weight, None)),
-                  ("the weight is left out", out(mean, (var + eps).rsqrt(), None, bias))]
+                  ("the weight is left out", out(mean, (var + eps).rsqrt(), None, bias)),
+                  ("the weight and the bias are left out", out(mean, (var + eps).rsqrt(), None, None))]
     return wrong
 
 
@@ -541,6 +557,38 @@ def _check_function_group(results, ranks, sizes, tail, affine, seed, other_sums)
             f"{T112}: the {name} gradients averaged over the ranks are {averaged.tolist()}, expected the single "
             f"process's / {world_size} = {(expected / world_size).tolist()} (each rank's loss is its slice's share): "
             f"give this rank's own sum, {'sum(dy * x_hat)' if name == 'weight' else 'sum(dy)'} over its slice")
+    _check_frozen_function(results, ranks, sizes, tail)
+
+
+def _check_frozen_function(results, ranks, sizes, tail):
+    """The same function call with a frozen weight, then a frozen bias (requires_grad=False): every number as with
+    both trainable (already checked), but no gradient for the frozen one."""
+    for rank in ranks:
+        got = results[rank]
+        for name, again in got["frozen"].items():
+            other = "bias" if name == "weight" else "weight"
+            where = (f"{T112}, slices of {sizes} samples of shape {tuple(tail)}, a frozen {name} "
+                     f"({name}.requires_grad=False), the {other} trainable, rank {rank}")
+            assert close(again["y"], got["y"]), (
+                f"{where}: the output differs from the one with both trainable by "
+                f"{(again['y'] - got['y']).abs().max():.2e}: a frozen {name} still "
+                f"{'scales' if name == 'weight' else 'shifts'} the output: use it whatever its requires_grad")
+            assert again["dx"] is not None and close(again["dx"], got["dx"]), (
+                f"{where}: the input gradient differs from the one with both trainable"
+                + ("" if again["dx"] is None else f" by {(again['dx'] - got['dx']).abs().max():.2e}")
+                + f": it depends on the weight's value, not on whether the {name} needs a gradient "
+                "(ctx.needs_input_grad[i] says only whether to return input i's gradient)")
+            assert len(again["calls"]) == len(got["backward"]), (
+                f"{where}: backward ran {again['calls']}, with both trainable {got['backward']}: the input "
+                "gradient needs its all-reduce whatever the weight and the bias need")
+            mine, key = again["dw" if other == "weight" else "db"], "dw" if other == "weight" else "db"
+            assert mine is not None, (
+                f"{where}: the {other} got no gradient: backward returns a gradient for each input that needs one, "
+                f"ctx.needs_input_grad[{1 if other == 'weight' else 2}] for the {other} (input 0 is x, 1 the weight, "
+                "2 the bias), each checked on its own")
+            assert close(mine, got[key]), (
+                f"{where}: the {other} gradient is {mine.tolist()}, with both trainable {got[key].tolist()}: the "
+                f"same, {'sum(dy * x_hat)' if other == 'weight' else 'sum(dy)'} over this rank's slice")
 
 
 def _run_function(impl, world_size, sizes, tail, affine, sub=False):
@@ -576,17 +624,39 @@ def test_function_on_3_ranks_unequal_and_empty_slices(impl, affine):
 
 # --------------------------------------------------------------------------- Task 11.3
 STEPS = 3
-# (sample shape, sizes per rank, keyword arguments of the layer)
+# (sample shape, sizes per rank, keyword arguments of the layer; "frozen": the parameters set to
+# requires_grad=False, as in fine-tuning: they still scale and shift, and get no gradient)
 LAYERS_2 = [((C, 2, 2), [3, 5], {}),
             ((C, 2, 2), [4, 4], {"momentum": None}),
             ((C,), [4, 4], {"affine": False}),
-            ((C, 2), [3, 5], {"track_running_stats": False})]
-LAYERS_3 = [((C, 2, 2), [2, 0, 5], {}), ((C,), [1, 4, 2], {"momentum": None})]
+            ((C, 2), [3, 5], {"track_running_stats": False}),
+            ((C, 2), [5, 3], {"frozen": ("weight",)})]
+LAYERS_3 = [((C, 2, 2), [2, 0, 5], {}), ((C,), [1, 4, 2], {"momentum": None}),
+            ((C, 2), [3, 1, 2], {"frozen": ("bias",)})]
 LAYERS_1 = [((C, 2, 2), [6], {})]
 
 
 def _settings(kwargs):
-    return "".join(f", {k}={v}" for k, v in kwargs.items())
+    return "".join(f", {k}={v}" for k, v in kwargs.items() if k != "frozen") + "".join(
+        f") with a frozen {name} ({name}.requires_grad=False" for name in kwargs.get("frozen", ()))
+
+
+def _built(kwargs):
+    """The keyword arguments of the layer itself (without "frozen")."""
+    return {k: v for k, v in kwargs.items() if k != "frozen"}
+
+
+def _frozen_hint(why, kwargs):
+    """A wrong output's cause, said with what a frozen parameter must still do, where one is frozen."""
+    frozen = kwargs.get("frozen", ())
+    if why not in ("the weight is left out", "the bias is left out", "the weight and the bias are left out") or not (
+            set(frozen) & {name for name in ("weight", "bias") if name in why}):
+        return why
+    names = " and the ".join(frozen)
+    return (f"{why}, and the {names} here {'is' if len(frozen) == 1 else 'are'} frozen (requires_grad=False): a "
+            "frozen weight still scales the output and a frozen bias still shifts it, as nn.BatchNorm's; they only get "
+            "no gradient. Use self.weight and self.bias as they are, whatever their requires_grad (None only with "
+            "affine=False): autograd gives no gradient to a tensor that does not require one")
 
 
 def _run_layers(impl, world_size, configs, sub=False):
@@ -607,11 +677,13 @@ def _layer(rank, world_size, impl, configs, sub):
     wire = Wire()
     out = []
     for number, (tail, sizes, kwargs) in enumerate(configs):
-        layer = lib.SyncBatchNorm(C, process_group=group, **kwargs).double()
+        layer = lib.SyncBatchNorm(C, process_group=group, **_built(kwargs)).double()
         if layer.affine:
             weight, bias = _weights(True)
             with torch.no_grad():
                 layer.weight.copy_(weight), layer.bias.copy_(bias)
+        for name in kwargs.get("frozen", ()):
+            getattr(layer, name).requires_grad_(False)
         steps = []
         for step in range(STEPS):
             seed = 100 * number + 10 * step + 1000 * index
@@ -628,11 +700,17 @@ def _layer(rank, world_size, impl, configs, sub):
                 assert forward, (f"{where}, rank {rank} (a slice of {len(x)} samples): the training forward sent "
                                  "nothing. Every rank must call global_batch_stats, also one whose slice is empty (no "
                                  "early return for it), or the others wait forever")
+                graphed = [name for name, buffer in layer.named_buffers() if buffer.requires_grad]
+                assert not graphed, (
+                    f"{where}, rank {rank}: after the training forward the buffers {graphed} require grad: they hold "
+                    "autograd's graph of this step (and of every step before: it grows, and eval's backward runs into "
+                    "freed parts of it). Update the running statistics from statistics of x.detach() (or under "
+                    "torch.no_grad()): they are constants to autograd, as nn.BatchNorm's")
                 with _said(f"{where}, backward, rank {rank}", **context):
                     (y * grad_y).sum().backward()
                 backward = wire.take()
             steps.append({"y": y.detach(), "dx": x.grad, "forward": forward, "backward": backward,
-                          "grads": [None if p.grad is None else p.grad.clone() for p in layer.parameters()],
+                          "grads": {n: None if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()},
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
         layer.eval()
@@ -664,13 +742,13 @@ def _check_layers(results, configs, sub=False):
                     y = bn(whole)
                     (y * torch.cat(slices(sizes, tail, seed + 1))).sum().backward()
                     dx = whole.grad
-                expected_grads = [p.grad / world_size for p in bn.parameters()]
+                expected_grads = {n: None if p.grad is None else p.grad / world_size for n, p in bn.named_parameters()}
                 ranks = [r for r in range(len(results)) if not sub or r // 2 == index]
                 for rank in ranks:
                     got = results[rank][number]["steps"][step]
                     grank = rank % 2 if sub else rank
                     part = slice(starts[grank], starts[grank] + sizes[grank])
-                    where = (f"{T113}, SyncBatchNorm({C}{''.join(f', {k}={v}' for k, v in kwargs.items())}) on slices "
+                    where = (f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) on slices "
                              f"of {sizes} samples of shape {tuple(tail)}, training step {step + 1}, rank {rank}")
                     assert len(got["forward"]) == 1 and len(got["backward"]) == 1, (
                         f"{where}: forward ran {got['forward']} and backward {got['backward']} (kind, dtype, "
@@ -690,7 +768,8 @@ def _check_layers(results, configs, sub=False):
                                              _normalise(x, mean, (var + bn.eps).rsqrt(), weight, bias)))
                         why = _first(got["y"], wrong)
                         if why:
-                            pytest.fail(f"{where}: the output differs from nn.BatchNorm's on the whole batch: {why}")
+                            pytest.fail(f"{where}: the output differs from nn.BatchNorm's on the whole batch: "
+                                        f"{_frozen_hint(why, kwargs)}")
                     if not close(got["y"], y[part].detach()) and float32_close(got["y"], y[part].detach()):
                         pytest.fail(f"{where}: the output equals nn.BatchNorm's on the whole batch to float32's "
                                     f"precision only (off by {(got['y'] - y[part]).abs().max():.1e}), in a float64 "
@@ -705,18 +784,13 @@ def _check_layers(results, configs, sub=False):
                     assert close(got["dx"], dx[part]), (
                         f"{where}: the input gradient differs from nn.BatchNorm's on the whole batch: give x itself "
                         "(not detached) to SyncBatchNormFunction.apply, and the statistics of x.detach()")
-                    averaged = [sum(results[r][number]["steps"][step]["grads"][i] for r in ranks) / world_size
-                                for i in range(len(expected_grads))]
-                    assert len(averaged) == len(expected_grads) and all(
-                        close(a, e) for a, e in zip(averaged, expected_grads)), (
-                        f"{where}: the weight and bias gradients, averaged over the ranks, are not the single "
-                        "process's / world_size: pass self.weight and self.bias to SyncBatchNormFunction.apply")
+                    _check_parameter_grads(where, [results[r][number]["steps"][step]["grads"] for r in ranks],
+                                           ranks.index(rank), expected_grads, world_size)
                     _check_buffers(where, got["buffers"], bn, bn_before, sizes, tail, seed, kwargs, grank)
             for rank in [r for r in range(len(results)) if not sub or r // 2 == index]:
                 got = results[rank][number]
                 grank = rank % 2 if sub else rank
-                settings = "".join(f", {k}={v}" for k, v in kwargs.items())
-                where = f"{T113}, SyncBatchNorm({C}{settings}) in eval, rank {rank}"
+                where = f"{T113}, SyncBatchNorm({C}{_settings(kwargs)}) in eval, rank {rank}"
                 assert not got["eval_calls"], (
                     f"{where}: forward in eval mode ran {got['eval_calls']}: nothing is sent in eval mode (the running "
                     "statistics are the same on every rank; without them, as PyTorch, this batch's own statistics)")
@@ -741,7 +815,8 @@ def _check_layers(results, configs, sub=False):
                     why = _first(got["eval"], [(w, o.detach()) for w, o in wrong if "this rank's slice" not in w
                                                and (count > 1 or "UNBIASED" not in w)])
                     if why:
-                        pytest.fail(f"{where}: the output differs from nn.BatchNorm's in eval: {why}")
+                        pytest.fail(f"{where}: the output differs from nn.BatchNorm's in eval: "
+                                    f"{_frozen_hint(why, kwargs)}")
                 assert close(got["eval"], expected), (
                     f"{where}: the output differs from nn.BatchNorm's in eval by "
                     f"{(got['eval'] - expected).abs().max():.2e}: "
@@ -749,6 +824,31 @@ def _check_layers(results, configs, sub=False):
                        else "without running statistics, normalise with this batch's own (biased) statistics"))
                 _check_eval_gradient(where, got["eval_dx"], bn, x, slices([2] * len(sizes), tail,
                                                                            100 * number + 8 + 1000 * index)[grank])
+
+
+def _check_parameter_grads(where, grads, me, expected, world_size):
+    """grads: each rank's {name: .grad after backward} (grads[me] this rank's); expected: nn.BatchNorm's on the whole
+    batch / world_size, None for a frozen parameter (requires_grad=False) or without affine."""
+    assert sorted(grads[me]) == sorted(expected), (
+        f"{where}: the layer's parameters are {sorted(grads[me])}, nn.BatchNorm's {sorted(expected)}")
+    for name, want in expected.items():
+        got = grads[me][name]
+        if want is None:
+            assert got is None, (
+                f"{where}: {name}.grad is {got.tolist()}, where {name} is frozen (requires_grad=False): a frozen "
+                f"parameter gets no gradient, as in nn.BatchNorm: keep self.{name} as it is (never "
+                "requires_grad_(True) on it, nor a gradient written into .grad by hand)")
+            continue
+        assert got is not None, (
+            f"{where}: {name}.grad is None after backward, where {name} is trainable (requires_grad=True)"
+            + (" and the other parameter is frozen" if None in expected.values() else "")
+            + f": pass self.{name} itself (not detached, not None, whatever the other's requires_grad) to "
+            "SyncBatchNormFunction.apply")
+        if all(g[name] is not None for g in grads):
+            mean = sum(g[name] for g in grads) / world_size
+            assert close(mean, want), (
+                f"{where}: the {name} gradient, averaged over the ranks, is {mean.tolist()}, the single process's / "
+                f"world_size {want.tolist()}: pass self.weight and self.bias to SyncBatchNormFunction.apply")
 
 
 def _check_eval_gradient(where, got, bn, x, grad_y):
@@ -825,6 +925,10 @@ def _check_buffers(where, got, bn, bn_before, sizes, tail, seed, kwargs, grank=0
             elif any(n > 1 and close(got[key], (1 - m) * old + m * var * n / (n - 1)) for n in mine):
                 why = ("var * n / (n - 1) with this rank's own count n: use the global count, the same on every rank, "
                        "or the ranks' running statistics drift apart")
+            elif (k := mine[grank] * len(sizes)) > 1 and close(got[key], (1 - m) * old + m * var * k / (k - 1)):
+                why = (f"var * n / (n - 1) with n = this rank's count times the number of ranks ({mine[grank]} * "
+                       f"{len(sizes)}), as if every slice were the same size: use the global count that "
+                       "global_batch_stats returned, the sum of the ranks' counts")
             else:
                 why = "running_var = (1 - m) * running_var + m * var * count / (count - 1), the global count"
         elif key == "num_batches_tracked":

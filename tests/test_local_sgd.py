@@ -10,6 +10,7 @@ DiLoCo one after the other in one process, with plain tensor arithmetic for the 
 wrong answer that equals `simulate` with one typical mistake is told that mistake.
 """
 import datetime
+import functools
 import linecache
 import os
 
@@ -247,6 +248,17 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
         sign = -1 if mistake == "wrong-sign" else 1
         pseudo_div = {"pseudo-summed": 1, "pseudo-divided-by-h": div * sync_every}.get(mistake, div)
         pseudo = [sign * sum(s - c[i] for c in current) / pseudo_div for i, s in enumerate(synced)]
+        if mistake == "pseudo-plus-grad":  # added to the last inner step's gradient, still in .grad
+            pseudo = [sum(s - c[i] + (0 if p.grad is None else p.grad) for c, p in
+                          zip(current, (list(m.parameters())[i] for m in models))) / div for i, s in enumerate(synced)]
+        low, how = LOW_PSEUDO.get(mistake, (None, None))
+        if how == "each":  # each rank's rounded to the low dtype and cast back, then averaged
+            pseudo = [sum((s - c[i]).to(low).to(s.dtype) for c in current) / div for i, s in enumerate(synced)]
+        if how == "reduced":  # all-reduced in the low dtype (gloo sums in it), divided in it, cast back
+            pseudo = [(functools.reduce(torch.add, [(s - c[i]).to(low) for c in current]) / div).to(s.dtype)
+                      for i, s in enumerate(synced)]
+        if how == "mean":  # averaged in the parameters' dtype, the mean rounded to the low dtype
+            pseudo = [p.to(low).to(p.dtype) for p in pseudo]
         start = mean[:n_params] if mistake == "from-average" else pseudo if mistake == "pseudo-in-synced" else synced
         with torch.no_grad():
             for p, s, g in zip(outer_params, start, pseudo):
@@ -275,6 +287,20 @@ def _synchronise(models, inner, diloco, mistake, synced, outer_params, outer, sy
                         s[key] = mean_state.clone()
 
 
+# a pseudo-gradient rounded through a lower precision than the parameters' (float64 here) and cast back: on each
+# rank before the all-reduce, in the all-reduce, or after it
+LOW_PSEUDO = {f"pseudo-{dtype}-{how}".replace("torch.", ""): (dtype, how)
+              for dtype in (torch.bfloat16, torch.float16, torch.float32) for how in ("each", "reduced", "mean")}
+
+
+def _low_pseudo(dtype):
+    name = str(dtype).replace("torch.", "")
+    return (f"the pseudo-gradient went through {name} (rounded, then cast back): the results equal the reference's "
+            f"outer steps on pseudo-gradients rounded to {name}. "
+            "Keep it in the parameter's dtype, exactly synced - param, and average it in that dtype (no .bfloat16(), "
+            ".half(), .float() or autocast on the way): the rounding changes the model")
+
+
 # the mistakes `simulate` can make, and what a student whose results equal it is told
 MISTAKES = {
     "sum": (T131, "summed, not averaged: divide the all-reduced SUM by the group's size (dist.get_world_size(group))"),
@@ -296,6 +322,9 @@ MISTAKES = {
                             "buffers to ONE all_reduce_mean call, which divides the sum by the group's size"),
     "pseudo-divided-by-h": (T133, "the pseudo-gradient was divided by sync_every (H): it is the whole change of the "
                                   "round, synced - param, nothing scaled (the outer learning rate sets the step)"),
+    "pseudo-plus-grad": (T133, "the pseudo-gradient was added to the last inner step's gradient, still in param.grad "
+                               "(param.grad += ..., or add_): set it, param.grad = synced - param, replacing what is "
+                               "there"),
     "from-average": (T133, "the outer step was taken from the averaged parameters: set the parameters back to the last "
                            "synced ones (self.synced) first, then step"),
     "pseudo-in-synced": (T133, "the outer step started from the averaged pseudo-gradient, not from self.synced: the "
@@ -310,6 +339,7 @@ MISTAKES = {
                           "rank's own"),
     "inner-averaged": (T133, "the inner optimizer's state was averaged: it stays this rank's own; only the "
                              "pseudo-gradients (and the floating-point buffers) are averaged"),
+    **{name: (T133, _low_pseudo(dtype)) for name, (dtype, _) in LOW_PSEUDO.items()},
 }
 # said in the words of Task 13.2 or 13.3 when their own code does it (Task 13.1 is the reference there)
 LATER = {
@@ -548,7 +578,10 @@ def _expected_mean(rank, members):
 
 
 @pytest.mark.task13_1
-@pytest.mark.parametrize("world_size,sub", [(2, False), slow(3, False), (3, True)], ids=["2-ranks", "3-ranks", "sub-group"])
+# the sub-group first: check.py and the grader say the first failure, and only a group that is not the world shows
+# a collective that ignores it (a split all-reduce, say, is seen there too, with its group)
+@pytest.mark.parametrize("world_size,sub", [(3, True), (2, False), slow(3, False)],
+                         ids=["sub-group", "2-ranks", "3-ranks"])
 def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dtype(impl, world_size, sub):
     results = run_ranks(_average, world_size, impl, sub, timeout=30)
     for rank, out in enumerate(results):
@@ -607,10 +640,33 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
             if torch.allclose(value.double(), total / world_size, rtol=1e-5, atol=1e-5) and sub:
                 pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by the world's size: divide by the "
                             "group's size, dist.get_world_size(group)")
+            divisor = next((k for k in range(2, 9) if k != len(members) and torch.allclose(
+                value.double(), total / k, rtol=1e-5, atol=1e-5)), None)
+            if divisor is not None and bool((total != 0).any()):
+                pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by {divisor}, where the group has "
+                            f"{len(members)} rank(s): divide by the group's size, dist.get_world_size(group)")
             if sub:
                 everyone = _expected_mean(rank, list(range(world_size)))[key]
-                if torch.allclose(value.double(), everyone.double(), rtol=1e-6, atol=1e-6) or torch.allclose(
-                        value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6):
+                over_world = torch.allclose(value.double(), everyone.double(), rtol=1e-6, atol=1e-6) or torch.allclose(
+                    value.double(), everyone.double() * world_size / len(members), rtol=1e-6, atol=1e-6)
+                mine = [c for c in out["calls"] if c[0] is None]  # average_parameters' collectives
+                alone = [c for c in out["calls"] if c[0] == "all_reduce_mean"]  # all_reduce_mean(loose, group)'s
+                wide = [c for c in mine if c[4] != len(members)]
+                if over_world and wide and alone and all(c[4] == len(members) for c in alone):
+                    n_dtypes = len({v.dtype for v in own.values() if v.is_floating_point()})
+                    pytest.fail(
+                        f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
+                        f"average_parameters sent {len(mine)} all-reduce(s), {len(wide)} of them over all "
+                        f"{world_size} ranks ({', '.join(f'{c[3]} {c[2]}' for c in wide)} elements), while "
+                        "all_reduce_mean(tensors, group) called alone keeps to the group: "
+                        + ("some collectives of average_parameters were" if len(wide) < len(mine) else
+                           "average_parameters' collectives were")
+                        + " not given the group (an all_reduce_mean or dist.all_reduce call without it). Average "
+                        "with ONE all_reduce_mean(tensors, group) call, the parameters and the floating-point buffers "
+                        "together"
+                        + (f" ({n_dtypes} all-reduces, one per dtype, where it sent {len(mine)})"
+                           if len(mine) > n_dtypes else ""))
+                if over_world:
                     pytest.fail(f"{T131}: {where}: {key} is a mean over every rank, not over the group {members}: "
                                 "pass group=group to dist.all_reduce and divide by dist.get_world_size(group)")
             if value.dtype == torch.float64 and torch.allclose(value, expected[key], rtol=1e-6, atol=1e-7):
@@ -949,8 +1005,9 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     sync_every, steps, outer = 3, 9, (0.7, 0.9)
     results = run_ranks(_diloco, world_size, impl, "adamw", sync_every, steps, outer, sub, Net, timeout=30)
     n = sum(t.numel() for t in averaged(make(Net)))
-    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "from-average", "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged",
-                  "first-step", "never-resets", "no-buffers", "sum"]
+    candidates = ["wrong-sign", "pseudo-summed", "pseudo-divided-by-h", "pseudo-plus-grad", *LOW_PSEUDO, "from-average",
+                  "pseudo-in-synced", "synced-stale", "outer-reset", "inner-reset", "inner-averaged", "first-step",
+                  "never-resets", "no-buffers", "sum"]
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T133, rank, out["closures"], "DiLoCo")
