@@ -14,6 +14,7 @@ sent tensor changed before its send's wait, and what the ring saves for backward
 torch's logsumexp over the whole sequence). The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
+import math
 import re
 import sys
 import weakref
@@ -189,6 +190,11 @@ class _Forget(list):
         pass
 
 
+def _tag(args, kwargs):
+    """The tag of a ProcessGroup.send / recv call (tensors, peer, tag)."""
+    return args[0] if args else kwargs.get("tag", 0)
+
+
 class Recorder:
     """In a rank: the ring's messages (a Wire), the waits on every Work, each attention_block call (whose
     keys it was given, how many query-key pairs) and the other ranks' K/V bytes alive at each receive."""
@@ -197,6 +203,7 @@ class Recorder:
         self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
         self.size, self.name, self.unwaited, self.dropped = size, name, {}, []
         self.received, self.kv_numel = [], kv_numel
+        self.sent, self.receives = {}, {}  # by tag, in order: each send's (shape, numel, peer); each receive's buffer
         self.pairs = []  # (query piece's address, its length, the keys' positions) of each computed block
         self.unwaited_recvs, self.in_flight = {}, {}  # by id(Work): a receive's buffer; a send's tensor and a copy
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
@@ -256,15 +263,45 @@ class Recorder:
                 self.dropped.append(peer)
 
         def recorded_send(group, tensors, dst, *args, **kwargs):
-            peer = check_peer("send", group, dst)
+            peer, tag, block = check_peer("send", group, dst), _tag(args, kwargs), self.block_of(tensors[0])
+            self.sent.setdefault(tag, []).append(
+                (tuple(tensors[0].shape), tensors[0].element_size(), tensors[0].dtype, peer, block[0]))
+            check_sizes(tag, len(self.sent[tag]) - 1)
             work = send(group, tensors, dst, *args, **kwargs)
             self.in_flight[id(work)] = (weakref.ref(tensors[0]), tensors[0].detach().clone(), peer)
             self.sent_dtype = tensors[0].dtype
-            self.log.append(("send", *self.block_of(tensors[0])))
+            self.log.append(("send", *block))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
             messages.add(work)
             return work
+
+        def check_sizes(tag, index):
+            """Said before the second of a send and its matching receive is posted: gloo aborts a rank whose receive's
+            buffer is smaller than the message that arrives. Every rank of the ring runs the same code, so the i-th
+            message (of a tag) from r - 1 is as large as this rank's own i-th send to r + 1; the check runs before
+            either rank posts the second of the pair, so no such message is sent."""
+            sent, received = self.sent.get(tag, []), self.receives.get(tag, [])
+            if index >= min(len(sent), len(received)):  # its match not posted yet
+                return
+            (shape, size, dtype, peer, kind), (buffer, buffer_size, buffer_dtype, src) = sent[index], received[index]
+            numel, elements = math.prod(shape), math.prod(buffer)  # shapes, not the tensors: the blocks alive are counted
+            if elements * buffer_size >= numel * size:
+                return
+            ordinal = {1: "first", 2: "second", 3: "third"}.get(index + 1, f"{index + 1}th")
+            stacked = dtype == buffer_dtype and len(shape) == len(buffer) + 1 and shape[1:] == buffer
+            raise AssertionError(
+                f"{self.name}: RingAttention posted its {ordinal} receive from rank {src} into a buffer of shape "
+                f"{buffer}, {str(buffer_dtype).replace('torch.', '')} ({elements * buffer_size} bytes), while its "
+                f"{ordinal} send to rank {peer} is of shape {shape}, {str(dtype).replace('torch.', '')} ({numel * size} "
+                "bytes): every rank of the ring sends what this one does, so that message arrives as "
+                f"{numel * size} bytes for a buffer of {elements * buffer_size}, and gloo aborts the rank on it "
+                f"(\"Received data size doesn't match expected size\", {numel * size} vs {elements * buffer_size}); "
+                + (f"the buffer is sized for one of the {shape[0]} tensors that the message stacks ("
+                   + ("k alone, where k and v travel together" if kind == "kv" else "one block's alone, where two travel "
+                      "together, such as dk and dv") + "): receive into a tensor like the one sent, torch.empty_like of "
+                   "the stacked tensor" if stacked else
+                   "receive into a tensor like the one sent there (torch.empty_like of it: its shape and dtype)"))
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
             check_peer("recv", group, src)
@@ -276,6 +313,10 @@ class Recorder:
                     "what this one does, so what arrives has another element size than the buffer, and gloo aborts "
                     "the rank on a message whose size differs from its buffer's; make the buffer like the tensor sent "
                     "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
+            tag = _tag(args, kwargs)
+            self.receives.setdefault(tag, []).append(
+                (tuple(tensors[0].shape), tensors[0].element_size(), tensors[0].dtype, dist.get_global_rank(group, src)))
+            check_sizes(tag, len(self.receives[tag]) - 1)
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
@@ -800,6 +841,49 @@ def _with_block_softmax(rank, size, causal, shape):
                 dk=sum(backward(s, rank)[1] for s in range(size)), dv=sum(backward(s, rank)[2] for s in range(size)))
 
 
+def _with_dout_and_out_as(rank, size, layout, causal, shape):
+    """This rank's dq, dk, dv as the softmax attention's backward computes them over the whole sequence (torch's own
+    ops, written here) when it is given other tensors for the output gradient dout and the forward's output out: by
+    the names of the tensors given in their places, {(for dout, for out): {"dq": ..., "dk": ..., "dv": ...}}. With
+    p = softmax(s): dv = p^T dout, ds = p * (dout v^T - rowsum(dout * out)), dq = ds k / sqrt(D), dk = ds^T q / sqrt(D)."""
+    q, k, v, dout = _inputs(*shape)
+    out, _ = _reference(q, k, v, dout, causal)
+    scale = shape[3] ** -0.5
+    scores = q @ k.transpose(-2, -1) * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(shape[2], shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    p = scores.softmax(dim=-1)
+
+    def backward(g, o):
+        ds = p * (g @ v.transpose(-2, -1) - (g * o).sum(dim=-1, keepdim=True))
+        grads = dict(dq=ds @ k * scale, dk=ds.transpose(-2, -1) @ q * scale, dv=p.transpose(-2, -1) @ g)
+        return {what: _mine(grad, rank, size, layout) for what, grad in grads.items()}
+    given = dict(dout=dout, out=out)
+    return {names: backward(*(given[name] for name in names))
+            for names in (("dout", "dout"), ("out", "out"), ("out", "dout"))}
+
+
+DOUT_AND_OUT = {  # (given for dout, given for out): what the backward did, said after "when"
+    ("dout", "dout"): "the output gradient dout stands where the forward's output out belongs: the softmax backward's "
+                      "term D = rowsum(dout * out) became rowsum(dout * dout); attention_block_backward takes dout "
+                      "first and the out that forward saved fifth",
+    ("out", "out"): "the forward's output out stands where the output gradient dout belongs (as if the gradient of the "
+                    "output were out itself); attention_block_backward takes dout, backward's argument, first and the "
+                    "out that forward saved fifth",
+    ("out", "dout"): "dout and out are swapped; attention_block_backward takes the output gradient dout (backward's "
+                     "argument) first and the out that forward saved fifth",
+}
+
+
+def _dout_and_out_mixed_up(got, rank, size, layout, causal, shape):
+    """The (given for dout, given for out) of DOUT_AND_OUT whose gradients are this rank's dq, dk, dv (got), else
+    None."""
+    for names, mixed in _with_dout_and_out_as(rank, size, layout, causal, shape).items():
+        if all(_close(g, mixed[what]) for g, what in zip(got, ("dq", "dk", "dv"))):
+            return names
+    return None
+
+
 A_NEW_DQ = ("a dq made anew at each step keeps only the last step's share: create dq (and its views) once, before "
             "the loop")
 
@@ -837,6 +921,10 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (": each block's gradients were computed with that block's OWN out and lse (attention_block's "
                        "of the block alone): its probabilities exp(s - lse) must be those of the WHOLE attention, "
                        "with the out and lse that forward saved (attention_block_backward's docstring)")
+            elif (mixed := _dout_and_out_mixed_up(got["grads"], rank, size, layout, causal, shape)) is not None:
+                why = (f": rank {rank}'s dq, dk and dv are what the backward gives when {DOUT_AND_OUT[mixed]}"
+                       + (" (dv, which does not use D, is right)" if mixed == ("dout", "dout") and _close(got["grads"][2],
+                                                                                                   grads[2]) else ""))
             elif what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
                 why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
                        "they are returned, in the order they were stacked, or which of attention_block_backward's "
