@@ -2131,6 +2131,46 @@ MISTAKES = [
             '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
             '            owner = (rank - step) % size  # whose',
             'posted a receive into a float32 buffer'),
+    # trial 7 (2026-11-29): dout and out mixed up in the backward (a bare difference), a receive buffer for k alone
+    # (gloo's SIGABRT)
+    Mistake("15.3", "dout-for-out", "template_context_parallel.py",  # D = rowsum(dout * dout)
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    dout_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "became rowsum(dout * dout)"),
+    Mistake("15.3", "out-for-dout", "template_context_parallel.py",
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    out_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "the forward's output out stands where the output gradient dout belongs"),
+    Mistake("15.3", "dout-and-out-swapped", "template_context_parallel.py",
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    out_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    dout_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "dout and out are swapped"),
+    Mistake("15.2", "receive-buffer-for-k-alone", "template_context_parallel.py",  # was gloo's SIGABRT, 1024 vs 512
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                incoming = torch.empty_like(k)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            "the buffer is sized for one of the 2 tensors that the message stacks"),
+    Mistake("15.2", "receive-buffer-for-k-alone-posted-first", "template_context_parallel.py",  # said at the send
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                incoming = torch.empty_like(k)\n'
+            '                works = [dist.irecv(incoming, recv_from, group=group), dist.isend(kv, send_to, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            "1024 vs 512"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
