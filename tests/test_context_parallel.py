@@ -14,6 +14,7 @@ sent tensor changed before its send's wait, and what the ring saves for backward
 torch's logsumexp over the whole sequence). The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
+import datetime
 import math
 import re
 import sys
@@ -190,6 +191,9 @@ class _Forget(list):
         pass
 
 
+UNMATCHED_SEND_WAIT = 2.0  # seconds: a send waited for with fewer receives posted (harness: a hang is 3 s still)
+
+
 def _tag(args, kwargs):
     """The tag of a ProcessGroup.send / recv call (tensors, peer, tag)."""
     return args[0] if args else kwargs.get("tag", 0)
@@ -203,11 +207,14 @@ class Recorder:
         self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
         self.size, self.name, self.unwaited, self.dropped = size, name, {}, []
         self.received, self.kv_numel = [], kv_numel
-        self.sent, self.receives = {}, {}  # by tag, in order: each send's (shape, numel, peer); each receive's buffer
+        self.sent, self.receives = {}, {}  # by tag, in order: (shape, element size, dtype, peer...) of each send and
+        # each receive's buffer
+        self.send_order = weakref.WeakKeyDictionary()  # a send's Work: (its index among this rank's sends, its peer)
         self.pairs = []  # (query piece's address, its length, the keys' positions) of each computed block
         self.unwaited_recvs, self.in_flight = {}, {}  # by id(Work): a receive's buffer; a send's tensor and a copy
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
-        self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
+        self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks  # every chunk of the sequence (a wrong
+                       if len(pos) and 0 <= pos.min() and pos.max() < k_full.shape[2]]  # token_chunks: said by 15.4)
         self.k_full, self.v_full, self.log, self.recvs = k_full, v_full, [], weakref.WeakKeyDictionary()
         self.owner = {int(p): r for r, chunks in enumerate(every) for _, pos in chunks for p in pos}
 
@@ -229,7 +236,11 @@ class Recorder:
         return None
 
     def alive(self):
-        return sum(t.numel() for t in (ref() for ref in self.received) if t is not None) / self.kv_numel
+        """The received K/V blocks alive, in blocks; a buffer received into again (two buffers swapped each step)
+        counted once."""
+        buffers = {(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()): t.numel()
+                   for t in (ref() for ref in self.received) if t is not None}
+        return sum(buffers.values()) / self.kv_numel
 
     def __enter__(self):
         from torch._C._distributed_c10d import ProcessGroup, Work
@@ -268,6 +279,7 @@ class Recorder:
                 (tuple(tensors[0].shape), tensors[0].element_size(), tensors[0].dtype, peer, block[0]))
             check_sizes(tag, len(self.sent[tag]) - 1)
             work = send(group, tensors, dst, *args, **kwargs)
+            self.send_order[work] = (sum(c.kind in ("send", "isend") for c in self.wire.calls) - 1, peer)
             self.in_flight[id(work)] = (weakref.ref(tensors[0]), tensors[0].detach().clone(), peer)
             self.sent_dtype = tensors[0].dtype
             self.log.append(("send", *block))
@@ -285,7 +297,7 @@ class Recorder:
             if index >= min(len(sent), len(received)):  # its match not posted yet
                 return
             (shape, size, dtype, peer, kind), (buffer, buffer_size, buffer_dtype, src) = sent[index], received[index]
-            numel, elements = math.prod(shape), math.prod(buffer)  # shapes, not the tensors: the blocks alive are counted
+            numel, elements = math.prod(shape), math.prod(buffer)  # shapes, not tensors: the blocks alive are counted
             if elements * buffer_size >= numel * size:
                 return
             ordinal = {1: "first", 2: "second", 3: "third"}.get(index + 1, f"{index + 1}th")
@@ -293,14 +305,14 @@ class Recorder:
             raise AssertionError(
                 f"{self.name}: RingAttention posted its {ordinal} receive from rank {src} into a buffer of shape "
                 f"{buffer}, {str(buffer_dtype).replace('torch.', '')} ({elements * buffer_size} bytes), while its "
-                f"{ordinal} send to rank {peer} is of shape {shape}, {str(dtype).replace('torch.', '')} ({numel * size} "
-                "bytes): every rank of the ring sends what this one does, so that message arrives as "
+                f"{ordinal} send to rank {peer} is of shape {shape}, {str(dtype).replace('torch.', '')} "
+                f"({numel * size} bytes): every rank of the ring sends what this one does, so that message arrives as "
                 f"{numel * size} bytes for a buffer of {elements * buffer_size}, and gloo aborts the rank on it "
                 f"(\"Received data size doesn't match expected size\", {numel * size} vs {elements * buffer_size}); "
                 + (f"the buffer is sized for one of the {shape[0]} tensors that the message stacks ("
-                   + ("k alone, where k and v travel together" if kind == "kv" else "one block's alone, where two travel "
-                      "together, such as dk and dv") + "): receive into a tensor like the one sent, torch.empty_like of "
-                   "the stacked tensor" if stacked else
+                   + ("k alone, where k and v travel together" if kind == "kv" else
+                      "dk alone, where dk and dv travel together")
+                   + "): receive into a tensor like the one sent, torch.empty_like of the stacked tensor" if stacked else
                    "receive into a tensor like the one sent there (torch.empty_like of it: its shape and dtype)"))
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
@@ -314,8 +326,9 @@ class Recorder:
                     "the rank on a message whose size differs from its buffer's; make the buffer like the tensor sent "
                     "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
             tag = _tag(args, kwargs)
+            buffer = tensors[0]
             self.receives.setdefault(tag, []).append(
-                (tuple(tensors[0].shape), tensors[0].element_size(), tensors[0].dtype, dist.get_global_rank(group, src)))
+                (tuple(buffer.shape), buffer.element_size(), buffer.dtype, dist.get_global_rank(group, src)))
             check_sizes(tag, len(self.receives[tag]) - 1)
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
@@ -350,6 +363,33 @@ class Recorder:
                         "their wait() has run, so the loop never ends; wait for each with work.wait()")
             return done
 
+        def wait_for_a_send(work):
+            """A send's wait, said where it cannot end: posted as message i + 1 of this rank's while it has posted i
+            receives or fewer. Every rank of the ring runs the same code, so its receiver has posted as few, and on gloo
+            a send completes only once a receive that matches it is posted (a blocking dist.send is left to the hang's
+            report). Given UNMATCHED_SEND_WAIT seconds first: a ring whose ranks differ in their order (odd and even)
+            can wait so rightly. None: waited for as usual."""
+            index, peer = self.send_order[work]
+            receives = sum(c.kind in ("recv", "irecv") for c in self.wire.calls)
+            if receives > index or self.wire.blocking is not None:
+                return None
+            try:
+                return wait(work, datetime.timedelta(seconds=UNMATCHED_SEND_WAIT))
+            except RuntimeError as error:
+                if "imed out" not in str(error):
+                    raise
+            sends = [math.prod(shape) * size for messages in self.sent.values() for shape, size, *_ in messages]
+            buffers = [math.prod(shape) * size for messages in self.receives.values() for shape, size, *_ in messages]
+            larger = next((f" (a receive of {b} bytes takes one message, here one of {m} bytes, whatever its buffer's "
+                           "size)" for b, m in zip(buffers, sends) if b > m), "")
+            raise AssertionError(
+                f"{self.name}: RingAttention waits for its send to rank {peer}, message {index + 1} of those it sent, "
+                f"with {receives} receive{'s' if receives != 1 else ''} posted: every rank of the ring runs the same "
+                f"code, so rank {peer} too has posted fewer receives than the messages sent to it{larger}, and on gloo "
+                f"a send completes only once a receive that matches it is posted: the ranks wait for each other "
+                f"forever (said after {UNMATCHED_SEND_WAIT:g} s); post one receive for each message sent (k and v in "
+                "two messages: two receives), before waiting for the sends")
+
         def recorded_wait(work, *args, **kwargs):
             self.events.append(("wait", len(self.wire.calls)))
             if self.dropped:  # said before this wait, which may be for the message that send never brings
@@ -363,7 +403,8 @@ class Recorder:
                                      "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
             waited.add(work)
             self.unwaited_recvs.pop(id(work), None)
-            result = wait(work, *args, **kwargs)
+            result = wait_for_a_send(work) if work in self.send_order and not args and not kwargs else None
+            result = wait(work, *args, **kwargs) if result is None else result
             tensor, copy, peer = self.in_flight.pop(id(work), (lambda: None, None, None))
             tensor = tensor()
             if tensor is not None and not bool(((tensor == copy) | (tensor.isnan() & copy.isnan())).all()):
@@ -591,6 +632,20 @@ WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a view of it, such as
                          "also the last one that the loop variable of `for work in works: work.wait()` still holds)")
 
 
+def _outside_the_sequence(blocks, length):
+    """The key positions of the first recorded block (a Recorder's) that reach outside the sequence 0 ... length - 1,
+    else None."""
+    return next((p for _, p, _ in blocks if p and (min(p) < 0 or max(p) >= length)), None)
+
+
+def _outside_said(positions, length):
+    """Said of a block whose key positions reach outside the sequence."""
+    return (f"masked with the key positions {positions[:3]}..., outside the sequence 0 ... {length - 1}: the block's "
+            "owner was counted outside the ranks 0 ... N - 1 (token_chunks gives positions for any number): "
+            + ("r - s, without % N, is negative from step r + 1 on; the owner at step s is (r - s) % N"
+               if min(positions) < 0 else "take the owner % N"))
+
+
 def _check_forward(rank, size, got, causal, layout, shape):
     out, _ = _expected_mine(rank, size, layout, causal, shape)
     fwd, kv_numel = got["forward"], 2 * out.numel()
@@ -603,6 +658,9 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         "are float64: the blocks lose precision on the way (a buffer made in another dtype, or a "
                         f".to() before sending); keep the inputs' dtype (the output differs by "
                         f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'})")
+        outside = _outside_the_sequence(fwd["blocks"], shape[2])
+        if outside is not None:
+            pytest.fail(f"{T152}: rank {rank} computed a block {_outside_said(outside, shape[2])}")
         mine_again = [w for _, _, w in fwd["blocks"] if w is not None and w in own]
         chunks = 1 if layout == "contiguous" else 2
         if size > 1 and len(mine_again) > chunks * chunks:  # more than step 0's pairs: its own keys at a later step
@@ -617,6 +675,17 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         f"{list(twice[2][:3])}... twice ({len(fwd['blocks'])} blocks computed, {size} ranks): each "
                         f"rank's K/V block is met once, at one of the N = {size} steps; one step more computes the "
                         "last block again (as the block of another owner)")
+        seen = {j for _, _, w in fwd["blocks"] if w is not None for j in w}
+        last = max(own[-1])  # with causal, every key up to this rank's last query is met (whole chunks)
+        missing = sorted(j for j in range(shape[2]) if (not causal or j <= last) and j not in seen)
+        if seen and missing:
+            owner = next(r for r in range(size) if missing[0] in token_chunks_of(r, size, out.shape[2], layout)[-1])
+            which = "causal: every key up to its last query" if causal else "every key of the sequence"
+            pytest.fail(f"{T152}: rank {rank} computed no block with the keys of positions {missing[:3]}... (rank "
+                        f"{owner}'s), which its queries must meet ({which})"
+                        + (f": rank {owner}'s block is the one that arrives at the last step, after N - 1 = {size - 1} "
+                           f"hops; the ring computes N = {size} blocks (its own first) and sends N - 1: the last step "
+                           "computes the block that came and sends nothing" if owner == (rank + 1) % size else ""))
         if wrong_way and all(p in own for p, _ in wrong_way):
             pytest.fail(f"{T152}: rank {rank} computed every block with its OWN tokens' positions as the keys' "
                         f"positions (keys of positions {wrong_way[0][1][:3]}... masked as {wrong_way[0][0][:3]}...): the "
@@ -845,7 +914,8 @@ def _with_dout_and_out_as(rank, size, layout, causal, shape):
     """This rank's dq, dk, dv as the softmax attention's backward computes them over the whole sequence (torch's own
     ops, written here) when it is given other tensors for the output gradient dout and the forward's output out: by
     the names of the tensors given in their places, {(for dout, for out): {"dq": ..., "dk": ..., "dv": ...}}. With
-    p = softmax(s): dv = p^T dout, ds = p * (dout v^T - rowsum(dout * out)), dq = ds k / sqrt(D), dk = ds^T q / sqrt(D)."""
+    p = softmax(s): dv = p^T dout, ds = p * (dout v^T - rowsum(dout * out)), dq = ds k / sqrt(D),
+    dk = ds^T q / sqrt(D)."""
     q, k, v, dout = _inputs(*shape)
     out, _ = _reference(q, k, v, dout, causal)
     scale = shape[3] ** -0.5
@@ -912,6 +982,9 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
+            elif _outside_the_sequence(back["blocks"], shape[2]) is not None:
+                outside = _outside_the_sequence(back["blocks"], shape[2])
+                why = f": rank {rank}'s backward computed a block {_outside_said(outside, shape[2])}"
             elif wrong_way:
                 why = (f": rank {rank}'s backward computed a block with the key positions {wrong_way[0][0][:3]}... and "
                        f"the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way in backward (or "
@@ -923,8 +996,8 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                        "with the out and lse that forward saved (attention_block_backward's docstring)")
             elif (mixed := _dout_and_out_mixed_up(got["grads"], rank, size, layout, causal, shape)) is not None:
                 why = (f": rank {rank}'s dq, dk and dv are what the backward gives when {DOUT_AND_OUT[mixed]}"
-                       + (" (dv, which does not use D, is right)" if mixed == ("dout", "dout") and _close(got["grads"][2],
-                                                                                                   grads[2]) else ""))
+                       + (" (dv, which does not use D, is right)"
+                          if mixed == ("dout", "dout") and _close(got["grads"][2], grads[2]) else ""))
             elif what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
                 why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
                        "they are returned, in the order they were stacked, or which of attention_block_backward's "
@@ -979,6 +1052,12 @@ def _check_backward_ring_direction(results, cases, size, shape):
     """A rank's wrong gradients can come from another rank's backward (causal: rank 0 computes one block only): a
     backward that computed a block with another rank's positions is said first, with the rank that did."""
     for (causal, layout), runs in zip(cases, zip(*results)):
+        outside = [(rank, _outside_the_sequence(got["backward"]["blocks"], shape[2])) for rank, got in enumerate(runs)
+                   if got["backward"] is not None]
+        outside = [(rank, p) for rank, p in outside if p is not None]
+        if outside:
+            pytest.fail(f"{T153}: rank {outside[0][0]}'s backward ({'causal' if causal else 'not causal'}, {layout}, "
+                        f"{size} ranks) computed a block {_outside_said(outside[0][1], shape[2])}")
         wrong = [(rank, p, w) for rank, got in enumerate(runs) if got["backward"] is not None
                  for _, p, w in got["backward"]["blocks"] if p is not None and w is not None and p != w]
         if wrong and not all(all(_close(g, e) for g, e in zip(got["grads"], _expected_mine(r, size, layout, causal,
@@ -1126,6 +1205,14 @@ def _check_zigzag_in_groups(x, results):
 
 
 # --------------------------------------------------------------------------- Task 15.5
+def _sent_since(wire):
+    """What each call since the last take() sent, [(kind, dtype name, numel)], a dist.all_to_all's numel its whole
+    input list's (the wire records a list's first tensor; its outputs, as large, come first): half of its tensors."""
+    calls = wire.calls[wire.taken:]
+    wire.take()
+    return [(c.kind, c.sent[1], sum(n for _, n in c.tensors) // 2 if c.kind == "all_to_all" else c.numel) for c in calls]
+
+
 def _ulysses(rank, size, impl, heads, causal):
     cp = judging(impl, "15.5")
     out = {}
@@ -1160,11 +1247,11 @@ def _ulysses(rank, size, impl, heads, causal):
                 if heads % size == 0 or isinstance(error, NotImplementedError):
                     raise
                 return dict(out, refused=None, raised=one_line(error), calls=[c.sent for c in wire.calls])
-            forward = wire.take()
+            forward = _sent_since(wire)
             if o.shape != q_l.shape:  # said by the test, with the shapes that attention ran on
                 return dict(out, refused=None, out=o.detach(), shapes=shapes)
             grads = torch.autograd.grad(o, (q_l, k_l, v_l), mine[3])
-            backward = wire.take()
+            backward = _sent_since(wire)
     finally:
         F.scaled_dot_product_attention = sdpa
     return dict(out, refused=None, out=o.detach(), grads=grads, forward=forward, backward=backward, shapes=shapes)
