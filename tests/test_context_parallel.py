@@ -675,17 +675,6 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         f"{list(twice[2][:3])}... twice ({len(fwd['blocks'])} blocks computed, {size} ranks): each "
                         f"rank's K/V block is met once, at one of the N = {size} steps; one step more computes the "
                         "last block again (as the block of another owner)")
-        seen = {j for _, _, w in fwd["blocks"] if w is not None for j in w}
-        last = max(own[-1])  # with causal, every key up to this rank's last query is met (whole chunks)
-        missing = sorted(j for j in range(shape[2]) if (not causal or j <= last) and j not in seen)
-        if seen and missing:
-            owner = next(r for r in range(size) if missing[0] in token_chunks_of(r, size, out.shape[2], layout)[-1])
-            which = "causal: every key up to its last query" if causal else "every key of the sequence"
-            pytest.fail(f"{T152}: rank {rank} computed no block with the keys of positions {missing[:3]}... (rank "
-                        f"{owner}'s), which its queries must meet ({which})"
-                        + (f": rank {owner}'s block is the one that arrives at the last step, after N - 1 = {size - 1} "
-                           f"hops; the ring computes N = {size} blocks (its own first) and sends N - 1: the last step "
-                           "computes the block that came and sends nothing" if owner == (rank + 1) % size else ""))
         if wrong_way and all(p in own for p, _ in wrong_way):
             pytest.fail(f"{T152}: rank {rank} computed every block with its OWN tokens' positions as the keys' "
                         f"positions (keys of positions {wrong_way[0][1][:3]}... masked as {wrong_way[0][0][:3]}...): the "
@@ -707,6 +696,17 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         f"and the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way (or the "
                         "block's owner is counted the wrong way round): rank r sends to r + 1 and receives from r - 1, "
                         "so at step s it holds the block of rank r - s")
+        seen = {j for _, _, w in fwd["blocks"] if w is not None for j in w}
+        last = max(own[-1])  # with causal, every key up to this rank's last query is met (whole chunks)
+        missing = sorted(j for j in range(shape[2]) if (not causal or j <= last) and j not in seen)
+        if seen and missing:
+            owner = next(r for r in range(size) if missing[0] in token_chunks_of(r, size, out.shape[2], layout)[-1])
+            which = "causal: every key up to its last query" if causal else "every key of the sequence"
+            pytest.fail(f"{T152}: rank {rank} computed no block with the keys of positions {missing[:3]}... (rank "
+                        f"{owner}'s), which its queries must meet ({which})"
+                        + (f": rank {owner}'s block is the one that arrives at the last step, after N - 1 = {size - 1} "
+                           f"hops; the ring computes N = {size} blocks (its own first) and sends N - 1: the last step "
+                           "computes the block that came and sends nothing" if owner == (rank + 1) % size else ""))
         pytest.fail(f"{T152}: rank {rank}'s output ({'causal' if causal else 'not causal'}, {layout}, {size} ranks) "
                     f"differs from F.scaled_dot_product_attention over the whole sequence by "
                     f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'}")
