@@ -2211,6 +2211,10 @@ MISTAKES = [
             '    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in (rank, 2 * world_size - 1 - rank)]',
             '    return [(chunk, torch.arange(chunk * tokens, chunk * tokens + half)) for chunk in (rank, 2 * world_size - 1 - rank)]',
             'gave [(0, [0, 1]), (5, [20, 21])]'),
+    Mistake("15.4", "unshard-buffers-float32", "template_context_parallel.py",  # passed: the test's x was float32
+            '    parts = [torch.empty_like(x) for _ in range(size)]',
+            '    parts = [torch.empty(x.shape) for _ in range(size)]',
+            'the buffers that receive must be like x'),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
