@@ -2215,6 +2215,17 @@ MISTAKES = [
             '    parts = [torch.empty_like(x) for _ in range(size)]',
             '    parts = [torch.empty(x.shape) for _ in range(size)]',
             'the buffers that receive must be like x'),
+    Mistake("15.2", "last-blocks-out-saved", "template_context_parallel.py",  # passed the default tests: out's
+            # shape is right; a bare message in a slow one
+            '        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n'
+            '        ctx.save_for_backward(q, k, v, out, lse)\n'
+            '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
+            '        return out\n',
+            '        result, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n'
+            '        ctx.save_for_backward(q, k, v, out, lse)\n'
+            '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
+            '        return result\n',
+            "it is the attention over rank 1's keys alone"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -3275,6 +3286,17 @@ RIGHT_ANSWERS = [
                 '        received = [torch.empty_like(piece) for piece in send]\n'
                 '        dist.all_to_all(received, send, group=group)\n'
                 '        return torch.cat(received, dim=gather_dim)\n', ""),
+    )),
+    RightAnswer("15.2", "merged-from-an-empty-attention",  # trial 7
+                "merge_attention's 'A side with lse = -inf ... contributes nothing': starting from out = 0, "
+                "lse = -inf and merging every block in gives the same attention", (
+        Mistake("15.2", "merged-from-an-empty-attention", "template_context_parallel.py",
+                '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n',
+                '        outs = [torch.zeros_like(piece) for piece in q_pieces]  # the attention over no key yet: out 0, lse -inf\n'
+                '        lses = [torch.full(piece.shape[:3], float("-inf"), dtype=q.dtype) for piece in q_pieces]\n', ""),
+        Mistake("15.2", "merged-from-an-empty-attention", "template_context_parallel.py",
+                '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n',
+                '                outs[i], lses[i] = merge_attention(outs[i], lses[i], out, lse)\n', ""),
     )),
     RightAnswer("9.1", "g-waited-through-the-future",  # trial 6 (2026-11-29)
                 "'forward, the all-reduce (SUM) of x over the group, into a new tensor': a gloo all-reduce's Work "

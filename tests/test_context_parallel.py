@@ -538,6 +538,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
         forward = rec.take()
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         saved_lse = out.grad_fn.saved_tensors[4].detach().clone() if len(saved) == 5 else None
+        saved_out = out.grad_fn.saved_tensors[3].detach().clone() if len(saved) == 5 else None
         extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
         try:
             grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
@@ -572,7 +573,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
                 "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
-                saved_lse=saved_lse,
+                saved_lse=saved_lse, saved_out=saved_out,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
 
 
@@ -588,6 +589,18 @@ def _expected_lse(rank, size, layout, causal, shape):
     if layout == "contiguous":
         last = mine.chunk(size, dim=-1)[(rank + 1) % size].logsumexp(dim=-1)
     return mine.logsumexp(dim=-1), last
+
+
+def _block_alone(rank, size, causal, shape):
+    """Contiguous layout: this rank's queries' attention over each rank's keys alone (torch's own ops; a row that
+    sees no key of the block gives 0, as attention_block does), in the order of the owners."""
+    q, k, v, _ = _inputs(*shape)
+    scores = q @ k.transpose(-2, -1) / shape[3] ** 0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(shape[2], shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    mine = scores.chunk(size, dim=2)[rank]
+    return [torch.nan_to_num(block.softmax(dim=-1)) @ values
+            for block, values in zip(mine.chunk(size, dim=-1), v.chunk(size, dim=2))]
 
 
 def _expected_mine(rank, size, layout, causal, shape):
@@ -734,6 +747,16 @@ def _check_forward(rank, size, got, causal, layout, shape):
                        "one that goes with the merged out" if last is not None and _close(saved_lse, last) else
                        f" (it differs by {(saved_lse - lse).abs().max():.3g})")
                     + ": the backward recomputes each block's probabilities as exp(s - lse) with it")
+    saved_out = got.get("saved_out")
+    if saved_out is not None and saved_out.shape == out.shape and not _close(saved_out, out):
+        alone = next((owner for owner, block in enumerate(_block_alone(rank, size, causal, shape))
+                      if layout == "contiguous" and _close(saved_out, block)), None)
+        pytest.fail(f"{T152}: rank {rank}'s RingAttention saved an out (the fourth of q, k, v, out, lse) that is not "
+                    "the output it returned"
+                    + (f": it is the attention over rank {alone}'s keys alone, one block's partial output (a variable "
+                       "named out, reused in the loop?); save the merged out, the one it returns" if alone is not None
+                       else f" (it differs by {(saved_out - out).abs().max():.3g})")
+                    + ": the backward's D = rowsum(dout * out) needs the whole attention's output")
 
 
 def _check_block_pairs(cp):
