@@ -5,13 +5,15 @@
 Every attention is compared in float64 with F.scaled_dot_product_attention over the WHOLE sequence
 on one process (outputs, and dq, dk, dv through torch.autograd.grad), causal and not, with B and H
 above 1, on 2, 3 and 4 gloo ranks. Besides the values, a rank records what goes on the wire
-(tests/wire.py: each message's kind, dtype, size and peer; each collective), when each block is
+(tests/wire.py: each message's kind, dtype, size and peer; each collective; each receive's buffer
+against the rank's own matching send, and a send waited for with fewer receives posted), when each block is
 computed against when its messages were posted and waited for (Work.wait is counted), whose keys
 each computed block holds (to see a ring turning the wrong way), the query-key pairs each rank
 computes (causal load balance), how many other ranks' K/V blocks are alive at once (weak
 references to every received buffer), whether a block is used before its receive is waited for or a
 sent tensor changed before its send's wait, and what the ring saves for backward (its lse against
-torch's logsumexp over the whole sequence). The ViT (15.6) runs one
+torch's logsumexp over the whole sequence, its out against the output returned). A wrong gradient is
+compared with the whole sequence's backward given dout and out mixed up. The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
 import datetime
@@ -1005,8 +1007,7 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
-            elif _outside_the_sequence(back["blocks"], shape[2]) is not None:
-                outside = _outside_the_sequence(back["blocks"], shape[2])
+            elif (outside := _outside_the_sequence(back["blocks"], shape[2])) is not None:
                 why = f": rank {rank}'s backward computed a block {_outside_said(outside, shape[2])}"
             elif wrong_way:
                 why = (f": rank {rank}'s backward computed a block with the key positions {wrong_way[0][0][:3]}... and "
