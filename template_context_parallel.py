@@ -158,7 +158,8 @@ def zigzag_unshard(x, group=None, dim=2):
 # ----------------------------------------------------------------------------- Task 15.5
 class _AllToAll(torch.autograd.Function):
     """x cut into N equal pieces along scatter_dim, piece j sent to rank j of `group`; what every rank
-    sent this one, concatenated along gather_dim in group-rank order. One dist.all_to_all_single.
+    sent this one, concatenated along gather_dim in group-rank order. One dist.all_to_all_single (or one
+    dist.all_to_all of the N pieces).
     Backward: the gradient goes the reverse way, the same all-to-all with the two dims swapped, which
     needs nothing of x: keep no tensor on ctx (x saved would stay alive until the backward)."""
 

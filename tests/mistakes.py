@@ -2258,6 +2258,101 @@ MISTAKES = [
             '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
             '            owner = (rank - step) % size  # whose',
             'posted a receive into a float32 buffer'),
+    # trial 7 (2026-11-29): dout and out mixed up in the backward (a bare difference), a receive buffer for k alone
+    # (gloo's SIGABRT)
+    Mistake("15.3", "dout-for-out", "template_context_parallel.py",  # D = rowsum(dout * dout)
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    dout_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "became rowsum(dout * dout)"),
+    Mistake("15.3", "out-for-dout", "template_context_parallel.py",
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    out_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "the forward's output out stands where the output gradient dout belongs"),
+    Mistake("15.3", "dout-and-out-swapped", "template_context_parallel.py",
+            '                    dout_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    out_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            '                    out_pieces[i], q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n'
+            '                    dout_pieces[i], lse_pieces[i], causal, q_chunks[i][1], k_chunks[j][1])\n'
+            '                dq_pieces[i].add_(dq_b)',
+            "dout and out are swapped"),
+    Mistake("15.2", "receive-buffer-for-k-alone", "template_context_parallel.py",  # was gloo's SIGABRT, 1024 vs 512
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                incoming = torch.empty_like(k)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            "the buffer is sized for one of the 2 tensors that the message stacks"),
+    Mistake("15.2", "receive-buffer-for-k-alone-posted-first", "template_context_parallel.py",  # said at the send
+            '                incoming = torch.empty_like(kv)\n'
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                incoming = torch.empty_like(k)\n'
+            '                works = [dist.irecv(incoming, recv_from, group=group), dist.isend(kv, send_to, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            "1024 vs 512"),
+    # trial 7, our own: the wire (sizes, a receive short), the owner out of range, a step short, token_chunks' positions
+    Mistake("15.3", "gradient-buffer-for-dk-alone", "template_context_parallel.py",  # was gloo's SIGABRT
+            '                grad_incoming = torch.empty_like(dkv)\n'
+            '                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n'
+            '            if step < size - 1:',
+            '                grad_incoming = torch.empty_like(dkv[0])\n'
+            '                grad_works = [dist.isend(dkv, send_to, group=group), dist.irecv(grad_incoming, recv_from, group=group)]\n'
+            '            if step < size - 1:',
+            'dk alone, where dk and dv travel together'),
+    Mistake("15.2", "two-sends-one-receive", "template_context_parallel.py",  # was a hang, said by the stacks only
+            '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            '                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n'
+            '                         dist.irecv(incoming, recv_from, group=group)]\n'
+            '            owner = (rank - step) % size  # whose',
+            'with 1 receive posted'),
+    Mistake("15.2", "owner-without-modulo", "template_context_parallel.py",  # was told as the ring turning the wrong way
+            '            owner = (rank - step) % size  # whose block',
+            '            owner = rank - step  # whose block',
+            'without % N, is negative'),
+    Mistake("15.3", "backward-owner-without-modulo", "template_context_parallel.py",  # was told as the ring turning the wrong way
+            '            owner = (rank - step) % size\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            if step > 0:',
+            '            owner = rank - step\n'
+            '            k_chunks = token_chunks(owner, size, tokens, layout)\n'
+            '            if step > 0:',
+            'without % N, is negative'),
+    Mistake("15.2", "one-step-too-few", "template_context_parallel.py",  # was a bare difference
+            '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n'
+            '        kv = torch.stack([k, v])  # one message a step\n'
+            '        for step in range(size):',
+            '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n'
+            '        kv = torch.stack([k, v])  # one message a step\n'
+            '        for step in range(size - 1):',
+            'the last step computes the block that came'),
+    Mistake("15.4", "zigzag-positions-by-tokens", "template_context_parallel.py",  # was the test's own IndexError
+            '    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in (rank, 2 * world_size - 1 - rank)]',
+            '    return [(chunk, torch.arange(chunk * tokens, chunk * tokens + half)) for chunk in (rank, 2 * world_size - 1 - rank)]',
+            'gave [(0, [0, 1]), (5, [20, 21])]'),
+    Mistake("15.4", "unshard-buffers-float32", "template_context_parallel.py",  # passed: the test's x was float32
+            '    parts = [torch.empty_like(x) for _ in range(size)]',
+            '    parts = [torch.empty(x.shape) for _ in range(size)]',
+            'the buffers that receive must be like x'),
+    Mistake("15.2", "last-blocks-out-saved", "template_context_parallel.py",  # passed the default tests: out's
+            # shape is right; a bare message in a slow one
+            '        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n'
+            '        ctx.save_for_backward(q, k, v, out, lse)\n'
+            '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
+            '        return out\n',
+            '        result, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n'
+            '        ctx.save_for_backward(q, k, v, out, lse)\n'
+            '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
+            '        return result\n',
+            "it is the attention over rank 1's keys alone"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -3331,6 +3426,60 @@ RIGHT_ANSWERS = [
                 "                incoming = [torch.empty_like(t) for t in kv]\n"
                 "                works = [dist.isend(kv[0], send_to, group=group), dist.isend(kv[1], send_to, group=group),\n"
                 "                         dist.irecv(incoming[0], recv_from, group=group), dist.irecv(incoming[1], recv_from, group=group)]\n", ""),)),
+    RightAnswer("15.2", "two-buffers-swapped",  # trial 7
+                "'A rank holds at most 2 other ranks' K/V blocks at a time': two buffers, the one sent reused for the next receive once its send is waited for, are 2 blocks, however often each is received into", (
+        Mistake("15.2", "two-buffers-swapped", "template_context_parallel.py",
+                '        kv = torch.stack([k, v])  # one message a step\n'
+                '        for step in range(size):\n'
+                '            if step < size - 1:\n'
+                '                incoming = torch.empty_like(kv)\n'
+                '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]',
+                '        kv = torch.stack([k, v])  # one message a step\n'
+                '        spare = torch.empty_like(kv)  # two buffers, swapped each step: the one sent is free once its send is waited for\n'
+                '        for step in range(size):\n'
+                '            if step < size - 1:\n'
+                '                incoming = spare\n'
+                '                works = [dist.isend(kv, send_to, group=group), dist.irecv(incoming, recv_from, group=group)]', ""),
+        Mistake("15.2", "two-buffers-swapped", "template_context_parallel.py",
+                '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
+                '                kv, spare, incoming, works = incoming, kv, None, None  # a Work keeps its tensor alive\n', ""),
+    )),
+    RightAnswer("15.2", "blocks-merged-at-the-end",  # trial 7
+                "'the partial results are merged with merge_attention': every block's (out, lse) kept and merged once the ring is done gives the same attention (more memory for outputs, none for K/V)", (
+        Mistake("15.2", "blocks-merged-at-the-end", "template_context_parallel.py",
+                '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n',
+                "        partial = [[] for _ in q_chunks]  # every block's (out, lse) for each query chunk, merged at the end\n", ""),
+        Mistake("15.2", "blocks-merged-at-the-end", "template_context_parallel.py",
+                '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n',
+                '                partial[i].append((out, lse))\n', ""),
+        Mistake("15.2", "blocks-merged-at-the-end", "template_context_parallel.py",
+                '        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)\n',
+                '        merged = [functools.reduce(lambda a, b: merge_attention(*a, *b), blocks) for blocks in partial]\n'
+                '        out, lse = torch.cat([o for o, _ in merged], dim=2), torch.cat([m for _, m in merged], dim=2)\n', ""),
+    )),
+    RightAnswer("15.5", "all-to-all-of-a-list",  # trial 7
+                "'One dist.all_to_all_single (or one dist.all_to_all of the N pieces)': the same bytes, each piece to its rank", (
+        Mistake("15.5", "all-to-all-of-a-list", "template_context_parallel.py",
+                "        send = torch.stack(x.chunk(size, dim=scatter_dim)).contiguous()  # piece j first-dim j: rank j's\n"
+                '        received = torch.empty_like(send)\n'
+                '        dist.all_to_all_single(received, send, group=group)\n'
+                '        return torch.cat(received.unbind(0), dim=gather_dim)\n',
+                "        send = [piece.contiguous() for piece in x.chunk(size, dim=scatter_dim)]  # piece j: rank j's\n"
+                '        received = [torch.empty_like(piece) for piece in send]\n'
+                '        dist.all_to_all(received, send, group=group)\n'
+                '        return torch.cat(received, dim=gather_dim)\n', ""),
+    )),
+    RightAnswer("15.2", "merged-from-an-empty-attention",  # trial 7
+                "merge_attention's 'A side with lse = -inf ... contributes nothing': starting from out = 0, "
+                "lse = -inf and merging every block in gives the same attention", (
+        Mistake("15.2", "merged-from-an-empty-attention", "template_context_parallel.py",
+                '        outs, lses = [None] * len(q_chunks), [None] * len(q_chunks)\n',
+                '        outs = [torch.zeros_like(piece) for piece in q_pieces]  # the attention over no key yet: out 0, lse -inf\n'
+                '        lses = [torch.full(piece.shape[:3], float("-inf"), dtype=q.dtype) for piece in q_pieces]\n', ""),
+        Mistake("15.2", "merged-from-an-empty-attention", "template_context_parallel.py",
+                '                outs[i], lses[i] = (out, lse) if outs[i] is None else merge_attention(outs[i], lses[i], out, lse)\n',
+                '                outs[i], lses[i] = merge_attention(outs[i], lses[i], out, lse)\n', ""),
+    )),
     RightAnswer("9.1", "g-waited-through-the-future",  # trial 6 (2026-11-29)
                 "'forward, the all-reduce (SUM) of x over the group, into a new tensor': a gloo all-reduce's Work "
                 "has a Future; waiting through it returns once the sum is there", (

@@ -5,15 +5,19 @@
 Every attention is compared in float64 with F.scaled_dot_product_attention over the WHOLE sequence
 on one process (outputs, and dq, dk, dv through torch.autograd.grad), causal and not, with B and H
 above 1, on 2, 3 and 4 gloo ranks. Besides the values, a rank records what goes on the wire
-(tests/wire.py: each message's kind, dtype, size and peer; each collective), when each block is
+(tests/wire.py: each message's kind, dtype, size and peer; each collective; each receive's buffer
+against the rank's own matching send, and a send waited for with fewer receives posted), when each block is
 computed against when its messages were posted and waited for (Work.wait is counted), whose keys
 each computed block holds (to see a ring turning the wrong way), the query-key pairs each rank
 computes (causal load balance), how many other ranks' K/V blocks are alive at once (weak
 references to every received buffer), whether a block is used before its receive is waited for or a
 sent tensor changed before its send's wait, and what the ring saves for backward (its lse against
-torch's logsumexp over the whole sequence). The ViT (15.6) runs one
+torch's logsumexp over the whole sequence, its out against the output returned). A wrong gradient is
+compared with the whole sequence's backward given dout and out mixed up. The ViT (15.6) runs one
 step against the unsplit models.ViT. The tests of one task take solutions/' answers to the others.
 """
+import datetime
+import math
 import re
 import sys
 import weakref
@@ -189,6 +193,14 @@ class _Forget(list):
         pass
 
 
+UNMATCHED_SEND_WAIT = 2.0  # seconds: a send waited for with fewer receives posted (harness: a hang is 3 s still)
+
+
+def _tag(args, kwargs):
+    """The tag of a ProcessGroup.send / recv call (tensors, peer, tag)."""
+    return args[0] if args else kwargs.get("tag", 0)
+
+
 class Recorder:
     """In a rank: the ring's messages (a Wire), the waits on every Work, each attention_block call (whose
     keys it was given, how many query-key pairs) and the other ranks' K/V bytes alive at each receive."""
@@ -197,10 +209,14 @@ class Recorder:
         self.cp, self.events, self.blocks, self.alive_peak, self.masks = cp, [], [], 0, []
         self.size, self.name, self.unwaited, self.dropped = size, name, {}, []
         self.received, self.kv_numel = [], kv_numel
+        self.sent, self.receives = {}, {}  # by tag, in order: (shape, element size, dtype, peer...) of each send and
+        # each receive's buffer
+        self.send_order = weakref.WeakKeyDictionary()  # a send's Work: (its index among this rank's sends, its peer)
         self.pairs = []  # (query piece's address, its length, the keys' positions) of each computed block
         self.unwaited_recvs, self.in_flight = {}, {}  # by id(Work): a receive's buffer; a send's tensor and a copy
         every = [cp.token_chunks(r, size, k_full.shape[2] // size, layout) for r in range(size)]
-        self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks]  # every chunk of the sequence
+        self.chunks = [(cid, pos) for chunks in every for cid, pos in chunks  # every chunk of the sequence (a wrong
+                       if len(pos) and 0 <= pos.min() and pos.max() < k_full.shape[2]]  # token_chunks: said by 15.4)
         self.k_full, self.v_full, self.log, self.recvs = k_full, v_full, [], weakref.WeakKeyDictionary()
         self.owner = {int(p): r for r, chunks in enumerate(every) for _, pos in chunks for p in pos}
 
@@ -222,7 +238,11 @@ class Recorder:
         return None
 
     def alive(self):
-        return sum(t.numel() for t in (ref() for ref in self.received) if t is not None) / self.kv_numel
+        """The received K/V blocks alive, in blocks; a buffer received into again (two buffers swapped each step)
+        counted once."""
+        buffers = {(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()): t.numel()
+                   for t in (ref() for ref in self.received) if t is not None}
+        return sum(buffers.values()) / self.kv_numel
 
     def __enter__(self):
         from torch._C._distributed_c10d import ProcessGroup, Work
@@ -256,15 +276,46 @@ class Recorder:
                 self.dropped.append(peer)
 
         def recorded_send(group, tensors, dst, *args, **kwargs):
-            peer = check_peer("send", group, dst)
+            peer, tag, block = check_peer("send", group, dst), _tag(args, kwargs), self.block_of(tensors[0])
+            self.sent.setdefault(tag, []).append(
+                (tuple(tensors[0].shape), tensors[0].element_size(), tensors[0].dtype, peer, block[0]))
+            check_sizes(tag, len(self.sent[tag]) - 1)
             work = send(group, tensors, dst, *args, **kwargs)
+            self.send_order[work] = (sum(c.kind in ("send", "isend") for c in self.wire.calls) - 1, peer)
             self.in_flight[id(work)] = (weakref.ref(tensors[0]), tensors[0].detach().clone(), peer)
             self.sent_dtype = tensors[0].dtype
-            self.log.append(("send", *self.block_of(tensors[0])))
+            self.log.append(("send", *block))
             self.unwaited[id(work)] = peer
             weakref.finalize(work, dropped, id(work), peer)
             messages.add(work)
             return work
+
+        def check_sizes(tag, index):
+            """Said before the second of a send and its matching receive is posted: gloo aborts a rank whose receive's
+            buffer is smaller than the message that arrives. Every rank of the ring runs the same code, so the i-th
+            message (of a tag) from r - 1 is as large as this rank's own i-th send to r + 1; the check runs before
+            either rank posts the second of the pair, so no such message is sent."""
+            sent, received = self.sent.get(tag, []), self.receives.get(tag, [])
+            if index >= min(len(sent), len(received)):  # its match not posted yet
+                return
+            (shape, size, dtype, peer, kind), (buffer, buffer_size, buffer_dtype, src) = sent[index], received[index]
+            numel, elements = math.prod(shape), math.prod(buffer)  # shapes, not tensors: the blocks alive are counted
+            if elements * buffer_size >= numel * size:
+                return
+            ordinal = {1: "first", 2: "second", 3: "third"}.get(index + 1, f"{index + 1}th")
+            stacked = dtype == buffer_dtype and len(shape) == len(buffer) + 1 and shape[1:] == buffer
+            raise AssertionError(
+                f"{self.name}: RingAttention posted its {ordinal} receive from rank {src} into a buffer of shape "
+                f"{buffer}, {str(buffer_dtype).replace('torch.', '')} ({elements * buffer_size} bytes), while its "
+                f"{ordinal} send to rank {peer} is of shape {shape}, {str(dtype).replace('torch.', '')} "
+                f"({numel * size} bytes): every rank of the ring sends what this one does, so that message arrives as "
+                f"{numel * size} bytes for a buffer of {elements * buffer_size}, and gloo aborts the rank on it "
+                f"(\"Received data size doesn't match expected size\", {numel * size} vs {elements * buffer_size}); "
+                + (f"the buffer is sized for one of the {shape[0]} tensors that the message stacks ("
+                   + ("k alone, where k and v travel together" if kind == "kv" else
+                      "dk alone, where dk and dv travel together")
+                   + "): receive into a tensor like the one sent, torch.empty_like of the stacked tensor" if stacked else
+                   "receive into a tensor like the one sent there (torch.empty_like of it: its shape and dtype)"))
 
         def recorded_recv(group, tensors, src, *args, **kwargs):
             check_peer("recv", group, src)
@@ -276,6 +327,11 @@ class Recorder:
                     "what this one does, so what arrives has another element size than the buffer, and gloo aborts "
                     "the rank on a message whose size differs from its buffer's; make the buffer like the tensor sent "
                     "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
+            tag = _tag(args, kwargs)
+            buffer = tensors[0]
+            self.receives.setdefault(tag, []).append(
+                (tuple(buffer.shape), buffer.element_size(), buffer.dtype, dist.get_global_rank(group, src)))
+            check_sizes(tag, len(self.receives[tag]) - 1)
             self.received += [weakref.ref(t) for t in tensors]
             self.alive_peak = max(self.alive_peak, self.alive())
             work = recv(group, tensors, src, *args, **kwargs)
@@ -309,6 +365,33 @@ class Recorder:
                         "their wait() has run, so the loop never ends; wait for each with work.wait()")
             return done
 
+        def wait_for_a_send(work):
+            """A send's wait, said where it cannot end: posted as message i + 1 of this rank's while it has posted i
+            receives or fewer. Every rank of the ring runs the same code, so its receiver has posted as few, and on gloo
+            a send completes only once a receive that matches it is posted (a blocking dist.send is left to the hang's
+            report). Given UNMATCHED_SEND_WAIT seconds first: a ring whose ranks differ in their order (odd and even)
+            can wait so rightly. None: waited for as usual."""
+            index, peer = self.send_order[work]
+            receives = sum(c.kind in ("recv", "irecv") for c in self.wire.calls)
+            if receives > index or self.wire.blocking is not None:
+                return None
+            try:
+                return wait(work, datetime.timedelta(seconds=UNMATCHED_SEND_WAIT))
+            except RuntimeError as error:
+                if "imed out" not in str(error):
+                    raise
+            sends = [math.prod(shape) * size for messages in self.sent.values() for shape, size, *_ in messages]
+            buffers = [math.prod(shape) * size for messages in self.receives.values() for shape, size, *_ in messages]
+            larger = next((f" (a receive of {b} bytes takes one message, here one of {m} bytes, whatever its buffer's "
+                           "size)" for b, m in zip(buffers, sends) if b > m), "")
+            raise AssertionError(
+                f"{self.name}: RingAttention waits for its send to rank {peer}, message {index + 1} of those it sent, "
+                f"with {receives} receive{'s' if receives != 1 else ''} posted: every rank of the ring runs the same "
+                f"code, so rank {peer} too has posted fewer receives than the messages sent to it{larger}, and on gloo "
+                f"a send completes only once a receive that matches it is posted: the ranks wait for each other "
+                f"forever (said after {UNMATCHED_SEND_WAIT:g} s); post one receive for each message sent (k and v in "
+                "two messages: two receives), before waiting for the sends")
+
         def recorded_wait(work, *args, **kwargs):
             self.events.append(("wait", len(self.wire.calls)))
             if self.dropped:  # said before this wait, which may be for the message that send never brings
@@ -322,7 +405,8 @@ class Recorder:
                                      "a send's second wait() never returns: the ring hangs there); after its wait, drop it")
             waited.add(work)
             self.unwaited_recvs.pop(id(work), None)
-            result = wait(work, *args, **kwargs)
+            result = wait_for_a_send(work) if work in self.send_order and not args and not kwargs else None
+            result = wait(work, *args, **kwargs) if result is None else result
             tensor, copy, peer = self.in_flight.pop(id(work), (lambda: None, None, None))
             tensor = tensor()
             if tensor is not None and not bool(((tensor == copy) | (tensor.isnan() & copy.isnan())).all()):
@@ -456,6 +540,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
         forward = rec.take()
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         saved_lse = out.grad_fn.saved_tensors[4].detach().clone() if len(saved) == 5 else None
+        saved_out = out.grad_fn.saved_tensors[3].detach().clone() if len(saved) == 5 else None
         extra = [name for name, value in vars(out.grad_fn).items() if torch.is_tensor(value)]
         try:
             grads = torch.autograd.grad(out, (q_l, k_l, v_l), mine[3]) if backward else None
@@ -490,7 +575,7 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
                 "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
-                saved_lse=saved_lse,
+                saved_lse=saved_lse, saved_out=saved_out,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
 
 
@@ -506,6 +591,18 @@ def _expected_lse(rank, size, layout, causal, shape):
     if layout == "contiguous":
         last = mine.chunk(size, dim=-1)[(rank + 1) % size].logsumexp(dim=-1)
     return mine.logsumexp(dim=-1), last
+
+
+def _block_alone(rank, size, causal, shape):
+    """Contiguous layout: this rank's queries' attention over each rank's keys alone (torch's own ops; a row that
+    sees no key of the block gives 0, as attention_block does), in the order of the owners."""
+    q, k, v, _ = _inputs(*shape)
+    scores = q @ k.transpose(-2, -1) / shape[3] ** 0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(shape[2], shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    mine = scores.chunk(size, dim=2)[rank]
+    return [torch.nan_to_num(block.softmax(dim=-1)) @ values
+            for block, values in zip(mine.chunk(size, dim=-1), v.chunk(size, dim=2))]
 
 
 def _expected_mine(rank, size, layout, causal, shape):
@@ -550,6 +647,20 @@ WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a view of it, such as
                          "also the last one that the loop variable of `for work in works: work.wait()` still holds)")
 
 
+def _outside_the_sequence(blocks, length):
+    """The key positions of the first recorded block (a Recorder's) that reach outside the sequence 0 ... length - 1,
+    else None."""
+    return next((p for _, p, _ in blocks if p and (min(p) < 0 or max(p) >= length)), None)
+
+
+def _outside_said(positions, length):
+    """Said of a block whose key positions reach outside the sequence."""
+    return (f"masked with the key positions {positions[:3]}..., outside the sequence 0 ... {length - 1}: the block's "
+            "owner was counted outside the ranks 0 ... N - 1 (token_chunks gives positions for any number): "
+            + ("r - s, without % N, is negative from step r + 1 on; the owner at step s is (r - s) % N"
+               if min(positions) < 0 else "take the owner % N"))
+
+
 def _check_forward(rank, size, got, causal, layout, shape):
     out, _ = _expected_mine(rank, size, layout, causal, shape)
     fwd, kv_numel = got["forward"], 2 * out.numel()
@@ -562,6 +673,9 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         "are float64: the blocks lose precision on the way (a buffer made in another dtype, or a "
                         f".to() before sending); keep the inputs' dtype (the output differs by "
                         f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'})")
+        outside = _outside_the_sequence(fwd["blocks"], shape[2])
+        if outside is not None:
+            pytest.fail(f"{T152}: rank {rank} computed a block {_outside_said(outside, shape[2])}")
         mine_again = [w for _, _, w in fwd["blocks"] if w is not None and w in own]
         chunks = 1 if layout == "contiguous" else 2
         if size > 1 and len(mine_again) > chunks * chunks:  # more than step 0's pairs: its own keys at a later step
@@ -597,6 +711,17 @@ def _check_forward(rank, size, got, causal, layout, shape):
                         f"and the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way (or the "
                         "block's owner is counted the wrong way round): rank r sends to r + 1 and receives from r - 1, "
                         "so at step s it holds the block of rank r - s")
+        seen = {j for _, _, w in fwd["blocks"] if w is not None for j in w}
+        last = max(own[-1])  # with causal, every key up to this rank's last query is met (whole chunks)
+        missing = sorted(j for j in range(shape[2]) if (not causal or j <= last) and j not in seen)
+        if seen and missing:
+            owner = next(r for r in range(size) if missing[0] in token_chunks_of(r, size, out.shape[2], layout)[-1])
+            which = "causal: every key up to its last query" if causal else "every key of the sequence"
+            pytest.fail(f"{T152}: rank {rank} computed no block with the keys of positions {missing[:3]}... (rank "
+                        f"{owner}'s), which its queries must meet ({which})"
+                        + (f": rank {owner}'s block is the one that arrives at the last step, after N - 1 = {size - 1} "
+                           f"hops; the ring computes N = {size} blocks (its own first) and sends N - 1: the last step "
+                           "computes the block that came and sends nothing" if owner == (rank + 1) % size else ""))
         pytest.fail(f"{T152}: rank {rank}'s output ({'causal' if causal else 'not causal'}, {layout}, {size} ranks) "
                     f"differs from F.scaled_dot_product_attention over the whole sequence by "
                     f"{(got['out'] - out).abs().max() if got['out'].shape == out.shape else 'shape'}")
@@ -624,6 +749,16 @@ def _check_forward(rank, size, got, causal, layout, shape):
                        "one that goes with the merged out" if last is not None and _close(saved_lse, last) else
                        f" (it differs by {(saved_lse - lse).abs().max():.3g})")
                     + ": the backward recomputes each block's probabilities as exp(s - lse) with it")
+    saved_out = got.get("saved_out")
+    if saved_out is not None and saved_out.shape == out.shape and not _close(saved_out, out):
+        alone = next((owner for owner, block in enumerate(_block_alone(rank, size, causal, shape))
+                      if layout == "contiguous" and _close(saved_out, block)), None)
+        pytest.fail(f"{T152}: rank {rank}'s RingAttention saved an out (the fourth of q, k, v, out, lse) that is not "
+                    "the output it returned"
+                    + (f": it is the attention over rank {alone}'s keys alone, one block's partial output (a variable "
+                       "named out, reused in the loop?); save the merged out, the one it returns" if alone is not None
+                       else f" (it differs by {(saved_out - out).abs().max():.3g})")
+                    + ": the backward's D = rowsum(dout * out) needs the whole attention's output")
 
 
 def _check_block_pairs(cp):
@@ -800,6 +935,50 @@ def _with_block_softmax(rank, size, causal, shape):
                 dk=sum(backward(s, rank)[1] for s in range(size)), dv=sum(backward(s, rank)[2] for s in range(size)))
 
 
+def _with_dout_and_out_as(rank, size, layout, causal, shape):
+    """This rank's dq, dk, dv as the softmax attention's backward computes them over the whole sequence (torch's own
+    ops, written here) when it is given other tensors for the output gradient dout and the forward's output out: by
+    the names of the tensors given in their places, {(for dout, for out): {"dq": ..., "dk": ..., "dv": ...}}. With
+    p = softmax(s): dv = p^T dout, ds = p * (dout v^T - rowsum(dout * out)), dq = ds k / sqrt(D),
+    dk = ds^T q / sqrt(D)."""
+    q, k, v, dout = _inputs(*shape)
+    out, _ = _reference(q, k, v, dout, causal)
+    scale = shape[3] ** -0.5
+    scores = q @ k.transpose(-2, -1) * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(shape[2], shape[2], dtype=torch.bool).triu(1), float("-inf"))
+    p = scores.softmax(dim=-1)
+
+    def backward(g, o):
+        ds = p * (g @ v.transpose(-2, -1) - (g * o).sum(dim=-1, keepdim=True))
+        grads = dict(dq=ds @ k * scale, dk=ds.transpose(-2, -1) @ q * scale, dv=p.transpose(-2, -1) @ g)
+        return {what: _mine(grad, rank, size, layout) for what, grad in grads.items()}
+    given = dict(dout=dout, out=out)
+    return {names: backward(*(given[name] for name in names))
+            for names in (("dout", "dout"), ("out", "out"), ("out", "dout"))}
+
+
+DOUT_AND_OUT = {  # (given for dout, given for out): what the backward did, said after "when"
+    ("dout", "dout"): "the output gradient dout stands where the forward's output out belongs: the softmax backward's "
+                      "term D = rowsum(dout * out) became rowsum(dout * dout); attention_block_backward takes dout "
+                      "first and the out that forward saved fifth",
+    ("out", "out"): "the forward's output out stands where the output gradient dout belongs (as if the gradient of the "
+                    "output were out itself); attention_block_backward takes dout, backward's argument, first and the "
+                    "out that forward saved fifth",
+    ("out", "dout"): "dout and out are swapped; attention_block_backward takes the output gradient dout (backward's "
+                     "argument) first and the out that forward saved fifth",
+}
+
+
+def _dout_and_out_mixed_up(got, rank, size, layout, causal, shape):
+    """The (given for dout, given for out) of DOUT_AND_OUT whose gradients are this rank's dq, dk, dv (got), else
+    None."""
+    for names, mixed in _with_dout_and_out_as(rank, size, layout, causal, shape).items():
+        if all(_close(g, mixed[what]) for g, what in zip(got, ("dq", "dk", "dv"))):
+            return names
+    return None
+
+
 A_NEW_DQ = ("a dq made anew at each step keeps only the last step's share: create dq (and its views) once, before "
             "the loop")
 
@@ -828,6 +1007,8 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
+            elif (outside := _outside_the_sequence(back["blocks"], shape[2])) is not None:
+                why = f": rank {rank}'s backward computed a block {_outside_said(outside, shape[2])}"
             elif wrong_way:
                 why = (f": rank {rank}'s backward computed a block with the key positions {wrong_way[0][0][:3]}... and "
                        f"the keys of positions {wrong_way[0][1][:3]}...: the ring turns the wrong way in backward (or "
@@ -837,6 +1018,10 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (": each block's gradients were computed with that block's OWN out and lse (attention_block's "
                        "of the block alone): its probabilities exp(s - lse) must be those of the WHOLE attention, "
                        "with the out and lse that forward saved (attention_block_backward's docstring)")
+            elif (mixed := _dout_and_out_mixed_up(got["grads"], rank, size, layout, causal, shape)) is not None:
+                why = (f": rank {rank}'s dq, dk and dv are what the backward gives when {DOUT_AND_OUT[mixed]}"
+                       + (" (dv, which does not use D, is right)"
+                          if mixed == ("dout", "dout") and _close(got["grads"][2], grads[2]) else ""))
             elif what != "dq" and all(_close(a, b) for a, b in zip(got["grads"][1:], grads[:0:-1])):
                 why = (": this rank's dk is SDPA's dv and its dv is SDPA's dk: dk and dv are swapped (in the order "
                        "they are returned, in the order they were stacked, or which of attention_block_backward's "
@@ -891,6 +1076,12 @@ def _check_backward_ring_direction(results, cases, size, shape):
     """A rank's wrong gradients can come from another rank's backward (causal: rank 0 computes one block only): a
     backward that computed a block with another rank's positions is said first, with the rank that did."""
     for (causal, layout), runs in zip(cases, zip(*results)):
+        outside = [(rank, _outside_the_sequence(got["backward"]["blocks"], shape[2])) for rank, got in enumerate(runs)
+                   if got["backward"] is not None]
+        outside = [(rank, p) for rank, p in outside if p is not None]
+        if outside:
+            pytest.fail(f"{T153}: rank {outside[0][0]}'s backward ({'causal' if causal else 'not causal'}, {layout}, "
+                        f"{size} ranks) computed a block {_outside_said(outside[0][1], shape[2])}")
         wrong = [(rank, p, w) for rank, got in enumerate(runs) if got["backward"] is not None
                  for _, p, w in got["backward"]["blocks"] if p is not None and w is not None and p != w]
         if wrong and not all(all(_close(g, e) for g, e in zip(got["grads"], _expected_mine(r, size, layout, causal,
@@ -924,11 +1115,16 @@ def _zigzag_and_ring(rank, size, impl, shape):
 
 def _zigzag(rank, size, impl):
     cp = judging(impl, "15.4")
-    x = torch.arange(2.0 * 3 * 4 * size * 2).view(2, 3, 4 * size, 2)
+    x = torch.arange(2.0 * 3 * 4 * size * 2, dtype=torch.float64).view(2, 3, 4 * size, 2)  # float64, as the ring
     out = dict(chunks=[(cid, pos.tolist()) for cid, pos in cp.token_chunks(rank, size, 4, "zigzag")])
     out["shard"] = cp.zigzag_shard(x)
     with Wire() as wire:
-        out["whole"] = cp.zigzag_unshard(_mine(x, rank, size, "zigzag"))
+        try:  # said by the test: torch's error names the dtypes, not the buffers that have them
+            out["whole"] = cp.zigzag_unshard(_mine(x, rank, size, "zigzag"))
+        except ValueError as error:
+            if "different dtypes" not in str(error) or not wire.calls:
+                raise
+            out["whole"] = (wire.calls[-1].kind, sorted({dtype for dtype, _ in wire.calls[-1].tensors}))
     out["unshard_calls"] = [c.kind for c in wire.calls]
     # along another dim (tokens first: (B, S, H, D)), as the docstring's `dim` allows
     try:  # said by the test: an index error alone names no cause
@@ -966,7 +1162,7 @@ def _zigzag(rank, size, impl):
 @pytest.mark.parametrize("size", [3, slow(2), slow(4)])
 def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
     judging(impl, "15.4")
-    x = torch.arange(2.0 * 3 * 4 * size * 2).view(2, 3, 4 * size, 2)
+    x = torch.arange(2.0 * 3 * 4 * size * 2, dtype=torch.float64).view(2, 3, 4 * size, 2)  # float64, as the ring
     shape = (2, 2, 4 * size, 4)
     results = run_ranks(_zigzag_and_ring, size, impl, shape)
     for rank, (got, _) in enumerate(results):
@@ -983,6 +1179,10 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
             + (": the right chunks in the wrong order; on every rank, odd or even, chunk r comes first, then 2N-1-r: "
                "the order they lie in this rank's tensors (zigzag_shard's)" if got["chunks"] == expected[::-1] else ""))
         parts = torch.cat([_mine(x, r, size, "zigzag") for r in range(size)], dim=2)
+        if isinstance(got["whole"], tuple):
+            pytest.fail(f"{T154}: zigzag_unshard on rank {rank}, given a float64 x, called {got['whole'][0]} with "
+                        f"tensors of the dtypes {got['whole'][1]}, which torch refused (\"different dtypes\"): the "
+                        "buffers that receive must be like x (torch.empty_like), not made in torch's default dtype")
         assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order" + (
             ": it concatenated the ranks' parts as they lie; rank r's part is chunks r and 2N-1-r of the sequence: put "
             "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else "")
@@ -1038,6 +1238,14 @@ def _check_zigzag_in_groups(x, results):
 
 
 # --------------------------------------------------------------------------- Task 15.5
+def _sent_since(wire):
+    """What each call since the last take() sent, [(kind, dtype name, numel)], a dist.all_to_all's numel its whole
+    input list's (the wire records a list's first tensor; its outputs, as large, come first): half of its tensors."""
+    calls = wire.calls[wire.taken:]
+    wire.take()
+    return [(c.kind, c.sent[1], sum(n for _, n in c.tensors) // 2 if c.kind == "all_to_all" else c.numel) for c in calls]
+
+
 def _ulysses(rank, size, impl, heads, causal):
     cp = judging(impl, "15.5")
     out = {}
@@ -1072,11 +1280,11 @@ def _ulysses(rank, size, impl, heads, causal):
                 if heads % size == 0 or isinstance(error, NotImplementedError):
                     raise
                 return dict(out, refused=None, raised=one_line(error), calls=[c.sent for c in wire.calls])
-            forward = wire.take()
+            forward = _sent_since(wire)
             if o.shape != q_l.shape:  # said by the test, with the shapes that attention ran on
                 return dict(out, refused=None, out=o.detach(), shapes=shapes)
             grads = torch.autograd.grad(o, (q_l, k_l, v_l), mine[3])
-            backward = wire.take()
+            backward = _sent_since(wire)
     finally:
         F.scaled_dot_product_attention = sdpa
     return dict(out, refused=None, out=o.detach(), grads=grads, forward=forward, backward=backward, shapes=shapes)
