@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from conftest import keeps_its_input, load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
 from harness import RankFailed, RankTimeout, _student_frame, one_line, run_ranks
-from wire import POLLED_FOREVER, Wire
+from wire import NO_FUTURE, POLLED_FOREVER, Wire, gloo_wait_only
 
 FILE = "template_context_parallel.py"
 T151 = f"Task 15.1 ({FILE}, merge_attention)"
@@ -344,12 +344,12 @@ class Recorder:
             try:
                 return get_future(work)
             except RuntimeError as error:
-                if work not in messages or "not implemented" not in str(error):
+                if work not in messages or NO_FUTURE not in str(error):
                     raise
                 raise AssertionError(
                     f"{self.name}: RingAttention asked the Work of a dist.isend or dist.irecv for its Future "
-                    f"(torch.futures.wait_all of the Works' get_future()?), which raised \"{error}\": gloo's "
-                    "point-to-point Works have no Future; wait for each with work.wait()") from None
+                    f"(torch.futures.wait_all of the Works' get_future()?), which raised \"{error}\": "
+                    f"{gloo_wait_only('irecv')}: wait for each with work.wait()") from None
 
         waited = weakref.WeakSet()  # weak: a Work keeps its tensor alive, and the blocks alive are counted
         polls = {}  # by id(Work): is_completed() calls on a ring message before its wait
@@ -361,8 +361,8 @@ class Recorder:
                 if polls[id(work)] == POLLED_FOREVER:  # said in the rank, at once: the loop hangs to the time limit
                     raise AssertionError(
                         f"{self.name}: RingAttention polled is_completed() {POLLED_FOREVER} times on the Work of a "
-                        "dist.isend or dist.irecv before its wait(): gloo's point-to-point Works say True only once "
-                        "their wait() has run, so the loop never ends; wait for each with work.wait()")
+                        f"dist.isend or dist.irecv before its wait(): {gloo_wait_only('irecv')}: wait for each with "
+                        "work.wait()")
             return done
 
         def wait_for_a_send(work):
