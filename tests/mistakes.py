@@ -1232,6 +1232,14 @@ MISTAKES = [
             "                self.running_mean = (1 - m) * self.running_mean + m * mean\n"
             "                self.running_var = (1 - m) * self.running_var + m * var * count / (count - 1)\n",
             "they hold autograd's graph"),
+    Mistake("11.3", "layer-keeps-its-input", "template_batchnorm.py",  # helper a's trial: passed (what stays alive)
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "            self.last_input = x\n"
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n", "stayed alive after"),
+    Mistake("11.3", "layer-keeps-every-input-detached", "template_batchnorm.py",  # the same, through memory shared
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n",
+            "            self.inputs = getattr(self, 'inputs', []) + [x.detach()]\n"
+            "            mean, var, count = global_batch_stats(x.detach(), self.process_group)\n", "stayed alive after"),
     Mistake("11.3", "running-var-count-as-equal-slices", "template_batchnorm.py",  # was the formula alone
             "                    self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))",
             "                    n = x.numel() // x.shape[1] * dist.get_world_size()\n"

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import gpu  # where the GPU test's ranks run
 from conftest import REFERENCE, load_with_reference
@@ -713,6 +714,11 @@ def _layer(rank, world_size, impl, configs, sub):
                           "grads": {n: None if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()},
                           "buffers": {k: v.clone() for k, v in layer.named_buffers()}})
             layer.zero_grad()
+            # what stays alive: nothing of this step's input once its backward has run and its output is dropped
+            # (what the Function saved for backward went with the graph)
+            memory = StorageWeakRef(x.untyped_storage())
+            del x, y, context
+            steps[-1]["input_kept"] = not memory.expired()
         layer.eval()
         x = slices([2] * len(sizes), tail, 100 * number + 7 + 1000 * index)[grank].requires_grad_()
         grad_y = slices([2] * len(sizes), tail, 100 * number + 8 + 1000 * index)[grank]
@@ -787,6 +793,11 @@ def _check_layers(results, configs, sub=False):
                     _check_parameter_grads(where, [results[r][number]["steps"][step]["grads"] for r in ranks],
                                            ranks.index(rank), expected_grads, world_size)
                     _check_buffers(where, got["buffers"], bn, bn_before, sizes, tail, seed, kwargs, grank)
+                    assert not got["input_kept"], (
+                        f"{where}: this step's input x (or memory it shares: x.detach(), a view) stayed alive after "
+                        "its backward had run and its output was dropped: something beyond autograd's graph holds it, "
+                        "an attribute of the layer (self.last_input = x?) or a list it grows. Keep nothing of x: "
+                        "what backward needs, SyncBatchNormFunction saves, and autograd frees it with the graph")
             for rank in [r for r in range(len(results)) if not sub or r // 2 == index]:
                 got = results[rank][number]
                 grank = rank % 2 if sub else rank

@@ -244,3 +244,30 @@ def test_a_rank_that_sleeps_computes_or_waits_for_its_child_is_no_deadlock(monke
     import harness
     monkeypatch.setattr(harness, "STILL_FOR", 1.0)
     assert run_ranks(_waits_while_the_other_rank_works, 2, how, timeout=60) == [0.0, 42.0]
+
+
+def _rank_1_fails_while_rank_0_waits_for_it(rank, world_size):
+    if rank == 1:
+        raise AssertionError("rank 1's own assertion")  # reported, then the group is left: rank 0's recv fails
+    dist.recv(torch.zeros(1), src=1)
+    return rank
+
+
+def test_a_lost_connection_is_not_said_over_the_assertion_of_the_rank_that_closed_it():
+    """Rank 1 fails and leaves the group; rank 0, waiting for it, gets "Connection closed by peer". Both reports
+    arrive about together, and on a busy machine the lower rank's was read first: the run said rank 0's lost
+    connection (Task 15.2's catalogue, once in a run of all the entries). Rank 1's assertion is the news. Quiet,
+    rank 1's report is read first anyway; the order that failed is made below, with pipes."""
+    with pytest.raises(RankFailed) as failed:
+        run_ranks(_rank_1_fails_while_rank_0_waits_for_it, 2, timeout=60)
+    assert str(failed.value).startswith("rank 1 raised AssertionError: rank 1's own assertion"), str(failed.value)
+    import multiprocessing
+
+    import harness
+    pipes = [multiprocessing.Pipe() for _ in range(3)]
+    reading = {ours: rank for rank, (ours, _) in enumerate(pipes)}
+    pipes[1][1].send(("joined", None))
+    pipes[1][1].send(("RuntimeError", ("[pair.cc:561] Connection closed by peer", "trace 1")))  # a consequence too
+    pipes[2][1].send(("AssertionError", ("rank 2's own assertion", "trace 2")))
+    assert harness._failure_waiting(reading, {}, 0) == (2, ("AssertionError", ("rank 2's own assertion", "trace 2")))
+    assert harness._failure_waiting(reading, {}, 0) is None, "nothing else waits"
