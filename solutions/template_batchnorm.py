@@ -176,6 +176,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     - eval without running statistics (track_running_stats=False): as nn.BatchNorm and PyTorch's
       SyncBatchNorm, this batch's own statistics, computed from x itself: they stay in the graph,
       so the input gradient flows through them too, as nn.BatchNorm's does; send nothing.
+    Keep nothing of x on the layer: what backward needs, the Function saves, and autograd frees
+    it with the graph (an attribute holding x would keep a whole activation alive per layer).
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
