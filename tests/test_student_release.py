@@ -225,7 +225,10 @@ def test_check_runs_in_the_release_on_the_students_own_answers(release, tmp_path
     assert re.search(r"Task 1\.1 .* failing", out) and mistake.hint in out, out
     assert re.search(r"Task 1\.4 .* failing", out), out
     # 1.3's tests take the student's 1.1 too: check.py checks 1.2 and 1.3 (the earlier tasks 1.4's tests use)
+    assert "Task 1.4 failed, and its tests use your answers to Task 1.2, 1.3: checking them too" in out, out
     assert "your own answers to the other tasks: Task 1.1, 1.3 are not done either and may be the cause" in out, out
+    assert re.search(r"Checked too, as the tests above ran them: Task 1\.2 .* done Task 1\.3 .* failing", out), out
+    assert "Task 1.1 is not done either" in out and "if Task" not in out, out  # 1.3's line, and no hedge
     assert re.search(r"Task 2\.1 .* not started", out), out
     assert "Next: fix Task 1.1 " in out, out
     print(f"check.py in the release: {time.monotonic() - start:.0f} s")
@@ -234,31 +237,22 @@ def test_check_runs_in_the_release_on_the_students_own_answers(release, tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_check_of_one_task_in_the_release_checks_the_earlier_tasks_its_tests_use(release):
-    """`check.py 1.4` alone in a release, 1.4's tests running the student's Tasks 1.1-1.3: it checks those
-    too once 1.4 fails, so it says which of them fails (not that any of 1.1, 1.2, 1.3 may), or that none does."""
-    wrong_seed = next(m for m in MISTAKES if m.name == "epoch-not-in-seed")  # Task 1.1
+    """`check.py 1.4` alone in a release, 1.4 wrong and 1.1-1.3 right: it checks those too once 1.4 fails (its tests
+    ran them), finds them done, and says 1.4's own cause with no hedge about them. (A wrong 1.1 is the test above.)"""
     wrong_batch = next(m for m in MISTAKES if m.name == "global-batch-per-rank")  # Task 1.4
-    outputs = []
-    for mistake in (wrong_seed, wrong_batch):
-        with open(os.path.join(REPO, "solutions", "template_data_loader.py")) as f:
-            answer = mistake.apply(f.read())
+    with open(os.path.join(REPO, "solutions", "template_data_loader.py")) as f:
+        answer = wrong_batch.apply(f.read())
+    with open(os.path.join(release, "template_data_loader.py"), "w") as f:
+        f.write(answer)
+    try:
+        done = subprocess.run([sys.executable, "check.py", "1.4"], cwd=release, capture_output=True, text=True,
+                              timeout=200)
+    finally:
         with open(os.path.join(release, "template_data_loader.py"), "w") as f:
-            f.write(answer)
-        try:
-            done = subprocess.run([sys.executable, "check.py", "1.4"], cwd=release, capture_output=True,
-                                  text=True, timeout=200)
-        finally:
-            with open(os.path.join(release, "template_data_loader.py"), "w") as f:
-                f.write(_committed("template_data_loader.py"))
-        assert done.returncode == 1, done.stdout + done.stderr
-        outputs.append(" ".join(done.stdout.split()))
-    seed, batch = outputs
-    assert "use your answers to Task 1.1, 1.2, 1.3: checking them too" in seed, seed
-    assert "Task 1.1, 1.3 are not done either and may be the cause: fix them first" in seed, seed
-    assert re.search(r"Checked too, as the tests above ran them: Task 1\.1 .* failing", seed), seed
-    assert wrong_seed.hint in seed and "Task 1.1 is not done either" in seed, seed  # 1.3's line: 1.1 checked here
-    assert "if Task" not in seed, seed  # no hedge: every task 1.4's tests used was checked
-    assert "Next: fix Task 1.1 " in seed, seed
+            f.write(_committed("template_data_loader.py"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    batch = " ".join(done.stdout.split())
+    assert "use your answers to Task 1.1, 1.2, 1.3: checking them too" in batch, batch
     assert re.search(r"Task 1\.4 .* failing", batch) and wrong_batch.hint in batch, batch
     assert re.search(r"Task 1\.1 .* done Task 1\.2 .* done Task 1\.3 .* done", batch), batch
     assert "may be the cause" not in batch and "no solutions/" not in batch, batch
