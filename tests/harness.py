@@ -374,14 +374,19 @@ def _collect(ranks, timeout, tmp, startup_timeout=STARTUP_TIMEOUT):
                 other, (other_status, (other_message, other_trace)) = cause
                 if other_status == "NotImplementedError":
                     raise NotImplementedError(other_message)
-                raise RankFailed(f"rank {other} raised {other_status}: {other_message}\n\n--- rank {other} traceback "
-                                 f"---\n{other_trace}\n(rank {rank} then lost its connection to it, a consequence)")
+                raise RankFailed(_raised(other, other_status, other_message, other_trace) +
+                                 f"\n(rank {rank} then lost its connection to it, a consequence)")
             dead = [r for r in _ended_silently(ranks, outputs, reading) if r != rank]
             if dead:
                 raise RankFailed(f"{_died(dead[0], procs[dead[0]].exitcode)} (rank {rank} then lost its connection "
                                  "to it, a consequence)")
-        raise RankFailed(f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}")
+        raise RankFailed(_raised(rank, status, message, trace))
     return [outputs[rank] for rank in range(world_size)]
+
+
+def _raised(rank, status, message, trace):
+    """What a rank's failure report says: the exception, then the rank's traceback."""
+    return f"rank {rank} raised {status}: {message}\n\n--- rank {rank} traceback ---\n{trace}"
 
 
 _LOST_CONNECTION = re.compile(r"Connection (closed|reset) by peer|pair closure")

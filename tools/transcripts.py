@@ -233,10 +233,15 @@ def produce(command, options, tries=2):
             shutil.rmtree(cwd, ignore_errors=True)
 
 
+def of_another_cpu(options):
+    """Whether a block's figures were written by another kind of CPU than this one (its `cpu` option)."""
+    return "cpu" in (options or {}) and options["cpu"] != cpu_kind()
+
+
 def difference(shown, fresh, options=None):
     """'' when the shown transcript and a fresh one agree once masked, else a unified diff. A block whose
     figures another kind of CPU wrote (its `cpu` option) is compared without them."""
-    figures = "cpu" in (options or {}) and options["cpu"] != cpu_kind()
+    figures = of_another_cpu(options)
     if mask(shown, figures) == mask(fresh, figures):
         return ""
     return "".join(difflib.unified_diff(mask(shown, figures).splitlines(True), mask(fresh, figures).splitlines(True),
@@ -267,7 +272,7 @@ def main(argv=None):
             print(f"{page}: {command}", flush=True)
             fresh.append(produce(command, options))
             problem = difference(shown, fresh[-1], options)
-            if args.check and options.get("cpu", cpu_kind()) != cpu_kind():
+            if args.check and of_another_cpu(options):
                 print(f"  its figures are of a CPU of kind {options['cpu']}, this one is {cpu_kind()}: compared without them",
                       flush=True)
             if problem and args.check:
