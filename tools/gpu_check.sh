@@ -13,9 +13,13 @@
 #     of Task 12 against PyTorch's, DiLoCo's synced copy (Task 13), CUDA scatter, map_location, ...;
 #   - train_ddp.py on 1 process with NCCL (one GPU cannot hold two NCCL ranks), each strategy;
 #   - train_ddp.py on 2 processes with gloo carrying CUDA tensors (both ranks on the one GPU);
+#   - the ViT (Tasks 14-16): alone on NCCL, and with gloo --tp 2 --sp (ours and parallelize_module's), --cp 2
+#     --cp-impl ulysses and --moe 4 --ep 2, whose all-to-alls carry CUDA tensors; ring attention (send/recv)
+#     is refused there, and runs on NCCL where there are 2 GPUs;
 #   - Task 5's overlap with --profile: which kernels ran on which CUDA stream;
 #   - benchmarks/allreduce_bench.py, ddp_bench.py and memory_bench.py on CUDA.
-# What needs 2 or more GPUs is run when there are (NCCL with 2 ranks, nn.DataParallel of Task 4):
+# What needs 2 or more GPUs is run when there are (NCCL with 2 ranks: Tasks 9, 10 and 14-16; nn.DataParallel
+# of Task 4):
 # on a multi-GPU node the NCCL steps use every GPU (--nproc_per_node=<number of GPUs>) and pytest -m gpu runs the
 # tests that the summary lists as skipped on one GPU.
 set -u
@@ -114,8 +118,20 @@ strategies() {
         # shellcheck disable=SC2086  # (flags: several words)
         step "$backend-$(tr -d '-' <<<"$flags" | tr ' ' '-')" 150 "${ranks[@]}" "${TRAIN[@]}" "${extra[@]}" $flags
     done
+    # the ViT (Tasks 14-16): one process a GPU trains it alone on one GPU, with its experts on that rank (--ep 1)
+    if [ "$backend" = nccl ]; then
+        step nccl-vit 150 "${ranks[@]}" "${TRAIN[@]}" --model vit
+        step nccl-vit-moe 150 "${ranks[@]}" "${TRAIN[@]}" --model vit --moe 4
+    fi
     if [ "$backend" = gloo ]; then
         step gloo-tp 150 "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --tp 2
+        # Task 14 ours and parallelize_module's; Task 15's Ulysses and Task 16's experts: all-to-alls of CUDA tensors
+        step gloo-vit-tp-sp 150 "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --model vit --tp 2 --sp
+        step gloo-vit-tp-sp-torch 150 "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --model vit --tp 2 --sp --impl ddp
+        step gloo-vit-ulysses 150 "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --model vit --cp 2 --cp-impl ulysses
+        step gloo-vit-experts 150 "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --model vit --moe 4 --ep 2
+        step gloo-vit-ring-refused 60 "${REFUSED[@]}" "CPU tensors only" "${GLOO[@]}" "${TRAIN[@]}" --backend gloo \
+            --model vit --cp 2
         # gloo's send/recv take CPU tensors only: Task 3's all-reduces by hand and the pipeline are refused
         step gloo-pp-refused 60 "${REFUSED[@]}" "CPU tensors only" "${GLOO[@]}" "${TRAIN[@]}" --backend gloo --pp 2
         step gloo-ring-refused 60 "${REFUSED[@]}" "CPU tensors only" "${GLOO[@]}" "${TRAIN[@]}" --backend gloo \
@@ -123,6 +139,12 @@ strategies() {
     elif [ "$GPUS" -ge 2 ]; then
         step nccl-tp 150 "${TORCHRUN[@]}" --nproc_per_node=2 "${TRAIN[@]}" --tp 2
         step nccl-pp 150 "${TORCHRUN[@]}" --nproc_per_node=2 "${TRAIN[@]}" --pp 2 --microbatches 4 --schedule 1f1b
+        local vit
+        for vit in "--tp 2 --sp" "--tp 2 --sp --impl ddp" "--cp 2" "--cp 2 --cp-impl ulysses" "--moe 4 --ep 2"; do
+            # shellcheck disable=SC2086  # (vit: several words)
+            step "nccl-vit-$(tr -d '-' <<<"$vit" | tr ' ' '-')" 150 "${TORCHRUN[@]}" --nproc_per_node=2 "${TRAIN[@]}" \
+                --model vit $vit
+        done
     fi
 }
 strategies nccl &
