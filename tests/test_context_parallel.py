@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import keeps_its_input, load, load_with_reference, raise_if_unfilled
+import gpu  # where the GPU test's ranks run
+from conftest import REFERENCE, keeps_its_input, load, load_with_reference, raise_if_unfilled
 from support.attention import attention_block, attention_block_backward
 from harness import RankFailed, RankTimeout, _student_frame, one_line, run_ranks
 from wire import NO_FUTURE, POLLED_FOREVER, Wire, gloo_wait_only
@@ -1592,6 +1593,70 @@ def test_pytorchs_context_parallel_is_refused_on_a_cpu_with_exit_code_2():
     from test_train_ddp import run
     code, out = run([sys.executable, "train_ddp.py", "--impl", "ddp", "--model", "vit", "--cp", "2"], timeout=60)
     assert code == 2 and "PyTorch's context_parallel runs on CUDA only" in out and len(out.strip().splitlines()) == 1, out
+
+
+def _against_pytorchs_context_parallel(rank, size):
+    """The reference answers' ring and Ulysses attention and PyTorch's context_parallel (float32, the memory-efficient
+    CUDA kernel) on the same whole sequences, causal and not: each rank's out, dq, dk and dv, and the layout
+    PyTorch sharded the sequence in (its head-tail load balance is our zigzag), read from the shard it gave."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    cp = load(REFERENCE, "template_context_parallel")
+    device = gpu.use_gpu(rank)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    mesh = init_device_mesh("cuda", (size,))
+    # ring attention sends with dist.isend/irecv, which gloo does for CPU tensors only: with gloo it runs on the CPU
+    ring_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    whole = [t.float() for t in _inputs(2, 4, 8 * size, 16)]
+    results = {}
+    for causal in (False, True):
+        buffers = [t.to(device, copy=True) for t in whole]  # sharded in place by the context, along dim 2
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), context_parallel(
+                mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)):
+            q, k, v = (t.detach().requires_grad_() for t in buffers[:3])
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = out.to_local() if hasattr(out, "to_local") else out
+            theirs = [out.detach(), *torch.autograd.grad(out, (q, k, v), buffers[3])]
+        layouts = [name for name in ("zigzag", "contiguous") if torch.equal(buffers[0].cpu(), _mine(whole[0], rank, size, name))]
+        assert layouts, f"PyTorch's context_parallel gave rank {rank} a shard of {tuple(buffers[0].shape)} in a layout " \
+                        "this test does not know (neither head-tail chunks r and 2N-1-r nor the contiguous S / N)"
+        mine = [_mine(t, rank, size, layouts[0]).to(ring_device) for t in whole]
+        q, k, v = (t.clone().requires_grad_() for t in mine[:3])
+        out = cp.ring_attention(q, k, v, None, causal, layouts[0])
+        ring = [out.detach(), *torch.autograd.grad(out, (q, k, v), mine[3])]
+        mine = [_mine(t, rank, size, "contiguous").to(device) for t in whole]
+        q, k, v = (t.clone().requires_grad_() for t in mine[:3])
+        out = cp.ulysses_attention(q, k, v, None, causal)
+        ulysses = [out.detach(), *torch.autograd.grad(out, (q, k, v), mine[3])]
+        results[causal] = dict(layout=layouts[0], torch=[t.cpu() for t in theirs], ring=[t.cpu() for t in ring],
+                               ulysses=[t.cpu() for t in ulysses])
+    return results
+
+
+@pytest.mark.gpu
+@pytest.mark.repo
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_solution_equals_pytorchs_context_parallel_on_gpus(backend):
+    """PyTorch's context_parallel shards F.scaled_dot_product_attention's CUDA kernels only (tools/gpu_check.sh):
+    the reference answers' ring and Ulysses attention against it and against one process's attention over the
+    whole sequence (float64), on NCCL with 2 GPUs, and on gloo with both ranks on one GPU (there the ring runs on
+    CPU tensors: gloo's send/recv take no others)."""
+    size = 2
+    results = run_ranks(_against_pytorchs_context_parallel, size, backend=backend, timeout=90)
+    whole = [t.float().double() for t in _inputs(2, 4, 8 * size, 16)]  # the float32 inputs the ranks had
+    for causal in (False, True):
+        expected = _reference(*whole, causal)
+        expected = [expected[0], *expected[1]]
+        for rank, got in enumerate(results):
+            got = got[causal]
+            for who in ("torch", "ring", "ulysses"):
+                layout = "contiguous" if who == "ulysses" else got["layout"]
+                for name, value, full in zip(("out", "dq", "dk", "dv"), got[who], expected):
+                    mine = _mine(full, rank, size, layout)
+                    assert torch.allclose(value.double(), mine, rtol=1e-4, atol=1e-5), (
+                        f"{who}, causal={causal}, rank {rank} ({layout} layout): {name} differs from one process's "
+                        f"attention by up to {(value.double() - mine).abs().max().item():.2e}")
 
 
 QUICK_VIT = ["--data", "synthetic", "--model", "vit", "--epochs", "1", "--train-samples", "512", "--test-samples", "256",

@@ -27,7 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import models
-from conftest import keeps_its_input, load_with_reference, raise_if_unfilled
+import gpu  # where the GPU test's ranks run
+from conftest import REFERENCE, keeps_its_input, load_with_reference, raise_if_unfilled
 from harness import RankFailed, RankTimeout, one_line, run_ranks
 from wire import Wire, dtype_name
 
@@ -885,12 +886,17 @@ def _vit_reference(vit, images, labels):
     return losses, auxes, {name: p.grad.clone() for name, p in vit.named_parameters()}
 
 
+def _vit_data(world_size):
+    """Each rank's images (3 of 16 tokens, float64) and labels."""
+    g = torch.Generator().manual_seed(1)
+    images = [torch.randn(3, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(world_size)]
+    return images, [torch.randint(0, 10, (3,), generator=g) for _ in range(world_size)]
+
+
 def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_factor):
     ep = judging(impl, task)
     vit = _tiny_vit(num_experts, top_k, capacity_factor)
-    g = torch.Generator().manual_seed(1)
-    images = [torch.randn(3, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(world_size)]  # 3 x 16 tokens
-    labels = [torch.randint(0, 10, (3,), generator=g) for _ in range(world_size)]
+    images, labels = _vit_data(world_size)
     losses, auxes, grads = _vit_reference(vit, images, labels)
     ep_group, expert_dp_group = ep.expert_parallel_groups(ep_size)
     moe_names = {name for name, m in vit.named_modules() if isinstance(m, models.MoE)}
@@ -1063,6 +1069,39 @@ def test_sync_moe_gradients_gives_one_process_gradients(impl, world_size, ep_siz
     for rank, got in enumerate(run_ranks(_vit, world_size, impl, "16.5", ep_size, num_experts, top_k, capacity_factor,
                                          timeout=60)):
         _check_vit("16.5", rank, world_size, ep_size, got)
+
+
+def _experts_on_gpu(rank, world_size):
+    """The reference answers' whole step on CUDA tensors: the tiny MoE ViT converted with every expert on one rank
+    of 2, a forward and backward of this rank's images, sync_moe_gradients; the loss and gradients, on the CPU."""
+    ep = judging(REFERENCE, "16.5")
+    device = gpu.use_gpu(rank)
+    vit = _tiny_vit(4, 2, 0.5).to(device)
+    images, labels = _vit_data(world_size)
+    ep_group, expert_dp_group = ep.expert_parallel_groups(world_size)
+    vit = ep.parallelize_moe(vit, ep_group)
+    loss = F.cross_entropy(vit(images[rank].to(device)), labels[rank].to(device)) + AUX * vit.aux_loss()
+    loss.backward()
+    ep.sync_moe_gradients(vit, ep_group, expert_dp_group)
+    return loss.item(), {name: p.grad.cpu() for name, p in vit.named_parameters()}
+
+
+@pytest.mark.gpu
+@pytest.mark.repo
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_solution_gives_one_process_gradients_on_gpus(backend):
+    """Tasks 16.1-16.5's reference answers with CUDA tensors (tools/gpu_check.sh): the counts and tokens' all-to-alls
+    (uneven splits, capacity 0.5 drops some) and the sync, on NCCL with 2 GPUs and on gloo with both ranks on one;
+    the losses and gradients of one process on the CPU (float64)."""
+    world_size, per_rank = 2, 2  # 4 experts
+    results = run_ranks(_experts_on_gpu, world_size, backend=backend, timeout=90)
+    losses, _, grads = _vit_reference(_tiny_vit(4, 2, 0.5), *_vit_data(world_size))
+    for rank, (loss, got) in enumerate(results):
+        assert abs(loss - losses[rank]) < 1e-10, f"rank {rank}: the loss {loss}, one process's {losses[rank]}"
+        for name, grad in got.items():
+            found = re.match(r"(.*\.experts)\.(\d+)\.(.*)", name)
+            ref_name = f"{found[1]}.{rank * per_rank + int(found[2])}.{found[3]}" if found else name
+            assert _close(grad, grads[ref_name]), f"rank {rank}: {name}'s gradient differs from one process's {ref_name}"
 
 
 # --------------------------------------------------------------------------- a rank with no tokens (16.2, 16.3)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import gpu
 from conftest import REFERENCE, keeps_its_input, load, load_with_reference, raise_if_unfilled
 from harness import one_line, run_ranks
 from models import MLP, Attention, Block, ViT
@@ -752,33 +753,36 @@ def _whole_or_local(grad):
     return grad.to_local()
 
 
-def _against_torch(rank, world_size, impl):
+def _against_torch(rank, world_size, impl, device="cpu"):
     """Both modes in one run: the mesh and DTensor's first calls cost more than the blocks."""
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (world_size,))
-    return {sequence_parallel: _against_torch_in(rank, world_size, impl, mesh, sequence_parallel)
+    if device == "cuda":
+        gpu.use_gpu(rank)
+    mesh = init_device_mesh(device, (world_size,))
+    return {sequence_parallel: _against_torch_in(rank, world_size, impl, mesh, sequence_parallel, device)
             for sequence_parallel in (False, True)}
 
 
-def _against_torch_in(rank, world_size, impl, mesh, sequence_parallel):
+def _against_torch_in(rank, world_size, impl, mesh, sequence_parallel, device="cpu"):
     from strategies.sequence_parallel import torch_parallelize_block
     sp = judging(impl, "14.4")
     torch.manual_seed(0)
-    block = Block(DIM, HEADS).double()
+    block = Block(DIM, HEADS).double().to(device)
     theirs = torch_parallelize_block(copy.deepcopy(block), mesh, sequence_parallel)
     ours = sp.parallelize_block(block, None, sequence_parallel)
     x = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
     up = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
     if sequence_parallel:
         x, up = _shard(x, rank, world_size), _shard(up, rank, world_size)
+    x, up = x.to(device), up.to(device)
     out = {}
     for who, module in (("ours", ours), ("torch", theirs)):
         xi = x.clone().requires_grad_()
         y = module(xi)
         y = y.to_local() if hasattr(y, "to_local") else y
         (y * up).sum().backward()
-        out[who] = dict(y=y.detach(), grad_x=xi.grad,
-                        grads={n: _whole_or_local(p.grad).clone() for n, p in module.named_parameters()})
+        out[who] = dict(y=y.detach().cpu(), grad_x=xi.grad.cpu(),
+                        grads={n: _whole_or_local(p.grad).clone().cpu() for n, p in module.named_parameters()})
     return out
 
 
@@ -795,6 +799,17 @@ def test_block_equals_pytorch_parallelize_module(impl):
     runs = run_ranks(_against_torch, world_size, impl, timeout=60)
     for sequence_parallel in (False, True):
         _check_against_torch([run[sequence_parallel] for run in runs], world_size, sequence_parallel)
+
+
+@pytest.mark.gpu
+@pytest.mark.repo
+@pytest.mark.parametrize("backend", gpu.backends(2))
+def test_solution_equals_pytorch_parallelize_module_on_gpus(backend):
+    """The test above on CUDA tensors (tools/gpu_check.sh): the reference answer's block and PyTorch's plan, on
+    NCCL with 2 GPUs and on gloo with both ranks on one (gloo's all-gather and reduce-scatter of CUDA tensors)."""
+    runs = run_ranks(_against_torch, 2, REFERENCE, "cuda", backend=backend, timeout=90)
+    for sequence_parallel in (False, True):
+        _check_against_torch([run[sequence_parallel] for run in runs], 2, sequence_parallel)
 
 
 def _check_against_torch(results, world_size, sequence_parallel):

@@ -10,7 +10,8 @@
 #
 # One GPU is enough for everything here:
 #   - the GPU-marked tests (pytest -m gpu): PyTorch's SyncBatchNorm against Task 11's, the comm hooks
-#     of Task 12 against PyTorch's, DiLoCo's synced copy (Task 13), CUDA scatter, map_location, ...;
+#     of Task 12 against PyTorch's, DiLoCo's synced copy (Task 13), Task 14 against parallelize_module, Task 15
+#     against context_parallel (CUDA only), Task 16's all-to-alls, CUDA scatter, map_location, ...;
 #   - train_ddp.py on 1 process with NCCL (one GPU cannot hold two NCCL ranks), each strategy;
 #   - train_ddp.py on 2 processes with gloo carrying CUDA tensors (both ranks on the one GPU);
 #   - the ViT (Tasks 14-16): alone on NCCL, and with gloo --tp 2 --sp (ours and parallelize_module's), --cp 2
