@@ -1052,27 +1052,39 @@ def test_convert_sync_batchnorm_carries_everything_over_as_pytorchs(impl):
 @pytest.mark.repo
 @pytest.mark.parametrize("backend", gpu.backends(2))
 def test_solution_equals_pytorchs_syncbatchnorm_on_gpus(backend):
-    """PyTorch's SyncBatchNorm runs on GPUs only: forward, input and weight gradients and running
-    statistics against it, on NCCL with 2 GPUs, and on gloo with both ranks on one."""
+    """PyTorch's SyncBatchNorm runs on GPUs only: forward, input, weight and bias gradients and running
+    statistics against it, on NCCL with 2 GPUs, and on gloo with both ranks on one; with a frozen weight
+    too (it still scales, and gets no gradient)."""
     results = run_ranks(_ours_and_pytorchs, 2, backend=backend, timeout=60)
-    for rank, (ours, theirs) in enumerate(results):
-        for key in theirs:
-            assert torch.allclose(ours[key], theirs[key], rtol=1e-4, atol=1e-5), (rank, key)
+    for rank, runs in enumerate(results):
+        for frozen, (ours, theirs) in runs.items():
+            assert ours.keys() == theirs.keys(), (rank, frozen, sorted(ours), sorted(theirs))
+            for key in theirs:
+                assert torch.allclose(ours[key], theirs[key], rtol=1e-4, atol=1e-5), (rank, frozen, key)
 
 
 def _ours_and_pytorchs(rank, world_size):
     from conftest import load
 
     lib = load("solutions", "template_batchnorm")
-    gpu.use_gpu(rank)
-    out = []
-    for make in (lambda: lib.SyncBatchNorm(C), lambda: torch.nn.SyncBatchNorm(C)):
-        layer = make().cuda()
-        x = slices([3, 5], (C, 4, 4), seed=1, dtype=torch.float32)[rank].cuda().requires_grad_()
-        y = layer(x)
-        (y * slices([3, 5], (C, 4, 4), seed=2, dtype=torch.float32)[rank].cuda()).sum().backward()
-        out.append({"y": y.detach().cpu(), "dx": x.grad.cpu(), "dw": layer.weight.grad.cpu(),
-                    "running_var": layer.running_var.cpu(), "running_mean": layer.running_mean.cpu()})
+    device = gpu.use_gpu(rank)
+    out = {}
+    for frozen in (False, True):
+        out[frozen] = []
+        for make in (lambda: lib.SyncBatchNorm(C), lambda: torch.nn.SyncBatchNorm(C)):
+            layer = make().to(device)
+            with torch.no_grad():  # not the initial 1 and 0: a weight or bias left out shows
+                layer.weight.uniform_(0.5, 1.5, generator=torch.Generator(device).manual_seed(3))
+                layer.bias.uniform_(-0.5, 0.5, generator=torch.Generator(device).manual_seed(4))
+            layer.weight.requires_grad_(not frozen)
+            x = slices([3, 5], (C, 4, 4), seed=1, dtype=torch.float32)[rank].to(device).requires_grad_()
+            y = layer(x)
+            (y * slices([3, 5], (C, 4, 4), seed=2, dtype=torch.float32)[rank].to(device)).sum().backward()
+            got = {"y": y.detach().cpu(), "dx": x.grad.cpu(), "db": layer.bias.grad.cpu(),
+                   "running_var": layer.running_var.cpu(), "running_mean": layer.running_mean.cpu()}
+            if layer.weight.grad is not None:  # None for a frozen weight: then the key is missing on both sides
+                got["dw"] = layer.weight.grad.cpu()
+            out[frozen].append(got)
     return out
 
 
