@@ -2361,6 +2361,60 @@ MISTAKES = [
             '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
             '        return result\n',
             "it is the attention over rank 1's keys alone"),
+    # trial 8, B: the lse by exp and log, a weight without its last dim, the zig-zag halves, the all-to-all's pieces and
+    # gradients, q, k, v packed on the heads, the pooled sum's size and the flat buffer's dtype
+    Mistake("15.1", "lse-by-exp-and-log", "template_context_parallel.py",  # said already: a catalogue entry
+            "    lse = torch.logaddexp(lse_a, lse_b)\n",
+            "    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))\n",
+            "an overflow, exp of scores near 1e4"),
+    Mistake("15.1", "weighted-in-place", "template_context_parallel.py",  # said already: a catalogue entry
+            "    return weight_a * out_a + weight_b * out_b, lse",
+            "    return out_a.mul_(weight_a).add_(weight_b * out_b), lse",
+            "changed its inputs in place"),
+    Mistake("15.1", "weights-without-their-last-dim", "template_context_parallel.py",  # was a raw shape error
+            "    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n",
+            "    weight_a = torch.exp(lse_a - finite)\n    weight_b = torch.exp(lse_b - finite)\n",
+            "lines its S up with out's D"),
+    Mistake("15.1", "weights-by-sigmoid", "template_context_parallel.py",  # said already: NaN where both sides are -inf
+            "    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n",
+            "    weight_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)\n    weight_b = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)\n",
+            "a row with both sides -inf must give out = 0"),
+    Mistake("15.4", "unshard-halves-swapped", "template_context_parallel.py",  # was a bare "not in order"
+            "        chunks[rank], chunks[2 * size - 1 - rank] = part.chunk(2, dim=dim)",
+            "        chunks[2 * size - 1 - rank], chunks[rank] = part.chunk(2, dim=dim)",
+            "each rank's two halves went to each other's places"),
+    Mistake("15.4", "positions-as-a-list", "template_context_parallel.py",  # was the test's own AttributeError
+            "    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in (rank, 2 * world_size - 1 - rank)]",
+            "    return [(chunk, list(range(chunk * half, (chunk + 1) * half))) for chunk in (rank, 2 * world_size - 1 - rank)]",
+            "gave the positions as a list, not a tensor"),
+    Mistake("15.5", "backward-returns-the-gradient-alone", "template_context_parallel.py",  # was told as swapped dims
+            "        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None",
+            "        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim)",
+            "returns one gradient per input of forward"),
+    Mistake("15.5", "received-reshaped-not-concatenated", "template_context_parallel.py",  # was told as a wrong dim
+            "        return torch.cat(received.unbind(0), dim=gather_dim)",
+            "        shape = list(x.shape)\n        shape[scatter_dim] //= size\n        shape[gather_dim] *= size\n"
+            "        return received.reshape(shape)",
+            "were reshaped to the output's shape, which interleaves them"),
+    Mistake("15.5", "q-k-v-packed-along-the-heads", "template_context_parallel.py",  # was a bare difference
+            "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)  # (3, B, H / N, S, D)\n"
+            "    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)",
+            "    qkv = all_to_all(torch.cat([q, k, v], dim=1), group, scatter_dim=1, gather_dim=2)\n"
+            "    out = F.scaled_dot_product_attention(*qkv.chunk(3, dim=1), is_causal=causal)",
+            "were packed along the heads (torch.cat on dim 1"),
+    Mistake("15.6", "pooled-by-all-reducing-x-in-place", "template_context_parallel.py",  # passed: right values
+            "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n",
+            "        dist.all_reduce(x, group=group)\n        total = x.sum(dim=1)\n",
+            "x itself, in place"),
+    Mistake("15.6", "flat-buffer-float32", "template_context_parallel.py",  # was "1 x the single-process gradient"
+            "    flat = torch.cat([param.grad.reshape(-1) for param in params])",
+            "    flat = torch.zeros(sum(param.numel() for param in params))\n"
+            "    torch.cat([param.grad.reshape(-1) for param in params], out=flat)",
+            "sent the float64 gradients as ['float32']"),
+    Mistake("15.6", "mean-backward-not-expanded", "template_context_parallel.py",  # was autograd's raw shape error
+            "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+            "        return grad / ctx.tokens, None",
+            "returned a gradient of the wrong shape for x"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
