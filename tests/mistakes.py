@@ -2836,6 +2836,31 @@ MISTAKES = [
             "            entries.append((name, low - offset, high - low, low - start))",
             "            entries.append((name, low - offset, high - low, low - offset))",
             "counts from the start of this rank's"),
+    # trial 8, B: the range not clipped to the shard, an inclusive end, negative padding (each the bare last line
+    # before), and two said already: the line position advanced only on overlap, entries of length 0
+    Mistake("8.3", "range-not-clipped-at-the-end", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = max(start, offset), offset + numel\n",
+            "runs past the end of the shard"),
+    Mistake("8.3", "range-not-clipped-at-the-start", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = offset, min(end, offset + numel)\n",
+            "starts before the shard"),
+    Mistake("8.3", "parameter-end-inclusive", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = max(start, offset), min(end, offset + numel - 1)\n",
+            "is one element short"),
+    Mistake("8.3", "padding-negative-before-the-line-end", "template_checkpoint.py",
+            "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+            "    padding = end - max(start, sum(numels))\n",
+            "never fewer than 0"),
+    Mistake("8.3", "line-position-advanced-on-overlap-only", "template_checkpoint.py",
+            "            entries.append((name, low - offset, high - low, low - start))\n        offset += numel\n",
+            "            entries.append((name, low - offset, high - low, low - start))\n            offset += numel\n",
+            "whether or not this shard overlaps the one before"),
+    Mistake("8.3", "entries-of-length-0", "template_checkpoint.py",
+            "        if low < high:\n", "        if low <= high:\n",
+            "an entry of length 0 for v"),
     Mistake("8.4", "copied-at-the-offset", "template_checkpoint.py",
             "            flat[at:at + length] = torch.cat([part for _, part in parts])\n",
             "            flat[offset:offset + length] = torch.cat([part for _, part in parts])\n",
@@ -3626,6 +3651,47 @@ RIGHT_ANSWERS = [
                 "            if self.weight is not None:\n"
                 "                scale, shift = scale * self.weight, shift * self.weight + self.bias\n"
                 "            return x * _per_channel(scale, x) + _per_channel(shift, x)\n", ""),)),
+    # trial 8, B
+    RightAnswer("15.1", "log-sum-exp-of-a-stack", "merge_attention returns the union's lse however it is computed: "
+                "torch.logsumexp over the two stacked is as stable as logaddexp, and -inf for two -inf", (
+        Mistake("15.1", "log-sum-exp-of-a-stack", "template_context_parallel.py",
+                "    lse = torch.logaddexp(lse_a, lse_b)\n",
+                "    lse = torch.logsumexp(torch.stack([lse_a, lse_b]), dim=0)\n", ""),)),
+    RightAnswer("15.4", "shard-by-index-select", "zigzag_shard returns chunk r then chunk 2N - 1 - r: picking their "
+                "positions (token_chunks') with index_select is the same tensor", (
+        Mistake("15.4", "shard-by-index-select", "template_context_parallel.py",
+                "    chunks = x.chunk(2 * size, dim=dim)\n"
+                "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)\n",
+                "    positions = torch.cat([p for _, p in token_chunks(rank, size, x.shape[dim] // size, 'zigzag')])\n"
+                "    return x.index_select(dim, positions)\n", ""),)),
+    RightAnswer("15.4", "unshard-into-one-tensor", "zigzag_unshard is 'a collective over group': all_gather_into_tensor "
+                "(the parts concatenated along dim 0, as gloo takes it) gathers the same parts as all_gather", (
+        Mistake("15.4", "unshard-into-one-tensor", "template_context_parallel.py",
+                "    parts = [torch.empty_like(x) for _ in range(size)]\n"
+                "    dist.all_gather(parts, x.contiguous(), group=group)\n",
+                "    gathered = x.new_empty((size * x.shape[0], *x.shape[1:]))\n"
+                "    dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)\n"
+                "    parts = gathered.chunk(size)\n", ""),)),
+    RightAnswer("15.6", "gradients-assigned-not-copied", "every .grad is made the single-process gradient: a new tensor "
+                "assigned to .grad holds the same values as one copied into it", (
+        Mistake("15.6", "gradients-assigned-not-copied", "template_context_parallel.py",
+                "        param.grad.copy_(grad.view_as(param) / (world if id(param) in head else world // cp_size))",
+                "        param.grad = grad.view_as(param) / (world if id(param) in head else world // cp_size)", ""),)),
+    RightAnswer("15.6", "mean-backward-by-repeat", "each token gets grad / S: repeated along the tokens, then divided, "
+                "is the same", (
+        Mistake("15.6", "mean-backward-by-repeat", "template_context_parallel.py",
+                "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+                "        return grad.unsqueeze(1).repeat(1, ctx.local, 1) / ctx.tokens, None", ""),)),
+    RightAnswer("8.3", "padding-from-the-line-end-clamped", "padding is how many of the end - start elements lie past "
+                "the parameters: end - max(start, sum(numels)), clamped at 0, counts the same elements", (
+        Mistake("8.3", "padding-from-the-line-end-clamped", "template_checkpoint.py",
+                "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+                "    padding = max(0, end - max(start, sum(numels)))\n", ""),)),
+    RightAnswer("8.3", "entries-as-lists", "an entry is (name, offset, length, at): four values in order, a list as "
+                "good as a tuple to every reader", (
+        Mistake("8.3", "entries-as-lists", "template_checkpoint.py",
+                "            entries.append((name, low - offset, high - low, low - start))",
+                "            entries.append([name, low - offset, high - low, low - start])", ""),)),
 ]
 
 
