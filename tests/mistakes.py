@@ -2415,6 +2415,27 @@ MISTAKES = [
             "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
             "        return grad / ctx.tokens, None",
             "returned a gradient of the wrong shape for x"),
+    Mistake("15.4", "shard-cut-by-the-worlds-size", "template_context_parallel.py",  # was "not chunks 0 and 1"
+            "    rank, size = dist.get_rank(group), dist.get_world_size(group)\n    if x.shape[dim] % (2 * size):",
+            "    rank, size = dist.get_rank(group), dist.get_world_size()\n    if x.shape[dim] % (2 * size):",
+            "by the world's size, not the group's"),
+    Mistake("15.4", "unshard-list-by-the-worlds-size", "template_context_parallel.py",  # was gloo's error alone
+            "    size = dist.get_world_size(group)\n    parts = [torch.empty_like(x) for _ in range(size)]",
+            "    size = dist.get_world_size()\n    parts = [torch.empty_like(x) for _ in range(size)]",
+            "gather list holds one buffer per rank of the world"),
+    Mistake("15.6", "gradients-flattened-from-a-set", "template_context_parallel.py",  # was "0.93 x" alone
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = {param for param in model.parameters() if param.grad is not None}",
+            "the ranks took their pieces out of it differently"),
+    Mistake("15.6", "frozen-parameter-flattened", "template_context_parallel.py",  # passed: no frozen parameter
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = list(model.parameters())",
+            "leave it out of the flat buffer"),
+    Mistake("15.6", "frozen-parameter-given-zeros", "template_context_parallel.py",  # passed: no frozen parameter
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = list(model.parameters())\n    for param in params:\n        if param.grad is None:\n"
+            "            param.grad = torch.zeros_like(param)",
+            "leave a frozen parameter's .grad as it is"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -3692,6 +3713,12 @@ RIGHT_ANSWERS = [
         Mistake("8.3", "entries-as-lists", "template_checkpoint.py",
                 "            entries.append((name, low - offset, high - low, low - start))",
                 "            entries.append([name, low - offset, high - low, low - start])", ""),)),
+    RightAnswer("15.6", "mean-of-the-means", "sequence_mean's 'one all-reduce (SUM) ... then / S (or / S before it)': "
+                "each rank's mean is its sum / (S / N); their sum over the N ranks, / N, is the same mean", (
+        Mistake("15.6", "mean-of-the-means", "template_context_parallel.py",
+                "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n        return total / ctx.tokens\n",
+                "        mean = x.mean(dim=1)\n        dist.all_reduce(mean, group=group)\n"
+                "        return mean / dist.get_world_size(group)\n", ""),)),
 ]
 
 

@@ -1249,16 +1249,25 @@ def _check_zigzag_in_groups(x, results):
         assert got["in_group_sizes"] in ([], [gsize]), (
             f"{where}: zigzag_unshard(x, group) ran a collective over {got['in_group_sizes']} ranks, not over the "
             f"{gsize} of the group it was given: pass group=group to the collective (the default group is all 3)")
-        assert not isinstance(got["in_group"], str), f"{where}: zigzag_shard / zigzag_unshard with group= raised {got['in_group']}"
+        listed = re.search(r"expected length (\d+), got (\d+)", got["in_group"]) if isinstance(got["in_group"], str) else None
+        assert not isinstance(got["in_group"], str), (
+            f"{where}: zigzag_shard / zigzag_unshard with group= raised {got['in_group']}" + (
+                f": zigzag_unshard's gather list holds one buffer per rank of the world ({len(results)}), not of the "
+                f"group ({gsize}): count the group's ranks, dist.get_world_size(group)"
+                if listed and listed.groups() == (str(gsize), str(len(results))) else ""))
         shard, whole = got["in_group"]
         if not torch.equal(shard, _mine(x, grank, gsize, "zigzag")):
             world_rank = torch.cat([x.chunk(2 * gsize, dim=2)[c] for c in (rank, 2 * gsize - 1 - rank)], dim=2) \
                 if rank < 2 * gsize else None
+            world_size = _mine(x, grank, len(results), "zigzag")  # cut into 2 x the world's size
             pytest.fail(f"{where}: zigzag_shard(x, group) is not chunks {grank} and {2 * gsize - 1 - grank} of the "
                         f"{2 * gsize}" + (f": it took chunks {rank} and {2 * gsize - 1 - rank}, by the GLOBAL rank; "
                                           "the chunks are the group's: dist.get_rank(group)"
                                           if world_rank is not None and shard.shape == world_rank.shape
-                                          and torch.equal(shard, world_rank) else ""))
+                                          and torch.equal(shard, world_rank) else
+                                          f": it cut x into 2 x {len(results)} chunks, by the world's size, not the "
+                                          f"group's {gsize}: dist.get_world_size(group)"
+                                          if shard.shape == world_size.shape and torch.equal(shard, world_size) else ""))
         assert torch.equal(whole, x), (
             f"{where}: zigzag_unshard(x, group) did not give the whole sequence of the group's parts in order")
 
@@ -1569,7 +1578,20 @@ def _vit_step(rank, size, impl, cp_size, attention):
     F.cross_entropy(model(images[mine]), labels[mine]).backward()
     with Wire() as wire:
         cp.average_context_parallel_gradients(model, cp_size)
-    return pooling, {name: p.grad.clone() for name, p in model.named_parameters()}, [c.sent for c in wire.calls]
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    # again with pos_embed frozen: its .grad stays None, every other gradient as before (a few ms)
+    frozen = _tiny_vit()
+    frozen.pos_embed.requires_grad_(False)
+    model = cp.ContextParallelViT(frozen, group, attention)
+    F.cross_entropy(model(images[mine]), labels[mine]).backward()
+    with Wire() as frozen_wire:
+        try:  # said by the test: a .grad of None has no reshape
+            cp.average_context_parallel_gradients(model, cp_size)
+            grads["frozen"] = {name: p.grad for name, p in model.named_parameters()}
+        except (AttributeError, TypeError) as error:
+            grads["frozen"] = one_line(error)
+    grads["frozen_sent"] = [c.sent for c in frozen_wire.calls]
+    return pooling, grads, [c.sent for c in wire.calls]
 
 
 def _single_process_grads():
@@ -1614,6 +1636,7 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     numel = sum(grad.numel() for grad in expected.values())
     replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
+        frozen, frozen_sent = grads.pop("frozen"), grads.pop("frozen_sent")
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
         kinds = sorted({dtype for _, dtype, _ in sent})
         assert kinds in ([], ["float64"]), (
@@ -1644,12 +1667,31 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                 why = (f": the gradients of the parameters before the pooling are N = {cp_size} times too small: each "
                        "rank of a context group holds only its own tokens' part; their SUM over the group is the "
                        "replica's gradient (divide by the data-parallel replicas only)")
+            others = [r for r, (_, theirs, _) in enumerate(results) if not torch.equal(theirs[name], grad)]
+            if not why and others and sent == [("all_reduce", "float64", numel)]:
+                why = (f": rank {others[0]} holds another gradient of {name}, though one all-reduce of one flat buffer "
+                       "left the same buffer on every rank: the ranks took their pieces out of it differently; lay "
+                       "the gradients out in the same order on every rank (model.parameters(), not a set or an order "
+                       "by id())")
             pytest.fail(f"{T156}: rank {rank}'s gradient of {name} ({where}) is {ratio:.4g} x the single-process "
                         f"gradient on the global batch ({size} ranks, context groups of {cp_size}, {attention}){why}")
         assert sent == [("all_reduce", "float64", numel)], (
             f"{T156}: rank {rank}'s average_context_parallel_gradients sent {sent[:4]}{' ...' if len(sent) > 4 else ''} "
             f"({len(sent)} calls): expected one all-reduce of the {numel} float64 gradients flattened into one buffer "
             "(torch.cat of the flattened .grads), then its pieces divided and copied back")
+        where = f"{T156}: rank {rank}'s average_context_parallel_gradients on the ViT with pos_embed frozen"
+        assert not isinstance(frozen, str), (
+            f"{where} (requires_grad=False: its .grad is None) raised {frozen}: a parameter without a .grad takes no "
+            "part: leave it out of the flat buffer, and its .grad None")
+        assert frozen["pos_embed"] is None, (
+            f"{where}: its .grad is a tensor after the call, where backward left None: leave a frozen parameter's "
+            ".grad as it is (None)")
+        assert frozen_sent == [("all_reduce", "float64", numel - expected["pos_embed"].numel())], (
+            f"{where} sent {frozen_sent}: expected one all-reduce of the {numel - expected['pos_embed'].numel()} "
+            "gradients that exist (pos_embed has none)")
+        wrong = [name for name, grad in frozen.items() if name != "pos_embed"
+                 and not torch.allclose(grad, expected[name], rtol=1e-8, atol=1e-12)]
+        assert not wrong, f"{where}: the gradients of {wrong[:3]} differ from the single-process ones (as without it)"
 
 
 # --------------------------------------------------------------------------- train_ddp.py --cp
