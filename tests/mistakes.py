@@ -2436,6 +2436,15 @@ MISTAKES = [
             "    params = list(model.parameters())\n    for param in params:\n        if param.grad is None:\n"
             "            param.grad = torch.zeros_like(param)",
             "leave a frozen parameter's .grad as it is"),
+    Mistake("15.5", "no-way-back", "template_context_parallel.py",  # was told as a way back that was not the reverse
+            "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
+            "    return out",
+            "the shape of the attention's output, H / N heads of the whole sequence: no way back"),
+    Mistake("15.5", "way-back-by-all-gather", "template_context_parallel.py",  # said already: the wire
+            "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
+            "    import torch.distributed.nn.functional as dnn\n    rank = dist.get_rank(group)\n"
+            "    return torch.cat(dnn.all_gather(out, group=group), dim=1).chunk(size, dim=2)[rank]",
+            "expected all-to-alls of q, k, v and out"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

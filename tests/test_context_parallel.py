@@ -1381,9 +1381,13 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
         out, grads = _expected_mine(rank, size, "contiguous", causal, (2, heads, 4 * size, 4))
         wrong = [s for s in got["shapes"] if s[1:3] != (heads // size, 4 * size)]
         if got["out"].shape != out.shape and not wrong:  # the way in was right (wrong: said below)
+            as_attended = got["shapes"] and tuple(got["out"].shape) == got["shapes"][0]  # SDPA's output, as it came
             pytest.fail(f"{T155}: rank {rank}'s ulysses_attention returned shape {tuple(got['out'].shape)}, expected "
-                        f"(B, H, S / N, D) = {tuple(out.shape)}, as q came in: the all-to-all back is the reverse of the "
-                        "one in, scattering the sequence and gathering the heads")
+                        f"(B, H, S / N, D) = {tuple(out.shape)}, as q came in" + (
+                            ": it is the shape of the attention's output, H / N heads of the whole sequence: no way "
+                            "back; an all-to-all brings every rank its own tokens of all H heads" if as_attended else
+                            ": the all-to-all back is the reverse of the one in, scattering the sequence and "
+                            "gathering the heads"))
         if not _close(got["out"], out):
             other, _ = _expected_mine(rank, size, "contiguous", not causal, (2, heads, 4 * size, 4))
             q, k, v, _ = _inputs(2, heads, 4 * size, 4)
