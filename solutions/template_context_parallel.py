@@ -286,7 +286,8 @@ class _SequenceMean(torch.autograd.Function):
     on every rank of `group`. Forward: one all-reduce (SUM) of this rank's token sum, a new (B, dim)
     tensor (x is left unchanged: the backward runs through it), then / S
     (or / S before it: the same up to rounding). Backward: every rank already holds the whole gradient of the mean (the loss after it is computed
-    the same on every rank): each of its tokens gets grad / S, with no collective."""
+    the same on every rank): each of its tokens gets grad / S, with no collective. It needs x's shape,
+    not x: keep no tensor on ctx (x saved would stay alive until the backward)."""
 
     @staticmethod
     def forward(ctx, x, group):

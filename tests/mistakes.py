@@ -2445,6 +2445,14 @@ MISTAKES = [
             "    import torch.distributed.nn.functional as dnn\n    rank = dist.get_rank(group)\n"
             "    return torch.cat(dnn.all_gather(out, group=group), dim=1).chunk(size, dim=2)[rank]",
             "expected all-to-alls of q, k, v and out"),
+    Mistake("15.6", "mean-saves-its-input", "template_context_parallel.py",  # passed: right values, x kept alive
+            "        return total / ctx.tokens\n        # --- Task 15.6 end ---\n\n    @staticmethod\n"
+            "    def backward(ctx, grad):\n        # --- Task 15.6 begin ---\n"
+            "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+            "        ctx.save_for_backward(x)\n        return total / ctx.tokens\n        # --- Task 15.6 end ---\n\n"
+            "    @staticmethod\n    def backward(ctx, grad):\n        # --- Task 15.6 begin ---\n        x, = ctx.saved_tensors\n"
+            "        return (grad / ctx.tokens).unsqueeze(1).expand_as(x).contiguous(), None",
+            "keeps its input x alive after the forward"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",

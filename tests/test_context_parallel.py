@@ -1520,7 +1520,8 @@ def _pooling(rank, size, impl, group=None):
                 raise
             return dict(grad_error=one_line(error, 300))
         backward = list(wire.calls)
-    return dict(y=y.detach(), grad=grad, changed=changed, forward=[(*c.sent, c.op) for c in forward],
+    kept = keeps_its_input(lambda t: cp.sequence_mean(t, group), x)  # one more all-reduce, on every rank alike
+    return dict(y=y.detach(), grad=grad, changed=changed, kept=kept, forward=[(*c.sent, c.op) for c in forward],
                 backward=[(*c.sent, c.op) for c in backward])
 
 
@@ -1555,6 +1556,10 @@ def _check_pooling(results):
             "S / N, dim) = (2, 3, 4)" + (", x itself, in place: x, the activations the backward runs through, now "
                                          "holds every rank's sum" if got["changed"] else "") + ": all-reduce this "
             "rank's token SUM, a new (B, dim) = (2, 4) tensor (x.sum(dim=1)): S / N = 3 times fewer bytes")
+        assert not got["kept"], (
+            f"{T156}: sequence_mean on rank {rank} keeps its input x alive after the forward (ctx.save_for_backward(x), "
+            "or x on ctx), while its backward needs only x's shape and S: x, (B, S / N, dim), would stay in memory "
+            "until the backward; keep numbers on ctx, no tensor")
         assert not got["changed"], (
             f"{T156}: sequence_mean's forward on rank {rank} changed its input x in place: x is the activations the "
             "backward runs through; all-reduce a new tensor (this rank's token sum)")
