@@ -283,9 +283,11 @@ def ulysses_attention(q, k, v, group=None, causal=False):
 # ----------------------------------------------------------------------------- Task 15.6
 class _SequenceMean(torch.autograd.Function):
     """The mean over the WHOLE sequence of x (B, S / N, dim), this rank's tokens: (B, dim), the same
-    on every rank of `group`. Forward: one all-reduce (SUM) of this rank's token sum, then / S
+    on every rank of `group`. Forward: one all-reduce (SUM) of this rank's token sum, a new (B, dim)
+    tensor (x is left unchanged: the backward runs through it), then / S
     (or / S before it: the same up to rounding). Backward: every rank already holds the whole gradient of the mean (the loss after it is computed
-    the same on every rank): each of its tokens gets grad / S, with no collective."""
+    the same on every rank): each of its tokens gets grad / S, with no collective. It needs x's shape,
+    not x: keep no tensor on ctx (x saved would stay alive until the backward)."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -316,7 +318,8 @@ def average_context_parallel_gradients(model, cp_size, group=None):
     gradient from its own tokens: the sum over the cp_size ranks of a context group is its replica's
     gradient. The head got the WHOLE gradient of its replica's batch on every rank of the group (it
     saw the same pooled features). Every replica's gradient is then averaged over the dp_size
-    replicas. One all-reduce (SUM) over `group`, of one flat buffer, then a division."""
+    replicas. One all-reduce (SUM) over `group`, of one flat buffer, then a division. A parameter without a
+    .grad (frozen: requires_grad=False) takes no part, and its .grad stays None."""
     # --- Task 15.6 begin ---
     world = dist.get_world_size(group)
     head = {id(param) for param in model.head.parameters()}

@@ -2361,6 +2361,98 @@ MISTAKES = [
             '        ctx.group, ctx.causal, ctx.layout = group, causal, layout\n'
             '        return result\n',
             "it is the attention over rank 1's keys alone"),
+    # trial 8, B: the lse by exp and log, a weight without its last dim, the zig-zag halves, the all-to-all's pieces and
+    # gradients, q, k, v packed on the heads, the pooled sum's size and the flat buffer's dtype
+    Mistake("15.1", "lse-by-exp-and-log", "template_context_parallel.py",  # said already: a catalogue entry
+            "    lse = torch.logaddexp(lse_a, lse_b)\n",
+            "    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))\n",
+            "an overflow, exp of scores near 1e4"),
+    Mistake("15.1", "weighted-in-place", "template_context_parallel.py",  # said already: a catalogue entry
+            "    return weight_a * out_a + weight_b * out_b, lse",
+            "    return out_a.mul_(weight_a).add_(weight_b * out_b), lse",
+            "changed its inputs in place"),
+    Mistake("15.1", "weights-without-their-last-dim", "template_context_parallel.py",  # was a raw shape error
+            "    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n",
+            "    weight_a = torch.exp(lse_a - finite)\n    weight_b = torch.exp(lse_b - finite)\n",
+            "lines its S up with out's D"),
+    Mistake("15.1", "weights-by-sigmoid", "template_context_parallel.py",  # said already: NaN where both sides are -inf
+            "    weight_a = torch.exp(lse_a - finite).unsqueeze(-1)\n    weight_b = torch.exp(lse_b - finite).unsqueeze(-1)\n",
+            "    weight_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)\n    weight_b = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)\n",
+            "a row with both sides -inf must give out = 0"),
+    Mistake("15.4", "unshard-halves-swapped", "template_context_parallel.py",  # was a bare "not in order"
+            "        chunks[rank], chunks[2 * size - 1 - rank] = part.chunk(2, dim=dim)",
+            "        chunks[2 * size - 1 - rank], chunks[rank] = part.chunk(2, dim=dim)",
+            "each rank's two halves went to each other's places"),
+    Mistake("15.4", "positions-as-a-list", "template_context_parallel.py",  # was the test's own AttributeError
+            "    return [(chunk, torch.arange(chunk * half, (chunk + 1) * half)) for chunk in (rank, 2 * world_size - 1 - rank)]",
+            "    return [(chunk, list(range(chunk * half, (chunk + 1) * half))) for chunk in (rank, 2 * world_size - 1 - rank)]",
+            "gave the positions as a list, not a tensor"),
+    Mistake("15.5", "backward-returns-the-gradient-alone", "template_context_parallel.py",  # was told as swapped dims
+            "        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None",
+            "        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim)",
+            "returns one gradient per input of forward"),
+    Mistake("15.5", "received-reshaped-not-concatenated", "template_context_parallel.py",  # was told as a wrong dim
+            "        return torch.cat(received.unbind(0), dim=gather_dim)",
+            "        shape = list(x.shape)\n        shape[scatter_dim] //= size\n        shape[gather_dim] *= size\n"
+            "        return received.reshape(shape)",
+            "were reshaped to the output's shape, which interleaves them"),
+    Mistake("15.5", "q-k-v-packed-along-the-heads", "template_context_parallel.py",  # was a bare difference
+            "    qkv = all_to_all(torch.stack([q, k, v]), group, scatter_dim=2, gather_dim=3)  # (3, B, H / N, S, D)\n"
+            "    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)",
+            "    qkv = all_to_all(torch.cat([q, k, v], dim=1), group, scatter_dim=1, gather_dim=2)\n"
+            "    out = F.scaled_dot_product_attention(*qkv.chunk(3, dim=1), is_causal=causal)",
+            "were packed along the heads (torch.cat on dim 1"),
+    Mistake("15.6", "pooled-by-all-reducing-x-in-place", "template_context_parallel.py",  # passed: right values
+            "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n",
+            "        dist.all_reduce(x, group=group)\n        total = x.sum(dim=1)\n",
+            "x itself, in place"),
+    Mistake("15.6", "flat-buffer-float32", "template_context_parallel.py",  # was "1 x the single-process gradient"
+            "    flat = torch.cat([param.grad.reshape(-1) for param in params])",
+            "    flat = torch.zeros(sum(param.numel() for param in params))\n"
+            "    torch.cat([param.grad.reshape(-1) for param in params], out=flat)",
+            "sent the float64 gradients as ['float32']"),
+    Mistake("15.6", "mean-backward-not-expanded", "template_context_parallel.py",  # was autograd's raw shape error
+            "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+            "        return grad / ctx.tokens, None",
+            "returned a gradient of the wrong shape for x"),
+    Mistake("15.4", "shard-cut-by-the-worlds-size", "template_context_parallel.py",  # was "not chunks 0 and 1"
+            "    rank, size = dist.get_rank(group), dist.get_world_size(group)\n    if x.shape[dim] % (2 * size):",
+            "    rank, size = dist.get_rank(group), dist.get_world_size()\n    if x.shape[dim] % (2 * size):",
+            "by the world's size, not the group's"),
+    Mistake("15.4", "unshard-list-by-the-worlds-size", "template_context_parallel.py",  # was gloo's error alone
+            "    size = dist.get_world_size(group)\n    parts = [torch.empty_like(x) for _ in range(size)]",
+            "    size = dist.get_world_size()\n    parts = [torch.empty_like(x) for _ in range(size)]",
+            "gather list holds one buffer per rank of the world"),
+    Mistake("15.6", "gradients-flattened-from-a-set", "template_context_parallel.py",  # was "0.93 x" alone
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = {param for param in model.parameters() if param.grad is not None}",
+            "the ranks took their pieces out of it differently"),
+    Mistake("15.6", "frozen-parameter-flattened", "template_context_parallel.py",  # passed: no frozen parameter
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = list(model.parameters())",
+            "leave it out of the flat buffer"),
+    Mistake("15.6", "frozen-parameter-given-zeros", "template_context_parallel.py",  # passed: no frozen parameter
+            "    params = [param for param in model.parameters() if param.grad is not None]",
+            "    params = list(model.parameters())\n    for param in params:\n        if param.grad is None:\n"
+            "            param.grad = torch.zeros_like(param)",
+            "leave a frozen parameter's .grad as it is"),
+    Mistake("15.5", "no-way-back", "template_context_parallel.py",  # was told as a way back that was not the reverse
+            "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
+            "    return out",
+            "the shape of the attention's output, H / N heads of the whole sequence: no way back"),
+    Mistake("15.5", "way-back-by-all-gather", "template_context_parallel.py",  # said already: the wire
+            "    return all_to_all(out, group, scatter_dim=2, gather_dim=1)  # (B, H, S / N, D)",
+            "    import torch.distributed.nn.functional as dnn\n    rank = dist.get_rank(group)\n"
+            "    return torch.cat(dnn.all_gather(out, group=group), dim=1).chunk(size, dim=2)[rank]",
+            "expected all-to-alls of q, k, v and out"),
+    Mistake("15.6", "mean-saves-its-input", "template_context_parallel.py",  # passed: right values, x kept alive
+            "        return total / ctx.tokens\n        # --- Task 15.6 end ---\n\n    @staticmethod\n"
+            "    def backward(ctx, grad):\n        # --- Task 15.6 begin ---\n"
+            "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+            "        ctx.save_for_backward(x)\n        return total / ctx.tokens\n        # --- Task 15.6 end ---\n\n"
+            "    @staticmethod\n    def backward(ctx, grad):\n        # --- Task 15.6 begin ---\n        x, = ctx.saved_tensors\n"
+            "        return (grad / ctx.tokens).unsqueeze(1).expand_as(x).contiguous(), None",
+            "keeps its input x alive after the forward"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -2782,6 +2874,31 @@ MISTAKES = [
             "            entries.append((name, low - offset, high - low, low - start))",
             "            entries.append((name, low - offset, high - low, low - offset))",
             "counts from the start of this rank's"),
+    # trial 8, B: the range not clipped to the shard, an inclusive end, negative padding (each the bare last line
+    # before), and two said already: the line position advanced only on overlap, entries of length 0
+    Mistake("8.3", "range-not-clipped-at-the-end", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = max(start, offset), offset + numel\n",
+            "runs past the end of the shard"),
+    Mistake("8.3", "range-not-clipped-at-the-start", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = offset, min(end, offset + numel)\n",
+            "starts before the shard"),
+    Mistake("8.3", "parameter-end-inclusive", "template_checkpoint.py",
+            "        low, high = max(start, offset), min(end, offset + numel)\n",
+            "        low, high = max(start, offset), min(end, offset + numel - 1)\n",
+            "is one element short"),
+    Mistake("8.3", "padding-negative-before-the-line-end", "template_checkpoint.py",
+            "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+            "    padding = end - max(start, sum(numels))\n",
+            "never fewer than 0"),
+    Mistake("8.3", "line-position-advanced-on-overlap-only", "template_checkpoint.py",
+            "            entries.append((name, low - offset, high - low, low - start))\n        offset += numel\n",
+            "            entries.append((name, low - offset, high - low, low - start))\n            offset += numel\n",
+            "whether or not this shard overlaps the one before"),
+    Mistake("8.3", "entries-of-length-0", "template_checkpoint.py",
+            "        if low < high:\n", "        if low <= high:\n",
+            "an entry of length 0 for v"),
     Mistake("8.4", "copied-at-the-offset", "template_checkpoint.py",
             "            flat[at:at + length] = torch.cat([part for _, part in parts])\n",
             "            flat[offset:offset + length] = torch.cat([part for _, part in parts])\n",
@@ -3572,6 +3689,53 @@ RIGHT_ANSWERS = [
                 "            if self.weight is not None:\n"
                 "                scale, shift = scale * self.weight, shift * self.weight + self.bias\n"
                 "            return x * _per_channel(scale, x) + _per_channel(shift, x)\n", ""),)),
+    # trial 8, B
+    RightAnswer("15.1", "log-sum-exp-of-a-stack", "merge_attention returns the union's lse however it is computed: "
+                "torch.logsumexp over the two stacked is as stable as logaddexp, and -inf for two -inf", (
+        Mistake("15.1", "log-sum-exp-of-a-stack", "template_context_parallel.py",
+                "    lse = torch.logaddexp(lse_a, lse_b)\n",
+                "    lse = torch.logsumexp(torch.stack([lse_a, lse_b]), dim=0)\n", ""),)),
+    RightAnswer("15.4", "shard-by-index-select", "zigzag_shard returns chunk r then chunk 2N - 1 - r: picking their "
+                "positions (token_chunks') with index_select is the same tensor", (
+        Mistake("15.4", "shard-by-index-select", "template_context_parallel.py",
+                "    chunks = x.chunk(2 * size, dim=dim)\n"
+                "    return torch.cat([chunks[rank], chunks[2 * size - 1 - rank]], dim=dim)\n",
+                "    positions = torch.cat([p for _, p in token_chunks(rank, size, x.shape[dim] // size, 'zigzag')])\n"
+                "    return x.index_select(dim, positions)\n", ""),)),
+    RightAnswer("15.4", "unshard-into-one-tensor", "zigzag_unshard is 'a collective over group': all_gather_into_tensor "
+                "(the parts concatenated along dim 0, as gloo takes it) gathers the same parts as all_gather", (
+        Mistake("15.4", "unshard-into-one-tensor", "template_context_parallel.py",
+                "    parts = [torch.empty_like(x) for _ in range(size)]\n"
+                "    dist.all_gather(parts, x.contiguous(), group=group)\n",
+                "    gathered = x.new_empty((size * x.shape[0], *x.shape[1:]))\n"
+                "    dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)\n"
+                "    parts = gathered.chunk(size)\n", ""),)),
+    RightAnswer("15.6", "gradients-assigned-not-copied", "every .grad is made the single-process gradient: a new tensor "
+                "assigned to .grad holds the same values as one copied into it", (
+        Mistake("15.6", "gradients-assigned-not-copied", "template_context_parallel.py",
+                "        param.grad.copy_(grad.view_as(param) / (world if id(param) in head else world // cp_size))",
+                "        param.grad = grad.view_as(param) / (world if id(param) in head else world // cp_size)", ""),)),
+    RightAnswer("15.6", "mean-backward-by-repeat", "each token gets grad / S: repeated along the tokens, then divided, "
+                "is the same", (
+        Mistake("15.6", "mean-backward-by-repeat", "template_context_parallel.py",
+                "        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None",
+                "        return grad.unsqueeze(1).repeat(1, ctx.local, 1) / ctx.tokens, None", ""),)),
+    RightAnswer("8.3", "padding-from-the-line-end-clamped", "padding is how many of the end - start elements lie past "
+                "the parameters: end - max(start, sum(numels)), clamped at 0, counts the same elements", (
+        Mistake("8.3", "padding-from-the-line-end-clamped", "template_checkpoint.py",
+                "    padding = (end - start) - sum(length for _, _, length, _ in entries)\n",
+                "    padding = max(0, end - max(start, sum(numels)))\n", ""),)),
+    RightAnswer("8.3", "entries-as-lists", "an entry is (name, offset, length, at): four values in order, a list as "
+                "good as a tuple to every reader", (
+        Mistake("8.3", "entries-as-lists", "template_checkpoint.py",
+                "            entries.append((name, low - offset, high - low, low - start))",
+                "            entries.append([name, low - offset, high - low, low - start])", ""),)),
+    RightAnswer("15.6", "mean-of-the-means", "sequence_mean's 'one all-reduce (SUM) ... then / S (or / S before it)': "
+                "each rank's mean is its sum / (S / N); their sum over the N ranks, / N, is the same mean", (
+        Mistake("15.6", "mean-of-the-means", "template_context_parallel.py",
+                "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n        return total / ctx.tokens\n",
+                "        mean = x.mean(dim=1)\n        dist.all_reduce(mean, group=group)\n"
+                "        return mean / dist.get_world_size(group)\n", ""),)),
 ]
 
 

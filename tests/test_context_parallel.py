@@ -115,7 +115,16 @@ def test_merge_is_the_attention_over_both_blocks(impl, case):
     whole_pos = None if a_pos is None else torch.cat([a_pos, b_pos])
     out, lse = cp.attention_block(q, torch.cat([k_a, k_b], 2), torch.cat([v_a, v_b], 2), causal, q_pos, whole_pos)
     given = [t.clone() for t in (out_a, lse_a, out_b, lse_b)]
-    got_out, got_lse = cp.merge_attention(out_a, lse_a, out_b, lse_b)
+    try:
+        got_out, got_lse = cp.merge_attention(out_a, lse_a, out_b, lse_b)
+    except RuntimeError as error:  # a (B, H, S) weight times a (B, H, S, D) output lines S up with D
+        sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", str(error))
+        if isinstance(error, NotImplementedError) or not sizes or {int(n) for n in sizes.groups()} != {
+                out_a.shape[2], out_a.shape[3]}:
+            raise
+        pytest.fail(f"{T151}: merge_attention raised {one_line(error)} ({case}): lse is (B, H, S) = "
+                    f"{tuple(lse_a.shape)} and out (B, H, S, D) = {tuple(out_a.shape)}; a weight made from lse, (B, H, "
+                    "S), broadcast against out lines its S up with out's D: give it a last dim of 1 (unsqueeze(-1))")
     assert all(torch.equal(a, b) for a, b in zip(given, (out_a, lse_a, out_b, lse_b))), (
         f"{T151}: merge_attention changed its inputs in place ({case}): return new tensors")
     if torch.isnan(got_out).any() or torch.isnan(got_lse).any():
@@ -1111,13 +1120,17 @@ def test_ring_backward_gives_each_rank_its_own_gradients(impl, size):
 
 # --------------------------------------------------------------------------- Task 15.4
 def _zigzag_and_ring(rank, size, impl, shape):
-    return _zigzag(rank, size, impl), _ring(rank, size, impl, "15.4", True, "zigzag", True, shape)
+    zigzag = _zigzag(rank, size, impl)
+    if any(isinstance(pos, str) for _, pos in zigzag["chunks"]):  # positions not a tensor: said by the test
+        return zigzag, None
+    return zigzag, _ring(rank, size, impl, "15.4", True, "zigzag", True, shape)
 
 
 def _zigzag(rank, size, impl):
     cp = judging(impl, "15.4")
     x = torch.arange(2.0 * 3 * 4 * size * 2, dtype=torch.float64).view(2, 3, 4 * size, 2)  # float64, as the ring
-    out = dict(chunks=[(cid, pos.tolist()) for cid, pos in cp.token_chunks(rank, size, 4, "zigzag")])
+    out = dict(chunks=[(cid, pos.tolist() if torch.is_tensor(pos) else f"a {type(pos).__name__}")
+                       for cid, pos in cp.token_chunks(rank, size, 4, "zigzag")])
     out["shard"] = cp.zigzag_shard(x)
     with Wire() as wire:
         try:  # said by the test: torch's error names the dtypes, not the buffers that have them
@@ -1174,6 +1187,11 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
                 "the two chunks are in the wrong order: chunk r first, then chunk 2N-1-r" if torch.equal(
                     got["shard"], swapped) else f"not chunks {rank} and {2 * size - 1 - rank} of the {2 * size}"))
         expected = [(c, list(range(c * 2, c * 2 + 2))) for c in (rank, 2 * size - 1 - rank)]
+        kinds = [pos for _, pos in got["chunks"] if isinstance(pos, str)]
+        assert not kinds, (
+            f"{T154}: token_chunks({rank}, {size}, 4, 'zigzag') gave the positions as {kinds[0] if kinds else ''}, not "
+            "a tensor: positions is a 1-D long tensor of the chunk's global positions (torch.arange), as the "
+            "contiguous layout's; attention_block compares them as tensors to mask")
         assert got["chunks"] == expected, (
             f"{T154}: token_chunks({rank}, {size}, 4, 'zigzag') gave {got['chunks']}; expected chunk ids {rank} and "
             f"{2 * size - 1 - rank} (in that order) with their global positions, 2 tokens each"
@@ -1184,9 +1202,17 @@ def test_zigzag_shard_unshard_chunks_and_the_balanced_ring(impl, size):
             pytest.fail(f"{T154}: zigzag_unshard on rank {rank}, given a float64 x, called {got['whole'][0]} with "
                         f"tensors of the dtypes {got['whole'][1]}, which torch refused (\"different dtypes\"): the "
                         "buffers that receive must be like x (torch.empty_like), not made in torch's default dtype")
+        halves = [c for r in range(size) for c in _mine(x, r, size, "zigzag").chunk(2, dim=2)]  # r's two, in turn
+        swapped = [None] * (2 * size)
+        for r in range(size):  # each rank's first half put at place 2N-1-r, its second at place r
+            swapped[2 * size - 1 - r], swapped[r] = halves[2 * r], halves[2 * r + 1]
+        swapped = torch.cat(swapped, dim=2)
         assert torch.equal(got["whole"], x), f"{T154}: zigzag_unshard on rank {rank} did not give the whole sequence in order" + (
             ": it concatenated the ranks' parts as they lie; rank r's part is chunks r and 2N-1-r of the sequence: put "
-            "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else "")
+            "each chunk back at its place" if got["whole"].shape == parts.shape and torch.equal(got["whole"], parts) else
+            ": each rank's two halves went to each other's places: a part is chunk r FIRST, then chunk 2N-1-r "
+            "(zigzag_shard's order), so its first half goes to place r and its second to place 2N-1-r"
+            if got["whole"].shape == swapped.shape and torch.equal(got["whole"], swapped) else "")
         for tokens, raised in got["uneven"].items():
             assert raised == "ValueError", (
                 f"{T154}: zigzag_shard of {tokens} tokens over {size} ranks did not raise ValueError"
@@ -1224,16 +1250,25 @@ def _check_zigzag_in_groups(x, results):
         assert got["in_group_sizes"] in ([], [gsize]), (
             f"{where}: zigzag_unshard(x, group) ran a collective over {got['in_group_sizes']} ranks, not over the "
             f"{gsize} of the group it was given: pass group=group to the collective (the default group is all 3)")
-        assert not isinstance(got["in_group"], str), f"{where}: zigzag_shard / zigzag_unshard with group= raised {got['in_group']}"
+        listed = re.search(r"expected length (\d+), got (\d+)", got["in_group"]) if isinstance(got["in_group"], str) else None
+        assert not isinstance(got["in_group"], str), (
+            f"{where}: zigzag_shard / zigzag_unshard with group= raised {got['in_group']}" + (
+                f": zigzag_unshard's gather list holds one buffer per rank of the world ({len(results)}), not of the "
+                f"group ({gsize}): count the group's ranks, dist.get_world_size(group)"
+                if listed and listed.groups() == (str(gsize), str(len(results))) else ""))
         shard, whole = got["in_group"]
         if not torch.equal(shard, _mine(x, grank, gsize, "zigzag")):
             world_rank = torch.cat([x.chunk(2 * gsize, dim=2)[c] for c in (rank, 2 * gsize - 1 - rank)], dim=2) \
                 if rank < 2 * gsize else None
+            world_size = _mine(x, grank, len(results), "zigzag")  # cut into 2 x the world's size
             pytest.fail(f"{where}: zigzag_shard(x, group) is not chunks {grank} and {2 * gsize - 1 - grank} of the "
                         f"{2 * gsize}" + (f": it took chunks {rank} and {2 * gsize - 1 - rank}, by the GLOBAL rank; "
                                           "the chunks are the group's: dist.get_rank(group)"
                                           if world_rank is not None and shard.shape == world_rank.shape
-                                          and torch.equal(shard, world_rank) else ""))
+                                          and torch.equal(shard, world_rank) else
+                                          f": it cut x into 2 x {len(results)} chunks, by the world's size, not the "
+                                          f"group's {gsize}: dist.get_world_size(group)"
+                                          if shard.shape == world_size.shape and torch.equal(shard, world_size) else ""))
         assert torch.equal(whole, x), (
             f"{where}: zigzag_unshard(x, group) did not give the whole sequence of the group's parts in order")
 
@@ -1268,6 +1303,8 @@ def _ulysses(rank, size, impl, heads, causal):
 
     def recorded(query, *args, **kwargs):
         shapes.append(tuple(query.shape))
+        if len(shapes) == 1:  # the q, k, v the forward's attention got: whose heads they are
+            out["given"] = [t.detach().clone() for t in (query, *args[:2])]
         return sdpa(query, *args, **kwargs)
     F.scaled_dot_product_attention = recorded
     try:
@@ -1297,6 +1334,10 @@ def _ulysses(rank, size, impl, heads, causal):
 def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
     judging(impl, "15.5")
     for rank, (got, refused) in enumerate(run_ranks(_ulysses_and_refused, size, impl, heads, causal)):
+        if "a2a_error" in got and "incorrect number of gradients" in got["a2a_error"]:
+            pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
+                        f"{got['a2a_error']}: _AllToAll.backward returns one gradient per input of forward (x, group, "
+                        "scatter_dim, gather_dim): x's, then None for each of the other three")
         if "a2a_error" in got:
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
                         f"{got['a2a_error']}: its backward is the reverse all-to-all, the same one with scatter_dim and "
@@ -1312,7 +1353,16 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
         xs = [torch.arange(2.0 * 12 * 2 * 3).view(2, 12, 2, 3) + 1000 * r for r in range(size)]
         h = 12 // size
         if True:
-            expected = torch.cat([x[:, rank * h:(rank + 1) * h] for x in xs], dim=2)
+            pieces = [x[:, rank * h:(rank + 1) * h] for x in xs]  # what rank r sent this one, in rank order
+            expected = torch.cat(pieces, dim=2)
+            if got["a2a"].shape == expected.shape and not torch.equal(got["a2a"], expected) and torch.equal(
+                    got["a2a"].flatten().sort().values, expected.flatten().sort().values):
+                pytest.fail(f"{T155}: all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank}: the right elements "
+                            f"arrived (heads {rank * h}..{(rank + 1) * h - 1} of every rank's tokens), in the wrong places"
+                            + (": the received pieces (rank j's first along dim 0) were reshaped to the output's shape, "
+                               "which interleaves them; concatenate them along gather_dim (torch.cat of the pieces), "
+                               "rank 0's first" if torch.equal(got["a2a"], torch.stack(pieces).reshape(expected.shape))
+                               else ": concatenate what rank 0, 1, ... sent, in that order, along gather_dim"))
             assert got["a2a"].shape == expected.shape and torch.equal(got["a2a"], expected), (
                 f"{T155}: all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank}: expected heads "
                 f"{rank * h}..{(rank + 1) * h - 1} of every rank's tokens, rank 0's first; got shape "
@@ -1332,9 +1382,13 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
         out, grads = _expected_mine(rank, size, "contiguous", causal, (2, heads, 4 * size, 4))
         wrong = [s for s in got["shapes"] if s[1:3] != (heads // size, 4 * size)]
         if got["out"].shape != out.shape and not wrong:  # the way in was right (wrong: said below)
+            as_attended = got["shapes"] and tuple(got["out"].shape) == got["shapes"][0]  # SDPA's output, as it came
             pytest.fail(f"{T155}: rank {rank}'s ulysses_attention returned shape {tuple(got['out'].shape)}, expected "
-                        f"(B, H, S / N, D) = {tuple(out.shape)}, as q came in: the all-to-all back is the reverse of the "
-                        "one in, scattering the sequence and gathering the heads")
+                        f"(B, H, S / N, D) = {tuple(out.shape)}, as q came in" + (
+                            ": it is the shape of the attention's output, H / N heads of the whole sequence: no way "
+                            "back; an all-to-all brings every rank its own tokens of all H heads" if as_attended else
+                            ": the all-to-all back is the reverse of the one in, scattering the sequence and "
+                            "gathering the heads"))
         if not _close(got["out"], out):
             other, _ = _expected_mine(rank, size, "contiguous", not causal, (2, heads, 4 * size, 4))
             q, k, v, _ = _inputs(2, heads, 4 * size, 4)
@@ -1344,6 +1398,22 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
                 pytest.fail(f"{T155}: rank {rank}'s Ulysses output is the attention with the scores scaled by 1/D, "
                             "not 1/sqrt(D): the scale was applied twice; F.scaled_dot_product_attention scales by "
                             "1/sqrt(D) itself")
+            h = heads // size
+            given = dict(zip("qkv", got.get("given", [])))
+            mixed = [name for name, t in zip("qkv", (q, k, v))
+                     if name in given and not torch.equal(given[name], t[:, rank * h:(rank + 1) * h])]
+            if not wrong and mixed:
+                packed = torch.cat([q, k, v], dim=1)[:, 3 * h * rank:3 * h * (rank + 1)]  # what rank r gets of it
+                pytest.fail(f"{T155}: rank {rank}'s attention was given a {mixed[0]} that is not heads "
+                            f"{rank * h}..{(rank + 1) * h - 1} of {mixed[0]} over the whole sequence" + (
+                                f": q, k and v were packed along the heads (torch.cat on dim 1, {3 * heads} heads), "
+                                f"so the all-to-all's cut into N = {size} pieces of {3 * h} heads falls across q, k "
+                                "and v: a rank's 'q', 'k' and 'v' hold heads of the others; pack them in a new dim "
+                                "(torch.stack) and cut the heads of each"
+                                if all(torch.equal(given[name], piece) for name, piece in
+                                       zip("qkv", packed.chunk(3, dim=1)) if name in given) else
+                                ": the way in must give rank j heads j H / N ... of q, k and v, every rank's tokens "
+                                "in rank order"))
             pytest.fail(f"{T155}: rank {rank}'s Ulysses output differs from F.scaled_dot_product_attention over the "
                         "whole sequence" + (f": attention ran on shape {wrong[0]}, expected (B, H / N, S, D) = "
                                             f"(2, {heads // size}, {4 * size}, 4): the all-to-all splits the wrong "
@@ -1438,12 +1508,21 @@ def _tiny_vit(seed=0):
 def _pooling(rank, size, impl, group=None):
     cp = judging(impl, "15.6")
     x = (torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * rank).double().requires_grad_()
+    given = x.detach().clone()
     with Wire() as wire:
         y = cp.sequence_mean(x, group)
         forward = list(wire.calls)
-        grad, = torch.autograd.grad(y, x, torch.full((2, 4), 6.0, dtype=torch.float64) * (1 + torch.arange(4.0)))
-        backward = list(wire.calls[len(forward):])
-    return dict(y=y.detach(), grad=grad, forward=[(*c.sent, c.op) for c in forward],
+    changed = not torch.equal(x.detach(), given)  # said by the test: x is the activations the backward goes through
+    with Wire() as wire:
+        try:  # said by the test: autograd's shape error names no cause
+            grad, = torch.autograd.grad(y, x, torch.full((2, 4), 6.0, dtype=torch.float64) * (1 + torch.arange(4.0)))
+        except RuntimeError as error:
+            if "invalid gradient at index 0" not in str(error):
+                raise
+            return dict(grad_error=one_line(error, 300))
+        backward = list(wire.calls)
+    kept = keeps_its_input(lambda t: cp.sequence_mean(t, group), x)  # one more all-reduce, on every rank alike
+    return dict(y=y.detach(), grad=grad, changed=changed, kept=kept, forward=[(*c.sent, c.op) for c in forward],
                 backward=[(*c.sent, c.op) for c in backward])
 
 
@@ -1473,6 +1552,18 @@ def _check_pooling(results):
                         "the way back: every rank's grad / S, as it is)")
         assert [c[0] for c in got["forward"]] == ["all_reduce"], (
             f"{T156}: sequence_mean's forward called {got['forward']}: one all-reduce of this rank's token sum")
+        assert got["forward"][0][2] == 2 * 4, (
+            f"{T156}: sequence_mean's forward on rank {rank} all-reduced {got['forward'][0][2]} elements, x being (B, "
+            "S / N, dim) = (2, 3, 4)" + (", x itself, in place: x, the activations the backward runs through, now "
+                                         "holds every rank's sum" if got["changed"] else "") + ": all-reduce this "
+            "rank's token SUM, a new (B, dim) = (2, 4) tensor (x.sum(dim=1)): S / N = 3 times fewer bytes")
+        assert not got["kept"], (
+            f"{T156}: sequence_mean on rank {rank} keeps its input x alive after the forward (ctx.save_for_backward(x), "
+            "or x on ctx), while its backward needs only x's shape and S: x, (B, S / N, dim), would stay in memory "
+            "until the backward; keep numbers on ctx, no tensor")
+        assert not got["changed"], (
+            f"{T156}: sequence_mean's forward on rank {rank} changed its input x in place: x is the activations the "
+            "backward runs through; all-reduce a new tensor (this rank's token sum)")
         expected = (6.0 * (1 + torch.arange(4.0))).double().expand(2, 4).unsqueeze(1).expand(2, 3, 4) / (3 * size)
         assert torch.allclose(got["grad"], expected) and got["backward"] == [], (
             f"{T156}: sequence_mean's backward on rank {rank} gave {got['grad'][0, 0].tolist()} per token with "
@@ -1486,6 +1577,8 @@ def _vit_step(rank, size, impl, cp_size, attention):
     group = None if cp_size == size else [dist.new_group(list(range(g, g + cp_size)))
                                           for g in range(0, size, cp_size)][rank // cp_size]
     pooling = _pooling(rank, size, impl, group)
+    if "grad_error" in pooling:
+        return pooling, None, None
     vit = _tiny_vit()
     model = cp.ContextParallelViT(vit, group, attention)
     g = torch.Generator().manual_seed(3)
@@ -1495,7 +1588,20 @@ def _vit_step(rank, size, impl, cp_size, attention):
     F.cross_entropy(model(images[mine]), labels[mine]).backward()
     with Wire() as wire:
         cp.average_context_parallel_gradients(model, cp_size)
-    return pooling, {name: p.grad.clone() for name, p in model.named_parameters()}, [c.sent for c in wire.calls]
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    # again with pos_embed frozen: its .grad stays None, every other gradient as before (a few ms)
+    frozen = _tiny_vit()
+    frozen.pos_embed.requires_grad_(False)
+    model = cp.ContextParallelViT(frozen, group, attention)
+    F.cross_entropy(model(images[mine]), labels[mine]).backward()
+    with Wire() as frozen_wire:
+        try:  # said by the test: a .grad of None has no reshape
+            cp.average_context_parallel_gradients(model, cp_size)
+            grads["frozen"] = {name: p.grad for name, p in model.named_parameters()}
+        except (AttributeError, TypeError) as error:
+            grads["frozen"] = one_line(error)
+    grads["frozen_sent"] = [c.sent for c in frozen_wire.calls]
+    return pooling, grads, [c.sent for c in wire.calls]
 
 
 def _single_process_grads():
@@ -1513,6 +1619,11 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     judging(impl, "15.6")
     expected = _single_process_grads()
     results = run_ranks(_vit_step, size, impl, cp_size, attention)
+    for rank, (pooling, _, _) in enumerate(results):
+        assert "grad_error" not in pooling, (
+            f"{T156}: sequence_mean's backward on rank {rank} returned a gradient of the wrong shape for x (B, S / N, "
+            f"dim) = (2, 3, 4) ({pooling.get('grad_error')}): the gradient of x has x's shape: each of this rank's "
+            "tokens gets grad / S, the (B, dim) gradient repeated along dim 1 (unsqueeze(1).expand)")
     if cp_size == size:  # sequence_mean alone first: its mistakes then say so, not a gradient's ratio
         _check_pooling([pooling for pooling, _, _ in results])
     else:  # in context groups: pooled over every rank is the default group's doing
@@ -1535,7 +1646,14 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     numel = sum(grad.numel() for grad in expected.values())
     replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
+        frozen, frozen_sent = grads.pop("frozen"), grads.pop("frozen_sent")
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
+        kinds = sorted({dtype for _, dtype, _ in sent})
+        assert kinds in ([], ["float64"]), (
+            f"{T156}: rank {rank}'s average_context_parallel_gradients sent the float64 gradients as {kinds} "
+            f"({sent[:2]}{' ...' if len(sent) > 2 else ''}): the flat buffer was made in another dtype (torch.zeros "
+            "or torch.empty without dtype= is torch's default, float32), and every gradient was rounded to it; make "
+            "it like the gradients (torch.cat of them, or dtype=)")
         if replicas > 1 and all(torch.allclose(grads[name], replicas * grad, rtol=1e-8, atol=1e-12)
                                 for name, grad in expected.items()):
             pytest.fail(f"{T156}: every gradient on rank {rank} is {replicas} x the single-process gradient on the "
@@ -1559,12 +1677,31 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
                 why = (f": the gradients of the parameters before the pooling are N = {cp_size} times too small: each "
                        "rank of a context group holds only its own tokens' part; their SUM over the group is the "
                        "replica's gradient (divide by the data-parallel replicas only)")
+            others = [r for r, (_, theirs, _) in enumerate(results) if not torch.equal(theirs[name], grad)]
+            if not why and others and sent == [("all_reduce", "float64", numel)]:
+                why = (f": rank {others[0]} holds another gradient of {name}, though one all-reduce of one flat buffer "
+                       "left the same buffer on every rank: the ranks took their pieces out of it differently; lay "
+                       "the gradients out in the same order on every rank (model.parameters(), not a set or an order "
+                       "by id())")
             pytest.fail(f"{T156}: rank {rank}'s gradient of {name} ({where}) is {ratio:.4g} x the single-process "
                         f"gradient on the global batch ({size} ranks, context groups of {cp_size}, {attention}){why}")
         assert sent == [("all_reduce", "float64", numel)], (
             f"{T156}: rank {rank}'s average_context_parallel_gradients sent {sent[:4]}{' ...' if len(sent) > 4 else ''} "
             f"({len(sent)} calls): expected one all-reduce of the {numel} float64 gradients flattened into one buffer "
             "(torch.cat of the flattened .grads), then its pieces divided and copied back")
+        where = f"{T156}: rank {rank}'s average_context_parallel_gradients on the ViT with pos_embed frozen"
+        assert not isinstance(frozen, str), (
+            f"{where} (requires_grad=False: its .grad is None) raised {frozen}: a parameter without a .grad takes no "
+            "part: leave it out of the flat buffer, and its .grad None")
+        assert frozen["pos_embed"] is None, (
+            f"{where}: its .grad is a tensor after the call, where backward left None: leave a frozen parameter's "
+            ".grad as it is (None)")
+        assert frozen_sent == [("all_reduce", "float64", numel - expected["pos_embed"].numel())], (
+            f"{where} sent {frozen_sent}: expected one all-reduce of the {numel - expected['pos_embed'].numel()} "
+            "gradients that exist (pos_embed has none)")
+        wrong = [name for name, grad in frozen.items() if name != "pos_embed"
+                 and not torch.allclose(grad, expected[name], rtol=1e-8, atol=1e-12)]
+        assert not wrong, f"{where}: the gradients of {wrong[:3]} differ from the single-process ones (as without it)"
 
 
 # --------------------------------------------------------------------------- train_ddp.py --cp

@@ -96,11 +96,26 @@ def check_shard_index(ckpt, names, numels, shards):
                 empty = [e[0] for e in entries if len(e) == 4 and e[2] <= 0]
                 missing = [n for n, *_ in want_entries if n not in [e[0] for e in entries]]
                 starts = [sum(numels[:i]) for i in range(len(numels))]
+                sizes = dict(zip(names, numels))
+                shaped = [e for e in entries if len(e) == 4]
+                past = [e for e in shaped if e[3] + e[2] > end - start]
+                before = [e for e in shaped if e[3] < 0]
+                short = [(n, o, k - 1, a) if o + k == sizes[n] else (n, o, k, a) for n, o, k, a in want_entries]
                 hint = ("offsets must be global, counted from the start of the parameter, not of this rank's shard"
                         if entries == shard_relative else
                         # Issue 45: these three were a bare difference
                         "the position in the shard (the 4th number, at) counts from the start of this rank's "
                         "shard (low - start), not of the parameter" if entries == parameter_relative else
+                        # trial 8: these three were the bare last line
+                        f"{past[0]} runs past the end of the shard (at + length = {past[0][3] + past[0][2]} > end - "
+                        f"start = {end - start}): an entry covers only the part of its parameter inside [start, end): "
+                        "clip the parameter's range to the shard, min(end, ...)" if past else
+                        f"{before[0]} starts before the shard (at = {before[0][3]}): an entry covers only the part of "
+                        "its parameter inside [start, end): clip the parameter's range to the shard, max(start, ...)"
+                        if before else
+                        "each entry that reaches its parameter's last element is one element short: a parameter at "
+                        "line position p holds p .. p + numel - 1, so its range ends at p + numel, exclusive, as "
+                        "end is" if [e for e in short if e[2] > 0] == entries else
                         f"an entry of length 0 for {', '.join(empty)}: list only the parameters that [start, end) "
                         "overlaps (low < high)" if empty and [e for e in entries if e[2] > 0] == want_entries else
                         f"no entry for {', '.join(missing)}, which [{start}, {end}) overlaps ("
@@ -112,6 +127,8 @@ def check_shard_index(ckpt, names, numels, shards):
                 assert False, f"{where}: got {entries}, expected {want_entries}: {hint}"
             assert padding == want_padding, (
                 f"{where}: padding {padding}, expected {want_padding}: the elements past the last parameter are padding"
+                + (": padding counts elements of this shard, never fewer than 0: a shard that ends before the "
+                   "parameters do holds none" if padding < 0 else "")
                 + (f", and only the end - start = {end - start} elements of this shard count (it starts inside the "
                    "padding)" if start > sum(numels) else ""))
 
