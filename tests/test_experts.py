@@ -328,6 +328,13 @@ def _counts_check(rank, expected_rows, task):
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
             return
+        kinds = {d.startswith(("float", "bfloat")) for d, _ in call.tensors}
+        if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1 and len(kinds) == 2:
+            raise AssertionError(  # an integer tensor among them: the counts, received into a float buffer
+                f"{TASK[task]}: rank {rank} exchanges its counts with tensors of two dtypes "
+                f"({[d for d, _ in call.tensors]}): the buffer it receives the counts in is a float, the counts "
+                "integers: make it like the counts (torch.empty_like(counts)), so that the split sizes taken from it "
+                "(.tolist()) are ints (gloo also refuses tensors of different dtypes)")
         if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1:
             raise AssertionError(  # the tokens are (rows, dim): a 1-D tensor first is the counts
                 f"{TASK[task]}: rank {rank} exchanges its counts as {dtype_name(call.dtype)} (a 1-D all-to-all of "
@@ -369,7 +376,13 @@ def _layer(rank, world_size, impl, task, configs):
                 raise
             except RuntimeError as error:  # said with the splits' contract: a split error alone names no cause
                 said = str(error)
-                hint = ("the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
+                last = wire.calls[-1] if wire.calls else None
+                short = [n for _, n in last.tensors if n != num_experts] if last is not None and last.tensors and all(
+                    not d.startswith(("float", "bfloat")) for d, _ in last.tensors) else []
+                hint = (f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
+                        f"this rank sends no pair to; it had {short[0]}: torch.bincount(expert, minlength=E) (without "
+                        "minlength it stops at the highest expert chosen)" if short else
+                        "the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
                         "the counts the others sent here (the exchanged counts), not the rows it sends (input_splits)"
                         if "split_sizes to sum" in said or "Split sizes" in said else
                         "input_splits and output_splits hold one number per rank of the group (N), the exchanged "
@@ -385,6 +398,7 @@ def _layer(rank, world_size, impl, task, configs):
         got.update(ref=ref, mine=list(mine), routing=routing)
         if task == "16.2":
             _check_expert_inputs(rank, world_size, got)
+            _check_plan(rank, world_size, got, plan)
         if task == "16.3":  # combine alone, every expert the identity: y[t] = (token t's kept gates' sum) x[t]
             try:
                 got["identity"] = ep.combine([t.detach().clone() for t in inputs], plan).detach()
@@ -503,7 +517,9 @@ def _check_expert_inputs(rank, world_size, got):
         if by_source and j < len(by_source) and got_j.shape == by_source[j].shape and torch.equal(got_j, by_source[j]):
             raise AssertionError(f"{T}: {where}: expert_inputs[{j}] holds the rows rank {j} sent, for all of this "
                                  "rank's experts: regrouped by source rank, not by expert; expert_inputs[j] holds every "
-                                 f"rank's rows for local expert j (global expert {mine[j]})")
+                                 f"rank's rows for local expert j (global expert {mine[j]}). What arrives is ordered "
+                                 "by source rank, then local expert (rank 0's rows for local expert 0, 1, ..., then "
+                                 "rank 1's): split it by the exchanged counts and take every (E / N)-th piece")
         everything = sum(int((ref["expert_inputs"][s][mine[j]]).shape[0]) for s in range(world_size))
         hint = ""
         if got_j.shape[0] > everything:
@@ -535,11 +551,73 @@ def _check_expert_inputs(rank, world_size, got):
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
         f"of the tokens; it sent {got['dispatch_wire']}" + (
             ": exchange the counts first" if len(kinds) < 2 else
+            f": {len(kinds) - 1} exchanges of integers before the tokens: the E per-expert counts alone tell every rank "
+            "its splits (input_splits: its own counts summed per destination rank; output_splits: the exchanged "
+            "counts viewed (N, E / N), summed over the local experts): no second exchange"
+            if len(kinds) > 2 and all(all(not d.startswith(("float", "bfloat")) for d, _ in tensors)
+                                      for _, tensors in got["dispatch_wire"][:-1]) else
             ": the counts went by an all-gather, every rank receiving all N x E counts; one all-to-all of the E "
             "counts gives each rank just those of its own experts, from each rank" if "gather" in kinds[0] else ""))
-    counts = got["dispatch_wire"][0][1]
-    assert all(not d.startswith("float") and n == E for d, n in counts), (
+    counts = got["dispatch_wire"][0][1]  # all_to_all_single: (output, input); all_to_all: the lists' pieces
+    assert all(not d.startswith(("float", "bfloat")) for d, _ in counts) and (
+        all(n == E for _, n in counts) if kinds[0] == "all_to_all_single" else sum(n for _, n in counts) == 2 * E), (
         f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
+
+
+def _check_plan(rank, world_size, got, plan):
+    """Task 16.2's Plan against its contract, in the rank right after dispatch (combine, solutions/' here, reads it:
+    a wrong plan shows only later, as wrong gradients or a split error that names no cause)."""
+    E, k, cf, case = got["config"]
+    routing, ref, mine = got["routing"], got["ref"], got["mine"]
+    where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
+    T = T162
+    pairs = [torch.where((routing.expert == e) & routing.kept) for e in range(E)]  # by expert, then token order
+    token, choice = torch.cat([t for t, _ in pairs]), torch.cat([c for _, c in pairs])
+    got_token, got_choice = getattr(plan, "token", None), getattr(plan, "choice", None)
+    if not (isinstance(got_token, torch.Tensor) and isinstance(got_choice, torch.Tensor)
+            and torch.equal(got_token, token) and torch.equal(got_choice, choice)):
+        same = (isinstance(got_token, torch.Tensor) and isinstance(got_choice, torch.Tensor)
+                and got_token.shape == token.shape and got_choice.shape == choice.shape
+                and sorted(zip(got_token.tolist(), got_choice.tolist())) == sorted(zip(token.tolist(), choice.tolist())))
+        raise AssertionError(
+            f"{T}: {where}: plan.token and plan.choice " + (
+                "hold this rank's kept (token, choice) pairs in another order than the rows it sent (by expert, "
+                "within an expert in token order): combine gets the outputs back in the order the rows were sent and "
+                "adds each at plan.token, so the pairs must be listed in that same order (sort token and choice "
+                "with the rows, by the same permutation)" if same else
+                f"should be the {len(token)} kept (token, choice) pairs of this rank, in the order their rows were "
+                f"sent; they are {tuple(got_token.shape) if isinstance(got_token, torch.Tensor) else got_token} "
+                f"and {tuple(got_choice.shape) if isinstance(got_choice, torch.Tensor) else got_choice}"))
+    sent = [sum(len(ref["expert_inputs"][rank][e]) for e in range(d * len(mine), (d + 1) * len(mine)))
+            for d in range(world_size)]
+    came = [[len(ref["expert_inputs"][s][e]) for e in mine] for s in range(world_size)]
+    for name, want in (("input_splits", sent), ("output_splits", [sum(row) for row in came])):
+        have = getattr(plan, name, None)
+        assert isinstance(have, (list, tuple)) and all(type(n) is int for n in have), (
+            f"{T}: {where}: plan.{name} is {have!r}: N Python ints, one per rank of the group (a tensor's .tolist()), "
+            "as the Plan's docstring says: all_to_all takes its split sizes as ints")
+        assert list(have) == want, (
+            f"{T}: {where}: plan.{name} is {list(have)}, expected {want}: the rows this rank "
+            + ("sent to each rank" if name == "input_splits" else "received from each rank"))
+    received = getattr(plan, "received", None)
+    if not (isinstance(received, torch.Tensor) and received.tolist() == came):
+        own = [[len(ref["expert_inputs"][rank][e]) for e in range(d * len(mine), (d + 1) * len(mine))]
+               for d in range(world_size)]
+        have = received.tolist() if isinstance(received, torch.Tensor) else received
+        raise AssertionError(
+            f"{T}: {where}: plan.received is {have}, expected {came} (received[s, j]: the rows rank s sent for this "
+            "rank's local expert j, the exchanged counts viewed (N, E / N))" + (
+                ": it holds the counts this rank SENT (its own, viewed by destination rank), not those it received "
+                "from the others; combine splits what it sends back by them" if have == own != came else ""))
+    weight = getattr(plan, "weight", None)
+    kept = routing.kept
+    assert isinstance(weight, torch.Tensor) and weight.shape == routing.weight.shape and torch.equal(
+        weight.detach()[kept], routing.weight.detach()[kept]), (
+        f"{T}: {where}: plan.weight should be routing.weight, the (T, k) gates"
+        + (f", it is {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else f", it is {weight!r}"))
+    assert weight.requires_grad, (
+        f"{T}: {where}: plan.weight is out of the graph (detached, or a copy without grad): combine multiplies each "
+        "expert output by plan.weight[token, choice], and the router learns through it: pass routing.weight itself")
 
 
 def _check_held(task, rank, world_size, got):
