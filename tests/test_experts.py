@@ -426,7 +426,20 @@ def _layer(rank, world_size, impl, task, configs):
                 loss.backward()
             except (RuntimeError, IndexError, ValueError) as error:  # said here, at once: the other ranks may wait
                 kept = ref["kept"][rank]
-                hint = ("; the output has one row per kept choice: combine returned the outputs in the order dispatch "
+                said = str(error)
+                sizes = re.search(r"got split_sizes=\[([0-9, ]*)\]", said)
+                sizes = [int(n) for n in sizes[1].split(",") if n.strip()] if sizes else None
+                rows = [r.tolist() for r in plan.received] if isinstance(getattr(plan, "received", None), torch.Tensor) else []
+                columns = [c.tolist() for c in plan.received.t()] if rows else []
+                hint = ("; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
+                        "dimension (gate.unsqueeze(-1), or gate[:, None]) so that it scales each row"
+                        if task == "16.3" and re.search(rf"size of tensor a \(({kept}|{DIM})\) must match the size of "
+                                                        rf"tensor b \(({kept}|{DIM})\)", said) and kept != DIM else
+                        "; combine split an expert's output by a ROW of plan.received: received[s, j] counts the rows "
+                        "from rank s for local expert j, so local expert j's output splits by the column "
+                        "plan.received[:, j], one piece per source rank"
+                        if task == "16.3" and sizes is not None and sizes in rows and sizes not in columns else
+                        "; the output has one row per kept choice: combine returned the outputs in the order dispatch "
                         "sent them, not in token order (add each at its token, plan.token)"
                         if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else
                         "; combine's all-to-all goes back the reverse way of dispatch's: it sends the rows that arrived "
@@ -490,6 +503,13 @@ def _combine_hint(got, rank):
     if not _close(rounded, expected) and _close(y, rounded):
         return (": combine alone, every expert the identity, weighted each token by its gates rounded to float32: "
                 "cast the gate to the outputs' dtype (float64 here), not to float32")
+    renormalised = routing.kept.any(dim=1, keepdim=True).to(x.dtype) * x  # the kept gates made to sum to 1
+    if not _close(renormalised, expected) and _close(y, renormalised):
+        return (": combine alone, every expert the identity, weighted each token's kept outputs by gates that sum "
+                "to 1 over its kept choices: renormalised after the drops. models.route's gates are already "
+                "renormalised over the top k, before the capacity drops: a token whose choice was dropped keeps its "
+                "other choices' gates as they are (and the residual connection carries the rest); use "
+                "plan.weight[token, choice] as it is")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
     if single and all(single):
@@ -663,6 +683,14 @@ def _check_layer(task, rank, world_size, got):
     assert len(others) == 1 and token_calls == expected_forward, (
         f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
         f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
+    if not backward and forward:
+        pytest.fail(f"{T}: {where}: the layer's backward sent no all-to-all: the experts' outputs never went back "
+                    "through the graph, so neither combine's nor dispatch's all-to-all ran backward (the experts get no "
+                    "gradient, nor the tokens through them): "
+                    + ("combine's way back was cut from the graph (dist.all_to_all_single, which autograd does not "
+                       "see, or the rows detached): send them back with all_to_all (16.1), differentiable"
+                       if task == "16.3" else "send the tokens there and the outputs back with all_to_all (16.1), "
+                       "differentiable, not dist.all_to_all_single, which autograd does not see, nor detached rows"))
     if len(backward) == 1 and not _close(got["grad_x"], ref["grad_x"][rank]):
         pytest.fail(f"{T}: {where}: the layer's backward sent one all-to-all, combine's, and the input's gradient differs "
                     "from models.MoE's: the tokens' gradients never came back through dispatch's all-to-all, whose "
@@ -681,8 +709,10 @@ def _check_layer(task, rank, world_size, got):
             hint = (": the outputs are returned in the order dispatch sent them (one row per kept choice, by "
                     "expert), not in token order: add each at its token (plan.token), in the original token order")
         elif tokens_y and _close(y, ref["y_ungated"][rank]):
-            hint = (": the expert outputs were summed without their gates: weight by the gate, "
-                    "plan.weight[token, choice]; without it the router gets no gradient and never learns")
+            hint = (": each kept expert output was added with weight 1, not with its gate: weight by the gate, "
+                    "plan.weight[token, choice]; without it the router gets no gradient and never learns"
+                    + (" (gates renormalised over a token's kept choices are 1 when k = 1: models.route's gates are "
+                       "already renormalised over the top k, before the drops; use them as they are)" if k == 1 else ""))
         else:
             hint = _combine_hint(got, rank)
         pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
