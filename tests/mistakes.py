@@ -2434,6 +2434,44 @@ MISTAKES = [
             "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
             "    arrived = all_to_all(x[token].detach(), output_splits, input_splits, group)\n",
             "never came back through dispatch's all-to-all"),
+    # trial 8 (2026-11-29): a Plan that disagrees with what was sent, counts of another size or dtype, a second
+    # exchange (each was told a wrong cause, a raw split error, or a bare list of calls)
+    Mistake("16.2", "plan-pairs-in-token-order", "template_experts.py",  # was told the expert's gradient differed
+            "    return expert_inputs, Plan(token, choice, routing.weight,",
+            "    return expert_inputs, Plan(*torch.where(routing.kept), routing.weight,",
+            "in another order than the rows it sent"),
+    Mistake("16.2", "plan-weight-detached", "template_experts.py",  # was told combine's gate was detached
+            "    return expert_inputs, Plan(token, choice, routing.weight,",
+            "    return expert_inputs, Plan(token, choice, routing.weight.detach(),",
+            "plan.weight is out of the graph"),
+    Mistake("16.2", "plan-received-is-what-was-sent", "template_experts.py",  # was a raw split error in combine
+            "input_splits, output_splits, received)\n",
+            "input_splits, output_splits, counts.view(size, len(experts)))\n",
+            "it holds the counts this rank SENT"),
+    Mistake("16.2", "bincount-without-minlength", "template_experts.py",  # was a raw "does not divide equally"
+            "    counts = torch.bincount(expert, minlength=num_experts)  #",
+            "    counts = torch.bincount(expert)  #",
+            "torch.bincount(expert, minlength=E)"),
+    Mistake("16.2", "counts-received-in-floats", "template_experts.py",  # was told it counted in floats
+            "    received = torch.empty_like(counts)\n",
+            "    received = torch.empty(num_experts)\n",
+            "the buffer it receives the counts in is a float"),
+    Mistake("16.2", "splits-exchanged-twice", "template_experts.py",  # was a bare list of the calls
+            "    output_splits = received.sum(dim=1).tolist()\n",
+            "    totals = torch.empty(size, dtype=torch.long)\n"
+            "    dist.all_to_all_single(totals, counts.view(size, len(experts)).sum(dim=1), group=group)\n"
+            "    output_splits = totals.tolist()\n",
+            "no second exchange"),
+    Mistake("16.2", "splits-as-tensors", "template_experts.py",  # was told the tokens' all-to-all sent 0-d tensors
+            "    input_splits = counts.view(size, len(experts)).sum(dim=1).tolist()\n"
+            "    output_splits = received.sum(dim=1).tolist()\n",
+            "    input_splits = counts.view(size, len(experts)).sum(dim=1)\n"
+            "    output_splits = received.sum(dim=1)\n",
+            "N Python ints"),
+    Mistake("16.2", "regrouped-expert-major", "template_experts.py",  # told "by source rank" alone
+            "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
+            "    expert_inputs = [torch.cat(pieces[j * size:(j + 1) * size]) for j in range(len(experts))]\n",
+            "What arrives is ordered by source rank, then local expert"),
     # Task 16.3
     Mistake("16.3", "not-gate-weighted", "template_experts.py",
             "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
@@ -2468,6 +2506,30 @@ MISTAKES = [
             "plan.weight[plan.token, plan.choice].to(back.dtype)",
             "plan.weight[plan.token, plan.choice].detach().to(back.dtype)",
             "(not detached)"),
+    # trial 8: gates renormalised after the drops, a gate without its row dimension, a split by a row of
+    # plan.received, a way back outside autograd, the splits not swapped back
+    Mistake("16.3", "gates-renormalised-after-drops", "template_experts.py",  # was told "without their gates"
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "    kept = torch.zeros_like(plan.weight).index_put((plan.token, plan.choice), plan.weight[plan.token, plan.choice])\n"
+            "    kept = kept / kept.sum(dim=1, keepdim=True).clamp_min(1e-20)  # the kept gates sum to one\n"
+            "    gate = kept[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "renormalised over a token's kept choices"),
+    Mistake("16.3", "gate-without-a-row-dimension", "template_experts.py",  # was a raw broadcast error
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype)\n",
+            "give the gate a trailing dimension"),
+    Mistake("16.3", "split-by-a-row-of-received", "template_experts.py",  # was a raw split error
+            "out.split(plan.received[:, j].tolist())", "out.split(plan.received[j].tolist())",
+            "by a ROW of plan.received"),
+    Mistake("16.3", "way-back-outside-autograd", "template_experts.py",  # was "it sent []" alone
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)  # in the order dispatch sent\n",
+            "    back = send.new_empty((sum(plan.input_splits), send.shape[-1]))\n"
+            "    dist.all_to_all_single(back, send, plan.input_splits, plan.output_splits, group=group)\n",
+            "combine's way back was cut from the graph"),
+    Mistake("16.3", "way-back-splits-not-swapped", "template_experts.py",  # named already; no entry had it
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)",
+            "    back = all_to_all(send, plan.output_splits, plan.input_splits, group)",
+            "goes back the reverse way of dispatch's"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -3251,6 +3313,25 @@ RIGHT_ANSWERS = [
                 "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n"
                 "    received = received.long().view(size, len(experts))  # [source rank, local expert]\n"
                 "    counts = counts.long()\n", ""),)),
+    RightAnswer("16.2", "counts-by-all-to-all-of-lists",
+                "'the number of pairs per expert goes to every rank in ONE all-to-all of E integers': dist.all_to_all "
+                "of E / N counts to each rank is that all-to-all", (
+        Mistake("16.2", "counts-by-all-to-all-of-lists", "template_experts.py",
+                "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
+                "    dist.all_to_all(list(received.chunk(size)), list(counts.chunk(size)), group=group)\n", ""),)),
+    RightAnswer("16.3", "sorted-back-by-source",
+                "'One all-to-all back, the reverse of dispatch's': the outputs put back source-major by a stable "
+                "sort on each row's source rank, y made by index_add_ on zeros of the outputs' dtype", (
+        Mistake("16.3", "sorted-back-by-source", "template_experts.py",
+                "    by_expert = [out.split(plan.received[:, j].tolist()) for j, out in enumerate(expert_outputs)]\n"
+                "    send = torch.cat([by_expert[j][s] for s in range(size) for j in range(per_rank)])  # source-major again\n",
+                "    source = torch.cat([torch.repeat_interleave(torch.arange(size), plan.received[:, j]) for j in range(per_rank)])\n"
+                "    send = torch.cat(expert_outputs)[torch.argsort(source, stable=True)]  # source-major, experts in turn\n", ""),
+        Mistake("16.3", "sorted-back-by-source", "template_experts.py",
+                "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
+                "    y = torch.zeros(tokens, back.shape[-1], dtype=back.dtype)\n"
+                "    y.index_add_(0, plan.token, back * gate)\n"
+                "    return y\n", ""),)),
     RightAnswer("16.3", "a-slot-per-choice",
                 "'y[t] = the sum over token t's kept choices c of weight[t, c] * (the expert's output for (t, c))"
                 " ... zeros for a token with no kept choice': a (T, k, dim) buffer, zero where dropped, weighted "
