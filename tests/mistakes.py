@@ -2403,6 +2403,10 @@ MISTAKES = [
             "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
             "        ctx.save_for_backward(x)\n",
             "all_to_all keeps its input x alive"),
+    Mistake("16.1", "gradient-sent-as-it-came", "template_experts.py",  # trial 8: passed (every gradient contiguous)
+            "        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits,",
+            "        dist.all_to_all_single(out, grad, ctx.input_splits,",
+            "give dist.all_to_all_single contiguous tensors"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",

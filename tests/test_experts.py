@@ -113,6 +113,18 @@ def _a2a(rank, world_size, impl):
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward],
                          kept_input=keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
+    # strided: x a view of every row's first two columns, and y.sum()'s gradient an expanded (stride 0) tensor; gloo
+    # refuses tensors that are not contiguous
+    splits = SPLITS["even totals"]
+    input_splits, output_splits = splits[rank], [splits[s][rank] for s in range(world_size)]
+    base = torch.cat([_rows(rank, sum(input_splits)), torch.zeros(sum(input_splits), 2, dtype=torch.float64)], dim=1)
+    base.requires_grad_()
+    try:
+        y = ep.all_to_all(base[:, :2], output_splits, input_splits)
+        y.sum().backward()
+        out["strided"] = dict(error=None, y=y.detach(), grad=base.grad)
+    except (RuntimeError, ValueError) as error:
+        out["strided"] = dict(error=f"{type(error).__name__}: {error}"[:400])
     # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
     # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
     splits = SPLITS[CHAINED]
@@ -191,6 +203,25 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
                 "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
                 "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
+        _check_strided(rank, out["strided"])
+
+
+def _check_strided(rank, got):
+    """all_to_all of a strided x (the first two of four columns) whose y.sum() gives an expanded gradient; said after
+    the cases above, which passed with contiguous tensors and the same splits."""
+    splits = SPLITS["even totals"]
+    where = (f"all_to_all on rank {rank} of 3 (the even totals splits {splits}) of a strided x (x = base[:, :2], a view "
+             "of the first two of four columns) and backward from y.sum() (its gradient an expanded tensor, stride 0)")
+    if got["error"] is not None:
+        pytest.fail(f"{T161}: {where} failed: {got['error']}" + (
+            ": give dist.all_to_all_single contiguous tensors (x.contiguous() in forward, grad.contiguous() in "
+            "backward): an upstream gradient or an input may be a view of another shape in memory"
+            if "contiguous" in got["error"] else ""))
+    y_expected, _ = _expected_a2a(rank, 3, splits)
+    grad = torch.cat([torch.ones(sum(splits[rank]), 2), torch.zeros(sum(splits[rank]), 2)], dim=1).double()
+    assert _close(got["y"], y_expected) and _close(got["grad"], grad), (
+        f"{T161}: {where}: received {got['y'][:, 0].tolist()} (expected {y_expected[:, 0].tolist()}) and base's gradient "
+        f"{got['grad'].tolist() if got['grad'] is not None else None}, expected ones in the two columns x views")
 
 
 def _check_there_and_back(rank, got):
