@@ -310,6 +310,38 @@ MISTAKES = [
             "        local_group = {**param_group, \"params\": mine}\n",
             "        if not mine:\n            return\n        local_group = {**param_group, \"params\": mine}\n",
             "owns no piece of it"),
+    # trial 8 (2026-11-29): raw errors from torch.optim, the given step() or the test itself, a bare "must list"
+    Mistake("6.2", "views-in-the-graph", "template_zero.py",  # was torch.optim's raw "can't optimize a non-leaf"
+            "            view = params[index].detach().view(-1)[start:end]",
+            "            view = params[index].view(-1)[start:end]",
+            "make it from param.detach()"),
+    Mistake("6.2", "rows-not-elements", "template_zero.py",  # was a raw size error in the given step()
+            "            view = params[index].detach().view(-1)[start:end]",
+            "            view = params[index].detach()[start:end]",
+            "param[start:end] slices rows"),
+    Mistake("6.2", "local-optimizer-built-anew", "template_zero.py",  # was the test's own IndexError
+            "        if self.optim is None:\n"
+            "            self.optim = self.optimizer_cls([local_group], **self.optimizer_kwargs)\n"
+            "        else:\n"
+            "            self.optim.add_param_group(local_group)\n",
+            "        self.optim = self.optimizer_cls([local_group], **self.optimizer_kwargs)\n",
+            "built a new local optimizer"),
+    Mistake("6.2", "group-dict-handed-over", "template_zero.py",  # was "must list every parameter" alone
+            "        local_group = {**param_group, \"params\": mine}\n",
+            "        local_group = param_group\n        local_group[\"params\"] = mine\n",
+            "it is the very dict given to self.optim"),
+    Mistake("6.2", "earlier-groups-cut-again", "template_zero.py",  # was two lists whose shown parts were equal
+            "        params = param_group[\"params\"]\n",
+            "        params = [p for group in self.param_groups for p in group[\"params\"]]\n",
+            "the parameters of earlier groups were cut again"),
+    Mistake("6.2", "own-pieces-only-listed", "template_zero.py",  # named already; no entry had it
+            "            self.pieces.append((view, params[index], start, end, rank))\n"
+            "            if rank == self.rank:\n"
+            "                mine.append(view)\n",
+            "            if rank == self.rank:\n"
+            "                self.pieces.append((view, params[index], start, end, rank))\n"
+            "                mine.append(view)\n",
+            "this rank's and the others'"),
     # Task 6.3
     Mistake("6.3", "no-send", "template_zero.py",
             "            dist.broadcast(view, src=rank)", "            pass",
@@ -2939,6 +2971,16 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("6.2", "data-reshape-narrow",
+                "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
+                "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "            view = params[index].detach().view(-1)[start:end]  # shares the parameter's memory\n",
+                "            view = params[index].data.reshape(-1).narrow(0, start, end - start)  # shares the memory\n", ""),
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "        local_group = {**param_group, \"params\": mine}\n",
+                "        local_group = {key: value for key, value in param_group.items() if key != \"params\"}\n"
+                "        local_group[\"params\"] = mine\n", ""),)),
     RightAnswer("15.2", "mask-only-the-diagonal-block", "block_pairs keeps a key chunk before its query chunk, wholly "
                 "visible: only the pair of equal ids needs the causal mask (the test's check of an unmasked block "
                 "looks at the positions, not at the flag)", (
