@@ -657,6 +657,34 @@ MISTAKES = [
     Mistake("10.4", "detach-before-send", "template_pipeline.py",
             "        stage.send_forward(output)\n", "        output = output.detach()\n        stage.send_forward(output)\n",
             "earlier stages get no gradient"),
+    # trial 8 (2026-11-29): a float32 activation that passed, and raw exceptions from the given code
+    Mistake("10.4", "activation-received-as-float32", "template_pipeline.py",  # passed: every model was float32
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n",
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, torch.float32)\n",
+            "in the shape AND dtype learn_shapes found"),
+    Mistake("10.4", "last-stage-sends-too", "template_pipeline.py",  # was a raw "Must specify global_rank"
+            "    output = stage.module(input)\n"
+            "    if stage.is_last:\n"
+            "        output = loss_fn(output, target) / num_microbatches\n"
+            "    else:\n"
+            "        stage.send_forward(output)\n",
+            "    output = stage.module(input)\n"
+            "    stage.send_forward(output)\n"
+            "    if stage.is_last:\n"
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "the last stage sent its output on"),
+    Mistake("10.4", "received-in-the-shape-of-x", "template_pipeline.py",  # was a raw AttributeError
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n",
+            "    input = x if stage.is_first else stage.recv_forward(x.shape, x.dtype)\n",
+            "x is None on every stage but the first"),
+    Mistake("10.4", "loss-returned-as-a-float", "template_pipeline.py",  # was a raw AttributeError in gpipe_step
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output, target).item() / num_microbatches\n",
+            "as a Python float"),
+    Mistake("10.4", "computed-on-a-detached-input", "template_pipeline.py",  # was the given code's two causes
+            "    output = stage.module(input)\n",
+            "    output = stage.module(input if stage.is_first else input.detach().requires_grad_())\n",
+            "computed with another tensor than the one it returned"),
     Mistake("10.6", "loss-on-every-stage", "template_pipeline.py",
             "        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n",
             "        loss = output.detach() if loss is None else loss + output.detach()\n",
@@ -2971,6 +2999,26 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("10.4", "returns-early-on-a-middle-stage",
+                "'On the last stage, output is the loss instead ... On the other stages, send output to the next "
+                "stage': the last stage known by next_rank None, an early return, the loss divided by .div", (
+        Mistake("10.4", "returns-early-on-a-middle-stage", "template_pipeline.py",
+                "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n"
+                "    output = stage.module(input)\n"
+                "    if stage.is_last:\n"
+                "        output = loss_fn(output, target) / num_microbatches\n"
+                "    else:\n"
+                "        stage.send_forward(output)\n"
+                "    return input, output\n",
+                "    if stage.is_first:\n"
+                "        input = x\n"
+                "    else:\n"
+                "        input = stage.recv_forward(stage.input_shape, stage.input_dtype)\n"
+                "    output = stage.module(input)\n"
+                "    if stage.next_rank is not None:\n"
+                "        stage.send_forward(output)\n"
+                "        return input, output\n"
+                "    return input, loss_fn(output, target).div(num_microbatches)\n", ""),)),
     RightAnswer("6.2", "data-reshape-narrow",
                 "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
                 "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
