@@ -2710,6 +2710,14 @@ MISTAKES = [
             "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
             "        routing = models.route(logits, self.top_k, self.capacity_factor * dist.get_world_size(self.group))\n",
             "counted on THIS rank's T tokens"),
+    Mistake("16.4", "logits-detached-before-routing", "template_experts.py",  # trial 8: was told combine's gate
+            "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
+            "        routing = models.route(logits.detach(), self.top_k, self.capacity_factor)\n",
+            "route the logits themselves"),
+    Mistake("16.4", "layer-made-without-the-group", "template_experts.py",  # trial 8: named already; no entry had it
+            "                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n",
+            "                setattr(module, name, ExpertParallelMoE.from_moe(child))\n",
+            "not the ep_group given to parallelize_moe"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
@@ -3459,6 +3467,17 @@ RIGHT_ANSWERS = [
                 "        self.aux_loss = models.load_balancing_loss(logits.softmax(dim=-1, dtype=routing.weight.dtype), routing.expert,\n"
                 "                                                   self.num_experts)\n"
                 "        return y.view_as(x)\n", ""),)),
+    RightAnswer("16.5", "reduce-op-avg",
+                "'averaged over all W ranks' and 'divided by N, and averaged over expert_dp_group': ReduceOp.AVG "
+                "(gloo takes it for floats on torch 2.14) averages; the experts then divided by N alone", (
+        Mistake("16.5", "reduce-op-avg", "template_experts.py",
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n"
+                "            flat /= divisor\n",
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=None if ranks == \"all\" else ranks)\n"
+                "            if ranks != \"all\":\n"
+                "                flat /= size\n", ""),)),
     RightAnswer("16.5", "divided-before-the-sum",
                 "'averaged over all W ranks' and 'divided by N, and averaged over expert_dp_group': dividing "
                 "before the all-reduce sums the same shares; the groups and dtypes in any order", (

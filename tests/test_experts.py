@@ -758,8 +758,12 @@ def _check_layer(task, rank, world_size, got):
     if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
         pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
                     + ("None" if got["grad_router"] is None else f"by {(got['grad_router'] - ref['grad_router'][rank]).abs().max().item():.3g}")
-                    + "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
-                    "graph (not detached): that is how the router learns")
+                    + ("): the layer's gates are out of the graph: the router learns from the gates, routing.weight of "
+                       "models.route(logits, ...), which combine multiplies each output by, and from aux_loss; route the "
+                       "logits themselves (not logits.detach(), nor under torch.no_grad()), as models.MoE does"
+                       if task == "16.4" else
+                       "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
+                       "graph (not detached): that is how the router learns"))
     assert _close(got["grad_x"], ref["grad_x"][rank]), (
         f"{T}: {where}: the input's gradient differs from models.MoE's")
     if got.get("identity_float32") not in (None, torch.float32) and got.get("identity") is not None:
