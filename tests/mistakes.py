@@ -310,6 +310,38 @@ MISTAKES = [
             "        local_group = {**param_group, \"params\": mine}\n",
             "        if not mine:\n            return\n        local_group = {**param_group, \"params\": mine}\n",
             "owns no piece of it"),
+    # trial 8 (2026-11-29): raw errors from torch.optim, the given step() or the test itself, a bare "must list"
+    Mistake("6.2", "views-in-the-graph", "template_zero.py",  # was torch.optim's raw "can't optimize a non-leaf"
+            "            view = params[index].detach().view(-1)[start:end]",
+            "            view = params[index].view(-1)[start:end]",
+            "make it from param.detach()"),
+    Mistake("6.2", "rows-not-elements", "template_zero.py",  # was a raw size error in the given step()
+            "            view = params[index].detach().view(-1)[start:end]",
+            "            view = params[index].detach()[start:end]",
+            "param[start:end] slices rows"),
+    Mistake("6.2", "local-optimizer-built-anew", "template_zero.py",  # was the test's own IndexError
+            "        if self.optim is None:\n"
+            "            self.optim = self.optimizer_cls([local_group], **self.optimizer_kwargs)\n"
+            "        else:\n"
+            "            self.optim.add_param_group(local_group)\n",
+            "        self.optim = self.optimizer_cls([local_group], **self.optimizer_kwargs)\n",
+            "built a new local optimizer"),
+    Mistake("6.2", "group-dict-handed-over", "template_zero.py",  # was "must list every parameter" alone
+            "        local_group = {**param_group, \"params\": mine}\n",
+            "        local_group = param_group\n        local_group[\"params\"] = mine\n",
+            "it is the very dict given to self.optim"),
+    Mistake("6.2", "earlier-groups-cut-again", "template_zero.py",  # was two lists whose shown parts were equal
+            "        params = param_group[\"params\"]\n",
+            "        params = [p for group in self.param_groups for p in group[\"params\"]]\n",
+            "the parameters of earlier groups were cut again"),
+    Mistake("6.2", "own-pieces-only-listed", "template_zero.py",  # named already; no entry had it
+            "            self.pieces.append((view, params[index], start, end, rank))\n"
+            "            if rank == self.rank:\n"
+            "                mine.append(view)\n",
+            "            if rank == self.rank:\n"
+            "                self.pieces.append((view, params[index], start, end, rank))\n"
+            "                mine.append(view)\n",
+            "this rank's and the others'"),
     # Task 6.3
     Mistake("6.3", "no-send", "template_zero.py",
             "            dist.broadcast(view, src=rank)", "            pass",
@@ -625,6 +657,34 @@ MISTAKES = [
     Mistake("10.4", "detach-before-send", "template_pipeline.py",
             "        stage.send_forward(output)\n", "        output = output.detach()\n        stage.send_forward(output)\n",
             "earlier stages get no gradient"),
+    # trial 8 (2026-11-29): a float32 activation that passed, and raw exceptions from the given code
+    Mistake("10.4", "activation-received-as-float32", "template_pipeline.py",  # passed: every model was float32
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n",
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, torch.float32)\n",
+            "in the shape AND dtype learn_shapes found"),
+    Mistake("10.4", "last-stage-sends-too", "template_pipeline.py",  # was a raw "Must specify global_rank"
+            "    output = stage.module(input)\n"
+            "    if stage.is_last:\n"
+            "        output = loss_fn(output, target) / num_microbatches\n"
+            "    else:\n"
+            "        stage.send_forward(output)\n",
+            "    output = stage.module(input)\n"
+            "    stage.send_forward(output)\n"
+            "    if stage.is_last:\n"
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "the last stage sent its output on"),
+    Mistake("10.4", "received-in-the-shape-of-x", "template_pipeline.py",  # was a raw AttributeError
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n",
+            "    input = x if stage.is_first else stage.recv_forward(x.shape, x.dtype)\n",
+            "x is None on every stage but the first"),
+    Mistake("10.4", "loss-returned-as-a-float", "template_pipeline.py",  # was a raw AttributeError in gpipe_step
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output, target).item() / num_microbatches\n",
+            "as a Python float"),
+    Mistake("10.4", "computed-on-a-detached-input", "template_pipeline.py",  # was the given code's two causes
+            "    output = stage.module(input)\n",
+            "    output = stage.module(input if stage.is_first else input.detach().requires_grad_())\n",
+            "computed with another tensor than the one it returned"),
     Mistake("10.6", "loss-on-every-stage", "template_pipeline.py",
             "        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n",
             "        loss = output.detach() if loss is None else loss + output.detach()\n",
@@ -2495,6 +2555,10 @@ MISTAKES = [
             "        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group\n"
             "        ctx.save_for_backward(x)\n",
             "all_to_all keeps its input x alive"),
+    Mistake("16.1", "gradient-sent-as-it-came", "template_experts.py",  # trial 8: passed (every gradient contiguous)
+            "        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits,",
+            "        dist.all_to_all_single(out, grad, ctx.input_splits,",
+            "give dist.all_to_all_single contiguous tensors"),
     # Task 16.2
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
@@ -2526,6 +2590,44 @@ MISTAKES = [
             "    arrived = all_to_all(x[token], output_splits, input_splits, group)\n",
             "    arrived = all_to_all(x[token].detach(), output_splits, input_splits, group)\n",
             "never came back through dispatch's all-to-all"),
+    # trial 8 (2026-11-29): a Plan that disagrees with what was sent, counts of another size or dtype, a second
+    # exchange (each was told a wrong cause, a raw split error, or a bare list of calls)
+    Mistake("16.2", "plan-pairs-in-token-order", "template_experts.py",  # was told the expert's gradient differed
+            "    return expert_inputs, Plan(token, choice, routing.weight,",
+            "    return expert_inputs, Plan(*torch.where(routing.kept), routing.weight,",
+            "in another order than the rows it sent"),
+    Mistake("16.2", "plan-weight-detached", "template_experts.py",  # was told combine's gate was detached
+            "    return expert_inputs, Plan(token, choice, routing.weight,",
+            "    return expert_inputs, Plan(token, choice, routing.weight.detach(),",
+            "plan.weight is out of the graph"),
+    Mistake("16.2", "plan-received-is-what-was-sent", "template_experts.py",  # was a raw split error in combine
+            "input_splits, output_splits, received)\n",
+            "input_splits, output_splits, counts.view(size, len(experts)))\n",
+            "it holds the counts this rank SENT"),
+    Mistake("16.2", "bincount-without-minlength", "template_experts.py",  # was a raw "does not divide equally"
+            "    counts = torch.bincount(expert, minlength=num_experts)  #",
+            "    counts = torch.bincount(expert)  #",
+            "torch.bincount(expert, minlength=E)"),
+    Mistake("16.2", "counts-received-in-floats", "template_experts.py",  # was told it counted in floats
+            "    received = torch.empty_like(counts)\n",
+            "    received = torch.empty(num_experts)\n",
+            "the buffer it receives the counts in is a float"),
+    Mistake("16.2", "splits-exchanged-twice", "template_experts.py",  # was a bare list of the calls
+            "    output_splits = received.sum(dim=1).tolist()\n",
+            "    totals = torch.empty(size, dtype=torch.long)\n"
+            "    dist.all_to_all_single(totals, counts.view(size, len(experts)).sum(dim=1), group=group)\n"
+            "    output_splits = totals.tolist()\n",
+            "no second exchange"),
+    Mistake("16.2", "splits-as-tensors", "template_experts.py",  # was told the tokens' all-to-all sent 0-d tensors
+            "    input_splits = counts.view(size, len(experts)).sum(dim=1).tolist()\n"
+            "    output_splits = received.sum(dim=1).tolist()\n",
+            "    input_splits = counts.view(size, len(experts)).sum(dim=1)\n"
+            "    output_splits = received.sum(dim=1)\n",
+            "N Python ints"),
+    Mistake("16.2", "regrouped-expert-major", "template_experts.py",  # told "by source rank" alone
+            "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
+            "    expert_inputs = [torch.cat(pieces[j * size:(j + 1) * size]) for j in range(len(experts))]\n",
+            "What arrives is ordered by source rank, then local expert"),
     # Task 16.3
     Mistake("16.3", "not-gate-weighted", "template_experts.py",
             "index_add(0, plan.token, gate * back)", "index_add(0, plan.token, back)", "weight by the gate"),
@@ -2560,6 +2662,30 @@ MISTAKES = [
             "plan.weight[plan.token, plan.choice].to(back.dtype)",
             "plan.weight[plan.token, plan.choice].detach().to(back.dtype)",
             "(not detached)"),
+    # trial 8: gates renormalised after the drops, a gate without its row dimension, a split by a row of
+    # plan.received, a way back outside autograd, the splits not swapped back
+    Mistake("16.3", "gates-renormalised-after-drops", "template_experts.py",  # was told "without their gates"
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "    kept = torch.zeros_like(plan.weight).index_put((plan.token, plan.choice), plan.weight[plan.token, plan.choice])\n"
+            "    kept = kept / kept.sum(dim=1, keepdim=True).clamp_min(1e-20)  # the kept gates sum to one\n"
+            "    gate = kept[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "renormalised over a token's kept choices"),
+    Mistake("16.3", "gate-without-a-row-dimension", "template_experts.py",  # was a raw broadcast error
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)\n",
+            "    gate = plan.weight[plan.token, plan.choice].to(back.dtype)\n",
+            "give the gate a trailing dimension"),
+    Mistake("16.3", "split-by-a-row-of-received", "template_experts.py",  # was a raw split error
+            "out.split(plan.received[:, j].tolist())", "out.split(plan.received[j].tolist())",
+            "by a ROW of plan.received"),
+    Mistake("16.3", "way-back-outside-autograd", "template_experts.py",  # was "it sent []" alone
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)  # in the order dispatch sent\n",
+            "    back = send.new_empty((sum(plan.input_splits), send.shape[-1]))\n"
+            "    dist.all_to_all_single(back, send, plan.input_splits, plan.output_splits, group=group)\n",
+            "combine's way back was cut from the graph"),
+    Mistake("16.3", "way-back-splits-not-swapped", "template_experts.py",  # named already; no entry had it
+            "    back = all_to_all(send, plan.input_splits, plan.output_splits, group)",
+            "    back = all_to_all(send, plan.output_splits, plan.input_splits, group)",
+            "goes back the reverse way of dispatch's"),
     # Task 16.4
     Mistake("16.4", "every-expert-kept", "template_experts.py",  # all E held, the local ones picked in forward
             "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n"
@@ -2676,6 +2802,14 @@ MISTAKES = [
             "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
             "        routing = models.route(logits, self.top_k, self.capacity_factor * dist.get_world_size(self.group))\n",
             "counted on THIS rank's T tokens"),
+    Mistake("16.4", "logits-detached-before-routing", "template_experts.py",  # trial 8: was told combine's gate
+            "        routing = models.route(logits, self.top_k, self.capacity_factor)\n",
+            "        routing = models.route(logits.detach(), self.top_k, self.capacity_factor)\n",
+            "route the logits themselves"),
+    Mistake("16.4", "layer-made-without-the-group", "template_experts.py",  # trial 8: named already; no entry had it
+            "                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n",
+            "                setattr(module, name, ExpertParallelMoE.from_moe(child))\n",
+            "not the ep_group given to parallelize_moe"),
     # Task 16.5
     Mistake("16.5", "non-experts-averaged-over-the-ep-group", "template_experts.py",  # a student trial's: was told
             # "not averaged over the ranks"; the same group as the world's in the default run, so the 4-rank one
@@ -2990,6 +3124,36 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("10.4", "returns-early-on-a-middle-stage",
+                "'On the last stage, output is the loss instead ... On the other stages, send output to the next "
+                "stage': the last stage known by next_rank None, an early return, the loss divided by .div", (
+        Mistake("10.4", "returns-early-on-a-middle-stage", "template_pipeline.py",
+                "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n"
+                "    output = stage.module(input)\n"
+                "    if stage.is_last:\n"
+                "        output = loss_fn(output, target) / num_microbatches\n"
+                "    else:\n"
+                "        stage.send_forward(output)\n"
+                "    return input, output\n",
+                "    if stage.is_first:\n"
+                "        input = x\n"
+                "    else:\n"
+                "        input = stage.recv_forward(stage.input_shape, stage.input_dtype)\n"
+                "    output = stage.module(input)\n"
+                "    if stage.next_rank is not None:\n"
+                "        stage.send_forward(output)\n"
+                "        return input, output\n"
+                "    return input, loss_fn(output, target).div(num_microbatches)\n", ""),)),
+    RightAnswer("6.2", "data-reshape-narrow",
+                "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
+                "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "            view = params[index].detach().view(-1)[start:end]  # shares the parameter's memory\n",
+                "            view = params[index].data.reshape(-1).narrow(0, start, end - start)  # shares the memory\n", ""),
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "        local_group = {**param_group, \"params\": mine}\n",
+                "        local_group = {key: value for key, value in param_group.items() if key != \"params\"}\n"
+                "        local_group[\"params\"] = mine\n", ""),)),
     RightAnswer("15.2", "mask-only-the-diagonal-block", "block_pairs keeps a key chunk before its query chunk, wholly "
                 "visible: only the pair of equal ids needs the causal mask (the test's check of an unmasked block "
                 "looks at the positions, not at the flag)", (
@@ -3368,6 +3532,25 @@ RIGHT_ANSWERS = [
                 "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n"
                 "    received = received.long().view(size, len(experts))  # [source rank, local expert]\n"
                 "    counts = counts.long()\n", ""),)),
+    RightAnswer("16.2", "counts-by-all-to-all-of-lists",
+                "'the number of pairs per expert goes to every rank in ONE all-to-all of E integers': dist.all_to_all "
+                "of E / N counts to each rank is that all-to-all", (
+        Mistake("16.2", "counts-by-all-to-all-of-lists", "template_experts.py",
+                "    dist.all_to_all_single(received, counts, group=group)  # E / N counts to each rank, from each\n",
+                "    dist.all_to_all(list(received.chunk(size)), list(counts.chunk(size)), group=group)\n", ""),)),
+    RightAnswer("16.3", "sorted-back-by-source",
+                "'One all-to-all back, the reverse of dispatch's': the outputs put back source-major by a stable "
+                "sort on each row's source rank, y made by index_add_ on zeros of the outputs' dtype", (
+        Mistake("16.3", "sorted-back-by-source", "template_experts.py",
+                "    by_expert = [out.split(plan.received[:, j].tolist()) for j, out in enumerate(expert_outputs)]\n"
+                "    send = torch.cat([by_expert[j][s] for s in range(size) for j in range(per_rank)])  # source-major again\n",
+                "    source = torch.cat([torch.repeat_interleave(torch.arange(size), plan.received[:, j]) for j in range(per_rank)])\n"
+                "    send = torch.cat(expert_outputs)[torch.argsort(source, stable=True)]  # source-major, experts in turn\n", ""),
+        Mistake("16.3", "sorted-back-by-source", "template_experts.py",
+                "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
+                "    y = torch.zeros(tokens, back.shape[-1], dtype=back.dtype)\n"
+                "    y.index_add_(0, plan.token, back * gate)\n"
+                "    return y\n", ""),)),
     RightAnswer("16.3", "a-slot-per-choice",
                 "'y[t] = the sum over token t's kept choices c of weight[t, c] * (the expert's output for (t, c))"
                 " ... zeros for a token with no kept choice': a (T, k, dim) buffer, zero where dropped, weighted "
@@ -3401,6 +3584,17 @@ RIGHT_ANSWERS = [
                 "        self.aux_loss = models.load_balancing_loss(logits.softmax(dim=-1, dtype=routing.weight.dtype), routing.expert,\n"
                 "                                                   self.num_experts)\n"
                 "        return y.view_as(x)\n", ""),)),
+    RightAnswer("16.5", "reduce-op-avg",
+                "'averaged over all W ranks' and 'divided by N, and averaged over expert_dp_group': ReduceOp.AVG "
+                "(gloo takes it for floats on torch 2.14) averages; the experts then divided by N alone", (
+        Mistake("16.5", "reduce-op-avg", "template_experts.py",
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, group=None if ranks == \"all\" else ranks)\n"
+                "            flat /= divisor\n",
+                "            if ranks is not None:  # None: one copy of the experts, nothing to average them with\n"
+                "                dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=None if ranks == \"all\" else ranks)\n"
+                "            if ranks != \"all\":\n"
+                "                flat /= size\n", ""),)),
     RightAnswer("16.5", "divided-before-the-sum",
                 "'averaged over all W ranks' and 'divided by N, and averaged over expert_dp_group': dividing "
                 "before the all-reduce sums the same shares; the groups and dtypes in any order", (

@@ -114,6 +114,18 @@ def _a2a(rank, world_size, impl):
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward],
                          kept_input=keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
+    # strided: x a view of every row's first two columns, and y.sum()'s gradient an expanded (stride 0) tensor; gloo
+    # refuses tensors that are not contiguous
+    splits = SPLITS["even totals"]
+    input_splits, output_splits = splits[rank], [splits[s][rank] for s in range(world_size)]
+    base = torch.cat([_rows(rank, sum(input_splits)), torch.zeros(sum(input_splits), 2, dtype=torch.float64)], dim=1)
+    base.requires_grad_()
+    try:
+        y = ep.all_to_all(base[:, :2], output_splits, input_splits)
+        y.sum().backward()
+        out["strided"] = dict(error=None, y=y.detach(), grad=base.grad)
+    except (RuntimeError, ValueError) as error:
+        out["strided"] = dict(error=f"{type(error).__name__}: {error}"[:400])
     # there and back, as a MoE layer's dispatch and combine: both forwards before either backward. Every rank sends
     # and receives 3 rows, so even splits mixed up between the two calls keep the messages' sizes (no hang)
     splits = SPLITS[CHAINED]
@@ -192,6 +204,25 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
                 "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
                 "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
+        _check_strided(rank, out["strided"])
+
+
+def _check_strided(rank, got):
+    """all_to_all of a strided x (the first two of four columns) whose y.sum() gives an expanded gradient; said after
+    the cases above, which passed with contiguous tensors and the same splits."""
+    splits = SPLITS["even totals"]
+    where = (f"all_to_all on rank {rank} of 3 (the even totals splits {splits}) of a strided x (x = base[:, :2], a view "
+             "of the first two of four columns) and backward from y.sum() (its gradient an expanded tensor, stride 0)")
+    if got["error"] is not None:
+        pytest.fail(f"{T161}: {where} failed: {got['error']}" + (
+            ": give dist.all_to_all_single contiguous tensors (x.contiguous() in forward, grad.contiguous() in "
+            "backward): an upstream gradient or an input may be a view of another shape in memory"
+            if "contiguous" in got["error"] else ""))
+    y_expected, _ = _expected_a2a(rank, 3, splits)
+    grad = torch.cat([torch.ones(sum(splits[rank]), 2), torch.zeros(sum(splits[rank]), 2)], dim=1).double()
+    assert _close(got["y"], y_expected) and _close(got["grad"], grad), (
+        f"{T161}: {where}: received {got['y'][:, 0].tolist()} (expected {y_expected[:, 0].tolist()}) and base's gradient "
+        f"{got['grad'].tolist() if got['grad'] is not None else None}, expected ones in the two columns x views")
 
 
 def _check_there_and_back(rank, got):
@@ -329,6 +360,13 @@ def _counts_check(rank, expected_rows, task):
         if call.dtype is not None and not call.dtype.is_floating_point:
             seen["counts"] += 1
             return
+        kinds = {d.startswith(("float", "bfloat")) for d, _ in call.tensors}
+        if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1 and len(kinds) == 2:
+            raise AssertionError(  # an integer tensor among them: the counts, received into a float buffer
+                f"{TASK[task]}: rank {rank} exchanges its counts with tensors of two dtypes "
+                f"({[d for d, _ in call.tensors]}): the buffer it receives the counts in is a float, the counts "
+                "integers: make it like the counts (torch.empty_like(counts)), so that the split sizes taken from it "
+                "(.tolist()) are ints (gloo also refuses tensors of different dtypes)")
         if not seen["counts"] and not seen["tokens"] and call.shape is not None and len(call.shape) == 1:
             raise AssertionError(  # the tokens are (rows, dim): a 1-D tensor first is the counts
                 f"{TASK[task]}: rank {rank} exchanges its counts as {dtype_name(call.dtype)} (a 1-D all-to-all of "
@@ -370,7 +408,13 @@ def _layer(rank, world_size, impl, task, configs):
                 raise
             except RuntimeError as error:  # said with the splits' contract: a split error alone names no cause
                 said = str(error)
-                hint = ("the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
+                last = wire.calls[-1] if wire.calls else None
+                short = [n for _, n in last.tensors if n != num_experts] if last is not None and last.tensors and all(
+                    not d.startswith(("float", "bfloat")) for d, _ in last.tensors) else []
+                hint = (f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
+                        f"this rank sends no pair to; it had {short[0]}: torch.bincount(expert, minlength=E) (without "
+                        "minlength it stops at the highest expert chosen)" if short else
+                        "the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
                         "the counts the others sent here (the exchanged counts), not the rows it sends (input_splits)"
                         if "split_sizes to sum" in said or "Split sizes" in said else
                         "input_splits and output_splits hold one number per rank of the group (N), the exchanged "
@@ -386,6 +430,7 @@ def _layer(rank, world_size, impl, task, configs):
         got.update(ref=ref, mine=list(mine), routing=routing)
         if task == "16.2":
             _check_expert_inputs(rank, world_size, got)
+            _check_plan(rank, world_size, got, plan)
         if task == "16.3":  # combine alone, every expert the identity: y[t] = (token t's kept gates' sum) x[t]
             try:
                 got["identity"] = ep.combine([t.detach().clone() for t in inputs], plan).detach()
@@ -413,7 +458,20 @@ def _layer(rank, world_size, impl, task, configs):
                 loss.backward()
             except (RuntimeError, IndexError, ValueError) as error:  # said here, at once: the other ranks may wait
                 kept = ref["kept"][rank]
-                hint = ("; the output has one row per kept choice: combine returned the outputs in the order dispatch "
+                said = str(error)
+                sizes = re.search(r"got split_sizes=\[([0-9, ]*)\]", said)
+                sizes = [int(n) for n in sizes[1].split(",") if n.strip()] if sizes else None
+                rows = [r.tolist() for r in plan.received] if isinstance(getattr(plan, "received", None), torch.Tensor) else []
+                columns = [c.tolist() for c in plan.received.t()] if rows else []
+                hint = ("; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
+                        "dimension (gate.unsqueeze(-1), or gate[:, None]) so that it scales each row"
+                        if task == "16.3" and re.search(rf"size of tensor a \(({kept}|{DIM})\) must match the size of "
+                                                        rf"tensor b \(({kept}|{DIM})\)", said) and kept != DIM else
+                        "; combine split an expert's output by a ROW of plan.received: received[s, j] counts the rows "
+                        "from rank s for local expert j, so local expert j's output splits by the column "
+                        "plan.received[:, j], one piece per source rank"
+                        if task == "16.3" and sizes is not None and sizes in rows and sizes not in columns else
+                        "; the output has one row per kept choice: combine returned the outputs in the order dispatch "
                         "sent them, not in token order (add each at its token, plan.token)"
                         if f"input of size {kept * DIM}" in str(error) and kept != TOKENS else
                         "; combine's all-to-all goes back the reverse way of dispatch's: it sends the rows that arrived "
@@ -477,6 +535,13 @@ def _combine_hint(got, rank):
     if not _close(rounded, expected) and _close(y, rounded):
         return (": combine alone, every expert the identity, weighted each token by its gates rounded to float32: "
                 "cast the gate to the outputs' dtype (float64 here), not to float32")
+    renormalised = routing.kept.any(dim=1, keepdim=True).to(x.dtype) * x  # the kept gates made to sum to 1
+    if not _close(renormalised, expected) and _close(y, renormalised):
+        return (": combine alone, every expert the identity, weighted each token's kept outputs by gates that sum "
+                "to 1 over its kept choices: renormalised after the drops. models.route's gates are already "
+                "renormalised over the top k, before the capacity drops: a token whose choice was dropped keeps its "
+                "other choices' gates as they are (and the residual connection carries the rest); use "
+                "plan.weight[token, choice] as it is")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
     if single and all(single):
@@ -504,7 +569,9 @@ def _check_expert_inputs(rank, world_size, got):
         if by_source and j < len(by_source) and got_j.shape == by_source[j].shape and torch.equal(got_j, by_source[j]):
             raise AssertionError(f"{T}: {where}: expert_inputs[{j}] holds the rows rank {j} sent, for all of this "
                                  "rank's experts: regrouped by source rank, not by expert; expert_inputs[j] holds every "
-                                 f"rank's rows for local expert j (global expert {mine[j]})")
+                                 f"rank's rows for local expert j (global expert {mine[j]}). What arrives is ordered "
+                                 "by source rank, then local expert (rank 0's rows for local expert 0, 1, ..., then "
+                                 "rank 1's): split it by the exchanged counts and take every (E / N)-th piece")
         everything = sum(int((ref["expert_inputs"][s][mine[j]]).shape[0]) for s in range(world_size))
         hint = ""
         if got_j.shape[0] > everything:
@@ -536,11 +603,73 @@ def _check_expert_inputs(rank, world_size, got):
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
         f"of the tokens; it sent {got['dispatch_wire']}" + (
             ": exchange the counts first" if len(kinds) < 2 else
+            f": {len(kinds) - 1} exchanges of integers before the tokens: the E per-expert counts alone tell every rank "
+            "its splits (input_splits: its own counts summed per destination rank; output_splits: the exchanged "
+            "counts viewed (N, E / N), summed over the local experts): no second exchange"
+            if len(kinds) > 2 and all(all(not d.startswith(("float", "bfloat")) for d, _ in tensors)
+                                      for _, tensors in got["dispatch_wire"][:-1]) else
             ": the counts went by an all-gather, every rank receiving all N x E counts; one all-to-all of the E "
             "counts gives each rank just those of its own experts, from each rank" if "gather" in kinds[0] else ""))
-    counts = got["dispatch_wire"][0][1]
-    assert all(not d.startswith("float") and n == E for d, n in counts), (
+    counts = got["dispatch_wire"][0][1]  # all_to_all_single: (output, input); all_to_all: the lists' pieces
+    assert all(not d.startswith(("float", "bfloat")) for d, _ in counts) and (
+        all(n == E for _, n in counts) if kinds[0] == "all_to_all_single" else sum(n for _, n in counts) == 2 * E), (
         f"{T}: {where}: the count exchange should be E = {E} integers each way (tensors {counts})")
+
+
+def _check_plan(rank, world_size, got, plan):
+    """Task 16.2's Plan against its contract, in the rank right after dispatch (combine, solutions/' here, reads it:
+    a wrong plan shows only later, as wrong gradients or a split error that names no cause)."""
+    E, k, cf, case = got["config"]
+    routing, ref, mine = got["routing"], got["ref"], got["mine"]
+    where = f"rank {rank} of {world_size}, E={E}, k={k}, capacity_factor={cf}, {case}"
+    T = T162
+    pairs = [torch.where((routing.expert == e) & routing.kept) for e in range(E)]  # by expert, then token order
+    token, choice = torch.cat([t for t, _ in pairs]), torch.cat([c for _, c in pairs])
+    got_token, got_choice = getattr(plan, "token", None), getattr(plan, "choice", None)
+    if not (isinstance(got_token, torch.Tensor) and isinstance(got_choice, torch.Tensor)
+            and torch.equal(got_token, token) and torch.equal(got_choice, choice)):
+        same = (isinstance(got_token, torch.Tensor) and isinstance(got_choice, torch.Tensor)
+                and got_token.shape == token.shape and got_choice.shape == choice.shape
+                and sorted(zip(got_token.tolist(), got_choice.tolist())) == sorted(zip(token.tolist(), choice.tolist())))
+        raise AssertionError(
+            f"{T}: {where}: plan.token and plan.choice " + (
+                "hold this rank's kept (token, choice) pairs in another order than the rows it sent (by expert, "
+                "within an expert in token order): combine gets the outputs back in the order the rows were sent and "
+                "adds each at plan.token, so the pairs must be listed in that same order (sort token and choice "
+                "with the rows, by the same permutation)" if same else
+                f"should be the {len(token)} kept (token, choice) pairs of this rank, in the order their rows were "
+                f"sent; they are {tuple(got_token.shape) if isinstance(got_token, torch.Tensor) else got_token} "
+                f"and {tuple(got_choice.shape) if isinstance(got_choice, torch.Tensor) else got_choice}"))
+    sent = [sum(len(ref["expert_inputs"][rank][e]) for e in range(d * len(mine), (d + 1) * len(mine)))
+            for d in range(world_size)]
+    came = [[len(ref["expert_inputs"][s][e]) for e in mine] for s in range(world_size)]
+    for name, want in (("input_splits", sent), ("output_splits", [sum(row) for row in came])):
+        have = getattr(plan, name, None)
+        assert isinstance(have, (list, tuple)) and all(type(n) is int for n in have), (
+            f"{T}: {where}: plan.{name} is {have!r}: N Python ints, one per rank of the group (a tensor's .tolist()), "
+            "as the Plan's docstring says: all_to_all takes its split sizes as ints")
+        assert list(have) == want, (
+            f"{T}: {where}: plan.{name} is {list(have)}, expected {want}: the rows this rank "
+            + ("sent to each rank" if name == "input_splits" else "received from each rank"))
+    received = getattr(plan, "received", None)
+    if not (isinstance(received, torch.Tensor) and received.tolist() == came):
+        own = [[len(ref["expert_inputs"][rank][e]) for e in range(d * len(mine), (d + 1) * len(mine))]
+               for d in range(world_size)]
+        have = received.tolist() if isinstance(received, torch.Tensor) else received
+        raise AssertionError(
+            f"{T}: {where}: plan.received is {have}, expected {came} (received[s, j]: the rows rank s sent for this "
+            "rank's local expert j, the exchanged counts viewed (N, E / N))" + (
+                ": it holds the counts this rank SENT (its own, viewed by destination rank), not those it received "
+                "from the others; combine splits what it sends back by them" if have == own != came else ""))
+    weight = getattr(plan, "weight", None)
+    kept = routing.kept
+    assert isinstance(weight, torch.Tensor) and weight.shape == routing.weight.shape and torch.equal(
+        weight.detach()[kept], routing.weight.detach()[kept]), (
+        f"{T}: {where}: plan.weight should be routing.weight, the (T, k) gates"
+        + (f", it is {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else f", it is {weight!r}"))
+    assert weight.requires_grad, (
+        f"{T}: {where}: plan.weight is out of the graph (detached, or a copy without grad): combine multiplies each "
+        "expert output by plan.weight[token, choice], and the router learns through it: pass routing.weight itself")
 
 
 def _check_held(task, rank, world_size, got):
@@ -586,6 +715,14 @@ def _check_layer(task, rank, world_size, got):
     assert len(others) == 1 and token_calls == expected_forward, (
         f"{T}: {where}: a MoE layer's forward should send exactly one count exchange and two all-to-alls of the kept "
         f"tokens ({got['received']} rows in and {got['sent']} out, then back); it sent {forward}")
+    if not backward and forward:
+        pytest.fail(f"{T}: {where}: the layer's backward sent no all-to-all: the experts' outputs never went back "
+                    "through the graph, so neither combine's nor dispatch's all-to-all ran backward (the experts get no "
+                    "gradient, nor the tokens through them): "
+                    + ("combine's way back was cut from the graph (dist.all_to_all_single, which autograd does not "
+                       "see, or the rows detached): send them back with all_to_all (16.1), differentiable"
+                       if task == "16.3" else "send the tokens there and the outputs back with all_to_all (16.1), "
+                       "differentiable, not dist.all_to_all_single, which autograd does not see, nor detached rows"))
     if len(backward) == 1 and not _close(got["grad_x"], ref["grad_x"][rank]):
         pytest.fail(f"{T}: {where}: the layer's backward sent one all-to-all, combine's, and the input's gradient differs "
                     "from models.MoE's: the tokens' gradients never came back through dispatch's all-to-all, whose "
@@ -604,8 +741,10 @@ def _check_layer(task, rank, world_size, got):
             hint = (": the outputs are returned in the order dispatch sent them (one row per kept choice, by "
                     "expert), not in token order: add each at its token (plan.token), in the original token order")
         elif tokens_y and _close(y, ref["y_ungated"][rank]):
-            hint = (": the expert outputs were summed without their gates: weight by the gate, "
-                    "plan.weight[token, choice]; without it the router gets no gradient and never learns")
+            hint = (": each kept expert output was added with weight 1, not with its gate: weight by the gate, "
+                    "plan.weight[token, choice]; without it the router gets no gradient and never learns"
+                    + (" (gates renormalised over a token's kept choices are 1 when k = 1: models.route's gates are "
+                       "already renormalised over the top k, before the drops; use them as they are)" if k == 1 else ""))
         else:
             hint = _combine_hint(got, rank)
         pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
@@ -620,8 +759,12 @@ def _check_layer(task, rank, world_size, got):
     if got["grad_router"] is None or not _close(got["grad_router"], ref["grad_router"][rank]):
         pytest.fail(f"{T}: {where}: the router's gradient differs from models.MoE's ("
                     + ("None" if got["grad_router"] is None else f"by {(got['grad_router'] - ref['grad_router'][rank]).abs().max().item():.3g}")
-                    + "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
-                    "graph (not detached): that is how the router learns")
+                    + ("): the layer's gates are out of the graph: the router learns from the gates, routing.weight of "
+                       "models.route(logits, ...), which combine multiplies each output by, and from aux_loss; route the "
+                       "logits themselves (not logits.detach(), nor under torch.no_grad()), as models.MoE does"
+                       if task == "16.4" else
+                       "): combine multiplies each expert output by its gate, plan.weight[token, choice], which is in the "
+                       "graph (not detached): that is how the router learns"))
     assert _close(got["grad_x"], ref["grad_x"][rank]), (
         f"{T}: {where}: the input's gradient differs from models.MoE's")
     if got.get("identity_float32") not in (None, torch.float32) and got.get("identity") is not None:

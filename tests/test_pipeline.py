@@ -416,6 +416,13 @@ def as_task_failure(error, task, what):
             f"{where}: the first stage called send_backward ({what}): stage 0 has no previous stage, and its input "
             "(the batch) has no gradient: backward_step sends input.grad on every stage but the first (if not "
             f"stage.is_first).\n{error}")
+    if "send_backward(grad) got None" in text and task == "10.4":  # 10.3's _recv is solutions': it requires grad
+        return AssertionError(
+            f"{where}: backward_step found no gradient on the input forward_step returned ({what}): recv_forward's "
+            "tensor requires grad (Task 10.3's answer here is the reference), so forward_step computed with another "
+            "tensor than the one it returned (input.detach(), a copy, a new leaf): backward stops there and the "
+            "returned input's .grad stays None. Compute stage.module(input) on the very tensor recv_forward returned, "
+            f"and return that one.\n{error}")
     if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
@@ -498,6 +505,18 @@ def raised_hint(task, text):
         return ("backward_step found no input to send the gradient of (input is None): forward_step must return "
                 "(input, output) with the input it computed with, the activation recv_forward returned on every "
                 "stage but the first (x is None there)")
+    if task == "10.4" and "Must specify global_rank or group_rank" in text and "in send_forward" in text:
+        return ("the last stage sent its output on (send_forward to stage.next_rank, None: there is no next stage): "
+                "on the last stage the output becomes the scaled loss, which stays there; send only if not "
+                "stage.is_last")
+    if task == "10.4" and re.search(r"'NoneType' object has no attribute '(shape|dtype)'", text) and "in forward_step" in text:
+        return ("forward_step read the shape or dtype of None: x is None on every stage but the first, target on "
+                "every stage but the last (only those read them); a later stage receives its input in the shape and "
+                "dtype learn_shapes found: stage.recv_forward(stage.input_shape, stage.input_dtype)")
+    if task == "10.4" and re.search(r"'float' object has no attribute '(detach|backward)'", text):
+        return ("forward_step returned the last stage's loss as a Python float (.item()): backward_step runs "
+                "output.backward() from it and the step sums output.detach(): return it as a tensor in the graph, "
+                "loss_fn(stage.module(input), target) / num_microbatches")
     if task in ("10.6", "10.7") and "'NoneType' object has no attribute 'shape'" in text and "in split" in text:
         return ("split() was given None: the first stage alone gets `inputs`, the last alone `targets` (the others "
                 "may pass None): split(inputs, M) only if stage.is_first, split(targets, M) only if stage.is_last")
@@ -1218,10 +1237,10 @@ def test_pp2_by_dp2_on_4_ranks_trains_like_one_process(impl):
                 f"by {(state[name] - value).abs().max():.3g}")
 
 
-def _float64_step(rank, world_size, impl):
+def _float64_step(rank, world_size, impl, task="10.5"):
     """One micro-batch of a float64 model over 2 stages (forward_step and backward_step, each its own task's
     answer where judged): the layers' gradients, by global layer index."""
-    lib = judging(impl, "10.5")
+    lib = judging(impl, task)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
@@ -1233,18 +1252,22 @@ def _float64_step(rank, world_size, impl):
     return {i: [p.grad for p in layer.parameters()] for i, layer in enumerate(model) if layer in list(stage.module)}
 
 
-@pytest.mark.task10_5
 @pytest.mark.slow
-def test_backward_step_of_a_float64_model_equals_one_process(impl):
-    """A model may compute in float64 (the tests above use float32): the gradient comes in output's dtype."""
-    judging(impl, "10.5")
+@pytest.mark.parametrize("task", [pytest.param("10.4", marks=pytest.mark.task10_4),
+                                  pytest.param("10.5", marks=pytest.mark.task10_5)])
+def test_a_step_of_a_float64_model_equals_one_process(impl, task):
+    """A model may compute in float64 (the tests above use float32): the activation comes in the dtype learn_shapes
+    found (10.4), the gradient in output's dtype (10.5)."""
+    judging(impl, task)
     try:
-        results = run_ranks(_float64_step, 2, impl, timeout=25)
+        results = run_ranks(_float64_step, 2, impl, task, timeout=25)
     except (RankTimeout, RankFailed) as error:
         raise AssertionError(
-            f"{T105}: a float64 model over 2 stages: {one_line(error)}. The gradient is received in output's shape "
-            "AND dtype (stage.recv_backward(output.shape, output.dtype)): a buffer of another size or dtype than the "
-            "message makes gloo abort") from None
+            f"{WHERE[task]}: a float64 model over 2 stages: {one_line(error)}. " + (
+                "The activation is received in the shape AND dtype learn_shapes found (stage.recv_forward("
+                "stage.input_shape, stage.input_dtype), float64 here)" if task == "10.4" else
+                "The gradient is received in output's shape AND dtype (stage.recv_backward(output.shape, "
+                "output.dtype))") + ": a buffer of another size or dtype than the message makes gloo abort") from None
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
@@ -1254,4 +1277,5 @@ def test_backward_step_of_a_float64_model_equals_one_process(impl):
             want = [p.grad for p in model[i].parameters()]
             assert all(g is not None and g.dtype == torch.float64 and torch.allclose(g, w, atol=1e-12)
                        for g, w in zip(got, want)), (
-                f"{T105}: a float64 model over 2 stages: rank {rank}'s layer {i} gradients differ from one process's")
+                f"{WHERE[task]}: a float64 model over 2 stages: rank {rank}'s layer {i} gradients differ from one "
+                "process's")

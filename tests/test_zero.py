@@ -170,10 +170,25 @@ def _shard_bytes(rank, world_size, impl):
     torch.manual_seed(0)
     model = Toy()
     reference = copy.deepcopy(model)
-    optimizer = zero.ShardedOptimizer(model.body_parameters(), torch.optim.Adam, lr=0.01)
+    try:
+        optimizer = zero.ShardedOptimizer(model.body_parameters(), torch.optim.Adam, lr=0.01)
+    except ValueError as error:
+        if "non-leaf" not in str(error):
+            raise
+        raise AssertionError(  # torch.optim's refusal, said with its cause: the views are made in the graph
+            f"{T62}, rank {rank}: the local optimizer refused the views ({error}): a view made from the parameter "
+            "itself, param.view(-1)[start:end], is the result of an operation autograd records (a non-leaf tensor); "
+            "make it from param.detach() (param.detach().view(-1)[start:end]): the same memory, outside the graph") from None
     unsharded = torch.optim.Adam(reference.body_parameters(), lr=0.01)
     listed = [p for group in optimizer.param_groups for p in group["params"]]
     out = {"listed": [id(p) for p in listed] == [id(p) for p in model.body_parameters()]}
+    if not out["listed"] and optimizer.optim is not None and any(
+            group is local for group, local in zip(optimizer.param_groups, optimizer.optim.param_groups)):
+        raise AssertionError(
+            f"{T62}, rank {rank}: self.param_groups[0] lists {len(listed)} tensors, not the group's "
+            f"{len(model.body_parameters())} parameters: it is the very dict given to self.optim, whose 'params' were "
+            "replaced by this rank's views. param_groups must list every parameter, as any optimizer's does: give "
+            "self.optim a new dict, {**param_group, 'params': views}, and leave the group's own as it is")
     names = {id(p): name for name, p in model.named_parameters()}
     # before any step: step() broadcasts each piece of self.pieces from its owner, so a list that
     # differs between ranks would hang there, in the given step(), far from the mistake
@@ -188,12 +203,31 @@ def _shard_bytes(rank, world_size, impl):
             "(view, param, start, end, rank) in partition_parameters' order: step() broadcasts each piece from its "
             "owner, so every rank needs the same list (with a different one the ranks hang in step()). "
             f"Expected {first[:4]}..., got {got[:4]}...")
+    for view, param, start, end, owner in optimizer.pieces:  # before any step, which would fail far from the cause
+        if not (torch.is_tensor(view) and view.shape == (end - start,)
+                and view.data_ptr() == param.data_ptr() + start * param.element_size()):
+            raise AssertionError(
+                f"{T62}, rank {rank}: the view of the piece ({names.get(id(param), '?')}, {start}, {end}, {owner}) of a "
+                f"parameter of shape {tuple(param.shape)} is "
+                + (f"of shape {tuple(view.shape)}, not the {end - start} elements start..end-1 of the flattened "
+                   "parameter" + (": param[start:end] slices rows (dim 0), not elements" if view.dim() > 1 else "")
+                   if torch.is_tensor(view) and view.shape != (end - start,) else
+                   "not in the parameter's memory (a copy: clone(), torch.cat, or flatten() of a tensor that is not "
+                   "contiguous), so updating it leaves the parameter as it was" if torch.is_tensor(view) else repr(view))
+                + ": make it param.detach().view(-1)[start:end], a 1-D view that shares the parameter's memory")
     groups = [model.body_parameters()]
     for step in range(3):
         if step == 2:  # the head joins later, with its own learning rate
+            built = optimizer.optim
             optimizer.add_param_group({"params": list(model.head.parameters()), "lr": 0.005})
             unsharded.add_param_group({"params": list(reference.head.parameters()), "lr": 0.005})
             groups.append(list(model.head.parameters()))
+            if optimizer.optim is not built:
+                raise AssertionError(
+                    f"{T62}, rank {rank}: add_param_group after __init__ built a new local optimizer (self.optim is "
+                    "another object than before): it forgets the earlier groups and their state (Adam's moments). "
+                    "Build self.optim on the first call only, and add each later group to it: "
+                    "self.optim.add_param_group(local group)")
         _step_both([(model, optimizer), (reference, unsharded)], step)
     # a group too small to reach every rank: the last ranks own none of it, and get an empty group
     lonely = nn.Parameter(torch.zeros(1))
@@ -225,6 +259,17 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
     for rank, out in enumerate(results):
         assert out["listed"], f"{T62}: param_groups must list every parameter, in order, as any optimizer's does"
         expected, got = out["pieces"]
+        twice = next((piece for i, piece in enumerate(got) if piece in got[:i]), None)
+        differ = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+        assert got == expected, (
+            f"{T62}, rank {rank}: self.pieces lists the piece {twice} twice ({len(got)} pieces, expected "
+            f"{len(expected)}): the parameters of earlier groups were cut again when a group was added; partition "
+            "this group's parameters only, param_group['params'] (every group is sharded on its own)"
+            if twice is not None else
+            f"{T62}, rank {rank}: self.pieces must list every piece of every group, this rank's and the others' "
+            f"(step() receives those), as (view, param, start, end, rank) in partition_parameters' order: "
+            f"{len(got)} pieces, expected {len(expected)}; the first difference at position {differ}: expected "
+            f"{expected[differ:differ + 3]}..., got {got[differ:differ + 3]}...")
         assert got == expected, (
             f"{T62}, rank {rank}: self.pieces must list every piece of every group, this rank's and the others' "
             f"(step() receives those), as (view, param, start, end, rank) in partition_parameters' order: "
