@@ -1787,6 +1787,73 @@ MISTAKES = [
             "            param.grad = torch.zeros_like(param)\n"
             "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
             "must keep None"),
+    # Task 14, trial 8 (A)
+    Mistake("14.1", "rows-by-tp-size", "template_sequence_parallel.py",  # trial 8: passed: 4 heads over 2 ranks are 2 a rank, as many as ranks
+            "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)\n"
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "    head_dim, local = dim // attn.heads, attn.heads // size\n"
+            "    rows = torch.cat([torch.arange(part * dim + rank * size * head_dim, part * dim + (rank + 1) * size * head_dim)\n"
+            "                      for part in range(3)])\n"
+            "    bias = None if attn.qkv.bias is None else attn.qkv.bias.detach()[rows].clone()\n"
+            "    attn.qkv = column(attn.qkv.weight.detach()[rows].clone(), bias, dim, 3 * dim, group)\n",
+            "whole heads of 2 features each"),
+    Mistake("14.1", "regrouped-by-heads-per-rank", "template_sequence_parallel.py",  # trial 8: passed: the same coincidence, in the regrouping
+            "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)\n",
+            "    order = torch.arange(3 * dim).view(3, attn.heads // size, -1).transpose(0, 1).reshape(-1)\n",
+            "whole heads of 2 features each"),
+    Mistake("14.1", "heads-set-to-the-tp-size", "template_sequence_parallel.py",  # trial 8: passed: the same coincidence, in attn.heads
+            "    attn.heads //= size\n",
+            "    attn.heads = size\n",
+            "set attn.heads to the number of heads this rank holds"),
+    Mistake("14.1", "attn-returns-none", "template_sequence_parallel.py",  # trial 8: was a raw AttributeError
+            "    attn.heads //= size\n"
+            "    return attn\n",
+            "    attn.heads //= size\n",
+            "returned None, not the module it was given"),
+    Mistake("14.1", "attn-split-a-copy", "template_sequence_parallel.py",  # trial 8: passed: parallelize_block ignores the return value
+            "    column, row = _layers(sequence_parallel)\n"
+            "    dim = attn.proj.in_features\n",
+            "    column, row = _layers(sequence_parallel)\n"
+            "    import copy\n"
+            "    attn = copy.deepcopy(attn)  # leave the caller's module as it was\n"
+            "    dim = attn.proj.in_features\n",
+            "returned another Attention object"),
+    Mistake("14.2", "mlp-returns-none", "template_sequence_parallel.py",  # trial 8: was a raw AttributeError
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n"
+            "    return mlp\n",
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "returned None, not the module it was given"),
+    Mistake("14.4", "row-rs-default-group", "template_sequence_parallel.py",  # trial 8: passed: the blocks ran solutions/' layers
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)",
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight))",
+            "not over the 2 of the group it was given"),
+    Mistake("14.4", "gather-hook-on-block", "template_sequence_parallel.py",  # trial 8: was a raw size mismatch at the residual
+            "        for module in (block.attn, block.mlp):\n"
+            "            module.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+            "        block.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+            "not of the block"),
+    Mistake("14.4", "hooks-without-sp", "template_sequence_parallel.py",  # trial 8: was a raw size mismatch at the residual
+            "    if sequence_parallel:\n"
+            "        for module in (block.attn, block.mlp):\n",
+            "    if True:\n"
+            "        for module in (block.attn, block.mlp):\n",
+            "without sequence parallelism every rank holds the whole sequence"),
+    Mistake("14.4", "row-bias-rank0-before-rs", "template_sequence_parallel.py",  # trial 8: was "the bias got no gradient"
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        bias = self.bias if dist.get_rank(self.group) == 0 else None  # summed once by the reduce-scatter\n"
+            "        return reduce_scatter_sequence(F.linear(x, self.weight, bias), self.group)\n",
+            "added on another rank only"),
+    Mistake("14.4", "row-all-reduce-then-slice", "template_sequence_parallel.py",  # trial 8: was told dist.all_reduce has no backward
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)\n"
+            "        return super().forward(x).chunk(size, dim=1)[rank]\n",
+            "zero on the others"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -3054,6 +3121,14 @@ RIGHT_ANSWERS = [
                 "        dist.all_reduce(flat, group=group)\n"
                 "        for g, summed in zip(same, _unflatten_dense_tensors(flat, same)):\n"
                 "            g.copy_(summed)\n", ""),)),
+    RightAnswer("14.4", "gathered-after-the-norms",  # trial 8 (A): passes; kept so
+                "'a post-hook on the norm before it is the same' (parallelize_block): norm1's and norm2's outputs "
+                "are attn's and mlp's inputs", (
+        Mistake("14.4", "gathered-after-the-norms", "template_sequence_parallel.py",
+                "        for module in (block.attn, block.mlp):\n"
+                "            module.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+                "        for norm in (block.norm1, block.norm2):  # a post-hook on the norm before each pair\n"
+                "            norm.register_forward_hook(lambda module, args, out: gather_sequence(out, group))\n", ""),)),
     RightAnswer("15.1", "max-then-log-sum-exp",
                 "'(out, lse) exactly as attention_block over the concatenated keys ... no overflow': max + "
                 "log(sum of exp(lse - max)) is the log-sum-exp, each side weighted by its share", (

@@ -18,6 +18,7 @@ answers to the others and to Task 9 (judging), so a mistake costs one task's poi
 import copy
 import re
 import sys
+import types
 from contextlib import contextmanager
 
 import pytest
@@ -70,6 +71,14 @@ def judging(impl, task):
     with _task9_reference():
         module = load_with_reference(impl, "template_sequence_parallel", *others)
     raise_if_unfilled(module, ANSWERS[task])
+    if task == "14.4":
+        # solutions/' parallelize_attention and parallelize_mlp, run with this module's globals: their
+        # _layers(sequence_parallel) is then the judged file's, whose SequenceParallel*Linear.forward are the
+        # answers judged here (with solutions/' globals the blocks would run solutions/' layers, and a layer
+        # wrong only inside a block, or over a sub-group, would pass)
+        for name in ("parallelize_attention", "parallelize_mlp"):
+            f = getattr(module, name)
+            setattr(module, name, types.FunctionType(f.__code__, vars(module), f.__name__, f.__defaults__, f.__closure__))
     return module
 
 
@@ -331,23 +340,26 @@ def test_sequence_operators_run_inside_the_group_they_are_given(impl):
 
 
 # --------------------------------------------------------------------------- the modules against one process
-def _module(kind, depth):
+def _module(kind, depth, heads=HEADS):
     if kind == "attn":
-        return Attention(DIM, HEADS).double()
+        return Attention(DIM, heads).double()
     if kind == "mlp":
         return MLP(DIM, 4 * DIM).double()
     return nn.Sequential(*[Block(DIM, HEADS).double() for _ in range(depth)])
 
 
 def _split(sp, kind, module, sequence_parallel):
+    """(the module split in place, what the split function returned: the module itself, as parallelize_block
+    needs it, which ignores the return value; the test says another object first)."""
     if kind in ("attn", "mlp"):
-        split = (sp.parallelize_attention if kind == "attn" else sp.parallelize_mlp)(module, None, sequence_parallel)
+        returned = (sp.parallelize_attention if kind == "attn" else sp.parallelize_mlp)(module, None, sequence_parallel)
         if sequence_parallel:  # as parallelize_block does: the whole sequence gathered at the module's input
-            split.register_forward_pre_hook(lambda _, args: (sp.gather_sequence(args[0], None),))
-        return split
+            module.register_forward_pre_hook(lambda _, args: (sp.gather_sequence(args[0], None),))
+        return module, (None if returned is module else "None" if returned is None
+                        else f"another {type(returned).__name__} object")
     for block in module:
         sp.parallelize_block(block, None, sequence_parallel)
-    return module
+    return module, None
 
 
 def _layer_kinds(module):
@@ -357,12 +369,13 @@ def _layer_kinds(module):
 
 
 def _record_tokens(module):
-    """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention and MLP
-    receives (after any gather of the split's): [(name, tokens)]."""
+    """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention, MLP and
+    Block receives (after any gather of the split's): [(name, tokens, is a Block)]."""
     seen = []
     for name, child in module.named_modules():
-        if isinstance(child, (Attention, MLP)):
-            child.register_forward_pre_hook(lambda m, args, name=name: seen.append((name, args[0].shape[1])))
+        if isinstance(child, (Attention, MLP, Block)):
+            child.register_forward_pre_hook(
+                lambda m, args, name=name: seen.append((name, args[0].shape[1], isinstance(m, Block))))
     return seen
 
 
@@ -371,9 +384,10 @@ def _run_split(rank, world_size, impl, task, kind, cases):
     from an unsplit copy) and the split module's on this rank, with what went on the wire and what it stores."""
     sp = judging(impl, task)
     out = []
-    for depth, sequence_parallel in cases:
+    for depth, sequence_parallel, *other_heads in cases:  # other_heads: an Attention's other than HEADS
         torch.manual_seed(depth)  # the same unsplit module and data on every rank
-        module = _module(kind, depth)
+        heads_total = other_heads[0] if other_heads else HEADS
+        module = _module(kind, depth, heads_total)
         reference = copy.deepcopy(module)
         x = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
         grad_out = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
@@ -381,7 +395,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
         y_ref = reference(xr)
         (y_ref * grad_out).sum().backward()
         full = dict(reference.named_parameters())
-        split = _split(sp, kind, module, sequence_parallel)
+        split, returned = _split(sp, kind, module, sequence_parallel)
         kinds, tokens_seen = _layer_kinds(split), _record_tokens(split)
         xi = (_shard(x, rank, world_size) if sequence_parallel else x).clone().requires_grad_()
         upstream = _shard(grad_out, rank, world_size) if sequence_parallel else grad_out
@@ -400,7 +414,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
             backward = wire.take()
         heads = [m.heads for m in split.modules() if isinstance(m, Attention)]
         out.append(dict(
-            depth=depth, sp=sequence_parallel, error=error, y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
+            depth=depth, sp=sequence_parallel, error=error, returned=returned, heads_total=heads_total, y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
             tokens_seen=tokens_seen,
             grad_x=xi.grad, grad_x_ref=xr.grad, forward=forward, backward=backward, heads=heads,
             params={n: p.detach().clone() for n, p in split.named_parameters()},
@@ -456,10 +470,16 @@ def _check_split(task_name, results, world_size, kind):
     for case_index in range(len(results[0])):
         cases = [result[case_index] for result in results]
         first = cases[0]
-        what = {"attn": "Attention", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
+        heads_total = first["heads_total"]
+        what = {"attn": f"Attention of {heads_total} heads", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
         mode = "with sequence parallelism" if first["sp"] else "without sequence parallelism"
         for rank, got in enumerate(cases):
             where = f"{task_name}: {what} over {world_size} ranks {mode}, rank {rank}"
+            if got["returned"] is not None:
+                function = "parallelize_attention" if kind == "attn" else "parallelize_mlp"
+                pytest.fail(f"{where}: {function} returned {got['returned']}, not the module it was given: split that "
+                            f"module in place and return it (parallelize_block calls {function} for its effect on "
+                            "block.attn / block.mlp and ignores what it returns)")
             _check_layer_kinds(where, got)
             for name, full in got["full"].items():
                 local = got["params"].get(name)
@@ -477,8 +497,8 @@ def _check_split(task_name, results, world_size, kind):
                     if rows is not None:
                         pytest.fail(f"{where}: qkv's {what_part} holds rows {_ranges(rows)} of the unsplit [q | k | v] "
                                     f"{what_part} (q: rows 0...{DIM - 1}, k: {DIM}...{2 * DIM - 1}, v: {2 * DIM}..."
-                                    f"{3 * DIM - 1}); rank {rank} holds heads {rank * HEADS // world_size}..."
-                                    f"{(rank + 1) * HEADS // world_size - 1}, whole heads of {DIM // HEADS} features "
+                                    f"{3 * DIM - 1}); rank {rank} holds heads {rank * heads_total // world_size}..."
+                                    f"{(rank + 1) * heads_total // world_size - 1}, whole heads of {DIM // heads_total} features "
                                     f"each: rows {_ranges(_rows_held(expected, full))} (parallelize_attention, Task 14.1)")
                 assert local is not None and torch.equal(local, expected), (
                     f"{where}: {name} holds {None if local is None else tuple(local.shape)}, not its part of the unsplit "
@@ -493,15 +513,31 @@ def _check_split(task_name, results, world_size, kind):
                     assert stored == whole // world_size, (
                         f"{where}: {name}'s storage is {stored} bytes, expected {whole // world_size} = 1 / {world_size} "
                         f"of the unsplit {whole}: keep a copy of the slice, not a view of the whole weight")
-            local_heads = HEADS // world_size
+            local_heads = heads_total // world_size
             if got["heads"] and any(h != local_heads for h in got["heads"]):
                 heads = got["heads"][0] if len(set(got["heads"])) == 1 else got["heads"]
                 pytest.fail(f"{where}: after the split attn.heads is {heads}, expected {local_heads}: this rank's "
-                            f"qkv holds {local_heads} of the {HEADS} heads, and Attention.forward cuts qkv's output into "
+                            f"qkv holds {local_heads} of the {heads_total} heads, and Attention.forward cuts qkv's output into "
                             "attn.heads heads: with the whole count it attends over heads of the wrong width "
                             "(set attn.heads to the number of heads this rank holds, Task 14.1)")
+            blocks = [(name, n) for name, n, block in got["tokens_seen"] if block and n != TOKENS // (
+                world_size if got["sp"] else 1)]
+            if blocks:
+                pytest.fail(f"{where}: block {blocks[0][0]} received {blocks[0][1]} tokens after the split's hooks, "
+                            f"not {TOKENS // (world_size if got['sp'] else 1)}: "
+                            + ("with sequence parallelism the block works on this rank's tokens (the LayerNorms and "
+                               "residual additions too); the whole sequence is gathered at the input of attn and of "
+                               "mlp, not of the block (parallelize_block)" if got["sp"] else
+                               "without sequence parallelism nothing is gathered: each rank gets the whole sequence "
+                               "already (gather_sequence only with sequence_parallel=True, parallelize_block)"))
+            if not got["sp"]:
+                gathered = [(name, n) for name, n, block in got["tokens_seen"] if n != TOKENS]
+                if gathered:
+                    pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the {TOKENS} of the "
+                                "sequence: without sequence parallelism every rank holds the whole sequence and nothing "
+                                "is gathered (gather_sequence only with sequence_parallel=True, parallelize_block)")
             if got["sp"]:
-                gathered = [(name, n) for name, n in got["tokens_seen"] if n != TOKENS]
+                gathered = [(name, n) for name, n, block in got["tokens_seen"] if not block and n != TOKENS]
                 if gathered:
                     pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the whole sequence "
                                 f"({TOKENS}): with sequence parallelism attn and mlp EACH get the whole sequence from "
@@ -597,7 +633,9 @@ def _check_pair_wire(task_name, what, rank, world_size, got):
 
 def _attention_and_refusal(rank, world_size, impl):
     """_run_split of an Attention, then parallelize_attention of 3 heads (refused: no number of ranks > 1 divides 3)."""
-    results = _run_split(rank, world_size, impl, "14.1", "attn", [(1, False), (1, True)])
+    # and 8 heads: with 4 over 2 ranks each rank holds 2 heads, as many as there are ranks, and an answer that
+    # counts one for the other passes
+    results = _run_split(rank, world_size, impl, "14.1", "attn", [(1, False), (1, True), (1, False, 8)])
     sp = judging(impl, "14.1")
     try:
         sp.parallelize_attention(Attention(12, 3), None)
@@ -733,12 +771,26 @@ def _check_layers_alone(rank, world_size, got):
                     "bias could go before an all-reduce, the other ranks' tokens never get it)")
     assert _close(y_row, y_expected), f"{where}: the output differs from nn.Linear's on this rank's tokens"
     sent = [kind for kind, _, _ in got["row_forward"]]
-    assert _close(grad_row, h.grad.chunk(world_size, dim=-1)[rank]), (
+    grad_expected = h.grad.chunk(world_size, dim=-1)[rank]
+    if grad_row is not None and not _close(grad_row, grad_expected) and any(kind not in REDUCE_SCATTER for kind in sent):
+        own = torch.zeros_like(grad_expected)  # the gradient of this rank's tokens alone, zero on the others
+        own[:, rank * TOKENS // world_size:(rank + 1) * TOKENS // world_size] = _shard(grad_expected, rank, world_size)
+        if _close(grad_row, own):
+            pytest.fail(f"{where}: its forward sent {got['row_forward']}, and the input's gradient is nn.Linear's on this "
+                        "rank's tokens and zero on the others: the whole (B, S, dim) sum then this rank's slice of it "
+                        "passes back the slice's gradient alone (an all-reduce's backward, g's or none, gathers "
+                        "nothing), and no rank gets the other ranks' tokens' gradients; reduce_scatter_sequence replaces "
+                        "g here: one reduce-scatter, whose backward is the all-gather")
+    assert _close(grad_row, grad_expected), (
         f"{where}: the input's gradient differs from nn.Linear's slice" + (
             f": its forward sent {got['row_forward']}: dist.all_reduce has no backward (autograd passes the "
             "gradient through it as if nothing were summed); reduce_scatter_sequence replaces g here: one "
             "reduce-scatter, whose backward is the all-gather" if any(kind not in REDUCE_SCATTER for kind in sent) else ""))
-    assert grad_bias is not None, f"{where}: the bias got no gradient"
+    assert grad_bias is not None, (
+        f"{where}: the bias got no gradient on this rank, though the output is right: it was not used in this rank's "
+        "forward (added on another rank only, before the reduce-scatter, which then sums it once into every token; "
+        "or detached): with sequence parallelism each rank adds the bias to its own tokens after the reduce-scatter, "
+        "so that each rank's bias gradient covers its tokens (Task 14.5 sums them over the ranks)")
 
 
 # --------------------------------------------------------------------------- PyTorch's own plan
