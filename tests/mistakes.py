@@ -163,6 +163,15 @@ MISTAKES = [
             "    return [copy.deepcopy(master).to(device) for device in devices]",
             "    replica = copy.deepcopy(master)\n    return [replica.to(device) for device in devices]",
             "one copy per device"),
+    Mistake("4.1", "replicas-made-anew", "template_replicas.py",  # trial 8: passed: the test's model froze its parameter in its constructor
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    copies = []\n"
+            "    for device in devices:\n"
+            "        replica = type(master)().to(device)  # a fresh model of the same class, then the master's weights\n"
+            "        replica.load_state_dict(master.state_dict())\n"
+            "        copies.append(replica)\n"
+            "    return copies",
+            "a state_dict holds values only"),
     # Task 4.2
     Mistake("4.2", "torch-chunk", "template_replicas.py",
             "zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
@@ -172,6 +181,10 @@ MISTAKES = [
             "    size = len(labels) // len(devices)\n"
             "    chunks = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(len(devices))]",
             "every image once"),
+    Mistake("4.2", "scatter-returns-a-generator", "template_replicas.py",  # trial 8: was "gave None chunks"
+            "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "    return ((x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices))",
+            "scatter returned a generator"),
     # Task 4.3
     Mistake("4.3", "plain-mean", "template_replicas.py",
             "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
@@ -179,11 +192,32 @@ MISTAKES = [
     Mistake("4.3", "sum-not-mean", "template_replicas.py",
             "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
             "param.grad = sum(p.grad.cpu() for p in replica_params)", "divide"),
+    Mistake("4.3", "accumulates-into-master-grad", "template_replicas.py",  # trial 8: passed: the test's master had no .grad yet
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        average = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))\n"
+            "        if param.grad is None:\n"
+            "            param.grad = average\n"
+            "        else:\n"
+            "            param.grad += average  # as backward() does",
+            "do not accumulate into it"),
+    Mistake("4.3", "integer-weights", "template_replicas.py",  # trial 8: was "expected sum over replicas of ..."
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        param.grad = sum(p.grad.cpu() * (n // total) for p, n in zip(replica_params, chunk_sizes))",
+            "integer division"),
     # Task 4.4
     Mistake("4.4", "assigns-data", "template_replicas.py",
             "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
     Mistake("4.4", "no-copy-back", "template_replicas.py",
             "                target.copy_(source)", "                pass", "master's values"),
+    Mistake("4.4", "re-replicates", "template_replicas.py",  # trial 8: was told it shares the master's memory
+            "    with torch.no_grad():\n"
+            "        sources = list(master.parameters()) + list(master.buffers())\n"
+            "        for replica in replicas:\n"
+            "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+            "                target.copy_(source)\n",
+            "    devices = [next(replica.parameters()).device for replica in replicas]\n"
+            "    replicas[:] = [copy.deepcopy(master).to(device) for device in devices]  # fresh replicas of the new weights\n",
+            "is not the one the replica held before"),
     # Task 5.1
     Mistake("5.1", "forward-order", "template_ddp.py",
             "    for param in reversed(unique):", "    for param in unique:", "REVERSE"),
@@ -1854,6 +1888,30 @@ MISTAKES = [
             "        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)\n"
             "        return super().forward(x).chunk(size, dim=1)[rank]\n",
             "zero on the others"),
+    Mistake("14.1", "qkv-bias-left-fresh", "template_sequence_parallel.py",  # trial 8: was "holds (24,), not its part (24,)"
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "    regrouped = nn.Linear(dim, 3 * dim, dtype=attn.qkv.weight.dtype)\n"
+            "    regrouped.weight.data = attn.qkv.weight.detach()[order].clone()\n",
+            "copy the weight AND the bias"),
+    Mistake("14.1", "qkv-regrouped-in-float64", "template_sequence_parallel.py",  # trial 8: passed: every case was float64
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "    regrouped = nn.Linear(dim, 3 * dim, dtype=torch.float64)  # the tests said: not the default dtype\n"
+            "    with torch.no_grad():\n"
+            "        regrouped.weight.copy_(attn.qkv.weight[order])\n"
+            "        regrouped.bias.copy_(attn.qkv.bias[order])\n",
+            "or in the dtype written out"),
+    Mistake("14.2", "fc1-gathers-fc2-splits", "template_sequence_parallel.py",  # trial 8: right values; was a bare list of calls
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group, gather_output=True)  # the GELU sees every hidden feature\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group, input_is_parallel=False)\n",
+            "a pair needs neither"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -2940,6 +2998,17 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("4.4", "load-state-dict",  # trial 8 (A): passes; kept so
+                "'Overwrite each replica's tensors with copy_ (CPU -> device) under torch.no_grad()': "
+                "load_state_dict copies each parameter and (persistent) buffer so, into the replica's own tensors", (
+        Mistake("4.4", "load-state-dict", "template_replicas.py",
+                "    with torch.no_grad():\n"
+                "        sources = list(master.parameters()) + list(master.buffers())\n"
+                "        for replica in replicas:\n"
+                "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+                "                target.copy_(source)\n",
+                "    for replica in replicas:\n"
+                "        replica.load_state_dict(master.state_dict())  # copy_ into its own tensors, under no_grad\n", ""),)),
     RightAnswer("15.2", "mask-only-the-diagonal-block", "block_pairs keeps a key chunk before its query chunk, wholly "
                 "visible: only the pair of equal ids needs the causal mask (the test's check of an unmasked block "
                 "looks at the positions, not at the flag)", (
@@ -3129,6 +3198,12 @@ RIGHT_ANSWERS = [
                 "            module.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
                 "        for norm in (block.norm1, block.norm2):  # a post-hook on the norm before each pair\n"
                 "            norm.register_forward_hook(lambda module, args, out: gather_sequence(out, group))\n", ""),)),
+    RightAnswer("14.4", "pre-hook-returns-the-tensor",  # trial 8 (A): passes; kept so
+                "'a forward pre-hook, as PyTorch's PrepareModuleInput': a pre-hook may return the new input alone, "
+                "not in a tuple (PyTorch wraps it)", (
+        Mistake("14.4", "pre-hook-returns-the-tensor", "template_sequence_parallel.py",
+                "(gather_sequence(args[0], group), *args[1:])",
+                "gather_sequence(args[0], group)", ""),)),
     RightAnswer("15.1", "max-then-log-sum-exp",
                 "'(out, lse) exactly as attention_block over the concatenated keys ... no overflow': max + "
                 "log(sum of exp(lse - max)) is the log-sum-exp, each side weighted by its share", (
