@@ -1912,6 +1912,29 @@ MISTAKES = [
             "    mlp.fc1 = column.from_linear(mlp.fc1, group, gather_output=True)  # the GELU sees every hidden feature\n"
             "    mlp.fc2 = row.from_linear(mlp.fc2, group, input_is_parallel=False)\n",
             "a pair needs neither"),
+    Mistake("14.5", "row-biases-not-summed", "template_sequence_parallel.py",  # trial 8: caught and named already; kept so
+            "            elif getattr(module, \"split_dim\", None) == 1 and module.bias is not None:",
+            "            elif False:  # the LayerNorms only",
+            "proj.bias's gradient was left as it was"),
+    Mistake("14.5", "one-all-reduce-in-float64", "template_sequence_parallel.py",  # trial 8: was a bare list of calls
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+            "            param.grad.copy_(summed.view_as(param.grad))\n",
+            "    same = [param for params in by_dtype.values() for param in params]\n"
+            "    if same:  # one message: every gradient as float64, no precision lost\n"
+            "        flat = torch.cat([param.grad.reshape(-1).double() for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+            "            param.grad.copy_(summed.view_as(param.grad))\n",
+            "one buffer, and one all-reduce, per dtype"),
+    Mistake("14.5", "sync-checks-the-class", "template_sequence_parallel.py",  # trial 8: caught and named already; kept so
+            "        if not getattr(block, \"sequence_parallel\", False):\n"
+            "            continue\n",
+            "        if type(block).__name__ != \"Block\":\n"
+            "            continue\n",
+            "outside any sequence-parallel block"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",

@@ -984,7 +984,10 @@ def _check_sync_in(results, world_size, ranks, world):
             f"{where} sent {calls[:4]}{' ...' if len(calls) > 4 else ''} ({len(calls)} calls); expected one all-reduce "
             f"per dtype of exactly those gradients, {expected}"
             + (": flatten them into one buffer (torch.cat of the flattened .grads), all-reduce it once, copy the pieces "
-               "back" if len(calls) > len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else ""))
+               "back" if len(calls) > len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else "")
+            + (": the gradients of several dtypes went in one buffer of one dtype (the narrower ones sent wider, more "
+               "bytes for nothing, or the wider ones rounded); one buffer, and one all-reduce, per dtype"
+               if len(calls) < len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else ""))
 
 
 def _tiny_vit():
