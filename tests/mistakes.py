@@ -1935,6 +1935,16 @@ MISTAKES = [
             "        if type(block).__name__ != \"Block\":\n"
             "            continue\n",
             "outside any sequence-parallel block"),
+    Mistake("14.3", "gather-backward-two-outputs", "template_sequence_parallel.py",  # trial 8: was PyTorch's bare "incorrect number of gradients"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "        return out, None, None",
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "        return out, None",
+            "one value per input of its forward"),
+    Mistake("14.3", "keep-path-two-outputs", "template_sequence_parallel.py",  # trial 8: the same, on the tensor_parallel_output_grad=False path only
+            "            return pieces[rank], None, None",
+            "            return pieces[rank], None",
+            "one value per input of its forward"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",

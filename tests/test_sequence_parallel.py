@@ -225,6 +225,10 @@ def _check_operator(name, rank, size, got):
                     "collective: every rank already holds the whole gradient")
         elif NO_FUTURE in got["error"]:  # only a reduce-scatter's Work lacks one among the collectives here
             hint = f": {gloo_wait_only('reduce_scatter')}: wait for it with work.wait(), or use the blocking call"
+        elif "incorrect number of gradients" in got["error"]:
+            hint = (": a backward returns one value per input of its forward, after ctx: (gradient, None, None) for "
+                    "_GatherSequence.forward(ctx, x, group, tensor_parallel_output_grad), (gradient, None) for "
+                    "_ReduceScatterSequence.forward(ctx, x, group), on every path")
         elif "invalid gradient" in got["error"] or "shape" in got["error"]:
             hint = (": its backward returned a gradient of the wrong shape; gather_sequence's backward is a "
                     "reduce-scatter (each rank keeps its S / N tokens of the summed gradient) and "
