@@ -78,7 +78,8 @@ def judging(impl, task):
         # wrong only inside a block, or over a sub-group, would pass)
         for name in ("parallelize_attention", "parallelize_mlp"):
             f = getattr(module, name)
-            setattr(module, name, types.FunctionType(f.__code__, vars(module), f.__name__, f.__defaults__, f.__closure__))
+            rebound = types.FunctionType(f.__code__, vars(module), f.__name__, f.__defaults__, f.__closure__)
+            setattr(module, name, rebound)
     return module
 
 
@@ -482,7 +483,8 @@ def _check_split(task_name, results, world_size, kind):
         cases = [result[case_index] for result in results]
         first = cases[0]
         heads_total = first["heads_total"]
-        what = {"attn": f"{str(first['y_ref'].dtype)[6:]} Attention of {heads_total} heads", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
+        dtype = str(first["y_ref"].dtype).replace("torch.", "")
+        what = {"attn": f"{dtype} Attention of {heads_total} heads", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
         mode = "with sequence parallelism" if first["sp"] else "without sequence parallelism"
         for rank, got in enumerate(cases):
             where = f"{task_name}: {what} over {world_size} ranks {mode}, rank {rank}"
@@ -565,12 +567,13 @@ def _check_split(task_name, results, world_size, kind):
                 ": the split layers' shapes do not chain: the column-parallel layer (qkv, fc1) keeps its slice of the "
                 "output (no gather_output), and the row-parallel one (proj, fc2) takes that slice "
                 "(input_is_parallel=True) and returns the sum" if "cannot be multiplied" in got["error"] else "")
-            regathered = [(name.rpartition(".")[2], gathers, splits) for name, (_, _, gathers, splits) in got["kinds"].items()
+            regathered = [(name.rpartition(".")[2], gathers) for name, (_, _, gathers, splits) in got["kinds"].items()
                           if gathers or splits]
             if regathered:  # the shapes chain, the values may be right: what it costs is on the wire
                 pytest.fail(f"{where}: " + ", ".join(
-                    f"{last} {'gathers its output (gather_output=True)' if gathers else 'splits its input (input_is_parallel=False)'}"
-                    for last, gathers, splits in regathered) + ": a pair needs neither: the column-parallel layer keeps "
+                    f"{last} " + ("gathers its output (gather_output=True)" if gathers else
+                                  "splits its input (input_is_parallel=False)")
+                    for last, gathers in regathered) + ": a pair needs neither: the column-parallel layer keeps "
                     "its slice of the output and the row-parallel one takes that slice as it is, so that the pair sends "
                     "one all-reduce each way (the default from_linear of both); a gather in between sends the whole "
                     "hidden activation and its gradient for nothing")
