@@ -163,6 +163,15 @@ MISTAKES = [
             "    return [copy.deepcopy(master).to(device) for device in devices]",
             "    replica = copy.deepcopy(master)\n    return [replica.to(device) for device in devices]",
             "one copy per device"),
+    Mistake("4.1", "replicas-made-anew", "template_replicas.py",  # trial 8: passed: the test's model froze its parameter in its constructor
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    copies = []\n"
+            "    for device in devices:\n"
+            "        replica = type(master)().to(device)  # a fresh model of the same class, then the master's weights\n"
+            "        replica.load_state_dict(master.state_dict())\n"
+            "        copies.append(replica)\n"
+            "    return copies",
+            "a state_dict holds values only"),
     # Task 4.2
     Mistake("4.2", "torch-chunk", "template_replicas.py",
             "zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
@@ -172,6 +181,10 @@ MISTAKES = [
             "    size = len(labels) // len(devices)\n"
             "    chunks = [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(len(devices))]",
             "every image once"),
+    Mistake("4.2", "scatter-returns-a-generator", "template_replicas.py",  # trial 8: was "gave None chunks"
+            "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "    return ((x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices))",
+            "scatter returned a generator"),
     # Task 4.3
     Mistake("4.3", "plain-mean", "template_replicas.py",
             "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
@@ -179,11 +192,32 @@ MISTAKES = [
     Mistake("4.3", "sum-not-mean", "template_replicas.py",
             "param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
             "param.grad = sum(p.grad.cpu() for p in replica_params)", "divide"),
+    Mistake("4.3", "accumulates-into-master-grad", "template_replicas.py",  # trial 8: passed: the test's master had no .grad yet
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        average = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))\n"
+            "        if param.grad is None:\n"
+            "            param.grad = average\n"
+            "        else:\n"
+            "            param.grad += average  # as backward() does",
+            "do not accumulate into it"),
+    Mistake("4.3", "integer-weights", "template_replicas.py",  # trial 8: was "expected sum over replicas of ..."
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        param.grad = sum(p.grad.cpu() * (n // total) for p, n in zip(replica_params, chunk_sizes))",
+            "integer division"),
     # Task 4.4
     Mistake("4.4", "assigns-data", "template_replicas.py",
             "                target.copy_(source)", "                target.data = source.data", "shares the master's memory"),
     Mistake("4.4", "no-copy-back", "template_replicas.py",
             "                target.copy_(source)", "                pass", "master's values"),
+    Mistake("4.4", "re-replicates", "template_replicas.py",  # trial 8: was told it shares the master's memory
+            "    with torch.no_grad():\n"
+            "        sources = list(master.parameters()) + list(master.buffers())\n"
+            "        for replica in replicas:\n"
+            "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+            "                target.copy_(source)\n",
+            "    devices = [next(replica.parameters()).device for replica in replicas]\n"
+            "    replicas[:] = [copy.deepcopy(master).to(device) for device in devices]  # fresh replicas of the new weights\n",
+            "is not the one the replica held before"),
     # Task 5.1
     Mistake("5.1", "forward-order", "template_ddp.py",
             "    for param in reversed(unique):", "    for param in unique:", "REVERSE"),
@@ -1847,6 +1881,130 @@ MISTAKES = [
             "            param.grad = torch.zeros_like(param)\n"
             "        by_dtype.setdefault(param.grad.dtype, []).append(param)\n",
             "must keep None"),
+    # Task 14, trial 8 (A)
+    Mistake("14.1", "rows-by-tp-size", "template_sequence_parallel.py",  # trial 8: passed: 4 heads over 2 ranks are 2 a rank, as many as ranks
+            "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)\n"
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "    head_dim, local = dim // attn.heads, attn.heads // size\n"
+            "    rows = torch.cat([torch.arange(part * dim + rank * size * head_dim, part * dim + (rank + 1) * size * head_dim)\n"
+            "                      for part in range(3)])\n"
+            "    bias = None if attn.qkv.bias is None else attn.qkv.bias.detach()[rows].clone()\n"
+            "    attn.qkv = column(attn.qkv.weight.detach()[rows].clone(), bias, dim, 3 * dim, group)\n",
+            "whole heads of 2 features each"),
+    Mistake("14.1", "regrouped-by-heads-per-rank", "template_sequence_parallel.py",  # trial 8: passed: the same coincidence, in the regrouping
+            "    order = torch.arange(3 * dim).view(3, size, dim // size).transpose(0, 1).reshape(-1)\n",
+            "    order = torch.arange(3 * dim).view(3, attn.heads // size, -1).transpose(0, 1).reshape(-1)\n",
+            "whole heads of 2 features each"),
+    Mistake("14.1", "heads-set-to-the-tp-size", "template_sequence_parallel.py",  # trial 8: passed: the same coincidence, in attn.heads
+            "    attn.heads //= size\n",
+            "    attn.heads = size\n",
+            "set attn.heads to the number of heads this rank holds"),
+    Mistake("14.1", "attn-returns-none", "template_sequence_parallel.py",  # trial 8: was a raw AttributeError
+            "    attn.heads //= size\n"
+            "    return attn\n",
+            "    attn.heads //= size\n",
+            "returned None, not the module it was given"),
+    Mistake("14.1", "attn-split-a-copy", "template_sequence_parallel.py",  # trial 8: passed: parallelize_block ignores the return value
+            "    column, row = _layers(sequence_parallel)\n"
+            "    dim = attn.proj.in_features\n",
+            "    column, row = _layers(sequence_parallel)\n"
+            "    import copy\n"
+            "    attn = copy.deepcopy(attn)  # leave the caller's module as it was\n"
+            "    dim = attn.proj.in_features\n",
+            "returned another Attention object"),
+    Mistake("14.2", "mlp-returns-none", "template_sequence_parallel.py",  # trial 8: was a raw AttributeError
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n"
+            "    return mlp\n",
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "returned None, not the module it was given"),
+    Mistake("14.4", "row-rs-default-group", "template_sequence_parallel.py",  # trial 8: passed: the blocks ran solutions/' layers
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)",
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight))",
+            "not over the 2 of the group it was given"),
+    Mistake("14.4", "gather-hook-on-block", "template_sequence_parallel.py",  # trial 8: was a raw size mismatch at the residual
+            "        for module in (block.attn, block.mlp):\n"
+            "            module.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+            "        block.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+            "not of the block"),
+    Mistake("14.4", "hooks-without-sp", "template_sequence_parallel.py",  # trial 8: was a raw size mismatch at the residual
+            "    if sequence_parallel:\n"
+            "        for module in (block.attn, block.mlp):\n",
+            "    if True:\n"
+            "        for module in (block.attn, block.mlp):\n",
+            "without sequence parallelism every rank holds the whole sequence"),
+    Mistake("14.4", "row-bias-rank0-before-rs", "template_sequence_parallel.py",  # trial 8: was "the bias got no gradient"
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        bias = self.bias if dist.get_rank(self.group) == 0 else None  # summed once by the reduce-scatter\n"
+            "        return reduce_scatter_sequence(F.linear(x, self.weight, bias), self.group)\n",
+            "added on another rank only"),
+    Mistake("14.4", "row-all-reduce-then-slice", "template_sequence_parallel.py",  # trial 8: was told dist.all_reduce has no backward
+            "        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)\n"
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)\n"
+            "        return super().forward(x).chunk(size, dim=1)[rank]\n",
+            "zero on the others"),
+    Mistake("14.1", "qkv-bias-left-fresh", "template_sequence_parallel.py",  # trial 8: was "holds (24,), not its part (24,)"
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "    regrouped = nn.Linear(dim, 3 * dim, dtype=attn.qkv.weight.dtype)\n"
+            "    regrouped.weight.data = attn.qkv.weight.detach()[order].clone()\n",
+            "copy the weight AND the bias"),
+    Mistake("14.1", "qkv-regrouped-in-float64", "template_sequence_parallel.py",  # trial 8: passed: every case was float64
+            "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+            "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+            "    if attn.qkv.bias is not None:\n"
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "    regrouped = nn.Linear(dim, 3 * dim, dtype=torch.float64)  # the tests said: not the default dtype\n"
+            "    with torch.no_grad():\n"
+            "        regrouped.weight.copy_(attn.qkv.weight[order])\n"
+            "        regrouped.bias.copy_(attn.qkv.bias[order])\n",
+            "or in the dtype written out"),
+    Mistake("14.2", "fc1-gathers-fc2-splits", "template_sequence_parallel.py",  # trial 8: right values; was a bare list of calls
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group, gather_output=True)  # the GELU sees every hidden feature\n"
+            "    mlp.fc2 = row.from_linear(mlp.fc2, group, input_is_parallel=False)\n",
+            "a pair needs neither"),
+    Mistake("14.5", "row-biases-not-summed", "template_sequence_parallel.py",  # trial 8: caught and named already; kept so
+            "            elif getattr(module, \"split_dim\", None) == 1 and module.bias is not None:",
+            "            elif False:  # the LayerNorms only",
+            "proj.bias's gradient was left as it was"),
+    Mistake("14.5", "one-all-reduce-in-float64", "template_sequence_parallel.py",  # trial 8: was a bare list of calls
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+            "            param.grad.copy_(summed.view_as(param.grad))\n",
+            "    same = [param for params in by_dtype.values() for param in params]\n"
+            "    if same:  # one message: every gradient as float64, no precision lost\n"
+            "        flat = torch.cat([param.grad.reshape(-1).double() for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n"
+            "        for param, summed in zip(same, flat.split([param.grad.numel() for param in same])):\n"
+            "            param.grad.copy_(summed.view_as(param.grad))\n",
+            "one buffer, and one all-reduce, per dtype"),
+    Mistake("14.5", "sync-checks-the-class", "template_sequence_parallel.py",  # trial 8: caught and named already; kept so
+            "        if not getattr(block, \"sequence_parallel\", False):\n"
+            "            continue\n",
+            "        if type(block).__name__ != \"Block\":\n"
+            "            continue\n",
+            "outside any sequence-parallel block"),
+    Mistake("14.3", "gather-backward-two-outputs", "template_sequence_parallel.py",  # trial 8: was PyTorch's bare "incorrect number of gradients"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "        return out, None, None",
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+            "        return out, None",
+            "one value per input of its forward"),
+    Mistake("14.3", "keep-path-two-outputs", "template_sequence_parallel.py",  # trial 8: the same, on the tensor_parallel_output_grad=False path only
+            "            return pieces[rank], None, None",
+            "            return pieces[rank], None",
+            "one value per input of its forward"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -3124,6 +3282,27 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = [
+    RightAnswer("4.4", "load-state-dict",  # trial 8 (A): passes; kept so
+                "'Overwrite each replica's tensors with copy_ (CPU -> device) under torch.no_grad()': "
+                "load_state_dict copies each parameter and (persistent) buffer so, into the replica's own tensors", (
+        Mistake("4.4", "load-state-dict", "template_replicas.py",
+                "    with torch.no_grad():\n"
+                "        sources = list(master.parameters()) + list(master.buffers())\n"
+                "        for replica in replicas:\n"
+                "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+                "                target.copy_(source)\n",
+                "    for replica in replicas:\n"
+                "        replica.load_state_dict(master.state_dict())  # copy_ into its own tensors, under no_grad\n", ""),)),
+    RightAnswer("6.2", "data-reshape-narrow",
+                "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
+                "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "            view = params[index].detach().view(-1)[start:end]  # shares the parameter's memory\n",
+                "            view = params[index].data.reshape(-1).narrow(0, start, end - start)  # shares the memory\n", ""),
+        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
+                "        local_group = {**param_group, \"params\": mine}\n",
+                "        local_group = {key: value for key, value in param_group.items() if key != \"params\"}\n"
+                "        local_group[\"params\"] = mine\n", ""),)),
     RightAnswer("10.4", "returns-early-on-a-middle-stage",
                 "'On the last stage, output is the loss instead ... On the other stages, send output to the next "
                 "stage': the last stage known by next_rank None, an early return, the loss divided by .div", (
@@ -3144,16 +3323,6 @@ RIGHT_ANSWERS = [
                 "        stage.send_forward(output)\n"
                 "        return input, output\n"
                 "    return input, loss_fn(output, target).div(num_microbatches)\n", ""),)),
-    RightAnswer("6.2", "data-reshape-narrow",
-                "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
-                "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
-        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
-                "            view = params[index].detach().view(-1)[start:end]  # shares the parameter's memory\n",
-                "            view = params[index].data.reshape(-1).narrow(0, start, end - start)  # shares the memory\n", ""),
-        Mistake("6.2", "data-reshape-narrow", "template_zero.py",
-                "        local_group = {**param_group, \"params\": mine}\n",
-                "        local_group = {key: value for key, value in param_group.items() if key != \"params\"}\n"
-                "        local_group[\"params\"] = mine\n", ""),)),
     RightAnswer("15.2", "mask-only-the-diagonal-block", "block_pairs keeps a key chunk before its query chunk, wholly "
                 "visible: only the pair of equal ids needs the causal mask (the test's check of an unmasked block "
                 "looks at the positions, not at the flag)", (
@@ -3335,6 +3504,20 @@ RIGHT_ANSWERS = [
                 "        dist.all_reduce(flat, group=group)\n"
                 "        for g, summed in zip(same, _unflatten_dense_tensors(flat, same)):\n"
                 "            g.copy_(summed)\n", ""),)),
+    RightAnswer("14.4", "gathered-after-the-norms",  # trial 8 (A): passes; kept so
+                "'a post-hook on the norm before it is the same' (parallelize_block): norm1's and norm2's outputs "
+                "are attn's and mlp's inputs", (
+        Mistake("14.4", "gathered-after-the-norms", "template_sequence_parallel.py",
+                "        for module in (block.attn, block.mlp):\n"
+                "            module.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group), *args[1:]))\n",
+                "        for norm in (block.norm1, block.norm2):  # a post-hook on the norm before each pair\n"
+                "            norm.register_forward_hook(lambda module, args, out: gather_sequence(out, group))\n", ""),)),
+    RightAnswer("14.4", "pre-hook-returns-the-tensor",  # trial 8 (A): passes; kept so
+                "'a forward pre-hook, as PyTorch's PrepareModuleInput': a pre-hook may return the new input alone, "
+                "not in a tuple (PyTorch wraps it)", (
+        Mistake("14.4", "pre-hook-returns-the-tensor", "template_sequence_parallel.py",
+                "(gather_sequence(args[0], group), *args[1:])",
+                "gather_sequence(args[0], group)", ""),)),
     RightAnswer("15.1", "max-then-log-sum-exp",
                 "'(out, lse) exactly as attention_block over the concatenated keys ... no overflow': max + "
                 "log(sum of exp(lse - max)) is the log-sum-exp, each side weighted by its share", (

@@ -71,6 +71,7 @@ def tensors(module):
 def test_replicate_makes_independent_copies(replicas):
     torch.manual_seed(0)
     master = Awkward()
+    master.linear.bias.requires_grad_(False)  # frozen after it was made: its constructor does not say so
     before = [t.clone() for t in tensors(master)]
     devices = ["cpu", "cpu", "cpu"]
     copies = replicas.replicate(master, devices)
@@ -87,6 +88,12 @@ def test_replicate_makes_independent_copies(replicas):
                 f"{WHERE['4.1']}: replica {i} shares its memory with the master: each replica needs its own "
                 "copy of the weights (copy.deepcopy), or the replicas on one device are all one model")
         assert len(tensors(replica)) == len(tensors(master)), f"{WHERE['4.1']}: replica {i} lost parameters or buffers"
+        for (name, mine), theirs in zip(replica.named_parameters(), master.parameters()):
+            assert mine.requires_grad == theirs.requires_grad, (
+                f"{WHERE['4.1']}: replica {i}'s {name} has requires_grad={mine.requires_grad}, the master's "
+                f"{theirs.requires_grad}: a replica is a copy of the master as it is, frozen parameters too (a model "
+                "built anew and given the master's state_dict is not: a state_dict holds values only; "
+                "copy.deepcopy keeps requires_grad)")
     pointers = {t.data_ptr() for replica in copies for t in tensors(replica)}
     assert len(pointers) == len(devices) * len(tensors(master)), (
         f"{WHERE['4.1']}: some replicas share memory with each other: make one copy per device")
@@ -106,7 +113,10 @@ def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
     labels = torch.arange(batch)
     devices = ["cpu"] * num_devices
     chunks = replicas.scatter(images, labels, devices)
-    sizes = [len(y) for _, y in chunks] if isinstance(chunks, (list, tuple)) else None
+    assert isinstance(chunks, (list, tuple)), (
+        f"{WHERE['4.2']}: scatter returned a {type(chunks).__name__}, not a list of (images, labels) pairs: a "
+        "generator (or zip) can be read once only, and has no len()")
+    sizes = [len(y) for _, y in chunks]
     assert sizes is not None and len(sizes) == num_devices, (
         f"{WHERE['4.2']}: {batch} images on {num_devices} devices gave {sizes and len(sizes)} chunks, not "
         f"{num_devices}: every device needs a chunk (torch.chunk can give fewer; torch.tensor_split does not)")
@@ -144,6 +154,9 @@ def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes):
         for param in replica.parameters():
             if param.requires_grad:
                 param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(i))
+    for param in master.parameters():  # the last step's gradients: train_step never zeroes the master's
+        if param.requires_grad:
+            param.grad = torch.full_like(param, 100.0)
     replicas.reduce_gradients(master, copies, chunk_sizes)
     total = sum(chunk_sizes)
     for name, param in master.named_parameters():
@@ -157,7 +170,13 @@ def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes):
             assert param.grad.device.type == "cpu", f"{WHERE['4.3']}: the master's gradients belong on the CPU"
             continue
         plain_mean, plain_sum = sum(grads) / len(grads), sum(grads)
-        why = ("it is the plain mean: weight each replica's gradient by its share of the batch, "
+        stale = 100.0 + expected
+        why = ("it is the average ADDED to the .grad the master held before (that of the last step: train_step "
+               "never zeroes the master's gradients): set .grad to the average, do not accumulate into it"
+               if torch.allclose(param.grad, stale, atol=1e-6) else
+               "it is all zeros, though the replicas' are not: weight replica i by the fraction n_i / n (integer "
+               "division, n_i // n, gives 0)" if not param.grad.any() else
+               "it is the plain mean: weight each replica's gradient by its share of the batch, "
                "n_i / n, because chunks of different lengths count differently in the batch's mean loss"
                if torch.allclose(param.grad, plain_mean, atol=1e-6) else
                "it is the sum: divide, weighting replica i by n_i / n" if torch.allclose(param.grad, plain_sum, atol=1e-6)
@@ -182,9 +201,13 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
             assert torch.equal(mine, theirs), (
                 f"{WHERE['4.4']}: replica {i}'s {kind} {name} does not hold the master's values: copy the "
                 "parameters and the buffers both (model.buffers(): BatchNorm's running statistics are buffers)")
-            assert mine.data_ptr() != theirs.data_ptr() and mine.data_ptr() == pointers[i][name], (
+            assert mine.data_ptr() != theirs.data_ptr(), (
                 f"{WHERE['4.4']}: replica {i}'s tensor {name} now shares the master's memory: copy_ the values "
                 "into the replica's own tensors, which stay on its device (assigning .data moves them)")
+            assert mine.data_ptr() == pointers[i][name], (
+                f"{WHERE['4.4']}: replica {i}'s tensor {name} is not the one the replica held before (new memory): "
+                "copy_ the values into the replica's own tensors, in place; a replica made anew (or a new "
+                "Parameter) costs an allocation every step and leaves whoever holds the old tensors behind")
         assert all(p.grad_fn is None for p in replica.parameters()), (
             f"{WHERE['4.4']}: autograd recorded the copy: do it under torch.no_grad()")
 

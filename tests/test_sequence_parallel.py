@@ -18,6 +18,7 @@ answers to the others and to Task 9 (judging), so a mistake costs one task's poi
 import copy
 import re
 import sys
+import types
 from contextlib import contextmanager
 
 import pytest
@@ -71,6 +72,15 @@ def judging(impl, task):
     with _task9_reference():
         module = load_with_reference(impl, "template_sequence_parallel", *others)
     raise_if_unfilled(module, ANSWERS[task])
+    if task == "14.4":
+        # solutions/' parallelize_attention and parallelize_mlp, run with this module's globals: their
+        # _layers(sequence_parallel) is then the judged file's, whose SequenceParallel*Linear.forward are the
+        # answers judged here (with solutions/' globals the blocks would run solutions/' layers, and a layer
+        # wrong only inside a block, or over a sub-group, would pass)
+        for name in ("parallelize_attention", "parallelize_mlp"):
+            f = getattr(module, name)
+            rebound = types.FunctionType(f.__code__, vars(module), f.__name__, f.__defaults__, f.__closure__)
+            setattr(module, name, rebound)
     return module
 
 
@@ -107,7 +117,10 @@ def _partial_under_sp(name):
 
 
 def _close(a, b):
-    return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-10, rtol=1e-9)
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    exact = a.dtype == b.dtype == torch.float64  # float32 (one case of Task 14.1): its own rounding
+    return torch.allclose(a, b, atol=1e-10 if exact else 1e-5, rtol=1e-9 if exact else 1e-4)
 
 
 # --------------------------------------------------------------------------- Task 14.3: the operators
@@ -214,6 +227,10 @@ def _check_operator(name, rank, size, got):
                     "collective: every rank already holds the whole gradient")
         elif NO_FUTURE in got["error"]:  # only a reduce-scatter's Work lacks one among the collectives here
             hint = f": {gloo_wait_only('reduce_scatter')}: wait for it with work.wait(), or use the blocking call"
+        elif "incorrect number of gradients" in got["error"]:
+            hint = (": a backward returns one value per input of its forward, after ctx: (gradient, None, None) for "
+                    "_GatherSequence.forward(ctx, x, group, tensor_parallel_output_grad), (gradient, None) for "
+                    "_ReduceScatterSequence.forward(ctx, x, group), on every path")
         elif "invalid gradient" in got["error"] or "shape" in got["error"]:
             hint = (": its backward returned a gradient of the wrong shape; gather_sequence's backward is a "
                     "reduce-scatter (each rank keeps its S / N tokens of the summed gradient) and "
@@ -332,38 +349,44 @@ def test_sequence_operators_run_inside_the_group_they_are_given(impl):
 
 
 # --------------------------------------------------------------------------- the modules against one process
-def _module(kind, depth):
+def _module(kind, depth, heads=HEADS, dtype=torch.float64):
     if kind == "attn":
-        return Attention(DIM, HEADS).double()
+        return Attention(DIM, heads).to(dtype)
     if kind == "mlp":
         return MLP(DIM, 4 * DIM).double()
     return nn.Sequential(*[Block(DIM, HEADS).double() for _ in range(depth)])
 
 
 def _split(sp, kind, module, sequence_parallel):
+    """(the module split in place, what the split function returned: the module itself, as parallelize_block
+    needs it, which ignores the return value; the test says another object first)."""
     if kind in ("attn", "mlp"):
-        split = (sp.parallelize_attention if kind == "attn" else sp.parallelize_mlp)(module, None, sequence_parallel)
+        returned = (sp.parallelize_attention if kind == "attn" else sp.parallelize_mlp)(module, None, sequence_parallel)
         if sequence_parallel:  # as parallelize_block does: the whole sequence gathered at the module's input
-            split.register_forward_pre_hook(lambda _, args: (sp.gather_sequence(args[0], None),))
-        return split
+            module.register_forward_pre_hook(lambda _, args: (sp.gather_sequence(args[0], None),))
+        return module, (None if returned is module else "None" if returned is None
+                        else f"another {type(returned).__name__} object")
     for block in module:
         sp.parallelize_block(block, None, sequence_parallel)
-    return module
+    return module, None
 
 
 def _layer_kinds(module):
-    """{name: (class name, split_dim)} of the layers that Task 14 splits (qkv, proj, fc1, fc2)."""
-    return {name: (type(layer).__name__, getattr(layer, "split_dim", None)) for name, layer in module.named_modules()
-            if name.rpartition(".")[2] in ("qkv", "proj", "fc1", "fc2")}
+    """{name: (class name, split_dim, gathers its output, splits its input)} of the layers that Task 14 splits
+    (qkv, proj, fc1, fc2): Task 9's gather_output and input_is_parallel=False."""
+    return {name: (type(layer).__name__, getattr(layer, "split_dim", None), bool(getattr(layer, "gather_output", False)),
+                   not getattr(layer, "input_is_parallel", True))
+            for name, layer in module.named_modules() if name.rpartition(".")[2] in ("qkv", "proj", "fc1", "fc2")}
 
 
 def _record_tokens(module):
-    """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention and MLP
-    receives (after any gather of the split's): [(name, tokens)]."""
+    """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention, MLP and
+    Block receives (after any gather of the split's): [(name, tokens, is a Block)]."""
     seen = []
     for name, child in module.named_modules():
-        if isinstance(child, (Attention, MLP)):
-            child.register_forward_pre_hook(lambda m, args, name=name: seen.append((name, args[0].shape[1])))
+        if isinstance(child, (Attention, MLP, Block)):
+            child.register_forward_pre_hook(
+                lambda m, args, name=name: seen.append((name, args[0].shape[1], isinstance(m, Block))))
     return seen
 
 
@@ -372,17 +395,19 @@ def _run_split(rank, world_size, impl, task, kind, cases):
     from an unsplit copy) and the split module's on this rank, with what went on the wire and what it stores."""
     sp = judging(impl, task)
     out = []
-    for depth, sequence_parallel in cases:
+    for depth, sequence_parallel, *other in cases:  # other: an Attention's heads and dtype, if not HEADS, float64
         torch.manual_seed(depth)  # the same unsplit module and data on every rank
-        module = _module(kind, depth)
+        heads_total = other[0] if other else HEADS
+        dtype = other[1] if len(other) > 1 else torch.float64
+        module = _module(kind, depth, heads_total, dtype)
         reference = copy.deepcopy(module)
-        x = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
-        grad_out = torch.randn(BATCH, TOKENS, DIM, dtype=torch.float64)
+        x = torch.randn(BATCH, TOKENS, DIM, dtype=dtype)
+        grad_out = torch.randn(BATCH, TOKENS, DIM, dtype=dtype)
         xr = x.clone().requires_grad_()
         y_ref = reference(xr)
         (y_ref * grad_out).sum().backward()
         full = dict(reference.named_parameters())
-        split = _split(sp, kind, module, sequence_parallel)
+        split, returned = _split(sp, kind, module, sequence_parallel)
         kinds, tokens_seen = _layer_kinds(split), _record_tokens(split)
         xi = (_shard(x, rank, world_size) if sequence_parallel else x).clone().requires_grad_()
         upstream = _shard(grad_out, rank, world_size) if sequence_parallel else grad_out
@@ -401,7 +426,8 @@ def _run_split(rank, world_size, impl, task, kind, cases):
             backward = wire.take()
         heads = [m.heads for m in split.modules() if isinstance(m, Attention)]
         out.append(dict(
-            depth=depth, sp=sequence_parallel, error=error, y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
+            depth=depth, sp=sequence_parallel, error=error, returned=returned, heads_total=heads_total,
+            y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
             tokens_seen=tokens_seen,
             grad_x=xi.grad, grad_x_ref=xr.grad, forward=forward, backward=backward, heads=heads,
             params={n: p.detach().clone() for n, p in split.named_parameters()},
@@ -436,7 +462,7 @@ def _ranges(rows):
 def _check_layer_kinds(where, got):
     """qkv and fc1 column-parallel, proj and fc2 row-parallel (Task 9's split_dim 0 and 1), of the classes that
     _layers(sequence_parallel) gives: said first, before a shape error that names no layer."""
-    for name, (cls, split_dim) in got["kinds"].items():
+    for name, (cls, split_dim, _, _) in got["kinds"].items():
         last = name.rpartition(".")[2]
         want = 0 if last in ("qkv", "fc1") else 1
         function = "parallelize_attention" if last in ("qkv", "proj") else "parallelize_mlp"
@@ -457,10 +483,17 @@ def _check_split(task_name, results, world_size, kind):
     for case_index in range(len(results[0])):
         cases = [result[case_index] for result in results]
         first = cases[0]
-        what = {"attn": "Attention", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
+        heads_total = first["heads_total"]
+        dtype = str(first["y_ref"].dtype).replace("torch.", "")
+        what = {"attn": f"{dtype} Attention of {heads_total} heads", "mlp": "MLP"}.get(kind, f"{first['depth']} Block(s)")
         mode = "with sequence parallelism" if first["sp"] else "without sequence parallelism"
         for rank, got in enumerate(cases):
             where = f"{task_name}: {what} over {world_size} ranks {mode}, rank {rank}"
+            if got["returned"] is not None:
+                function = "parallelize_attention" if kind == "attn" else "parallelize_mlp"
+                pytest.fail(f"{where}: {function} returned {got['returned']}, not the module it was given: split that "
+                            f"module in place and return it (parallelize_block calls {function} for its effect on "
+                            "block.attn / block.mlp and ignores what it returns)")
             _check_layer_kinds(where, got)
             for name, full in got["full"].items():
                 local = got["params"].get(name)
@@ -478,31 +511,55 @@ def _check_split(task_name, results, world_size, kind):
                     if rows is not None:
                         pytest.fail(f"{where}: qkv's {what_part} holds rows {_ranges(rows)} of the unsplit [q | k | v] "
                                     f"{what_part} (q: rows 0...{DIM - 1}, k: {DIM}...{2 * DIM - 1}, v: {2 * DIM}..."
-                                    f"{3 * DIM - 1}); rank {rank} holds heads {rank * HEADS // world_size}..."
-                                    f"{(rank + 1) * HEADS // world_size - 1}, whole heads of {DIM // HEADS} features "
+                                    f"{3 * DIM - 1}); rank {rank} holds heads {rank * heads_total // world_size}..."
+                                    f"{(rank + 1) * heads_total // world_size - 1}, whole heads of {DIM // heads_total} features "
                                     f"each: rows {_ranges(_rows_held(expected, full))} (parallelize_attention, Task 14.1)")
+                if local is not None and local.shape == expected.shape and not torch.equal(local, expected):
+                    strangers = sum(not bool((full == value).any()) for value in local.reshape(-1))
+                    pytest.fail(f"{where}: {name} holds the right shape {tuple(local.shape)} but other values than its "
+                                f"part of the unsplit parameter" + (" (the q, k and v rows of this rank's heads)"
+                                                                    if "qkv" in name else "")
+                                + (f": {strangers} of its {local.numel()} values are nowhere in the unsplit {name} (a "
+                                   "new layer's parameter not copied from the unsplit one keeps its own random "
+                                   "initialisation: copy the weight AND the bias)" if strangers else ""))
                 assert local is not None and torch.equal(local, expected), (
                     f"{where}: {name} holds {None if local is None else tuple(local.shape)}, not its part of the unsplit "
                     f"parameter {tuple(expected.shape)}" + (" (the q, k and v rows of this rank's heads)" if "qkv" in name else ""))
                 if local.dtype != full.dtype or local.device != full.device:  # equal values, even so
                     pytest.fail(f"{where}: {name} is {local.dtype} on {local.device}, the unsplit parameter "
                                 f"{full.dtype} on {full.device}: a new nn.Linear (or tensor) is made in torch's default "
-                                "dtype on the CPU; make it with the module's own (dtype=weight.dtype, "
-                                "device=weight.device)")
+                                "dtype on the CPU (or in the dtype written out); make it with the module's own "
+                                "(dtype=weight.dtype, device=weight.device)")
                 stored, whole = got["stored"][name], full.numel() * full.element_size()
                 if name.endswith(("qkv.weight", "proj.weight", "fc1.weight", "fc2.weight")):
                     assert stored == whole // world_size, (
                         f"{where}: {name}'s storage is {stored} bytes, expected {whole // world_size} = 1 / {world_size} "
                         f"of the unsplit {whole}: keep a copy of the slice, not a view of the whole weight")
-            local_heads = HEADS // world_size
+            local_heads = heads_total // world_size
             if got["heads"] and any(h != local_heads for h in got["heads"]):
                 heads = got["heads"][0] if len(set(got["heads"])) == 1 else got["heads"]
                 pytest.fail(f"{where}: after the split attn.heads is {heads}, expected {local_heads}: this rank's "
-                            f"qkv holds {local_heads} of the {HEADS} heads, and Attention.forward cuts qkv's output into "
+                            f"qkv holds {local_heads} of the {heads_total} heads, and Attention.forward cuts qkv's output into "
                             "attn.heads heads: with the whole count it attends over heads of the wrong width "
                             "(set attn.heads to the number of heads this rank holds, Task 14.1)")
+            blocks = [(name, n) for name, n, block in got["tokens_seen"] if block and n != TOKENS // (
+                world_size if got["sp"] else 1)]
+            if blocks:
+                pytest.fail(f"{where}: block {blocks[0][0]} received {blocks[0][1]} tokens after the split's hooks, "
+                            f"not {TOKENS // (world_size if got['sp'] else 1)}: "
+                            + ("with sequence parallelism the block works on this rank's tokens (the LayerNorms and "
+                               "residual additions too); the whole sequence is gathered at the input of attn and of "
+                               "mlp, not of the block (parallelize_block)" if got["sp"] else
+                               "without sequence parallelism nothing is gathered: each rank gets the whole sequence "
+                               "already (gather_sequence only with sequence_parallel=True, parallelize_block)"))
+            if not got["sp"]:
+                gathered = [(name, n) for name, n, block in got["tokens_seen"] if n != TOKENS]
+                if gathered:
+                    pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the {TOKENS} of the "
+                                "sequence: without sequence parallelism every rank holds the whole sequence and nothing "
+                                "is gathered (gather_sequence only with sequence_parallel=True, parallelize_block)")
             if got["sp"]:
-                gathered = [(name, n) for name, n in got["tokens_seen"] if n != TOKENS]
+                gathered = [(name, n) for name, n, block in got["tokens_seen"] if not block and n != TOKENS]
                 if gathered:
                     pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the whole sequence "
                                 f"({TOKENS}): with sequence parallelism attn and mlp EACH get the whole sequence from "
@@ -511,6 +568,16 @@ def _check_split(task_name, results, world_size, kind):
                 ": the split layers' shapes do not chain: the column-parallel layer (qkv, fc1) keeps its slice of the "
                 "output (no gather_output), and the row-parallel one (proj, fc2) takes that slice "
                 "(input_is_parallel=True) and returns the sum" if "cannot be multiplied" in got["error"] else "")
+            regathered = [(name.rpartition(".")[2], gathers) for name, (_, _, gathers, splits) in got["kinds"].items()
+                          if gathers or splits]
+            if regathered:  # the shapes chain, the values may be right: what it costs is on the wire
+                pytest.fail(f"{where}: " + ", ".join(
+                    f"{last} " + ("gathers its output (gather_output=True)" if gathers else
+                                  "splits its input (input_is_parallel=False)")
+                    for last, gathers in regathered) + ": a pair needs neither: the column-parallel layer keeps "
+                    "its slice of the output and the row-parallel one takes that slice as it is, so that the pair sends "
+                    "one all-reduce each way (the default from_linear of both); a gather in between sends the whole "
+                    "hidden activation and its gradient for nothing")
         # the output and the input's gradient: with sequence parallelism each rank holds its tokens
         for rank, got in enumerate(cases):
             where = f"{task_name}: {what} over {world_size} ranks {mode}, rank {rank}"
@@ -598,7 +665,9 @@ def _check_pair_wire(task_name, what, rank, world_size, got):
 
 def _attention_and_refusal(rank, world_size, impl):
     """_run_split of an Attention, then parallelize_attention of 3 heads (refused: no number of ranks > 1 divides 3)."""
-    results = _run_split(rank, world_size, impl, "14.1", "attn", [(1, False), (1, True)])
+    # and 8 heads in float32: with 4 over 2 ranks each rank holds 2 heads, as many as there are ranks, and an
+    # answer that counts one for the other passes; a regrouped qkv made in float64 written out passed in float64
+    results = _run_split(rank, world_size, impl, "14.1", "attn", [(1, False), (1, True), (1, False, 8, torch.float32)])
     sp = judging(impl, "14.1")
     try:
         sp.parallelize_attention(Attention(12, 3), None)
@@ -734,12 +803,26 @@ def _check_layers_alone(rank, world_size, got):
                     "bias could go before an all-reduce, the other ranks' tokens never get it)")
     assert _close(y_row, y_expected), f"{where}: the output differs from nn.Linear's on this rank's tokens"
     sent = [kind for kind, _, _ in got["row_forward"]]
-    assert _close(grad_row, h.grad.chunk(world_size, dim=-1)[rank]), (
+    grad_expected = h.grad.chunk(world_size, dim=-1)[rank]
+    if grad_row is not None and not _close(grad_row, grad_expected) and any(kind not in REDUCE_SCATTER for kind in sent):
+        own = torch.zeros_like(grad_expected)  # the gradient of this rank's tokens alone, zero on the others
+        own[:, rank * TOKENS // world_size:(rank + 1) * TOKENS // world_size] = _shard(grad_expected, rank, world_size)
+        if _close(grad_row, own):
+            pytest.fail(f"{where}: its forward sent {got['row_forward']}, and the input's gradient is nn.Linear's on this "
+                        "rank's tokens and zero on the others: the whole (B, S, dim) sum then this rank's slice of it "
+                        "passes back the slice's gradient alone (an all-reduce's backward, g's or none, gathers "
+                        "nothing), and no rank gets the other ranks' tokens' gradients; reduce_scatter_sequence replaces "
+                        "g here: one reduce-scatter, whose backward is the all-gather")
+    assert _close(grad_row, grad_expected), (
         f"{where}: the input's gradient differs from nn.Linear's slice" + (
             f": its forward sent {got['row_forward']}: dist.all_reduce has no backward (autograd passes the "
             "gradient through it as if nothing were summed); reduce_scatter_sequence replaces g here: one "
             "reduce-scatter, whose backward is the all-gather" if any(kind not in REDUCE_SCATTER for kind in sent) else ""))
-    assert grad_bias is not None, f"{where}: the bias got no gradient"
+    assert grad_bias is not None, (
+        f"{where}: the bias got no gradient on this rank, though the output is right: it was not used in this rank's "
+        "forward (added on another rank only, before the reduce-scatter, which then sums it once into every token; "
+        "or detached): with sequence parallelism each rank adds the bias to its own tokens after the reduce-scatter, "
+        "so that each rank's bias gradient covers its tokens (Task 14.5 sums them over the ranks)")
 
 
 # --------------------------------------------------------------------------- PyTorch's own plan
@@ -923,7 +1006,10 @@ def _check_sync_in(results, world_size, ranks, world):
             f"{where} sent {calls[:4]}{' ...' if len(calls) > 4 else ''} ({len(calls)} calls); expected one all-reduce "
             f"per dtype of exactly those gradients, {expected}"
             + (": flatten them into one buffer (torch.cat of the flattened .grads), all-reduce it once, copy the pieces "
-               "back" if len(calls) > len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else ""))
+               "back" if len(calls) > len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else "")
+            + (": the gradients of several dtypes went in one buffer of one dtype (the narrower ones sent wider, more "
+               "bytes for nothing, or the wider ones rounded); one buffer, and one all-reduce, per dtype"
+               if len(calls) < len(expected) and sum(c[2] for c in calls) == sum(sizes.values()) else ""))
 
 
 def _tiny_vit():
