@@ -3468,6 +3468,12 @@ RIGHT_ANSWERS = [
                 "        if self.bias is not None:\n"
                 "            y += self.bias  # y is a new tensor (the reduce-scatter's): adding in place changes nothing autograd saved\n"
                 "        return y\n", ""),)),
+    RightAnswer("14.5", "row-biases-by-class",  # a student trial: rejected as "left as it was" by the old loader
+                "'the row-parallel layers' biases (split_dim == 1)': the layers of the block are this file's "
+                "SequenceParallelRowLinear under sequence parallelism, so isinstance finds the same biases", (
+        Mistake("14.5", "row-biases-by-class", "template_sequence_parallel.py",
+                "            elif getattr(module, \"split_dim\", None) == 1 and module.bias is not None:\n",
+                "            elif isinstance(module, SequenceParallelRowLinear) and module.bias is not None:\n", ""),)),
     RightAnswer("14.5", "norms-and-row-biases-by-name",
                 "'the LayerNorms' weights and biases and the row-parallel layers' biases ... one all-reduce (SUM)"
                 " over group per dtype': in a models.Block they are norm1, norm2, attn.proj.bias and "
