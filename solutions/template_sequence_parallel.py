@@ -258,6 +258,8 @@ def parallelize_block(block, group=None, sequence_parallel=False):
 def sync_sequence_parallel_gradients(model, group=None):
     """Sum over `group` the gradients that sequence parallelism leaves partial, in place.
 
+    `model` is any module that holds such blocks, at any depth (a models.ViT, or the tests'
+    nn.ModuleDict of blocks and a loose LayerNorm): find them among model.modules().
     In a block that parallelize_block split with sequence_parallel (block.sequence_parallel True),
     the LayerNorms' weights and biases and the row-parallel layers' biases (split_dim == 1) are the
     same on every rank of the group, but each rank's gradient covers only its own S / N tokens; the

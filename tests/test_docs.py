@@ -66,6 +66,10 @@ NOT_RUN = {
     "torchrun --standalone --nproc_per_node=2 solutions/template_collectives.py": "as the 2-rank warm-up",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --allreduce ring":
         "tests/test_allreduce.py trains through train_ddp.py's --allreduce naive|ring path on 2 ranks",
+    "torchrun --standalone --nproc_per_node=4 train_ddp.py --data synthetic --model vit *":
+        "4 processes on the 2-core test machine: tests/test_sequence_parallel.py, test_context_parallel.py and "
+        "test_train_experts.py train --tp 2 --sp, --cp 2 (ring and Ulysses) and --moe 4 --ep 2 on 4 ranks against "
+        "data parallelism (pytest -m slow)",
     "torchrun --standalone --nproc_per_node=4 train_ddp.py --data synthetic *":
         "4 processes on the 2-core test machine; tests/test_train_model_parallel.py trains --tp 2 (ours and "
         "parallelize_module) and --pp 2 on 2 pipelines against one process",
@@ -91,9 +95,6 @@ NOT_RUN = {
         "tests/test_compression.py trains --sync overlap with --compress powersgd (and bf16, pytest -m slow)",
     "torchrun --standalone --nproc_per_node=2 train_ddp.py --data synthetic --impl ddp --compress *":
         "tests/test_compression.py trains --impl ddp --compress powersgd (pytest -m slow)",
-    "torchrun --standalone --nproc_per_node=4 train_ddp.py --impl solutions --data synthetic --model vit *":
-        "4 processes on the 2-core test machine: tests/test_train_experts.py trains --moe 4 --ep 2 against Task 2's "
-        "and DDP's 4-rank runs (pytest -m slow)",
     "torchrun --standalone --nproc_per_node=4 train_ddp.py --impl ddp --data synthetic --model vit *":
         "tests/test_train_experts.py trains it as the reference of --ep 2 (pytest -m slow)",
     "python benchmarks/experts_bench.py *": "minutes of 4 ranks on 2 cores; its figures are on docs/task16-experts.md",
