@@ -60,12 +60,11 @@ def load_with_reference(impl, name, *names):
 
     The copy is new at each call, so the swap never leaks into another test, even in pytest's
     own process. A function swapped in runs with solutions/' globals: a function it calls by
-    name is solutions/' too, so swap in every task that the judged one does not need. A class
-    of the copy that holds none of the student's answers after the swap (every method given code
-    or swapped in) is solutions/' class itself, so that an isinstance() in the judged answer holds
-    for what solutions/' functions build (Task 14.5's row-parallel layers, made by a swapped-in
-    parallelize_block). In a student release (no solutions/) nothing is swapped: the copy is the
-    student's own file, whole (another copy of it would bring classes of its own).
+    name is solutions/' too, so swap in every task that the judged one does not need (a test that
+    wants the judged answer run inside a swapped-in one rebinds it: test_pipeline.reference_gpipe,
+    test_sequence_parallel.judging). In a student release (no solutions/) nothing is swapped: the
+    copy is the student's own file, whole (another copy of it would bring classes of its own, and a
+    super() in one called with an instance of the other raised TypeError).
     """
     module = load(impl, name)
     if not names:
@@ -90,21 +89,7 @@ def load_with_reference(impl, name, *names):
                              f"solutions/{name}.py ({classes}): name a function or Class.method there")
         # vars(), not getattr: a staticmethod or classmethod stays one
         setattr(getattr(module, classes[0]), attribute, vars(getattr(solution, classes[0]))[attribute])
-    for key, cls in list(vars(module).items()):
-        theirs = vars(solution).get(key)
-        if isinstance(cls, type) and cls.__module__ == module.__name__ and isinstance(theirs, type) and all(
-                _same_code(value, vars(theirs).get(attribute)) for attribute, value in vars(cls).items()
-                if inspect.isfunction(getattr(value, "__func__", value))):
-            setattr(module, key, theirs)
     return module
-
-
-def _same_code(mine, theirs):
-    """Whether two functions (or static or class methods) run the same code, wherever their lines are."""
-    def fields(code):
-        return code.co_code, code.co_names, tuple(fields(c) if inspect.iscode(c) else c for c in code.co_consts)
-    mine, theirs = getattr(mine, "__func__", mine), getattr(theirs, "__func__", theirs)
-    return inspect.isfunction(theirs) and (mine is theirs or fields(mine.__code__) == fields(theirs.__code__))
 
 
 STUB = re.compile(r'raise NotImplementedError\("(Task \d+\.\d+:[^"]*)"\)')

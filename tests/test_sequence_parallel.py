@@ -72,16 +72,35 @@ def judging(impl, task):
     with _task9_reference():
         module = load_with_reference(impl, "template_sequence_parallel", *others)
     raise_if_unfilled(module, ANSWERS[task])
-    if task == "14.4":
-        # solutions/' parallelize_attention and parallelize_mlp, run with this module's globals: their
-        # _layers(sequence_parallel) is then the judged file's, whose SequenceParallel*Linear.forward are the
-        # answers judged here (with solutions/' globals the blocks would run solutions/' layers, and a layer
-        # wrong only inside a block, or over a sub-group, would pass)
-        for name in ("parallelize_attention", "parallelize_mlp"):
-            f = getattr(module, name)
-            rebound = types.FunctionType(f.__code__, vars(module), f.__name__, f.__defaults__, f.__closure__)
-            setattr(module, name, rebound)
+    # solutions/' answers to the other parts run with this module's globals: what they build and call is then the
+    # judged file's, with the judged answer in it. With solutions/' globals a swapped-in parallelize_attention
+    # built solutions/' SequenceParallel*Linear (a 14.4 layer wrong only inside a block, or over a sub-group,
+    # passed), and a 14.5 that finds the row-parallel layers with isinstance (a right answer, of a student trial)
+    # found none among them
+    for answer in others:
+        owner, _, name = answer.rpartition(".")
+        where = getattr(module, owner) if owner else module
+        answer = vars(where)[name]
+        function = getattr(answer, "__func__", answer)
+        rebound = types.FunctionType(function.__code__, vars(module), function.__name__, function.__defaults__,
+                                     function.__closure__)
+        setattr(where, name, type(answer)(rebound) if isinstance(answer, staticmethod) else rebound)
     return module
+
+
+@pytest.mark.repo
+def test_the_other_parts_run_in_the_judged_file():
+    """judging(): solutions/' answers to the other parts, swapped in, call and build the judged file's functions
+    and classes, so that its answer runs inside them (a 14.4 layer inside a block; a 14.5 that finds the layers
+    parallelize_block built with isinstance)."""
+    for task, others in (("14.5", ["parallelize_block", "parallelize_attention", "parallelize_mlp"]),
+                         ("14.4", ["parallelize_attention", "parallelize_mlp", "parallelize_vit"]),
+                         ("14.1", ["parallelize_block", "_GatherSequence.forward"])):
+        judged = judging(REFERENCE, task)
+        for name in others:
+            owner, _, attribute = name.rpartition(".")
+            function = getattr(getattr(judged, owner) if owner else judged, attribute)
+            assert function.__globals__ is vars(judged), (task, name)
 
 
 def slow(*values):

@@ -5,7 +5,6 @@ catches a fix made in a solution but not in its template (or the other way round
 missing stub, and a task with no pytest marker for students to select it.
 """
 import configparser
-import inspect
 import os
 import re
 
@@ -68,38 +67,15 @@ def test_every_task_has_a_pytest_marker():
 
 
 # ----------------------------------------------------------------------------- the copy a task is judged in
-def _judged(task):
-    """template_sequence_parallel.py judged at `task`, as tests/test_sequence_parallel.py judges it."""
-    from conftest import load_with_reference
-    from test_sequence_parallel import ANSWERS, _task9_reference
-    with _task9_reference():
-        return load_with_reference("template", "template_sequence_parallel",
-                                   *[answer for t, answers in ANSWERS.items() if t != task for answer in answers])
-
-
-def test_a_judged_copy_shares_the_classes_that_hold_none_of_its_answers():
-    """conftest.load_with_reference: a class of the copy whose methods are all given code or answers swapped in
-    is solutions/' class itself, so that an isinstance() in the judged answer holds for what solutions/' functions
-    build (a student's Task 14.5 that finds the row-parallel layers by class, made by the swapped-in
-    parallelize_block, was told the biases were never summed); a class that holds the judged answer stays the
-    copy's, with that answer in it."""
-    from conftest import load
-    solution = load("solutions", "template_sequence_parallel")
-    judged = _judged("14.5")
-    for name in ("SequenceParallelColumnLinear", "SequenceParallelRowLinear", "_GatherSequence", "_ReduceScatterSequence"):
-        assert getattr(judged, name) is getattr(solution, name), name
-    judged = _judged("14.4")
-    assert judged.SequenceParallelRowLinear is not solution.SequenceParallelRowLinear
-    assert "NotImplementedError" in inspect.getsource(judged.SequenceParallelRowLinear.forward)
-    assert judged._GatherSequence is solution._GatherSequence  # Task 14.3's, swapped in whole
-
-
 def test_a_judged_copy_in_a_release_is_the_students_file_whole(monkeypatch):
-    """Without solutions/ the answers to swap in would be another copy of the student's own file, with classes of
-    its own: a super() in a method of the one called with an instance of the other raised TypeError, blamed on the
-    task being checked. The copy is then the student's file as it is."""
+    """conftest.load_with_reference without solutions/: the answers to swap in would be another copy of the
+    student's own file, with classes of its own (a super() in a method of the one, called with an instance of the
+    other, raised TypeError, blamed on the task being checked). The copy is then the student's file as it is."""
     import conftest
+    from test_sequence_parallel import ANSWERS, _task9_reference
     monkeypatch.setattr(conftest, "HAS_SOLUTIONS", False)
-    judged = _judged("14.5")
+    with _task9_reference():
+        judged = conftest.load_with_reference("template", "template_sequence_parallel",
+                                              *[answer for t, answers in ANSWERS.items() if t != "14.5" for answer in answers])
     for function in (judged.parallelize_block, judged.SequenceParallelRowLinear.forward):
         assert function.__globals__ is vars(judged), function.__qualname__  # the copy's own, not another copy's
