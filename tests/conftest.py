@@ -18,6 +18,7 @@ import queue
 import sys
 import time
 import traceback
+import types
 import weakref
 
 import harness  # first: it starts the server that forks the ranks, see harness.py
@@ -50,7 +51,7 @@ HAS_SOLUTIONS = importlib.util.find_spec("solutions") is not None
 REFERENCE = "solutions" if HAS_SOLUTIONS else "template"
 
 
-def load_with_reference(impl, name, *names):
+def load_with_reference(impl, name, *names, in_the_copy=False):
     """A fresh copy of the module `name` of `impl`, with solutions/' answers swapped in for `names`:
     functions of the module ("build_buckets"), or methods of a class that the solution module
     defines ("finish_gradient_synchronization", or "DDP.finish_gradient_synchronization" where
@@ -60,11 +61,12 @@ def load_with_reference(impl, name, *names):
 
     The copy is new at each call, so the swap never leaks into another test, even in pytest's
     own process. A function swapped in runs with solutions/' globals: a function it calls by
-    name is solutions/' too, so swap in every task that the judged one does not need (a test that
-    wants the judged answer run inside a swapped-in one rebinds it: test_pipeline.reference_gpipe,
-    test_sequence_parallel.judging). In a student release (no solutions/) nothing is swapped: the
-    copy is the student's own file, whole (another copy of it would bring classes of its own, and a
-    super() in one called with an instance of the other raised TypeError).
+    name is solutions/' too, so swap in every task that the judged one does not need. With
+    in_the_copy it runs with the copy's globals instead (with_globals): what it calls and builds by
+    name is then the copy's, the judged answer included (Task 14's blocks build the judged file's
+    layers; Task 16's dispatch calls the judged all_to_all). In a student release (no solutions/)
+    nothing is swapped: the copy is the student's own file, whole (another copy of it would bring
+    classes of its own, and a super() in one called with an instance of the other raised TypeError).
     """
     module = load(impl, name)
     if not names:
@@ -89,7 +91,21 @@ def load_with_reference(impl, name, *names):
                              f"solutions/{name}.py ({classes}): name a function or Class.method there")
         # vars(), not getattr: a staticmethod or classmethod stays one
         setattr(getattr(module, classes[0]), attribute, vars(getattr(solution, classes[0]))[attribute])
+    if in_the_copy:
+        for wanted in names:
+            owner, _, attribute = wanted.rpartition(".")
+            holder = getattr(module, owner) if owner else module
+            setattr(holder, attribute, with_globals(vars(holder)[attribute], module))
     return module
+
+
+def with_globals(function, module):
+    """`function` (or the staticmethod or classmethod around one) running with `module`'s globals."""
+    kind = type(function) if isinstance(function, (staticmethod, classmethod)) else None
+    inner = function.__func__ if kind else function
+    rebound = types.FunctionType(inner.__code__, vars(module), inner.__name__, inner.__defaults__, inner.__closure__)
+    rebound.__qualname__, rebound.__kwdefaults__ = inner.__qualname__, inner.__kwdefaults__
+    return kind(rebound) if kind else rebound
 
 
 STUB = re.compile(r'raise NotImplementedError\("(Task \d+\.\d+:[^"]*)"\)')

@@ -18,7 +18,6 @@ where the copies are not N. The tests of one task take solutions/' answers to th
 import copy
 import gc
 import re
-import types
 import weakref
 
 import pytest
@@ -53,17 +52,8 @@ def judging(impl, task):
     """template_experts of `impl` for the tests of `task`: your answer to that task, solutions/' to the
     others. An unfilled part of the task raises its NotImplementedError here, at once, before any rank."""
     others = [answer for t, answers in ANSWERS.items() if t != task for answer in answers]
-    module = load_with_reference(impl, "template_experts", *others)
-    for answer in others:  # solutions/' answers call the judged module's functions: yours to `task`
-        owner, _, name = answer.rpartition(".")
-        holder = getattr(module, owner) if owner else module
-        found = vars(holder)[name]
-        kind = type(found) if isinstance(found, (staticmethod, classmethod)) else None
-        function = found.__func__ if kind else found
-        rebound = types.FunctionType(function.__code__, vars(module), function.__name__, function.__defaults__,
-                                     function.__closure__)
-        rebound.__qualname__ = function.__qualname__
-        setattr(holder, name, kind(rebound) if kind else rebound)
+    # solutions/' answers call the judged module's functions: yours to `task`
+    module = load_with_reference(impl, "template_experts", *others, in_the_copy=True)
     raise_if_unfilled(module, ANSWERS[task])
     return module
 

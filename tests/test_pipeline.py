@@ -24,7 +24,6 @@ import math
 import re
 import sys
 import time
-import types
 import weakref
 
 import pytest
@@ -33,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference
+from conftest import HAS_SOLUTIONS, REFERENCE, load, load_with_reference, with_globals
 from harness import RankFailed, RankTimeout, one_line, run_ranks
 from wire import MESSAGES, NO_FUTURE, Wire, dtype_name, gloo_wait_only, polls_is_completed
 
@@ -813,9 +812,7 @@ def reference_gpipe(lib):
     """Task 10.6's gpipe_step (solutions/') computing with `lib`'s forward_step and backward_step: the
     schedule the tests of 10.4 and 10.5 run the judged step in. Its code is solutions/', its globals are
     lib's (load_with_reference's swap alone would call solutions/' steps), so no schedule is written here."""
-    reference = load_with_reference("solutions", "template_pipeline").gpipe_step
-    return types.FunctionType(reference.__code__, vars(lib), reference.__name__, reference.__defaults__,
-                              reference.__closure__)
+    return with_globals(load("solutions", "template_pipeline").gpipe_step, lib)
 
 
 class Alive:

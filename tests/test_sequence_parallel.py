@@ -18,7 +18,6 @@ answers to the others and to Task 9 (judging), so a mistake costs one task's poi
 import copy
 import re
 import sys
-import types
 from contextlib import contextmanager
 
 import pytest
@@ -70,21 +69,13 @@ def judging(impl, task):
     to the other Task 14 parts and to Task 9. A part still holding its TODO's raise raises it here, at once."""
     others = [answer for t, answers in ANSWERS.items() if t != task for answer in answers]
     with _task9_reference():
-        module = load_with_reference(impl, "template_sequence_parallel", *others)
+        # solutions/' answers to the other parts run with this module's globals: what they build and call is then the
+        # judged file's, with the judged answer in it. With solutions/' globals a swapped-in parallelize_attention
+        # built solutions/' SequenceParallel*Linear (a 14.4 layer wrong only inside a block, or over a sub-group,
+        # passed), and a 14.5 that finds the row-parallel layers with isinstance (a right answer, of a student
+        # trial) found none among them
+        module = load_with_reference(impl, "template_sequence_parallel", *others, in_the_copy=True)
     raise_if_unfilled(module, ANSWERS[task])
-    # solutions/' answers to the other parts run with this module's globals: what they build and call is then the
-    # judged file's, with the judged answer in it. With solutions/' globals a swapped-in parallelize_attention
-    # built solutions/' SequenceParallel*Linear (a 14.4 layer wrong only inside a block, or over a sub-group,
-    # passed), and a 14.5 that finds the row-parallel layers with isinstance (a right answer, of a student trial)
-    # found none among them
-    for answer in others:
-        owner, _, name = answer.rpartition(".")
-        where = getattr(module, owner) if owner else module
-        answer = vars(where)[name]
-        function = getattr(answer, "__func__", answer)
-        rebound = types.FunctionType(function.__code__, vars(module), function.__name__, function.__defaults__,
-                                     function.__closure__)
-        setattr(where, name, type(answer)(rebound) if isinstance(answer, staticmethod) else rebound)
     return module
 
 
