@@ -81,21 +81,17 @@ def load_with_reference(impl, name, *names, in_the_copy=False):
     for wanted in names:
         owner, _, attribute = wanted.rpartition(".")
         if not owner and attribute in vars(solution):
-            setattr(module, attribute, getattr(solution, attribute))
-            continue
-        classes = [cls_name for cls_name, cls in vars(solution).items()
-                   if isinstance(cls, type) and cls.__module__ == solution.__name__ and attribute in vars(cls)
-                   and cls_name == (owner or cls_name)]
-        if len(classes) != 1:
-            raise ValueError(f"load_with_reference: '{wanted}' names {len(classes)} methods of classes in "
-                             f"solutions/{name}.py ({classes}): name a function or Class.method there")
-        # vars(), not getattr: a staticmethod or classmethod stays one
-        setattr(getattr(module, classes[0]), attribute, vars(getattr(solution, classes[0]))[attribute])
-    if in_the_copy:
-        for wanted in names:
-            owner, _, attribute = wanted.rpartition(".")
-            holder = getattr(module, owner) if owner else module
-            setattr(holder, attribute, with_globals(vars(holder)[attribute], module))
+            holder, theirs = module, getattr(solution, attribute)
+        else:
+            classes = [cls_name for cls_name, cls in vars(solution).items()
+                       if isinstance(cls, type) and cls.__module__ == solution.__name__ and attribute in vars(cls)
+                       and cls_name == (owner or cls_name)]
+            if len(classes) != 1:
+                raise ValueError(f"load_with_reference: '{wanted}' names {len(classes)} methods of classes in "
+                                 f"solutions/{name}.py ({classes}): name a function or Class.method there")
+            # vars(), not getattr: a staticmethod or classmethod stays one
+            holder, theirs = getattr(module, classes[0]), vars(getattr(solution, classes[0]))[attribute]
+        setattr(holder, attribute, with_globals(theirs, module) if in_the_copy else theirs)
     return module
 
 
