@@ -2150,10 +2150,10 @@ MISTAKES = [
             "        dist.all_reduce(total, group=group)\n", "", "not reduced over the context group"),
     Mistake("15.6", "head-gradients-times-n", "template_context_parallel.py",
             "(world if id(param) in head else world // cp_size)", "(world // cp_size)",
-            "the head's gradients are N = 2 times too large"),
+            "the head's gradients are N = 3 times too large"),
     Mistake("15.6", "block-gradients-divided-by-n", "template_context_parallel.py",
             "(world if id(param) in head else world // cp_size)", "world",
-            "N = 2 times too small"),
+            "N = 3 times too small"),
     Mistake("15.2", "blocking-send-then-recv", "template_context_parallel.py",  # trial B's: a hang, told generically
             "        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n"
             "            if step < size - 1:\n                incoming = torch.empty_like(kv)\n"
@@ -2272,7 +2272,7 @@ MISTAKES = [
     Mistake("15.6", "backward-times-n", "template_context_parallel.py",  # trial C's: told as divided by the local token count
             '        return (grad / ctx.tokens).unsqueeze(1)',
             '        return (grad * dist.get_world_size() / ctx.tokens).unsqueeze(1)',
-            'multiplied by N = 2'),
+            'multiplied by N = 3'),
     Mistake("15.6", "tokens-counted-over-the-world", "template_context_parallel.py",  # was a ratio only; right
             # where the context group is the world
             "        ctx.local, ctx.tokens = x.shape[1], x.shape[1] * dist.get_world_size(group)",

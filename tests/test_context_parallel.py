@@ -1499,10 +1499,13 @@ def _check_refused(rank, got):
 
 
 # --------------------------------------------------------------------------- Task 15.6
+IMAGE = 12  # 36 tokens: they split over 2, 3 and 4 ranks
+
+
 def _tiny_vit(seed=0):
     from models import ViT
     torch.manual_seed(seed)
-    return ViT(image_size=8, patch_size=2, dim=16, depth=1, heads=4).double()
+    return ViT(image_size=IMAGE, patch_size=2, dim=16, depth=1, heads=4).double()
 
 
 def _pooling(rank, size, impl, group=None):
@@ -1582,7 +1585,7 @@ def _vit_step(rank, size, impl, cp_size, attention):
     vit = _tiny_vit()
     model = cp.ContextParallelViT(vit, group, attention)
     g = torch.Generator().manual_seed(3)
-    images, labels = torch.randn(8, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    images, labels = torch.randn(8, 3, IMAGE, IMAGE, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
     replicas = size // cp_size
     mine = slice(rank // cp_size * 8 // replicas, (rank // cp_size + 1) * 8 // replicas)
     F.cross_entropy(model(images[mine]), labels[mine]).backward()
@@ -1607,14 +1610,14 @@ def _vit_step(rank, size, impl, cp_size, attention):
 def _single_process_grads():
     vit = _tiny_vit()
     g = torch.Generator().manual_seed(3)
-    images, labels = torch.randn(8, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    images, labels = torch.randn(8, 3, IMAGE, IMAGE, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
     F.cross_entropy(vit(images), labels).backward()
     return {name: p.grad for name, p in vit.named_parameters()}
 
 
 @pytest.mark.task15_6
-@pytest.mark.parametrize("size,cp_size,attention", [(2, 2, "ring"), slow(4, 2, "ring"), slow(4, 2, "ulysses"),
-                                                    slow(4, 4, "ring")])
+@pytest.mark.parametrize("size,cp_size,attention", [(3, 3, "ring"), slow(2, 2, "ring"), slow(4, 2, "ring"),
+                                                    slow(4, 2, "ulysses")])
 def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, attention):
     judging(impl, "15.6")
     expected = _single_process_grads()
