@@ -595,7 +595,7 @@ def named_failure(error, tasks, test_name):
     if type(error).__name__ in ("Skipped", "XFailed", "Exit") or named & set(ids) or "from pytest-timeout" in text:
         return None  # the test's own words, naming its task; a time limit (grading/checker.py reads it as a hang)
     prefix = (tasks[0] if len(tasks) == 1 else "Tasks " + ", ".join(ids)) + ": "
-    expected = f"The test checks that {expectation(test_name)}."
+    expected = f"What the test checks: {expectation(test_name)}."  # a name is not always a clause
     place = _student_frame(error)
     at = f" (at {place})" if place else ""
     first, _, rest = text.partition("\n")
