@@ -8,7 +8,7 @@
 
 It runs the tests against your template_*.py files (pytest --impl template) once, and
 prints one line per task: done, not started (its TODO still raises NotImplementedError),
-blocked (it needs an earlier task), failing (with the tests' explanation of the likely
+blocked (it needs another task first), failing (with the tests' explanation of the likely
 mistake) or hang (with where each stuck rank was waiting). It never hangs itself: a
 deadlock is caught by the tests' time limits and reported. A task that fails in a way a busy
 machine can cause (a hang where no rank finished, a lost connection) is run once more before
@@ -17,8 +17,8 @@ A task's slow-marked tests run after its others, and not at all once one of thos
 wrong answer is told in the time of the fast tests, a right one runs them all, as the grader
 does. Without GPUs the NCCL variants of the tests are skipped; on a machine with GPUs they run too.
 In a student release (no solutions/) a task's tests use your own answers to the earlier tasks of
-its file: when it fails, the earlier ones this run did not check are checked too, and its message
-names those that fail.
+its file, and to a few later ones (grading.checker.LATER_TASKS_USED): when it fails, those this run
+did not check are checked too, its message names those that fail, and "Next" sends you to them first.
 """
 import argparse
 import os
@@ -26,8 +26,8 @@ import sys
 import tempfile
 import textwrap
 
-from grading.checker import (blame_own_answers, discover_tasks, earlier_tasks_used, is_release, run_tests,
-                             select_tasks, summarize)
+from grading.checker import (blame_own_answers, discover_tasks, in_fixing_order, is_release, run_tests,
+                             select_tasks, summarize, tasks_used, tasks_used_unchecked)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -171,22 +171,23 @@ def run_again_if_uncertain(run, results, workdir, args):
     return results, notes, rerun.seconds
 
 
-def check_earlier_tasks(results, tasks, workdir, args):
-    """In a student release a failing task's tests run the student's own answers to the earlier tasks of
-    its file: check those this run did not, so that its message can say which of them fail (or that none
-    does) instead of that any may. Returns their results and the seconds it took."""
-    earlier = earlier_tasks_used(results, tasks) if is_release(REPO) else []
-    if not earlier:
+def check_tasks_used(results, tasks, workdir, args):
+    """In a student release a failing task's tests run the student's own answers to the other tasks of its
+    file that they use (the earlier ones, and a few later ones: grading.checker.tasks_used): check those this
+    run did not, so that its message can say which of them fail (or that none does) instead of that any may.
+    Returns their results and the seconds it took."""
+    used = tasks_used_unchecked(results, tasks) if is_release(REPO) else []
+    if not used:
         return [], 0.0
-    ids = [t.id for t in earlier]
+    ids = [t.id for t in used]
     failed = [r.task.id for r in results if r.status in ("failing", "hang")
-              and any(t.file == r.task.file and t.key < r.task.key for t in earlier)]
+              and any(t in used for t in tasks_used(r.task, tasks))]
     print(f"Task {', '.join(failed)} failed, and {'its' if len(failed) == 1 else 'their'} tests use your answers to "
           f"Task {', '.join(ids)}: checking {'it' if len(ids) == 1 else 'them'} too ...", flush=True)
-    folder = os.path.join(workdir, "earlier")
+    folder = os.path.join(workdir, "used")
     os.makedirs(folder)
     run = run_tests(REPO, ids, folder, impl=args.impl, timeout=args.timeout, fast_first=True)
-    return summarize(earlier, run, blame=False), run.seconds
+    return summarize(used, run, blame=False), run.seconds
 
 
 def main(argv=None):
@@ -216,26 +217,26 @@ def main(argv=None):
             with open(run.log_path, encoding="utf-8", errors="replace") as log:
                 print(log.read())
         results, notes, seconds_again = run_again_if_uncertain(run, results, workdir, args)
-        earlier, seconds_earlier = check_earlier_tasks(results, tasks, workdir, args)
-    if is_release(REPO):  # each task's message names the earlier tasks of its file that fail, of both runs
-        blame_own_answers(results, tasks, others=earlier)
-        blame_own_answers(earlier, tasks, others=results)
+        used, seconds_used = check_tasks_used(results, tasks, workdir, args)
+    if is_release(REPO):  # each task's message names the tasks its tests use that fail, of both runs
+        blame_own_answers(results, tasks, others=used)
+        blame_own_answers(used, tasks, others=results)
     gpu = {e["nodeid"] for e in run.events if e.get("event") == "collected" and e.get("gpu")}
     skipped = {o.nodeid for r in results for o in r.outcomes if o.state == "skipped"} & gpu
-    width = max(len(r.task.where()) for r in results + earlier) + 1
+    width = max(len(r.task.where()) for r in results + used) + 1
     for result in results:
         print_result(result, width)
         if result.task.id in notes:
             print(" " * 13 + notes[result.task.id])
-    if earlier:
+    if used:
         print("Checked too, as the tests above ran them:")
-        for result in earlier:
+        for result in used:
             print_result(result, width)
     done = sum(r.done for r in results)
     gpu_note = f" ({len(skipped)} GPU tests skipped: they need CUDA)" if skipped else ""
-    seconds = run.seconds + seconds_again + seconds_earlier
+    seconds = run.seconds + seconds_again + seconds_used
     print(f"\n{done} of {len(results)} tasks done in {seconds:.0f} s{gpu_note}.")
-    in_order = sorted(results + earlier, key=lambda r: r.task.key)  # an earlier task is fixed first
+    in_order = in_fixing_order(results + used, tasks)  # a task its tests use is fixed first
     print("Next:", next_step(in_order, args.impl, everything=len(chosen) == len(tasks)))
     return 0 if done == len(results) else 1
 

@@ -438,7 +438,7 @@ def outcomes_of(run):
 
 def summarize(tasks, run, blame=True):
     """A TaskResult for each task, in course order. With blame, in a student release, a failing task's
-    explanation says which earlier tasks of its file fail too (blame_own_answers)."""
+    explanation says which tasks of its file that its tests use fail too (blame_own_answers)."""
     outcomes = outcomes_of(run)
     collect_errors = [e for e in run.events if e.get("event") == "collect_error"]
     results = [_summarize_task(task, [o for o in outcomes if task.id in o.tasks], run, collect_errors)
@@ -454,30 +454,47 @@ def is_release(repo):
     return not os.path.isdir(os.path.join(repo, "solutions"))
 
 
-def earlier_tasks_used(results, course):
+# The later tasks of its file whose answers a task's tests run too (every earlier one counts as used): in a release
+# with every answer but one later task's, `check.py` said these were blocked by it (tools/later_tasks_used.py
+# measures them again; docs/checking.md lists them). In the course they are solutions/', in a release the student's.
+LATER_TASKS_USED = {
+    "6.2": ("6.3",), "7.3": ("7.4",), "9.3": ("9.4",), "10.2": ("10.3",), "10.4": ("10.5", "10.6"), "10.5": ("10.6",),
+    "14.1": ("14.3", "14.4"), "14.2": ("14.3", "14.4"), "15.2": ("15.3",), "16.2": ("16.3", "16.4"), "16.3": ("16.4",),
+    "16.4": ("16.5",),
+}
+
+
+def tasks_used(task, course):
+    """The other tasks of course whose answers task's tests run: the earlier tasks of its file, and the later
+    ones that LATER_TASKS_USED names."""
+    later = LATER_TASKS_USED.get(task.id, ())
+    return [t for t in course if t.file == task.file and (t.key < task.key or t.id in later)]
+
+
+def tasks_used_unchecked(results, course):
     """The tasks of course that a failing or hung result's tests ran as the student wrote them (in a release)
-    and that results did not check: the earlier tasks of its file."""
+    and that results did not check (tasks_used), in course order."""
     checked = {r.task.id for r in results}
-    failing = [r for r in results if r.status in ("failing", "hang")]
-    return [t for t in course if t.id not in checked
-            and any(t.file == r.task.file and t.key < r.task.key for r in failing)]
+    used = {t.id for r in results if r.status in ("failing", "hang") for t in tasks_used(r.task, course)}
+    return [t for t in course if t.id in used and t.id not in checked]
 
 
 def blame_own_answers(results, course, others=()):
     """Without solutions/ (a student release) a task's tests run the student's own answers to
-    the other tasks of its file: say which earlier ones fail too (or were not checked), as the
+    the other tasks of its file that it uses (tasks_used): say which fail too (or were not checked), as the
     likely cause. others: results of tasks checked for this purpose only (check.py checks the
-    earlier tasks of a failing one's file), which are read, not changed."""
+    tasks a failing one uses), which are read, not changed."""
     known = list(results) + list(others)
     for result in results:
         if result.status not in ("failing", "hang"):
             continue
         file = result.task.file
-        broken = [r.task.id for r in known if r.task.file == file and r.task.key < result.task.key and not r.done]
-        unchecked = [t.id for t in course if t.file == file and t.key < result.task.key
-                     and t.id not in {r.task.id for r in known}]
+        # an earlier task whose tests use this one may fail by this one's doing (14.1 by a wrong 14.4): not blamed
+        used = [t.id for t in tasks_used(result.task, course) if result.task.id not in LATER_TASKS_USED.get(t.id, ())]
+        broken = [r.task.id for r in known if r.task.id in used and not r.done]
+        unchecked = [t for t in used if t not in {r.task.id for r in known}]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
-        if broken:  # said first (Issue 45): the test's own hint assumes the earlier tasks right, and may blame this one
+        if broken:  # said first (Issue 45): the test's own hint assumes the other tasks right, and may blame this one
             one = len(broken) == 1
             result.explanation = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may "
                                   f"be the cause: fix {'it' if one else 'them'} first. This task's tests said: "
@@ -490,6 +507,19 @@ def blame_own_answers(results, course, others=()):
             continue
         result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
             (".", "!", "?")) else ".") + " " + why  # "... (Task 14.1)" ends no sentence either
+
+
+def in_fixing_order(results, course):
+    """results in the order to fix them: course order, but a task after the not-done tasks its tests use
+    (in a release a wrong 14.4 fails 14.1's tests: fix 14.4 first)."""
+    known = {r.task.id: r for r in results}
+
+    def order(result):
+        waits_for = [known[t.id].task.key for t in tasks_used(result.task, course)
+                     if t.id in known and not known[t.id].done and not result.done]
+        last = max([result.task.key, *waits_for])
+        return last, last != result.task.key, result.task.key
+    return sorted(results, key=order)
 
 
 def _summarize_task(task, tests, run, collect_errors):

@@ -2,9 +2,12 @@
 
     pytest tests/test_check_hints.py
 """
+import os
+import re
+
 import pytest
 
-from check import print_result
+from check import REPO, print_result
 from grading.checker import Task, TaskResult, explain
 
 pytestmark = pytest.mark.repo
@@ -65,10 +68,10 @@ def test_a_ranks_own_exception_names_the_task_the_line_and_what_the_test_expecte
     assert isinstance(error, RankFailed), error  # check.py still runs a RankFailed again (it may be the machine)
     first = str(error).splitlines()[0]
     assert first.startswith(RECV + ": rank 1 raised ValueError: no such peer (at template_pipeline.py:141 in _recv)"), first
-    assert "The test checks that activations and gradients go round trip between neighbours (2-10.3)." in first, first
+    assert "What the test checks: activations and gradients go round trip between neighbours (2-10.3)." in first, first
     line = _check_line(error)
     assert line.startswith("rank 1: ValueError: no such peer (at template_pipeline.py:141 in _recv)"), line
-    assert "--- rank" not in line and "The test checks that" in line, line
+    assert "--- rank" not in line and "What the test checks:" in line, line
 
 
 def test_an_error_in_pytests_process_names_the_task():
@@ -123,7 +126,7 @@ def test_did_not_raise_says_what_had_to_be_raised():
                           "test_read_overlaps_reports_a_missing_piece")
     assert str(error).startswith("Task 8.4 (template_checkpoint.py, read_overlaps()): no ValueError was raised, "
                                  "where the test expected one"), error
-    assert "The test checks that read overlaps reports a missing piece." in str(error), error
+    assert "What the test checks: read overlaps reports a missing piece." in str(error), error
 
 
 def test_a_rank_killed_by_a_signal_is_named_and_its_task_too():
@@ -297,6 +300,52 @@ def test_in_a_release_a_failing_earlier_task_of_the_file_is_said_first():
     blame_own_answers(alone, course)
     assert alone[0].explanation.startswith(hint) and "if Task 11.1, 11.2 is wrong" in alone[0].explanation, \
         alone[0].explanation
+
+
+def test_in_a_release_a_failing_later_task_that_the_tests_use_is_said_and_fixed_first():
+    """A student trial: in a release, a wrong 14.4 (its column layer kept f) made `check.py 14.1` fail with 14.4's
+    cause in the message, but the line said 14.1, nothing checked 14.4, and "Next" said to fix 14.1. Task 14.1's
+    tests use 14.4 (grading.checker.LATER_TASKS_USED): 14.1's message now names 14.4 first, 14.4's does not blame
+    14.1 back (14.1 may fail by 14.4's doing), and 14.4 comes first in the order of fixing."""
+    from grading.checker import blame_own_answers, in_fixing_order
+
+    course = [Task(f"14.{n}", file="template_sequence_parallel.py") for n in (1, 2, 3, 4, 5)]
+    one, four = "the input's gradient differs ... no f there", "SequenceParallelColumnLinear ... no f in the layer"
+    results = [TaskResult(course[0], "failing", one)]
+    used = [TaskResult(course[2], "done"), TaskResult(course[3], "failing", four)]
+    blame_own_answers(results, course, others=used)
+    blame_own_answers(used, course, others=results)
+    said = results[0].explanation
+    assert said.startswith("This course has no solutions/") and "Task 14.4 is not done either" in said, said
+    assert said.endswith(one) and "14.3" not in said, said
+    assert used[1].explanation == four, used[1].explanation
+    assert [r.task.id for r in in_fixing_order(results + used, course)] == ["14.3", "14.4", "14.1"]
+    # 14.4 right: 14.1's own message, with the hedge about what this run did not check (14.2 is not used)
+    alone = [TaskResult(course[0], "failing", one)]
+    blame_own_answers(alone, course, others=[TaskResult(course[3], "done")])
+    assert alone[0].explanation.startswith(one) and "if Task 14.3 is wrong" in alone[0].explanation, \
+        alone[0].explanation
+    # an earlier task is still fixed first, and a task waits for no task that is done
+    data = [Task(f"1.{n}", file="template_data_loader.py") for n in (1, 2, 3, 4)]
+    mixed = [TaskResult(data[3], "failing", "x"), TaskResult(data[0], "failing", "y"), TaskResult(data[1], "done")]
+    assert [r.task.id for r in in_fixing_order(mixed, data)] == ["1.1", "1.2", "1.4"]
+
+
+def test_the_later_tasks_used_are_tasks_of_the_same_file_and_docs_list_them():
+    """LATER_TASKS_USED (measured by tools/later_tasks_used.py) names later tasks of each task's own file, and
+    docs/checking.md lists the same table."""
+    from grading.checker import LATER_TASKS_USED, discover_tasks, tasks_used
+
+    course = {t.id: t for t in discover_tasks(REPO)}
+    for task, later in LATER_TASKS_USED.items():
+        assert all(course[t].file == course[task].file and course[t].key > course[task].key for t in later), task
+        assert [t.id for t in tasks_used(course[task], list(course.values()))] == sorted(
+            [t.id for t in course.values() if t.file == course[task].file and t.key < course[task].key] + list(later),
+            key=lambda t: course[t].key), task
+    with open(os.path.join(REPO, "docs", "checking.md")) as f:
+        page = " ".join(f.read().split())
+    listed = dict(re.findall(r"(\d+\.\d+) uses ((?:\d+\.\d+)(?:, \d+\.\d+)*)", page))
+    assert {task: tuple(later.split(", ")) for task, later in listed.items()} == LATER_TASKS_USED, listed
 
 
 def test_ring_hang_and_skipped_gradient_hints_only_where_their_condition_holds():
