@@ -156,7 +156,7 @@ MISTAKES = [
             "    dist.all_reduce(tensor)\n    return\n    for step in range(world_size - 1):  # reduce-scatter",
             "collective"),
     # Task 0-3, trial 9 (2026-11-29): a prediction that communicates, outputs and buffers in the default dtype, a sum
-    # never made in place, Works never waited for, padding and slicing edges, the loaders' settings, frozen, unused
+    # never made in place, compute before the launch, Works never waited for, padding, slicing and chunking edges, the loaders' settings, frozen, unused
     # and tied parameters, counts past 2**24, float64 through float32, an empty receive from any source
     Mistake("0.1", "prediction-communicates", "template_collectives.py",
             "    return sum(rank_tensor(rank) for rank in range(world_size))",
@@ -246,6 +246,16 @@ MISTAKES = [
             "        buffers[key] = torch.empty_like(chunks[0])",
             "        buffers[key] = torch.empty(chunks[0].numel())",
             "buffer on the wire"),
+    Mistake("0.3", "compute-before-launch", "template_collectives.py",
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "    result = compute()  # tensor must not be used here: until wait() it may hold anything\n",
+            "    result = compute()\n"
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)\n",
+            "called compute() before it started the all_reduce"),
+    Mistake("3.2", "torch-chunk", "template_allreduce.py",
+            "    chunks = tensor.view(-1).tensor_split(world_size)",
+            "    chunks = tensor.view(-1).chunk(world_size)",
+            "tensor_split(world_size) always makes world_size chunks"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",

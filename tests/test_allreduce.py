@@ -102,9 +102,26 @@ def traffic(where, dtype=None):
     replacements.update({name: forbidden(name) for name in COLLECTIVES if name in vars(ProcessGroup)})
     for name, method in replacements.items():
         setattr(ProcessGroup, name, method)
+    short, chunk = [], torch.Tensor.chunk  # chunk(n) calls that gave fewer than n pieces
+
+    def noting(self, chunks, *args, **kwargs):
+        pieces = chunk(self, chunks, *args, **kwargs)
+        if len(pieces) < chunks:
+            short.append((self.numel(), chunks, len(pieces)))
+        return pieces
+    torch.Tensor.chunk = noting
     try:
         yield counts
+    except IndexError as error:
+        if not short:
+            raise
+        numel, asked, got = short[0]
+        raise AssertionError(
+            f"{where}: IndexError: {error}, after tensor.chunk({asked}) of {numel} elements gave {got} chunks, not "
+            f"{asked}: chunk makes pieces of ceil(numel / n) and fewer of them when they run out; "
+            "tensor_split(world_size) always makes world_size chunks (some empty)") from error
     finally:
+        torch.Tensor.chunk = chunk
         for name, original in patched.items():
             setattr(ProcessGroup, name, original)
     unwaited = [record["kind"] for record in requests if not record["waited"]]
@@ -174,7 +191,8 @@ def as_task_failure(error, func_name, world_size):
     if isinstance(error, RankFailed):
         tip = (" An error about sizes means the sender and the receiver disagree about which chunk is "
                "exchanged at some step (chunk bookkeeping)."
-               if func_name == "ring_all_reduce" and not (DTYPE_MISMATCH in str(error) or NOT_WAITED in str(error))
+               if func_name == "ring_all_reduce" and not any(said in str(error) for said in
+                                                             (DTYPE_MISMATCH, NOT_WAITED, "tensor_split(world_size)"))
                else "")
         return AssertionError(f"{where}: a rank failed on world size {world_size}.{tip}\n{error}")
     return error

@@ -247,11 +247,30 @@ def _call(collectives, tensor, compute):
 
 def _overlap_on_rank(rank, world_size, impl, signal_path):
     """Rank 0's compute() lets the other ranks into the all_reduce, so the sum can only
-    arrive after compute() has run: a rank 0 that waits before computing is never let in."""
+    arrive after compute() has run: a rank 0 that waits before computing is never let in.
+    Each rank also notes whether compute() ran before any dist.all_reduce had been started."""
     collectives = load(impl, "template_collectives")
     tensor = seed_tensor(rank)
+    launched, computed_first, all_reduce = [], [], dist.all_reduce
+
+    def recording(*args, **kwargs):
+        launched.append(True)
+        return all_reduce(*args, **kwargs)
+    dist.all_reduce = recording
+    try:
+        return _overlap(rank, collectives, tensor, signal_path, lambda: computed_first.append(not launched))
+    finally:
+        dist.all_reduce = all_reduce
+        assert not (computed_first and computed_first[0] and launched), (
+            f"{T03}: rank {rank} called compute() before it started the all_reduce: the sum only set off once "
+            "compute() had finished, so nothing overlapped; start the all_reduce with async_op=True first, "
+            "then compute, then wait")
+
+
+def _overlap(rank, collectives, tensor, signal_path, note):
     if rank == 0:
         def compute():
+            note()
             open(signal_path, "w").close()
             return SENTINEL
         result = _call(collectives, tensor, compute)
@@ -266,7 +285,7 @@ def _overlap_on_rank(rank, world_size, impl, signal_path):
             "compute()), so nothing could overlap; start the all_reduce with async_op=True, compute, then wait")
         time.sleep(0.01)
     time.sleep(0.3)  # join late, so that a rank 0 which never waits returns before the sum exists
-    result = _call(collectives, tensor, lambda: SENTINEL)
+    result = _call(collectives, tensor, lambda: note() or SENTINEL)
     held_on_return = tensor.tolist()
     dist.barrier()
     return result, held_on_return, tensor.tolist()
