@@ -3913,7 +3913,7 @@ RIGHT_ANSWERS = [
                 "    handle.get_future().wait()\n"
                 "    return result", ""),)),
     # Task 0-3, trial 9 (2026-11-29): a closed form, one output tensor, tensor_split, the state_dict, one flat
-    # buffer with AVG, integer counts, sends waited for together
+    # buffer with AVG, integer counts, sends waited for together, blocking sends in even/odd order, a polled Work
     RightAnswer("0.1", "closed-form", "'Predict it on paper first ... Returns an integer tensor of 2 elements': "
                 "the sum over r < n of [1 + 2r, 2 + 2r] is [n**2, n**2 + n]", (
         Mistake("0.1", "closed-form", "template_collectives.py",
@@ -3981,6 +3981,27 @@ RIGHT_ANSWERS = [
                 "            dist.send(tensor, dst=dst)\n",
                 "        for work in [dist.isend(tensor, dst=dst) for dst in range(1, world_size)]:\n"
                 "            work.wait()\n", ""),)),
+    RightAnswer("3.2", "even-odd-blocking-sends", "the module docstring's 'dist.send, dist.recv' and the page's 'An "
+                "even/odd order (even ranks send first, odd ranks receive first) works too': no two neighbours both "
+                "wait in a send, on 2, 3 or 4 ranks", (
+        Mistake("3.2", "even-odd-blocking-sends", "template_allreduce.py",
+                "    for step in range(world_size - 1):  # reduce-scatter\n",
+                "    def exchange(send_buffer, recv_buffer, right, left):  # even ranks send first, odd ones receive first\n"
+                "        if rank % 2 == 0:\n"
+                "            dist.send(send_buffer, right)\n"
+                "            dist.recv(recv_buffer, left)\n"
+                "        else:\n"
+                "            dist.recv(recv_buffer, left)\n"
+                "            dist.send(send_buffer, right)\n"
+                "    for step in range(world_size - 1):  # reduce-scatter\n", ""),)),
+    RightAnswer("0.3", "polls-is-completed", "'handle.wait() returns when the sum is in `tensor`': a Work whose "
+                "is_completed() said True has its sum in `tensor` too", (
+        Mistake("0.3", "polls-is-completed", "template_collectives.py",
+                "    handle.wait()\n"
+                "    return result",
+                "    while not handle.is_completed():\n"
+                "        time.sleep(0.001)\n"
+                "    return result", ""),)),
     RightAnswer("5.4", "handles-waited-in-reverse-then-copied",  # trial 6
                 "'for every bucket: wait for its handle, and copy its slice of bucket.buffer back': every handle "
                 "waited for before any slice is read, in any order", (
