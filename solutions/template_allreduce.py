@@ -17,7 +17,9 @@ They differ in who sends what to whom. With N ranks and a tensor of S bytes:
 
 Use only point-to-point calls (dist.send, dist.recv, dist.isend, dist.irecv,
 dist.batch_isend_irecv): dist.all_reduce is what you are rebuilding, and the tests
-count the bytes each rank sends.
+count the bytes each rank sends. Wait for every Work that isend, irecv or
+batch_isend_irecv returns before the function returns: a send whose Work is dropped
+unwaited may never leave, and an irecv's buffer holds nothing until its Work completes.
 """
 import torch
 import torch.distributed as dist

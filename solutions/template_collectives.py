@@ -166,7 +166,7 @@ def all_gather_tensors(tensor):
 
     Every rank calls this with a tensor of the same shape and dtype. dist.all_gather
     writes rank r's tensor into the r-th tensor of a list that you allocate, one tensor
-    per rank, on tensor's device. Returns a tensor of shape (world_size, *tensor.shape)
+    per rank, with tensor's shape and dtype, on its device. Returns a tensor of shape (world_size, *tensor.shape)
     whose row r is rank r's tensor.
     """
     # --- Task 0.2 begin ---

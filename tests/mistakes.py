@@ -155,6 +155,107 @@ MISTAKES = [
             "    for step in range(world_size - 1):  # reduce-scatter",
             "    dist.all_reduce(tensor)\n    return\n    for step in range(world_size - 1):  # reduce-scatter",
             "collective"),
+    # Task 0-3, trial 9 (2026-11-29): a prediction that communicates, outputs and buffers in the default dtype, a sum
+    # never made in place, compute before the launch, Works never waited for, padding, slicing and chunking edges, the loaders' settings, frozen, unused
+    # and tied parameters, counts past 2**24, float64 through float32, an empty receive from any source
+    Mistake("0.1", "prediction-communicates", "template_collectives.py",
+            "    return sum(rank_tensor(rank) for rank in range(world_size))",
+            "    tensor = rank_tensor(dist.get_rank())\n    dist.all_reduce(tensor)\n    return tensor",
+            "worked out without any communication"),
+    Mistake("0.2", "outputs-default-dtype", "template_collectives.py",
+            "    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]",
+            "    gathered = [torch.empty(tensor.shape) for _ in range(dist.get_world_size())]",
+            "must have the input's dtype"),
+    Mistake("0.3", "reduces-a-copy", "template_collectives.py",
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)",
+            "    handle = dist.all_reduce(tensor.clone(), op=dist.ReduceOp.SUM, async_op=True)",
+            "the sum never came into the tensor you were given"),
+    Mistake("1.2", "minus-zero-slice", "template_data_loader.py",
+            "        return indices[: len(indices) - len(indices) % num_replicas]",
+            "        return indices[: -(len(indices) % num_replicas)]",
+            "indices[:-0]"),
+    Mistake("1.2", "pads-a-whole-round", "template_data_loader.py",
+            "    padding = -len(indices) % num_replicas\n",
+            "    padding = num_replicas - len(indices) % num_replicas\n",
+            "a whole round"),
+    Mistake("1.3", "ceil-blocks", "template_data_loader.py",
+            "    base, extra = divmod(len(indices), num_replicas)\n    start = rank * base + min(rank, extra)\n    end = start + base + (1 if rank < extra else 0)\n",
+            "    size = math.ceil(len(indices) / num_replicas)\n    start, end = rank * size, (rank + 1) * size\n",
+            "ceil(n / N)"),
+    Mistake("1.4", "test-batch-global", "template_data_loader.py",
+            "    test_loader = DataLoader(test_set, batch_size=batch_size,",
+            "    test_loader = DataLoader(test_set, batch_size=global_batch_size,",
+            "same per-rank batch size"),
+    Mistake("1.4", "workers-ignored", "template_data_loader.py",
+            "drop_last=True,\n                              num_workers=num_workers,",
+            "drop_last=True,\n                              num_workers=0,",
+            "pass the argument num_workers"),
+    Mistake("1.4", "pin-always", "template_data_loader.py",
+            "    pin_memory = torch.device(device).type == \"cuda\"",
+            "    pin_memory = True",
+            "pin_memory only when the device is a GPU"),
+    Mistake("1.4", "loader-no-drop-last", "template_data_loader.py",
+            "sampler=train_sampler, drop_last=True,",
+            "sampler=train_sampler,",
+            "drop_last=True in the DataLoader too"),
+    Mistake("2.1", "trainable-only", "template_trainer.py",
+            "        for tensor in list(model.parameters()) + list(model.buffers()):\n",
+            "        for tensor in [p for p in model.parameters() if p.requires_grad] + list(model.buffers()):\n",
+            "trainable or not"),
+    Mistake("2.1", "async-not-waited", "template_trainer.py",
+            "            dist.broadcast(tensor, src=src)",
+            "            dist.broadcast(tensor, src=src, async_op=True)",
+            "must be waited for"),
+    Mistake("2.1", "broadcast-on-src-only", "template_trainer.py",
+            "            dist.broadcast(tensor, src=src)",
+            "            if dist.get_rank() == src:\n                dist.broadcast(tensor, src=src)",
+            "that another rank never calls"),
+    Mistake("2.2", "skips-by-requires-grad", "template_trainer.py",
+            "        if param.grad is None:\n            continue\n",
+            "        if not param.requires_grad:\n            continue\n",
+            "whose .grad is None"),
+    Mistake("2.2", "flat-float32", "template_trainer.py",
+            "    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= world_size\n",
+            "    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    flat = torch.zeros(sum(g.numel() for g in grads))  # one buffer, one all_reduce\n    flat.copy_(torch.cat([g.reshape(-1) for g in grads]))\n    dist.all_reduce(flat)\n    flat /= world_size\n    offset = 0\n    for g in grads:\n        g.copy_(flat[offset:offset + g.numel()].view_as(g))\n        offset += g.numel()\n",
+            "rounded to float32"),
+    Mistake("2.2", "tied-reduced-twice", "template_trainer.py",
+            "    for param in model.parameters():\n        if param.grad is None:",
+            "    for param in (p for module in model.modules() for p in module.parameters(recurse=False)):\n        if param.grad is None:",
+            "tied weight"),
+    Mistake("2.3", "float32-sums", "template_trainer.py",
+            "dtype=torch.float64, device=device)",
+            "device=device)",
+            "rounded to float32"),
+    Mistake("2.3", "loss-as-tensor", "template_trainer.py",
+            "    correct, total, loss_sum = sums.tolist()\n    return int(correct), int(total), loss_sum",
+            "    correct, total, loss_sum = sums\n    return int(correct), int(total), loss_sum",
+            "as a Python float"),
+    Mistake("3.1", "float32-total", "template_allreduce.py",
+            "total = tensor.to(\"cpu\", copy=True)",
+            "total = torch.zeros(tensor.shape); total += tensor.cpu()",
+            "float32's precision"),
+    Mistake("3.1", "isend-not-waited", "template_allreduce.py",
+            "            dist.send(tensor, dst=dst)",
+            "            dist.isend(tensor, dst=dst)",
+            "never waited for"),
+    Mistake("3.1", "recv-any-source-empty", "template_allreduce.py",
+            "            dist.recv(received, src=src)",
+            "            dist.recv(received)",
+            "from any source"),
+    Mistake("3.2", "buffer-default-dtype", "template_allreduce.py",
+            "        buffers[key] = torch.empty_like(chunks[0])",
+            "        buffers[key] = torch.empty(chunks[0].numel())",
+            "buffer on the wire"),
+    Mistake("0.3", "compute-before-launch", "template_collectives.py",
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)\n"
+            "    result = compute()  # tensor must not be used here: until wait() it may hold anything\n",
+            "    result = compute()\n"
+            "    handle = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)\n",
+            "called compute() before it started the all_reduce"),
+    Mistake("3.2", "torch-chunk", "template_allreduce.py",
+            "    chunks = tensor.view(-1).tensor_split(world_size)",
+            "    chunks = tensor.view(-1).chunk(world_size)",
+            "tensor_split(world_size) always makes world_size chunks"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",
@@ -3810,6 +3911,96 @@ RIGHT_ANSWERS = [
                 "    handle.wait()\n"
                 "    return result",
                 "    handle.get_future().wait()\n"
+                "    return result", ""),)),
+    # Task 0-3, trial 9 (2026-11-29): a closed form, one output tensor, tensor_split, the state_dict, one flat
+    # buffer with AVG, integer counts, sends waited for together, blocking sends in even/odd order, a polled Work
+    RightAnswer("0.1", "closed-form", "'Predict it on paper first ... Returns an integer tensor of 2 elements': "
+                "the sum over r < n of [1 + 2r, 2 + 2r] is [n**2, n**2 + n]", (
+        Mistake("0.1", "closed-form", "template_collectives.py",
+                "    return sum(rank_tensor(rank) for rank in range(world_size))",
+                "    return torch.tensor([world_size ** 2, world_size ** 2 + world_size])", ""),)),
+    RightAnswer("0.2", "all-gather-into-one-tensor", "'Returns a tensor of shape (world_size, *tensor.shape) whose "
+                "row r is rank r's tensor': all_gather_into_tensor into (world_size * n, ...), as gloo takes it, "
+                "viewed as (world_size, n, ...), is that tensor", (
+        Mistake("0.2", "all-gather-into-one-tensor", "template_collectives.py",
+                "    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]\n"
+                "    dist.all_gather(gathered, tensor)\n"
+                "    return torch.stack(gathered)\n",
+                "    world_size = dist.get_world_size()\n"
+                "    gathered = tensor.new_empty((world_size * tensor.shape[0], *tensor.shape[1:]))  # rows concatenated\n"
+                "    dist.all_gather_into_tensor(gathered, tensor.contiguous())\n"
+                "    return gathered.view(world_size, *tensor.shape)\n", ""),)),
+    RightAnswer("1.3", "tensor-split", "'the first len(indices) % num_replicas ranks take one more than the "
+                "others, as torch.tensor_split does': torch.tensor_split itself, back to a list", (
+        Mistake("1.3", "tensor-split", "template_data_loader.py",
+                "    base, extra = divmod(len(indices), num_replicas)\n"
+                "    start = rank * base + min(rank, extra)\n"
+                "    end = start + base + (1 if rank < extra else 0)\n"
+                "    return indices[start:end]\n",
+                "    return torch.tensor_split(torch.tensor(indices, dtype=torch.long), num_replicas)[rank].tolist()\n",
+                ""),)),
+    RightAnswer("2.1", "state-dict-values", "'Every parameter and every buffer ... is overwritten with rank src's "
+                "values': state_dict() holds every parameter and persistent buffer, detached and sharing their "
+                "memory (a tied weight twice: broadcast twice, harmless)", (
+        Mistake("2.1", "state-dict-values", "template_trainer.py",
+                "    with torch.no_grad():  # an in-place write into a parameter must not be recorded by autograd\n"
+                "        for tensor in list(model.parameters()) + list(model.buffers()):\n"
+                "            dist.broadcast(tensor, src=src)\n",
+                "    for tensor in model.state_dict().values():  # detached, sharing the parameters' memory\n"
+                "        dist.broadcast(tensor, src=src)\n", ""),)),
+    RightAnswer("2.2", "one-flat-buffer-avg", "'Replace every parameter's .grad with its mean over all ranks' and "
+                "'ReduceOp.AVG does both ... on recent gloo': one buffer of every gradient, in the widest of their "
+                "dtypes, averaged by one all_reduce and copied back", (
+        Mistake("2.2", "one-flat-buffer-avg", "template_trainer.py",
+                "    for param in model.parameters():\n"
+                "        if param.grad is None:\n"
+                "            continue\n"
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n"
+                "        param.grad /= world_size\n",
+                "    grads = [p.grad for p in model.parameters() if p.grad is not None]\n"
+                "    flat = torch.cat([g.reshape(-1) for g in grads])  # float64 if any gradient is\n"
+                "    dist.all_reduce(flat, op=dist.ReduceOp.AVG)\n"
+                "    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):\n"
+                "        g.copy_(mean.view_as(g))\n", ""),)),
+    RightAnswer("2.3", "counts-as-integers", "'Returns (correct, total, loss_sum) summed over ranks as (int, int, "
+                "float)': the counts summed as int64 and the loss as float64, in two all_reduces", (
+        Mistake("2.3", "counts-as-integers", "template_trainer.py",
+                "    sums = torch.tensor([correct, total, loss_sum], dtype=torch.float64, device=device)\n"
+                "    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n"
+                "    correct, total, loss_sum = sums.tolist()\n"
+                "    return int(correct), int(total), loss_sum\n",
+                "    counts = torch.tensor([correct, total], device=device)  # int64\n"
+                "    loss = torch.tensor(loss_sum, dtype=torch.float64, device=device)\n"
+                "    dist.all_reduce(counts)\n"
+                "    dist.all_reduce(loss)\n"
+                "    return counts[0].item(), counts[1].item(), loss.item()\n", ""),)),
+    RightAnswer("3.1", "isend-to-all-then-wait", "'sends it to every other rank': the N-1 sends started together "
+                "with dist.isend, each Work waited for before returning", (
+        Mistake("3.1", "isend-to-all-then-wait", "template_allreduce.py",
+                "        for dst in range(1, world_size):\n"
+                "            dist.send(tensor, dst=dst)\n",
+                "        for work in [dist.isend(tensor, dst=dst) for dst in range(1, world_size)]:\n"
+                "            work.wait()\n", ""),)),
+    RightAnswer("3.2", "even-odd-blocking-sends", "the module docstring's 'dist.send, dist.recv' and the page's 'An "
+                "even/odd order (even ranks send first, odd ranks receive first) works too': no two neighbours both "
+                "wait in a send, on 2, 3 or 4 ranks", (
+        Mistake("3.2", "even-odd-blocking-sends", "template_allreduce.py",
+                "    for step in range(world_size - 1):  # reduce-scatter\n",
+                "    def exchange(send_buffer, recv_buffer, right, left):  # even ranks send first, odd ones receive first\n"
+                "        if rank % 2 == 0:\n"
+                "            dist.send(send_buffer, right)\n"
+                "            dist.recv(recv_buffer, left)\n"
+                "        else:\n"
+                "            dist.recv(recv_buffer, left)\n"
+                "            dist.send(send_buffer, right)\n"
+                "    for step in range(world_size - 1):  # reduce-scatter\n", ""),)),
+    RightAnswer("0.3", "polls-is-completed", "'handle.wait() returns when the sum is in `tensor`': a Work whose "
+                "is_completed() said True has its sum in `tensor` too", (
+        Mistake("0.3", "polls-is-completed", "template_collectives.py",
+                "    handle.wait()\n"
+                "    return result",
+                "    while not handle.is_completed():\n"
+                "        time.sleep(0.001)\n"
                 "    return result", ""),)),
     RightAnswer("5.4", "handles-waited-in-reverse-then-copied",  # trial 6
                 "'for every bucket: wait for its handle, and copy its slice of bucket.buffer back': every handle "

@@ -28,19 +28,64 @@ WHERE = {"naive_all_reduce": "Task 3.1 (template_allreduce.py, naive_all_reduce)
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
 
 
+DTYPE_MISMATCH = "buffer on the wire"
+NOT_WAITED = "never waited for"
+
+
+class Request:
+    """A send's or recv's Work as the code under test gets it: the Work itself does the work; this
+    notes in `record` whether anyone waited for it (wait(), its Future, or is_completed() seen True).
+    The record does not hold the Work: a Work dropped unwaited is dropped as it would be untested."""
+
+    def __init__(self, work, record):
+        self._work, self._record = work, record
+
+    def wait(self, *args, **kwargs):
+        self._record["waited"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self._record["waited"] = True
+        return self._work.get_future()
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        self._record["waited"] |= done
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 @contextlib.contextmanager
-def traffic(where):
-    """Count the bytes this rank sends and receives; make every collective raise."""
+def traffic(where, dtype=None):
+    """Count the bytes this rank sends and receives; make every collective raise. With a dtype (the
+    tensor all-reduced): make a message of another dtype raise, before gloo aborts on its size."""
     counts = {"sent": 0, "received": 0}
-    patched = {}
+    patched, requests = {}, []
 
     def counting(name, key):
         original = getattr(ProcessGroup, name)
         patched[name] = vars(ProcessGroup)[name]  # the attribute itself, to restore exactly
 
         def method(self, tensors, *args, **kwargs):
+            if name == "recv_anysource" and any(t.numel() == 0 for t in tensors):
+                raise AssertionError(
+                    f"{where}: it received an empty tensor from any source (dist.recv or irecv without src). "
+                    "gloo (torch 2.14) returns from such a receive at once, and the empty message then lands in "
+                    "a later receive: a crash in gloo (\"offset < this->size\") or a hang. Name the source, "
+                    "src=rank, or send nothing for an empty tensor on every rank alike")
+            other = next((t.dtype for t in tensors if dtype is not None and t.dtype != dtype), None)
+            if other is not None:
+                raise AssertionError(
+                    f"{where}: all-reducing a tensor of dtype {str(dtype)[6:]}, it {'sent' if key == 'sent' else 'received into'} "
+                    f"a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: both ends of a message must agree on its dtype (gloo "
+                    "aborts on a size mismatch), and a buffer made without dtype= is float32 (torch.empty(n), "
+                    "torch.zeros(shape)): make buffers with torch.empty_like / dtype=tensor.dtype")
             counts[key] += sum(t.numel() * t.element_size() for t in tensors)
-            return original(self, tensors, *args, **kwargs)
+            record = {"kind": "isend" if key == "sent" else "irecv", "waited": False}
+            requests.append(record)
+            return Request(original(self, tensors, *args, **kwargs), record)
         return method
 
     def forbidden(name):
@@ -57,11 +102,35 @@ def traffic(where):
     replacements.update({name: forbidden(name) for name in COLLECTIVES if name in vars(ProcessGroup)})
     for name, method in replacements.items():
         setattr(ProcessGroup, name, method)
+    short, chunk = [], torch.Tensor.chunk  # chunk(n) calls that gave fewer than n pieces
+
+    def noting(self, chunks, *args, **kwargs):
+        pieces = chunk(self, chunks, *args, **kwargs)
+        if len(pieces) < chunks:
+            short.append((self.numel(), chunks, len(pieces)))
+        return pieces
+    torch.Tensor.chunk = noting
     try:
         yield counts
+    except IndexError as error:
+        if not short:
+            raise
+        numel, asked, got = short[0]
+        raise AssertionError(
+            f"{where}: IndexError: {error}, after tensor.chunk({asked}) of {numel} elements gave {got} chunks, not "
+            f"{asked}: chunk makes pieces of ceil(numel / n) and fewer of them when they run out; "
+            "tensor_split(world_size) always makes world_size chunks (some empty)") from error
     finally:
+        torch.Tensor.chunk = chunk
         for name, original in patched.items():
             setattr(ProcessGroup, name, original)
+    unwaited = [record["kind"] for record in requests if not record["waited"]]
+    if unwaited:  # dist.send and dist.recv wait themselves; batch_isend_irecv returns one Work per op
+        raise AssertionError(
+            f"{where}: it returned with {len(unwaited)} of its {len(requests)} messages {NOT_WAITED} "
+            f"({unwaited[0]} among them): the Work that dist.isend, dist.irecv or batch_isend_irecv returns must be "
+            "waited for (work.wait()) before the function returns. An isend's Work dropped unwaited may never be "
+            "sent (its receiver then waits forever), and until an irecv's Work completes its buffer holds nothing")
 
 
 def make_input(rank, shape, dtype):
@@ -80,7 +149,7 @@ def all_reduce_cases(rank, world_size, func_name, impl):
         tensor = make_input(rank, shape, dtype)
         before, expected = tensor.clone(), tensor.clone()
         dist.all_reduce(expected)
-        with traffic(WHERE[func_name]) as counts:
+        with traffic(WHERE[func_name], tensor.dtype) as counts:
             all_reduce(tensor)
         results.append((before, tensor, expected, counts["sent"], counts["received"]))
     return results
@@ -121,12 +190,17 @@ def as_task_failure(error, func_name, world_size):
             f"Otherwise the ranks disagree about how many messages go where.\n{error}")
     if isinstance(error, RankFailed):
         tip = (" An error about sizes means the sender and the receiver disagree about which chunk is "
-               "exchanged at some step (chunk bookkeeping)." if func_name == "ring_all_reduce" else "")
+               "exchanged at some step (chunk bookkeeping)."
+               if func_name == "ring_all_reduce" and not any(said in str(error) for said in
+                                                             (DTYPE_MISMATCH, NOT_WAITED, "tensor_split(world_size)"))
+               else "")
         return AssertionError(f"{where}: a rank failed on world size {world_size}.{tip}\n{error}")
     return error
 
 
 def close(got, expected):
+    if got.dtype == torch.float64:  # sums in another order differ by about 1e-16; float32 rounding by 1e-7
+        return torch.isclose(got, expected, rtol=1e-12, atol=1e-12)
     if got.dtype.is_floating_point:
         return torch.isclose(got, expected, rtol=1e-5, atol=1e-5)
     return got == expected
@@ -165,7 +239,11 @@ def diagnose(func_name, world_size, rank, results, case, good):
     if world_size > 1 and torch.equal(got, before):
         return ("The tensor was not changed: write the sum into `tensor` itself, in place, as "
                 "dist.all_reduce does; returning a new tensor is not enough.")
-    if got.dtype.is_floating_point and torch.allclose(got * world_size, expected, rtol=1e-4, atol=1e-4):
+    if got.dtype == torch.float64 and torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
+        return ("The float64 sums are right only to float32's precision (about 1e-7 relative): they went "
+                "through a float32 tensor on the way (torch.zeros(shape) or torch.empty(n) without dtype= makes "
+                "one). Keep every buffer in the tensor's dtype (torch.zeros_like, torch.empty_like, .to(dtype)).")
+    if world_size > 1 and got.dtype.is_floating_point and torch.allclose(got * world_size, expected, rtol=1e-4, atol=1e-4):
         return ("It holds the mean, not the SUM: all-reduce sums, and average_gradients divides by the "
                 "world size afterwards.")
     if func_name == "naive_all_reduce":

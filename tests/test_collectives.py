@@ -132,10 +132,23 @@ def _why_not(predicted, world_size):
     return "add torch.arange(2) + 1 + 2 * rank over every rank = 0 .. world_size - 1"
 
 
+def _predict(collectives, world_size):
+    """predict_all_reduce(world_size), called here in the test's own process, where no process group exists."""
+    try:
+        return collectives.predict_all_reduce(world_size)
+    except (ValueError, RuntimeError) as error:
+        if "process group" not in str(error).lower():
+            raise
+        raise AssertionError(
+            f"{T01}: predict_all_reduce({world_size}) called torch.distributed ({error}): the prediction is "
+            "worked out without any communication, from world_size alone, and the test calls it where no "
+            "process group exists; add up rank_tensor(r) for r = 0 .. world_size - 1 yourself") from error
+
+
 @pytest.mark.task0_1
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_prediction_matches_all_reduce(impl, held, world_size):
-    predicted = torch.as_tensor(load(impl, "template_collectives").predict_all_reduce(world_size)).tolist()
+    predicted = torch.as_tensor(_predict(load(impl, "template_collectives"), world_size)).tolist()
     for rank, on_rank in enumerate(held(world_size)):  # after the prediction: no ranks start for a TODO
         actual = on_rank["reference_all_reduce"].tolist()
         assert predicted == actual, (
@@ -147,7 +160,7 @@ def test_prediction_matches_all_reduce(impl, held, world_size):
 def test_prediction_for_larger_worlds(impl):
     collectives = load(impl, "template_collectives")
     for world_size in [4, 5, 8, 16]:
-        prediction = torch.as_tensor(collectives.predict_all_reduce(world_size))
+        prediction = torch.as_tensor(_predict(collectives, world_size))
         predicted = prediction.tolist()
         assert predicted == all_reduce_sum(world_size), (
             f"{T01}: for world_size {world_size} you predicted {predicted}, but all_reduce would leave "
@@ -161,16 +174,42 @@ def test_prediction_for_larger_worlds(impl):
 # --------------------------------------------------------------------------- Task 0.2
 def _gather_on_rank(rank, world_size, impl):
     # an awkward shape and float values, unlike the demo, so that a 1-D answer cannot pass by luck
+    collectives = load(impl, "template_collectives")
     tensor = torch.full((2, 3), 10.0 * rank) + torch.arange(3)
-    return tensor, load(impl, "template_collectives").all_gather_tensors(tensor)
+    gathered = collectives.all_gather_tensors(tensor)
+    # and integers, as the demo's rank_tensor holds: outputs allocated in the default dtype (float32)
+    # hold float tensors' values, not these
+    integers = torch.arange(4).reshape(2, 2) + 100 * rank
+    try:
+        gathered_integers = collectives.all_gather_tensors(integers)
+    except ValueError as error:  # raised by every rank alike, before anything is sent
+        if "different dtypes" not in str(error):
+            raise
+        gathered_integers = error
+    return tensor, gathered, integers, gathered_integers
+
+
+def _check_integers(results, world_size):
+    """The int64 tensors' gather: the outputs in the input's dtype, the rows in rank order."""
+    expected = torch.stack([integers for _, _, integers, _ in results])
+    for rank, (_, _, integers, got) in enumerate(results):
+        if isinstance(got, ValueError):
+            raise AssertionError(
+                f"{T02}: gathering an int64 tensor on {world_size} ranks, dist.all_gather refused the output "
+                f"list ({got}): its tensors must have the input's dtype (and device); allocate them with "
+                "torch.empty_like(tensor), not torch.empty(tensor.shape), which makes float32 ones")
+        assert torch.is_tensor(got) and got.dtype == integers.dtype and torch.equal(got, expected), (
+            f"{T02}: gathering the int64 tensor {integers.tolist()} on {world_size} ranks, rank {rank} returned "
+            f"{got.dtype if torch.is_tensor(got) else type(got).__name__} {got.tolist() if torch.is_tensor(got) else got}, "
+            f"expected the int64 tensor {expected.tolist()}: the result keeps the input's dtype")
 
 
 @pytest.mark.task0_2
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_all_gather_gives_every_rank_every_tensor(impl, world_size):
     results = run_ranks(_gather_on_rank, world_size, impl)
-    expected = torch.stack([tensor for tensor, _ in results])  # each rank's own tensor, in rank order
-    for rank, (_, got) in enumerate(results):
+    expected = torch.stack([tensor for tensor, _, _, _ in results])  # each rank's own tensor, in rank order
+    for rank, (_, got, _, _) in enumerate(results):
         assert torch.is_tensor(got) and got.shape == expected.shape, (
             f"{T02}: with world_size {world_size}, rank {rank} returned "
             f"{tuple(got.shape) if torch.is_tensor(got) else type(got).__name__}; expected a tensor of shape "
@@ -187,6 +226,7 @@ def test_all_gather_gives_every_rank_every_tensor(impl, world_size):
                 "them all (dist.all_gather, not dist.gather)")
         raise AssertionError(f"{T02}: rank {rank} returned {got.tolist()}, expected row r to be rank r's "
                              f"tensor: {expected.tolist()}")
+    _check_integers(results, world_size)
 
 
 # --------------------------------------------------------------------------- Task 0.3
@@ -207,16 +247,36 @@ def _call(collectives, tensor, compute):
 
 def _overlap_on_rank(rank, world_size, impl, signal_path):
     """Rank 0's compute() lets the other ranks into the all_reduce, so the sum can only
-    arrive after compute() has run: a rank 0 that waits before computing is never let in."""
+    arrive after compute() has run: a rank 0 that waits before computing is never let in.
+    Each rank also notes whether compute() ran before any dist.all_reduce had been started."""
     collectives = load(impl, "template_collectives")
     tensor = seed_tensor(rank)
+    launched, computed_first, all_reduce = [], [], dist.all_reduce
+
+    def recording(*args, **kwargs):
+        launched.append(True)
+        return all_reduce(*args, **kwargs)
+    dist.all_reduce = recording
+    try:
+        return _overlap(rank, collectives, tensor, signal_path, lambda: computed_first.append(not launched))
+    finally:
+        dist.all_reduce = all_reduce
+        assert not (computed_first and computed_first[0] and launched), (
+            f"{T03}: rank {rank} called compute() before it started the all_reduce: the sum only set off once "
+            "compute() had finished, so nothing overlapped; start the all_reduce with async_op=True first, "
+            "then compute, then wait")
+
+
+def _overlap(rank, collectives, tensor, signal_path, note):
     if rank == 0:
         def compute():
+            note()
             open(signal_path, "w").close()
             return SENTINEL
         result = _call(collectives, tensor, compute)
         held_on_return = tensor.tolist()  # before the others could have joined, unless rank 0 waited
-        return result, held_on_return
+        dist.barrier()  # gloo's barrier waits for this rank's earlier collectives: a sum on its way is in now
+        return result, held_on_return, tensor.tolist()
     deadline = time.monotonic() + 8
     while not os.path.exists(signal_path):
         assert time.monotonic() < deadline, (
@@ -225,20 +285,32 @@ def _overlap_on_rank(rank, world_size, impl, signal_path):
             "compute()), so nothing could overlap; start the all_reduce with async_op=True, compute, then wait")
         time.sleep(0.01)
     time.sleep(0.3)  # join late, so that a rank 0 which never waits returns before the sum exists
-    result = _call(collectives, tensor, lambda: SENTINEL)
-    return result, tensor.tolist()
+    result = _call(collectives, tensor, lambda: note() or SENTINEL)
+    held_on_return = tensor.tolist()
+    dist.barrier()
+    return result, held_on_return, tensor.tolist()
 
 
 @pytest.mark.task0_3
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_async_all_reduce_overlaps_and_waits(impl, world_size, tmp_path):
     results = run_ranks(_overlap_on_rank, world_size, impl, str(tmp_path / "computed"))
-    for rank, (result, held_on_return) in enumerate(results):
+    for rank, (result, held_on_return, held_later) in enumerate(results):
         assert result == SENTINEL, f"{T03}: rank {rank} returned {result!r}: return what compute() returned"
-        assert held_on_return == all_reduce_sum(world_size), (
-            f"{T03}: with world_size {world_size}, rank {rank} held {held_on_return} when overlapped_all_reduce returned, "
-            f"not the sum {all_reduce_sum(world_size)}: call handle.wait() before returning, or the sum "
-            "may not have arrived")
+        if held_on_return == all_reduce_sum(world_size):
+            continue
+        said = f"{T03}: with world_size {world_size}, rank {rank} held {held_on_return} when overlapped_all_reduce returned"
+        if held_later == all_reduce_sum(world_size):  # the sum came, after the function had returned
+            raise AssertionError(
+                f"{said}, and the sum {held_later} only later: call handle.wait() before returning, or the sum "
+                "may not have arrived")
+        if held_later == seed_tensor(rank).tolist():
+            raise AssertionError(
+                f"{said}, and still {held_later} once every rank's collectives had finished: the sum never "
+                "came into the tensor you were given. all_reduce `tensor` itself, in place (not a copy such "
+                "as tensor.clone() or tensor.float(), whose sum nobody reads)")
+        raise AssertionError(f"{said}, and {held_later} once every rank's collectives had finished; expected the "
+                             f"sum {all_reduce_sum(world_size)} (all_reduce with ReduceOp.SUM, in place)")
 
 
 # --------------------------------------------------------------------------- the script

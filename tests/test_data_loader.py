@@ -103,6 +103,11 @@ def test_padding_wraps_around_to_a_multiple(data_loader):
             got = data_loader.pad_or_drop(indices, world_size, drop_last=False)
             total = math.ceil(n / world_size) * world_size
             assert indices == original, f"{T12}: do not change the list you are given; return a new one"
+            assert not (n % world_size == 0 and len(got) == n + world_size), (
+                f"{T12}: {n} indices on {world_size} ranks are already a multiple of {world_size}, so nothing is "
+                f"to be added, but you returned {len(got)}: a whole round of {world_size} more. The padding is "
+                f"-len(indices) % num_replicas, which is 0 here; num_replicas - len(indices) % num_replicas is "
+                f"{world_size}")
             assert len(got) == total, (
                 f"{T12}: {n} indices on {world_size} ranks must be padded to {total}, the next multiple "
                 f"of {world_size}, wrapping around the list as often as needed; got {len(got)}")
@@ -119,6 +124,11 @@ def test_drop_last_cuts_the_tail(data_loader):
         for world_size in WORLD_SIZES:
             got = data_loader.pad_or_drop(indices, world_size, drop_last=True)
             expected = indices[: n - n % world_size]
+            assert not (got == [] and n % world_size == 0 and n > 0), (
+                f"{T12}: drop_last=True with {n} indices on {world_size} ranks: {n} is already a multiple of "
+                f"{world_size}, so nothing is cut, but you returned an empty list. Slicing with "
+                "indices[:-(len(indices) % num_replicas)] does that: when the remainder is 0 it is "
+                "indices[:-0], which is indices[:0]; cut with indices[:len(indices) - remainder]")
             assert got == expected, (
                 f"{T12}: drop_last=True keeps the first {len(expected)} of {n} indices (the largest multiple "
                 f"of {world_size}); got {len(got)}")
@@ -153,6 +163,13 @@ def test_shards_are_contiguous_blocks(data_loader):
         for world_size in WORLD_SIZES:
             expected = [block.tolist() for block in torch.tensor_split(torch.tensor(indices, dtype=torch.long), world_size)]
             got = [data_loader.shard(indices, world_size, rank) for rank in range(world_size)]
+            size = math.ceil(n / world_size)
+            ceil_blocks = [indices[r * size:(r + 1) * size] for r in range(world_size)]
+            assert got == expected or got != ceil_blocks, (
+                f"{T13}: {n} indices on {world_size} ranks gave blocks of {[len(g) for g in got]}: blocks of "
+                f"ceil(n / N) = {size} leave the last ranks fewer, or none; the lengths must differ by at most "
+                f"one, the first {n % world_size} ranks taking one more: {[len(e) for e in expected]}, as "
+                "torch.tensor_split gives")
             assert got == expected, (
                 f"{T13}: {n} indices on {world_size} ranks: each rank takes one contiguous block, the first "
                 f"{n % world_size} ranks one more than the others (as torch.tensor_split); expected {expected}, got {got}")
@@ -273,6 +290,12 @@ def test_each_rank_loads_its_share_of_the_global_batch(data_loader, monkeypatch)
         ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=6)
         for rank, (train_batches, _) in enumerate(ranks):
             sizes = {len(b) for b in train_batches}
+            full = 6 // world_size
+            assert not ({len(b) for b in train_batches[:-1]} == {full} and 0 < len(train_batches[-1]) < full), (
+                f"{T14}: with a global batch of 6 on {world_size} ranks, rank {rank}'s last training batch holds "
+                f"{len(train_batches[-1])} samples, the others {full}: the sampler leaves a tail that does not fill "
+                "a global batch, and the training DataLoader must drop it (drop_last=True in the DataLoader too), "
+                "or the last step trains on a smaller, differently weighted batch")
             assert sizes == {6 // world_size}, (
                 f"{T14}: with a global batch of 6 on {world_size} ranks, every training batch of a rank "
                 f"holds 6 // {world_size} = {6 // world_size} samples (drop_last=True); rank {rank} got sizes {sizes}")
@@ -324,6 +347,24 @@ def test_every_test_image_is_evaluated_exactly_once(data_loader, monkeypatch):
         assert evaluated == list(range(10)), (
             f"{T14}: over {world_size} ranks the 10 test images must be evaluated exactly once each; got {evaluated}. "
             "A padded test sampler counts some images twice: use pad=False for evaluation")
+
+
+@pytest.mark.task1_4
+def test_loaders_take_the_per_rank_batch_workers_and_pin_memory_as_given(data_loader, monkeypatch):
+    """The loaders' settings, read without iterating them: no worker process is started."""
+    use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
+    train, test = data_loader.build_loaders(_indexed(24), _indexed(10), 12, 1, 3, num_workers=2, device="cpu")
+    assert test.batch_size == 12 // 3, (
+        f"{T14}: with a global batch of 12 on 3 ranks the test loader's batch_size is {test.batch_size}; evaluation "
+        "uses the same per-rank batch size as training, global_batch_size // world_size = 4 (a rank holding "
+        "global_batch_size images at once needs world_size times the memory)")
+    for name, loader in [("train", train), ("test", test)]:
+        assert loader.num_workers == 2, (
+            f"{T14}: build_loaders(..., num_workers=2) gave the {name} loader num_workers={loader.num_workers}: "
+            "pass the argument num_workers on to both DataLoaders")
+        assert not loader.pin_memory, (
+            f"{T14}: device='cpu' gave the {name} loader pin_memory=True: pinned memory only speeds up copies "
+            "to a GPU, and costs time otherwise; pin_memory only when the device is a GPU")
 
 
 def test_batch_size_errors_are_clear(data_loader):

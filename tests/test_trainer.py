@@ -66,7 +66,9 @@ def _broadcast(rank, world_size, impl, src, device):
     trainer.broadcast_parameters(model, src=src)
     same_objects = all(a is b for a, b in zip(params, model.parameters()))
     still_leaves = all(p.is_leaf for p in model.parameters())
-    return before, _state(model), same_objects and still_leaves
+    on_return = _state(model)
+    dist.barrier()  # gloo's barrier waits for this rank's earlier collectives: broadcasts still on their way land
+    return before, on_return, same_objects and still_leaves, _state(model)
 
 
 @pytest.mark.task2_1
@@ -75,13 +77,22 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
     results = run_ranks(_broadcast, world_size, impl, src, device)
     expected = results[src][0]  # rank src's model before the broadcast
     buffers = {"0.scale", "1.running_mean", "1.running_var", "1.num_batches_tracked"}
-    for rank, (_, after, in_place) in enumerate(results):
+    for rank, (_, after, in_place, later) in enumerate(results):
         assert in_place, f"{T21}: rank {rank}: copy into the model's own parameters, in place; do not replace them"
         for name, value in expected.items():
             if not torch.equal(after[name], value):
                 kind = "buffer" if name in buffers else "parameter"
+                if all(torch.equal(later[key], expected[key]) for key in expected):
+                    pytest.fail(f"{T21}: on {world_size} ranks, rank {rank}'s {kind} '{name}' was not yet rank {src}'s "
+                                "when broadcast_parameters returned, and was once every rank's collectives had "
+                                "finished: a broadcast started with async_op=True must be waited for "
+                                "(handle.wait()) before the function returns, or training starts from "
+                                "half-copied weights")
                 hint = ("broadcast the buffers too (model.buffers()): BatchNorm's running statistics are buffers"
                         if kind == "buffer" else f"every rank must call dist.broadcast(tensor, src={src}) for every parameter")
+                if name == "0.frozen":
+                    hint = ("a frozen parameter (requires_grad=False) is part of the model too, and each rank "
+                            f"initialised it with its own numbers: broadcast every parameter, trainable or not")
                 # every rank holds one other rank's values: that rank was the source, not src
                 fixed = [r for r in range(world_size) if r != src and all(
                     torch.equal(results[k][1][name], results[r][0][name]) for k in range(world_size))]
@@ -94,20 +105,39 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
 
 
 # --------------------------------------------------------------------------- Task 2.2
+# a float64 parameter's gradients, rank + 1 times this: float32 rounds the factor to 1
+FINE = 1 + 2 ** -40
+
+
 def _known_gradients(rank, world_size, impl):
     trainer = load(impl, "template_trainer")
     model = Awkward()
+    model.precise = nn.Parameter(torch.zeros(5, dtype=torch.float64))  # a float64 parameter among float32 ones
     for param in model.parameters():
         if param.requires_grad:
             param.grad = torch.full_like(param, float(rank + 1))
-    trainer.average_gradients(model)
-    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+    model.precise.grad.mul_(FINE)
+    reduced, all_reduce = [], dist.all_reduce  # which tensors were all-reduced, by their memory
+
+    def recording(tensor, *args, **kwargs):
+        reduced.append(tensor.data_ptr())
+        return all_reduce(tensor, *args, **kwargs)
+    dist.all_reduce = recording
+    try:
+        trainer.average_gradients(model)
+    finally:
+        dist.all_reduce = all_reduce
+    tied = model.embed.weight.grad.data_ptr()
+    grads = {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+    return grads, reduced.count(tied)
 
 
 @pytest.mark.task2_2
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_gradients_become_the_average_on_every_rank(impl, world_size):
     results = run_ranks(_known_gradients, world_size, impl)
+    tied_reductions = [count for _, count in results]
+    results = [grads for grads, _ in results]
     mean = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size
     firsts = [{name: g.flatten()[0].item() for name, g in grads.items() if g is not None} for grads in results]
     for rank, grads in enumerate(results):
@@ -125,6 +155,18 @@ def test_gradients_become_the_average_on_every_rank(impl, world_size):
             assert torch.allclose(grad, torch.full_like(grad, mean)), (
                 f"{T22}: rank {rank}'s gradient of '{name}' should be the average over ranks, {mean}, "
                 f"got values like {value}")
+        precise, exact = grads["precise"], mean * FINE
+        if precise.dtype != torch.float64 or (precise - exact).abs().max().item() > 1e-14:
+            rounded = torch.tensor(exact, dtype=torch.float32).item()
+            pytest.fail(f"{T22}: rank {rank}'s gradient of a float64 parameter came back as {precise.dtype} "
+                        f"{precise[0].item()!r}, not the float64 average {exact!r}"
+                        + (": the average rounded to float32, so it went through a float32 tensor on the way (a "
+                           "buffer made without dtype=, such as torch.zeros(n)); average every gradient in its "
+                           "own dtype" if precise[0].item() == rounded else ""))
+        assert tied_reductions[rank] <= 1, (
+            f"{T22}: rank {rank} all-reduced the gradient of the tied weight (one Parameter used by two layers) "
+            f"{tied_reductions[rank]} times: model.parameters() lists it once; going through each module's "
+            "parameters lists it once per layer, and each extra all_reduce sends it again for nothing")
 
 
 def _train(model, optimizer, batches, sync):
@@ -141,6 +183,20 @@ def _global_batches(steps=4, per_rank=5, world_size=3):
             for _ in range(steps)]
 
 
+def _average_gradients_of(trainer, model):
+    """average_gradients(model), where Awkward's unused parameter requires grad and has no .grad."""
+    try:
+        trainer.average_gradients(model)
+    except (TypeError, AttributeError) as error:
+        unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        if "NoneType" not in str(error) or not unused:
+            raise
+        raise AssertionError(
+            f"{T22}: average_gradients raised {type(error).__name__}: {error}. The parameter {unused[0]!r} "
+            "requires grad but forward never uses it, so its .grad is None after backward: skip the parameters "
+            "whose .grad is None (not only those with requires_grad=False)") from error
+
+
 def _data_parallel_training(rank, world_size, impl):
     """Train Awkward on this rank's slice of each global batch, with average_gradients and,
     separately, with PyTorch's DistributedDataParallel."""
@@ -149,7 +205,8 @@ def _data_parallel_training(rank, world_size, impl):
     model = Awkward()
     ddp_model = DistributedDataParallel(copy.deepcopy(model), find_unused_parameters=True)
     local = [(x.chunk(world_size)[rank], y.chunk(world_size)[rank]) for x, y in _global_batches(world_size=world_size)]
-    _train(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), local, trainer.average_gradients)
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), local,
+           lambda model: _average_gradients_of(trainer, model))
     _train(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.1, momentum=0.9), local, lambda m: None)
     return _state(model), _state(ddp_model.module)
 
@@ -215,15 +272,20 @@ def test_cnn_gradients_match_the_global_batch(impl, device):
 COUNTS = [(3, 4, 2.5), (1, 3, 4.0), (2, 3, 1.25)]
 
 
+# counts past 2**24, where float32 stops holding every integer, and a loss sum float32 rounds
+LARGE = [(2 ** 24 + 1, 2 ** 25 + 1, 0.1), (2, 3, 0.2), (3, 5, 0.3)]
+
+
 def _reduce(rank, world_size, impl, device):
     trainer = load(impl, "template_trainer")
-    return trainer.reduce_metrics(*COUNTS[rank], device=device)
+    return trainer.reduce_metrics(*COUNTS[rank], device=device), trainer.reduce_metrics(*LARGE[rank], device=device)
 
 
 @pytest.mark.task2_3
 @pytest.mark.parametrize("device", ["cpu", on_gpu("cuda")])
 def test_every_rank_gets_the_global_sums(impl, device):
-    results = run_ranks(_reduce, 3, impl, device, timeout=15)
+    both = run_ranks(_reduce, 3, impl, device, timeout=15)
+    results = [small for small, _ in both]
     expected = (6, 10, 7.75)
     for rank, got in enumerate(results):
         correct, total, loss_sum = got
@@ -236,6 +298,19 @@ def test_every_rank_gets_the_global_sums(impl, device):
             "(never average them: the ranks hold different numbers of images)")
         assert isinstance(correct, int) and isinstance(total, int), (
             f"{T23}: return correct and total as Python ints, got {type(correct).__name__}, {type(total).__name__}")
+        assert isinstance(loss_sum, float), (
+            f"{T23}: return loss_sum as a Python float, got {type(loss_sum).__name__} {loss_sum!r}: a tensor "
+            "element stays a tensor until .item() or .tolist() turns it into a number")
+    expected = tuple(map(sum, zip(*LARGE)))
+    for rank, (_, got) in enumerate(both):
+        correct, total, loss_sum = got
+        if (correct, total) == expected[:2] and abs(loss_sum - expected[2]) < 1e-12:
+            continue
+        # float32 keeps 24 bits: integers past 2**24 and this loss sum come back rounded, by a few 2**-24 relative
+        as_float32 = all(abs(g - e) <= 2 ** -21 * abs(e) for g, e in zip(got, expected))
+        pytest.fail(f"{T23}: with counts past 2**24 = {2 ** 24}, rank {rank} got {got}, expected the sums {expected}"
+                    + (": they were rounded to float32, which holds integers exactly only up to 2**24; add them up "
+                       "as float64 (exact up to 2**53) or as integers" if as_float32 else ""))
 
 
 def _evaluate_shard(rank, world_size, impl):
