@@ -10,6 +10,7 @@ with the same training run without interruption, bit for bit.
 """
 import os
 import pathlib
+import pickle
 import re
 import signal
 import stat
@@ -146,6 +147,41 @@ def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, mo
                         "expected the last good one (epoch 1)")
 
 
+def full_disk_save(obj, f, *args, **kwargs):
+    """torch.save on a full disk: some bytes written, then OSError (ENOSPC), which `except Exception` sees."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 half a checkpoint")
+    else:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        f.flush()
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.task8_1
+def test_a_failed_save_leaves_no_temporary_file(impl, tmp_path, monkeypatch):
+    """Trial 9: a temporary file left behind by each failed save fills a disk that is already full."""
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    try:
+        ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})
+    except OSError:
+        pass
+    else:
+        pytest.fail(f"{T81}: torch.save raised OSError (No space left on device) and save_checkpoint returned as if "
+                    "it had saved: let the error through (raise), or the run goes on believing it has a checkpoint")
+    finally:
+        monkeypatch.undo()
+    names = sorted(os.listdir(tmp_path))
+    left = [name for name in names if name not in ("last.pt", "previous.pt")]
+    assert not left, (
+        f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left {left} in the folder: "
+        "when the write fails, remove the temporary file (except Exception: os.remove(tmp); raise), or every "
+        "failed save leaves a checkpoint-sized file behind, on a disk that is already full")
+
+
 def _spy_on_the_disk(monkeypatch, events):
     """Record, in order, every os.fsync (which file, its size on disk then) and every rename."""
     fsync, replace, rename = os.fsync, os.replace, os.rename
@@ -253,6 +289,11 @@ def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path):
         pytest.fail(f"{T82}: the folder holds only previous.pt, a good checkpoint, and load_checkpoint raised "
                     f"{type(error).__name__}: {error}: try last.pt, then previous.pt, each only if it exists")
     state, path = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+    if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and isinstance(state, dict):
+        # trial 9: the path of last.pt returned whichever file was loaded (a raw FileNotFoundError before)
+        pytest.fail(f"{T82}: the folder holds only previous.pt, and load_checkpoint returned the path {path!r}, which "
+                    f"does not exist, with a state of epoch {state.get('epoch')!r}: return the path of the file it "
+                    "loaded (resume() prints it, and moves an unreadable last.pt away by it)")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt"), (
         f"{T82}: the folder holds only previous.pt (what a corrupt last.pt, moved away, leaves behind), so "
         f"previous.pt must be used; load_checkpoint returned {result if path is None else path!r}: try last.pt, then "
@@ -273,6 +314,9 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(imp
             state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
     except ValueError as error:
         pytest.fail(f"{T82}: last.pt is truncated, so previous.pt must be used; load_checkpoint raised: {error}")
+    if path is not None and os.path.basename(path) == "last.pt" and isinstance(state, dict) and state.get("epoch") == 1:
+        pytest.fail(f"{T82}: last.pt is truncated and load_checkpoint loaded previous.pt (epoch 1), but returned the "
+                    f"path {path!r}: return the path of the file it loaded")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
         f"{T82}: last.pt is truncated, so previous.pt must be used; returned {path!r}")
     assert same_tensors(state["model"], good["model"])
@@ -318,7 +362,14 @@ def test_load_does_not_run_code_hidden_in_a_checkpoint(impl, tmp_path, capsys):
     write(tmp_path / "previous.pt", 1)
     marker = tmp_path / "code-ran"
     torch.save({"model": {}, "epoch": 9, "payload": Payload(str(marker))}, tmp_path / "last.pt")
-    state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    try:
+        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except pickle.UnpicklingError as error:  # trial 9: `except RuntimeError` caught a truncated zip only
+        assert not marker.exists(), f"{T82}: loading the checkpoint ran code stored in it: weights_only=True"
+        pytest.fail(f"{T82}: last.pt holds an object that weights_only=True refuses, and load_checkpoint let "
+                    f"torch.load's {type(error).__name__} out instead of trying previous.pt: a file that cannot be "
+                    "read is any error torch.load raises (a truncated file is a RuntimeError, a refused object an "
+                    "UnpicklingError): catch Exception, say so in one line, and try previous.pt")
     assert not marker.exists(), (
         f"{T82}: loading the checkpoint ran code stored in it: torch.load(..., weights_only=True) refuses "
         "anything but tensors and plain containers")
