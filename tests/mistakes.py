@@ -705,7 +705,7 @@ MISTAKES = [
             "        if not os.path.exists(path):\n            continue\n",
             "    if not os.listdir(directory):  # nothing saved yet\n        return None, None\n"
             "    unreadable = []\n    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n",
-            "a file that does not exist is not an unreadable one"),
+            "file that does not exist is not an unreadable one"),
     # Task 9.1 (tensor parallelism)
     Mistake("9.1", "f-without-backward-all-reduce", "template_tensor_parallel.py",
             "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n"
