@@ -671,12 +671,18 @@ MISTAKES = [
             "device=unit.shard.device)\n",
             "            full = torch.empty(sum(unit.numels), dtype=unit.shard.dtype, device=unit.shard.device)\n",
             "padding included (unit.shard.numel() * world_size"),
+    Mistake("7.4", "gradient-sent-in-float32", "template_fsdp.py",  # was told to make the piece in full_grad's dtype
+            "(piece, full_grad / self.world_size,", "(piece, full_grad.float() / self.world_size,",
+            "the gradient was converted to float32 before the reduce-scatter"),
     # Task 8, trial 9 (2026-11-29): what is made durable and what is left behind (the folder fsynced, a temporary
     # file left by a failed save), what load_checkpoint lets out or returns, and what a saved flat of one element is
     Mistake("8.1", "fsyncs-the-folder", "template_checkpoint.py",
             "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n",
             "        folder = os.open(directory, os.O_RDONLY)\n        os.fsync(folder)\n        os.close(folder)\n",
             "os.fsync the temporary file itself"),
+    Mistake("8.1", "temp-file-in-tmp", "template_checkpoint.py",  # said already; catalogued here
+            'tempfile.mkstemp(dir=directory, prefix=LAST + ".", suffix=".tmp")', 'tempfile.mkstemp(suffix=".tmp")',
+            "is not in the checkpoint's own folder"),
     Mistake("8.1", "temp-file-left-on-failure", "template_checkpoint.py",  # passed
             "    except Exception:\n        if os.path.exists(tmp):\n            os.remove(tmp)\n        raise\n",
             "    finally:\n        pass\n", "remove the temporary file"),

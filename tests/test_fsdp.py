@@ -401,7 +401,14 @@ def _ranks_reducing(*args):
         return run_ranks(*args)
     except RankFailed as error:
         if "dtype() == inputTensors" in str(error) and "reduce_scatter_gradient" in str(error):
-            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))
+            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))  # (the piece's vs. the input's)
+            if dtypes and dtypes[1] in ("c10::BFloat16", "c10::Half") and dtypes[2] == "float":
+                # trial 9: full_grad.float() sent, into a piece in full_grad's own dtype (was told to make the piece so)
+                raise AssertionError(
+                    f"{T74}: gloo refused a reduce-scatter whose input is float32 and whose piece is {dtypes[1]}: the "
+                    "gradient was converted to float32 before the reduce-scatter (full_grad.float()); send "
+                    "full_grad / world_size as it comes, in compute_dtype, into a piece of the same dtype: "
+                    "finish_reduce_scatters() converts the piece when it adds it to shard.grad") from None
             raise AssertionError(
                 f"{T74}: gloo refused a reduce-scatter whose piece and full_grad differ in dtype"
                 f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
