@@ -59,7 +59,8 @@ def save_checkpoint(directory, model, optimizer, epoch, step, args):
     once would leave a mix of their bytes. Atomic: write a temporary file in the same folder,
     flush and os.fsync it, then os.replace it onto last.pt, so a crash at any moment leaves
     either the old last.pt or the new one, never half a file. Before that, the old last.pt
-    becomes previous.pt (also with os.replace). Returns the path written on rank 0, None on
+    becomes previous.pt (also with os.replace). If the write fails (a full disk), remove the
+    temporary file and let the error through. Returns the path written on rank 0, None on
     the other ranks. Call it on every rank (it has no collective, so any rank may skip it).
     """
     # --- Task 8.1 begin ---

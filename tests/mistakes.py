@@ -724,6 +724,95 @@ MISTAKES = [
             "start from scratch"),
     Mistake("8.2", "unsafe-load", "template_checkpoint.py",
             "map_location=device, weights_only=True)", "map_location=device, weights_only=False)", "weights_only"),
+    # Task 7, trial 9 (2026-11-29): padding of an even flat, memory (a gather into freed memory, del self.full), what
+    # goes on the wire (the weights reduced, ReduceOp.AVG, gathered to rank 0 alone, an output without the padding),
+    # order (a cast before the wait), other dtypes (a float64 model). Each passed, or was a bare difference, a raw
+    # exception or another cause
+    Mistake("7.1", "pads-a-whole-shard-when-even", "template_fsdp.py",
+            "    padding = -flat.numel() % world_size", "    padding = world_size - flat.numel() % world_size",
+            "a whole shard's worth"),
+    Mistake("7.2", "gathered-before-the-resize", "template_fsdp.py",  # was gloo's raw "out of bounds for storage"
+            "        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())\n"
+            "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)\n",
+            "        handle = dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+            "async_op=async_op)\n"
+            "        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())\n"
+            "        return handle\n", "while its memory was still freed"),
+    Mistake("7.3", "deletes-the-attribute", "template_fsdp.py",  # was a raw AttributeError
+            "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
+            "        del self.full\n        # --- Task 7.3 end ---", "removed the attribute self.full"),
+    Mistake("7.4", "reduces-the-weights", "template_fsdp.py",  # was a bare difference
+            "(piece, full_grad / self.world_size,", "(piece, self.full / self.world_size,", "WEIGHTS (self.full"),
+    Mistake("7.4", "reduce-op-avg", "template_fsdp.py",
+            "(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM,", "(piece, full_grad, op=dist.ReduceOp.AVG,",
+            "ReduceOp.AVG sums, then divides"),
+    Mistake("7.4", "piece-cast-before-the-wait", "template_fsdp.py",  # was told as "a division after the sum, say"
+            "        return handle, piece\n", "        return handle, piece.float()\n",
+            "converted before wait() filled it"),
+    Mistake("7.5", "gathered-to-rank-0-only", "template_fsdp.py",  # was told rank 1's values, as a wrong gather
+            "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, "
+            "device=unit.shard.device)\n"
+            "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
+            "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, "
+            "device=unit.shard.device)\n"
+            "            pieces = [torch.empty_like(unit.shard) for _ in range(self.world_size)] if self.rank == 0 "
+            "else None\n"
+            "            dist.gather(unit.shard.detach(), pieces, dst=0)\n"
+            "            if self.rank == 0:\n                full = torch.cat(pieces)\n", "rank 0 got the whole model"),
+    Mistake("7.5", "float32-hard-coded", "template_fsdp.py",  # passed: every test model was float32
+            "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, "
+            "device=unit.shard.device)\n"
+            "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
+            "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=torch.float32, "
+            "device=unit.shard.device)\n"
+            "            dist.all_gather_into_tensor(full, unit.shard.detach().float())\n", "with a float64 model"),
+    Mistake("7.5", "full-without-padding", "template_fsdp.py",  # the checker's hint said "not stacked"
+            "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, "
+            "device=unit.shard.device)\n",
+            "            full = torch.empty(sum(unit.numels), dtype=unit.shard.dtype, device=unit.shard.device)\n",
+            "padding included (unit.shard.numel() * world_size"),
+    Mistake("7.4", "gradient-sent-in-float32", "template_fsdp.py",  # was told to make the piece in full_grad's dtype
+            "(piece, full_grad / self.world_size,", "(piece, full_grad.float() / self.world_size,",
+            "the gradient was converted to float32 before the reduce-scatter"),
+    # Task 8, trial 9 (2026-11-29): what is made durable and what is left behind (the folder fsynced, a temporary
+    # file left by a failed save), what load_checkpoint lets out or returns, and what a saved flat of one element is
+    Mistake("8.1", "fsyncs-the-folder", "template_checkpoint.py",
+            "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n",
+            "        folder = os.open(directory, os.O_RDONLY)\n        os.fsync(folder)\n        os.close(folder)\n",
+            "os.fsync the temporary file itself"),
+    Mistake("8.1", "temp-file-in-tmp", "template_checkpoint.py",  # said already; catalogued here
+            'tempfile.mkstemp(dir=directory, prefix=LAST + ".", suffix=".tmp")', 'tempfile.mkstemp(suffix=".tmp")',
+            "is not in the checkpoint's own folder"),
+    Mistake("8.1", "temp-file-left-on-failure", "template_checkpoint.py",  # passed
+            "    except Exception:\n        if os.path.exists(tmp):\n            os.remove(tmp)\n        raise\n",
+            "    finally:\n        pass\n", "remove the temporary file"),
+    Mistake("8.2", "catches-runtimeerror-only", "template_checkpoint.py",  # was a raw UnpicklingError
+            "        except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable\n",
+            "        except RuntimeError as error:\n", "let torch.load's UnpicklingError out"),
+    Mistake("8.2", "returns-last-path-always", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "return torch.load(path, map_location=device, weights_only=True), path",
+            "return torch.load(path, map_location=device, weights_only=True), os.path.join(directory, LAST)",
+            "return the path of the file it loaded"),
+    Mistake("8.2", "silent-fallback", "template_checkpoint.py",
+            '            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}){then}", '
+            'flush=True)\n', "", "say in one line"),
+    Mistake("8.4", "step-as-int", "template_checkpoint.py",  # was told "step 7, saved 7"
+            "            state[key] = value.clone() if torch.is_tensor(value) else value\n",
+            "            state[key] = int(value)\n", "came back as int"),
+    Mistake("8.4", "step-told-by-numel", "template_checkpoint.py",  # passed: no saved flat had one element
+            '        if not per_element(value, saved[0][1]["param"]):\n',
+            '        if not (torch.is_tensor(value) and value.numel() > 1):\n', "not by numel() > 1"),
+    Mistake("8.1", "module-of-the-wrapper", "template_checkpoint.py",  # was a raw AttributeError
+            'state = {"model": unwrap(model).state_dict()', 'state = {"model": model.module.state_dict()',
+            "save unwrap(model).state_dict()"),
+    Mistake("8.2", "missing-file-told-unreadable", "template_checkpoint.py",  # passed: told "cannot be read", or
+            # with only a leftover temporary file, refused to start
+            "    unreadable = []\n    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n"
+            "        if not os.path.exists(path):\n            continue\n",
+            "    if not os.listdir(directory):  # nothing saved yet\n        return None, None\n"
+            "    unreadable = []\n    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n",
+            "file that does not exist is not an unreadable one"),
     # Task 9.1 (tensor parallelism)
     Mistake("9.1", "f-without-backward-all-reduce", "template_tensor_parallel.py",
             "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n"
@@ -4085,6 +4174,65 @@ RIGHT_ANSWERS = [
                 "        handle = dist.reduce_scatter_tensor(piece, (full_grad / self.world_size).contiguous(), op=dist.ReduceOp.SUM,\n"
                 "                                            async_op=True)\n"
                 "        return handle, piece\n", ""),)),
+    # Task 7, trial 9 (2026-11-29): right answers written otherwise (padding made another way, a gather into a
+    # list): each passes
+    RightAnswer("7.1", "pads-only-the-last-piece",
+                "'every shard has the same size ... and concatenating the shards of ranks 0, 1, ... gives back flat "
+                "followed by the padding zeros': this rank's slice of flat, short or empty on the last ranks, then "
+                "its own zeros, in a new tensor (torch.cat copies)", (
+        Mistake("7.1", "pads-only-the-last-piece", "template_fsdp.py",
+                "    padding = -flat.numel() % world_size  # the zeros that make the length a multiple of world_size\n"
+                "    padded = torch.cat([flat, flat.new_zeros(padding)])\n"
+                "    shard_numel = padded.numel() // world_size\n"
+                "    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()\n",
+                "    shard_numel = -(-flat.numel() // world_size)  # ceil\n"
+                "    piece = flat[rank * shard_numel:(rank + 1) * shard_numel]  # short, or empty, on the last ranks\n"
+                "    return torch.cat([piece, flat.new_zeros(shard_numel - piece.numel())])  # a new tensor\n", ""),)),
+    RightAnswer("7.1", "functional-pad", "'Pad flat at the end with zeros': F.pad(flat, (0, padding)) does, in "
+                "flat's dtype and on its device", (
+        Mistake("7.1", "functional-pad", "template_fsdp.py",
+                "    padded = torch.cat([flat, flat.new_zeros(padding)])\n",
+                "    padded = torch.nn.functional.pad(flat, (0, padding))\n", ""),)),
+    RightAnswer("7.2", "all-gather-into-chunks-of-full",
+                "'every rank's shard, in rank order' in self.full: dist.all_gather into the world_size views of "
+                "self.full (self.full.chunk) writes them there, and its handle is returned", (
+        Mistake("7.2", "all-gather-into-chunks-of-full", "template_fsdp.py",
+                "        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), "
+                "async_op=async_op)\n",
+                "        pieces = list(self.full.chunk(self.world_size))  # views: the gather writes into self.full\n"
+                "        return dist.all_gather(pieces, self.shard.detach().to(self.compute_dtype), "
+                "async_op=async_op)\n", ""),)),
+    RightAnswer("7.5", "all-gather-a-list-then-cat",
+                "'Gather each unit's shards (all_gather_into_tensor, into fp32)': an all_gather into a list of "
+                "shard-sized tensors, concatenated in rank order, is the same flat tensor, new", (
+        Mistake("7.5", "all-gather-a-list-then-cat", "template_fsdp.py",
+                "            full = torch.empty(unit.shard.numel() * self.world_size, dtype=unit.shard.dtype, "
+                "device=unit.shard.device)\n"
+                "            dist.all_gather_into_tensor(full, unit.shard.detach())\n",
+                "            pieces = [torch.empty_like(unit.shard) for _ in range(self.world_size)]\n"
+                "            dist.all_gather(pieces, unit.shard.detach())\n"
+                "            full = torch.cat(pieces)\n", ""),)),
+    # Task 8, trial 9 (2026-11-29): a fixed temporary name fsynced through another descriptor, the step kept as saved
+    RightAnswer("8.1", "fixed-temp-name-fsynced-by-reopening",
+                "'write a temporary file in the same folder, flush and os.fsync it, then os.replace it': rank 0 "
+                "alone writes, so a fixed name cannot collide; torch.save(path) closes the file (its bytes are the "
+                "kernel's), and os.fsync of any descriptor of the file puts them on the disk", (
+        Mistake("8.1", "fixed-temp-name-fsynced-by-reopening", "template_checkpoint.py",
+                '    fd, tmp = tempfile.mkstemp(dir=directory, prefix=LAST + ".", suffix=".tmp")\n'
+                "    try:\n"
+                '        with os.fdopen(fd, "wb") as f:\n'
+                "            torch.save(state, f)\n"
+                "            f.flush()\n"
+                "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n",
+                '    tmp = last + ".tmp"  # one writer, rank 0: a fixed name cannot collide\n'
+                "    try:\n"
+                "        torch.save(state, tmp)  # closed on return: its bytes are the kernel's\n"
+                '        with open(tmp, "rb") as f:\n'
+                "            os.fsync(f.fileno())  # fsync flushes the file, whatever mode it was opened in\n", ""),)),
+    RightAnswer("8.4", "step-kept-as-saved", "'any other key ...: its value in a saved flat ..., unchanged'", (
+        Mistake("8.4", "step-kept-as-saved", "template_checkpoint.py",
+                "            state[key] = value.clone() if torch.is_tensor(value) else value\n",
+                "            state[key] = value  # unchanged\n", ""),)),
     RightAnswer("10.2", "isend-to-a-global-rank-in-the-group",  # trial 6
                 "'Start sending `tensor` to global rank `peer` ... dist.isend': isend's dst is a global rank with "
                 "group=self.group given too", (

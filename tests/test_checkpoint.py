@@ -10,6 +10,7 @@ with the same training run without interruption, bit for bit.
 """
 import os
 import pathlib
+import pickle
 import re
 import signal
 import stat
@@ -99,7 +100,14 @@ def test_save_keeps_the_newest_as_last_and_the_one_before_as_previous(impl, tmp_
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained()
     for epoch in (1, 2, 3):
-        ckpt.save_checkpoint(str(tmp_path), model, optimizer, epoch, 10 * epoch, {})
+        try:
+            ckpt.save_checkpoint(str(tmp_path), model, optimizer, epoch, 10 * epoch, {})
+        except AttributeError as error:  # trial 9: model.module.state_dict(), a raw AttributeError before
+            if "has no attribute 'module'" not in str(error):
+                raise
+            pytest.fail(f"{T81}: save_checkpoint was given a plain model, not wrapped, and read model.module "
+                        f"({type(error).__name__}: {error}): save unwrap(model).state_dict(); unwrap gives the "
+                        "module inside a wrapper such as DistributedDataParallel, and the model itself otherwise")
     names = sorted(os.listdir(tmp_path))
     assert names == ["last.pt", "previous.pt"], (
         f"{T81}: after three saves the folder holds {names}: keep exactly last.pt (the newest) and "
@@ -144,6 +152,41 @@ def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, mo
                     "onto last.pt, so that last.pt is always a whole checkpoint")
     assert epoch == 1, (f"{T81}: after a crash in the middle of saving epoch 2, last.pt holds epoch {epoch}, "
                         "expected the last good one (epoch 1)")
+
+
+def full_disk_save(obj, f, *args, **kwargs):
+    """torch.save on a full disk: some bytes written, then OSError (ENOSPC), which `except Exception` sees."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 half a checkpoint")
+    else:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        f.flush()
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.task8_1
+def test_a_failed_save_leaves_no_temporary_file(impl, tmp_path, monkeypatch):
+    """Trial 9: a temporary file left behind by each failed save fills a disk that is already full."""
+    ckpt = load(impl, "template_checkpoint")
+    model, optimizer = trained()
+    ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    try:
+        ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})
+    except OSError:
+        pass
+    else:
+        pytest.fail(f"{T81}: torch.save raised OSError (No space left on device) and save_checkpoint returned as if "
+                    "it had saved: let the error through (raise), or the run goes on believing it has a checkpoint")
+    finally:
+        monkeypatch.undo()
+    names = sorted(os.listdir(tmp_path))
+    left = [name for name in names if name not in ("last.pt", "previous.pt")]
+    assert not left, (
+        f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left {left} in the folder: "
+        "when the write fails, remove the temporary file (except Exception: os.remove(tmp); raise), or every "
+        "failed save leaves a checkpoint-sized file behind, on a disk that is already full")
 
 
 def _spy_on_the_disk(monkeypatch, events):
@@ -244,7 +287,25 @@ def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path)
 
 
 @pytest.mark.task8_2
-def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path):
+def test_a_folder_with_only_a_leftover_temporary_file_holds_no_checkpoint(impl, tmp_path, capsys):
+    """Trial 9: a missing last.pt was tried and told as unreadable; with no checkpoint at all, that refused to start."""
+    ckpt = load(impl, "template_checkpoint")
+    (tmp_path / "last.pt.q1w2e3.tmp").write_bytes(b"PK\x03\x04 half a checkpoint")  # a crash in the first save
+    try:
+        result = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except ValueError as error:
+        pytest.fail(f"{T82}: the folder holds neither last.pt nor previous.pt, only the temporary file that a crash "
+                    f"in the very first save leaves, and load_checkpoint raised {type(error).__name__}: {error}. "
+                    "There is no checkpoint: return (None, None). A file that does not exist is not an unreadable "
+                    "one: try last.pt, then previous.pt, each only if it exists (os.path.exists)")
+    assert result == (None, None), f"{T82}: a folder without last.pt or previous.pt must give (None, None), got {result!r}"
+    said = [line for line in "".join(capsys.readouterr()).splitlines() if "cannot be read" in line]
+    assert not said, (f"{T82}: the folder holds neither last.pt nor previous.pt, and load_checkpoint said {said[0]!r}: "
+                      "a file that does not exist is not an unreadable one; try each only if it exists")
+
+
+@pytest.mark.task8_2
+def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path, capsys):
     ckpt = load(impl, "template_checkpoint")
     good = write(tmp_path / "previous.pt", 1)  # what a corrupt last.pt, moved away, leaves behind
     try:
@@ -253,11 +314,21 @@ def test_a_folder_with_only_previous_pt_resumes_from_it(impl, tmp_path):
         pytest.fail(f"{T82}: the folder holds only previous.pt, a good checkpoint, and load_checkpoint raised "
                     f"{type(error).__name__}: {error}: try last.pt, then previous.pt, each only if it exists")
     state, path = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+    if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and isinstance(state, dict):
+        # trial 9: the path of last.pt returned whichever file was loaded (a raw FileNotFoundError before)
+        pytest.fail(f"{T82}: the folder holds only previous.pt, and load_checkpoint returned the path {path!r}, which "
+                    f"does not exist, with a state of epoch {state.get('epoch')!r}: return the path of the file it "
+                    "loaded (resume() prints it, and moves an unreadable last.pt away by it)")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt"), (
         f"{T82}: the folder holds only previous.pt (what a corrupt last.pt, moved away, leaves behind), so "
         f"previous.pt must be used; load_checkpoint returned {result if path is None else path!r}: try last.pt, then "
         "previous.pt, each if it exists; (None, None) would start the run from scratch and throw the checkpoint away")
     assert state["epoch"] == 1 and same_tensors(state["model"], good["model"]), f"{T82}: not previous.pt's state"
+    said = [line for line in "".join(capsys.readouterr()).splitlines()
+            if "last.pt" in line and re.search(r"cannot be read|unreadable|corrupt", line)]
+    assert not said, (
+        f"{T82}: the folder holds no last.pt, and load_checkpoint said {said[0]!r}: a file that does not exist is not "
+        "an unreadable one (a false alarm in every resumed run's log); try each only if it exists")
 
 
 @pytest.mark.task8_2
@@ -273,6 +344,9 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(imp
             state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
     except ValueError as error:
         pytest.fail(f"{T82}: last.pt is truncated, so previous.pt must be used; load_checkpoint raised: {error}")
+    if path is not None and os.path.basename(path) == "last.pt" and isinstance(state, dict) and state.get("epoch") == 1:
+        pytest.fail(f"{T82}: last.pt is truncated and load_checkpoint loaded previous.pt (epoch 1), but returned the "
+                    f"path {path!r}: return the path of the file it loaded")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
         f"{T82}: last.pt is truncated, so previous.pt must be used; returned {path!r}")
     assert same_tensors(state["model"], good["model"])
@@ -318,7 +392,14 @@ def test_load_does_not_run_code_hidden_in_a_checkpoint(impl, tmp_path, capsys):
     write(tmp_path / "previous.pt", 1)
     marker = tmp_path / "code-ran"
     torch.save({"model": {}, "epoch": 9, "payload": Payload(str(marker))}, tmp_path / "last.pt")
-    state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    try:
+        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except pickle.UnpicklingError as error:  # trial 9: `except RuntimeError` caught a truncated zip only
+        assert not marker.exists(), f"{T82}: loading the checkpoint ran code stored in it: weights_only=True"
+        pytest.fail(f"{T82}: last.pt holds an object that weights_only=True refuses, and load_checkpoint let "
+                    f"torch.load's {type(error).__name__} out instead of trying previous.pt: a file that cannot be "
+                    "read is any error torch.load raises (a truncated file is a RuntimeError, a refused object an "
+                    "UnpicklingError): catch Exception, say so in one line, and try previous.pt")
     assert not marker.exists(), (
         f"{T82}: loading the checkpoint ran code stored in it: torch.load(..., weights_only=True) refuses "
         "anything but tensors and plain containers")

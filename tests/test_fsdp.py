@@ -120,6 +120,11 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
             views.append(shares_flat)
         sizes = [s.numel() for s in shards]
         expected = math.ceil(numel / world_size)
+        # trial 9: world_size - numel % world_size pads a whole shard of zeros where numel is a multiple already
+        assert not (numel % world_size == 0 and sizes == [expected + 1] * world_size), (
+            f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes[0]} elements, not {expected}: "
+            f"{numel} is already a multiple of {world_size}, so the padding must be 0, and it was {world_size} "
+            f"zero{'s' if world_size > 1 else ''}, a whole shard's worth: pad by -numel % world_size (0 here), not world_size - numel % world_size")
         assert sizes == [expected] * world_size, (
             f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes} elements: every shard must have "
             f"the same size, ceil({numel} / {world_size}) = {expected}, for all_gather_into_tensor and "
@@ -213,7 +218,12 @@ def _unshard(rank, world_size, impl, compute_dtype):
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
         with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
-            handle = unit.unshard(async_op=async_op)
+            try:
+                handle = unit.unshard(async_op=async_op)
+            except RuntimeError as error:  # trial 9: gathered into self.full while it held no memory
+                if "out of bounds for storage of size 0" not in str(error) or unit.full.untyped_storage().nbytes():
+                    raise
+                return f"{type(error).__name__}: {str(error).splitlines()[0]}"
             dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
             if handle is not None:
                 handle.wait()
@@ -226,6 +236,11 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
+        if isinstance(results, str):
+            pytest.fail(f"{T72}: unshard() gathered into self.full while its memory was still freed (0 bytes, as "
+                        f"reshard() left it), and the collective refused it ({results}): give self.full its memory "
+                        "back first, self.full.untyped_storage().resize_(numel() x element_size()), then "
+                        "all_gather_into_tensor into it")
         for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
@@ -271,6 +286,11 @@ def test_reshard_frees_the_memory_in_place(impl):
     saved = unit.views(full)[0]  # what autograd saves for backward: a view of self.full's memory
     unit.reshard()
     # Numbers only, no tensor inside an assert: pytest would print one whose memory is freed.
+    if "full" not in vars(unit):  # trial 9: del self.full, a raw AttributeError in the next line before
+        pytest.fail(f"{T73}: reshard() removed the attribute self.full (del self.full): unshard() and the hooks use "
+                    f"that tensor again, and the views of it that autograd saved still hold its "
+                    f"{saved.untyped_storage().nbytes()} bytes: keep self.full and free its memory in place, "
+                    "self.full.untyped_storage().resize_(0)")
     same_tensor = unit.full is full
     assert same_tensor, (
         f"{T73}: free self.full's memory in place (self.full.untyped_storage().resize_(0)) and keep the tensor: "
@@ -381,7 +401,14 @@ def _ranks_reducing(*args):
         return run_ranks(*args)
     except RankFailed as error:
         if "dtype() == inputTensors" in str(error) and "reduce_scatter_gradient" in str(error):
-            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))
+            dtypes = re.search(r"\(([^()]*) vs\. ([^()]*)\)", str(error))  # (the piece's vs. the input's)
+            if dtypes and dtypes[1] in ("c10::BFloat16", "c10::Half") and dtypes[2] == "float":
+                # trial 9: full_grad.float() sent, into a piece in full_grad's own dtype (was told to make the piece so)
+                raise AssertionError(
+                    f"{T74}: gloo refused a reduce-scatter whose input is float32 and whose piece is {dtypes[1]}: the "
+                    "gradient was converted to float32 before the reduce-scatter (full_grad.float()); send "
+                    "full_grad / world_size as it comes, in compute_dtype, into a piece of the same dtype: "
+                    "finish_reduce_scatters() converts the piece when it adds it to shard.grad") from None
             raise AssertionError(
                 f"{T74}: gloo refused a reduce-scatter whose piece and full_grad differ in dtype"
                 f"{f' ({dtypes[1]} vs. {dtypes[2]})' if dtypes else ''}: make the piece in full_grad's dtype, "
@@ -399,7 +426,8 @@ def _ranks_reducing(*args):
 
 def _reduce_scatter(rank, world_size, impl, compute_dtype):
     fsdp_lib = judging(impl, "7.4")
-    unit, _ = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
+    unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=True)
+    unit.full.copy_(padded)  # backward reduces while the unit is still gathered: its weights are at hand
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(unit.full.numel(), generator=g) for _ in range(world_size)]  # every rank's gradient
     full_grad = grads[rank].to(compute_dtype)
@@ -407,7 +435,7 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     with Wire(poison=True) as wire:  # an asynchronous reduce-scatter's output NaN until waited for: read early, seen
         returned = unit.reduce_scatter_gradient(full_grad)
         if not (isinstance(returned, tuple) and len(returned) == 2):
-            return f"{type(returned).__name__}", None, None, None, ([], 0, "", None)
+            return f"{type(returned).__name__}", None, None, None, ([], 0, "", None, None, [])
         handle, piece = returned
         dropped = handle is None and _started_asynchronously(wire, "reduce_scatter_tensor")
         if handle is not None:
@@ -415,8 +443,10 @@ def _reduce_scatter(rank, world_size, impl, compute_dtype):
     n = unit.shard.numel()
     mean = sum(grads).div(world_size)[rank * n:(rank + 1) * n]
     kept = piece.untyped_storage().nbytes() if torch.is_tensor(piece) else 0
+    weights = padded.to(compute_dtype).float()[rank * n:(rank + 1) * n]  # what reducing self.full, not full_grad, gives
+    ops = [str(call.op) for call in wire.calls if call.op is not None]
     return dropped, torch.equal(full_grad, before), piece, mean, (_moved(wire), kept, _read_early(wire, piece),
-                                                                  _overflows(fsdp_lib, rank, world_size))
+                                                                  _overflows(fsdp_lib, rank, world_size), weights, ops)
 
 
 def _overflows(fsdp_lib, rank, world_size):
@@ -440,7 +470,7 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
     # and sum rounded, ~1% relative on values of about 1.
     tol = 1e-5 if compute_dtype == torch.float32 else 3e-2
     dtype = str(compute_dtype).replace("torch.", "")
-    for rank, (dropped, untouched, piece, mean, (calls, kept, read_early, overflows)) in enumerate(
+    for rank, (dropped, untouched, piece, mean, (calls, kept, read_early, overflows, weights, ops)) in enumerate(
             _ranks_reducing(_reduce_scatter, world_size, impl, compute_dtype)):
         assert piece is not None, (
             f"{T74}: reduce_scatter_gradient returned a {dropped}: return a pair (handle, tensor), the handle of "
@@ -461,6 +491,11 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
         assert not dropped, (
             f"{T74}: the reduce-scatter was started asynchronously but the handle returned is None: return it, "
             "so that finish_gradient_synchronization() can wait for it")
+        if read_early and torch.is_tensor(piece) and piece.dtype != compute_dtype:  # trial 9: piece.float()
+            pytest.fail(f"{T74}: reduce_scatter_gradient returned a {piece.dtype} copy of the piece it reduces into "
+                        f"({dtype}), converted before wait() filled it: the copy holds what the piece held before the "
+                        f"sum arrived ({read_early} wait()). Return (handle, the very tensor it reduces into); "
+                        "finish_reduce_scatters() converts it to the shard's dtype once it has waited")
         if read_early:
             pytest.fail(f"{T74}: reduce_scatter_gradient used the output of {read_early} wait() filled it (the "
                         "test leaves NaN in an asynchronous collective's outputs until wait(), so what used the piece, "
@@ -477,12 +512,18 @@ def test_reduce_scatter_gives_this_ranks_piece_of_the_mean(impl, world_size, com
                              (world_size, "the sum, not the mean: divide by the world size")):
             if not torch.allclose(got, mean, atol=tol, rtol=tol) and torch.allclose(got, mean * factor, atol=tol, rtol=tol):
                 pytest.fail(f"{T74}: rank {rank}'s gradient is {what}")
+        # trial 9: self.full, the unit's weights (still gathered in backward), reduced instead of full_grad
+        if not torch.allclose(got, mean, atol=tol, rtol=tol) and torch.allclose(got, weights, atol=tol, rtol=tol):
+            pytest.fail(f"{T74}: rank {rank}'s piece is its piece of the unit's WEIGHTS (self.full, gathered across "
+                        "the ranks), not of the gradient: reduce-scatter full_grad / world_size, the gradient "
+                        "autograd hands to reduce_scatter_gradient")
         assert torch.allclose(got, mean, atol=tol, rtol=tol), (
             f"{T74}: rank {rank} should get its own piece of the mean gradient over the ranks "
             f"(reduce_scatter_tensor with SUM, then / world_size): got {got[:4].tolist()}, expected {mean[:4].tolist()}")
         assert not overflows, (
             f"{T74}: in float16, with a gradient of 60000 on every rank (float16's largest value is 65504), rank "
-            f"{rank}'s piece came back inf: the sum over the {world_size} ranks overflowed before the division. "
+            f"{rank}'s piece came back inf: the sum over the {world_size} ranks overflowed before the division"
+            f"{' (ReduceOp.AVG sums, then divides)' if any('AVG' in op for op in ops) else ''}. "
             "Divide full_grad by the world size BEFORE the reduce-scatter: the ranks' shares then sum to the mean, "
             "which fits wherever the gradients do")
 
@@ -625,15 +666,44 @@ def _gather_real(rank, world_size, impl):
     plain = fsdp_lib.FSDP(Awkward())
     before = _gathered_units(fsdp) + _gathered_units(plain)
     plain_full, plain_shared, plain_read_freed = _gathered_full_params(plain)
-    return full, expected, (before, _gathered_units(fsdp) + _gathered_units(plain), plain_full,
-                            sorted(set(shared + plain_shared)), (read_freed, plain_read_freed))
+    left = _gathered_units(fsdp) + _gathered_units(plain)
+    # trial 9: a float64 model, whose shards are float64: "fp32" in the docstring is the shards' dtype, not a constant
+    torch.manual_seed(0)
+    wide_expected = {name: p.detach().clone() for name, p in Awkward().double().named_parameters()}
+    torch.manual_seed(rank)
+    try:
+        wide, _, _ = _gathered_full_params(fsdp_lib.FSDP(Awkward().double()))  # reads of freed memory: NaN, no crash
+        wide = sorted((name, str(t.dtype), torch.equal(t, wide_expected[name])) for name, t in wide.items()
+                      if name in wide_expected and torch.is_tensor(t)) if isinstance(wide, dict) else []
+    except RuntimeError as error:  # gloo refuses a float32 output for float64 shards
+        wide = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    return full, expected, (before, left, plain_full, sorted(set(shared + plain_shared)),
+                            (read_freed, plain_read_freed), wide)
 
 
 @pytest.mark.task7_5
 @pytest.mark.parametrize("world_size", [2, slow(3)])
 def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size):
-    for rank, (full, expected, (before, left, plain_full, shared, read_freed)) in enumerate(
-            run_ranks(_gather_real, world_size, impl)):
+    try:
+        results = run_ranks(_gather_real, world_size, impl)
+    except RankFailed as error:  # trial 9: the output sized without the padding (checker.py said "stacked")
+        sizes = re.search(r"ProcessGroupGloo::allgather: invalid tensor size at index (\d+) \(expected \((\d+)\), "
+                          r"got \((\d+)\)\)", str(error))
+        if not (sizes and "gather_full_params" in str(error) and int(sizes[3]) < int(sizes[2])):
+            raise
+        pytest.fail(f"{T75}: gloo refused the all-gather: the output tensor is too small, its piece {sizes[1]} holds "
+                    f"{sizes[3]} elements where every rank's shard has {sizes[2]}: make it world_size x the shard's "
+                    "size, padding included (unit.shard.numel() * world_size; sum(unit.numels) leaves the padding "
+                    f"out), then cut it with unit.views().\n{error}")
+    if isinstance(results[0][0], dict) and all(isinstance(r[0], dict) for r in results):
+        # trial 9: gathered to rank 0 alone (dist.gather): rank 0 right, the others what their memory held
+        right = [all(name in r[0] and torch.is_tensor(r[0][name]) and r[0][name].shape == v.shape and
+                     torch.equal(r[0][name], v) for name, v in r[1].items()) for r in results]
+        if right[0] and not all(right):
+            pytest.fail(f"{T75}: rank 0 got the whole model and rank {right.index(False)} did not: every rank "
+                        "must get every parameter (gather_full_params is a collective whose result every rank "
+                        "uses: all_gather_into_tensor, not dist.gather to rank 0)")
+    for rank, (full, expected, (before, left, plain_full, shared, read_freed, wide)) in enumerate(results):
         assert isinstance(full, dict) and sorted(full) == sorted(expected), (
             f"{T75}: the names must be those of the model's named_parameters() before wrapping (a tied parameter "
             f"once, under its first name; frozen ones too), one entry each, as self._names lists them: expected "
@@ -672,6 +742,12 @@ def test_gather_full_params_gives_every_parameter_whole_in_fp32(impl, world_size
             assert torch.equal(got, value), (
                 f"{T75}: without compute_dtype, rank {rank}'s '{name}' differs from the model's: gather every rank's "
                 "fp32 shard, in rank order, then unit.views()")
+        wrong = wide if isinstance(wide, str) else [(name, dtype) for name, dtype, same in wide
+                                                    if dtype != "torch.float64" or not same]
+        assert not wrong, (
+            f"{T75}: with a float64 model (float64 shards), rank {rank}'s gather_full_params gave "
+            f"{wrong if isinstance(wrong, str) else wrong[:3]}: gather in the shards' own dtype "
+            "(unit.shard.dtype, float32 only for a float32 model) and return the model's values exactly")
         assert not left, (
             f"{T75}: after gather_full_params() rank {rank} still holds the gathered parameters (unit.full) of "
             f"{', '.join(left)}" +

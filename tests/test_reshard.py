@@ -158,7 +158,7 @@ def test_read_overlaps_glues_the_pieces_in_order_without_padding_and_keeps_the_s
     names, numels = LINE
     values = torch.arange(1.0, 16.0)  # element i of the line is i + 1: a misplaced one shows
     keys = ("exp_avg", "exp_avg_sq", "momentum_buffer")  # any key of one number per element (Issue 45: not by name)
-    for old, new in [(4, 3), (4, 2), (4, 1), (2, 4), (3, 4)]:
+    for old, new in [(4, 3), (4, 2), (4, 1), (2, 4), (3, 4), (15, 2)]:  # 15: saved flats of ONE element each
         saved = _saved_line(names, numels, old, values, keys)
         size = math.ceil(15 / new)
         for rank in range(new):
@@ -184,12 +184,22 @@ def test_read_overlaps_glues_the_pieces_in_order_without_padding_and_keeps_the_s
             want = line[rank * size:(rank + 1) * size]
             assert "step" in state, (f"{where}: the state has no 'step' ({sorted(state)}): AdamW's step count "
                                      "lost, its bias correction would start again")
-            assert torch.is_tensor(state["step"]) and state["step"].item() == 7.0, (
+            assert torch.is_tensor(state["step"]), (  # trial 9: int(value) was told "step 7, saved 7"
+                f"{where}: 'step' came back as {type(state['step']).__name__} {state['step']!r}, saved as the tensor "
+                "tensor(7.): keep a value that is not per element as it was saved, a tensor (value.clone()), not "
+                "a number made of it")
+            assert state["step"].item() == 7.0, (
                 f"{where}: step {state['step']!r}, saved 7: keep the optimizer's step count as it was saved")
             for key, scale in (("param", 1), *((key, i + 2) for i, key in enumerate(keys))):
                 assert key in state, f"{where}: no '{key}' in the state ({sorted(state)})"
                 got = state[key]
                 if tuple(got.shape) != (size,) and any(torch.equal(got, tensors[key]) for _, tensors in saved):
+                    if got.numel() == 1:  # trial 9: per element told by numel() > 1, or by dim() and numel()
+                        pytest.fail(f"{where}: '{key}' is one saved flat's value, whole: a flat of ONE element, "
+                                    "whose value holds one number, as a step count does, but is per element "
+                                    "(a 1-D tensor of its flat's size). Tell such a value by per_element(value, "
+                                    "the saved param), not by numel() > 1: a flat of one element is read piece by "
+                                    "piece like any other")
                     pytest.fail(f"{where}: '{key}' is one saved flat's value, whole: it holds one number per element "
                                 "of its flat, as param does, so it is read piece by piece like param. Tell such a "
                                 "value by its size (per_element(value, the saved param)), not by its key's name")
