@@ -510,6 +510,12 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     if ref["bias"] is not None:
         assert _close(got["grad_bias"], ref["grad_bias"][rows]), f"{T92}: {where}: the bias's gradient differs"
     forward_kinds = [kind for kind, _, _ in got["forward"]]
+    whole = ref["y"].numel()  # the whole output's elements; this rank's slice is whole / gsize
+    if gather_output and gsize > 1 and [(kind, n) for kind, _, n in got["forward"]] == [("all_reduce", whole)]:
+        pytest.fail(f"{T92}: {where}'s forward sent one all-reduce of the whole output ({whole} elements), where an "
+                    f"all-gather sends this rank's slice ({whole // gsize}): the sum of zero-padded slices gives the "
+                    "right numbers for more traffic (a ring all-reduce moves about twice an all-gather's bytes) and "
+                    "more work; use gather_from_tp(y, self.group)")
     assert forward_kinds == (["all_gather"] if gather_output and gsize > 1 else []) or (
         gather_output and forward_kinds == ["all_gather_into_tensor"]), (
         f"{T92}: {where}'s forward should send {'one all-gather' if gather_output else 'nothing'}, it sent {got['forward']}")
@@ -803,6 +809,13 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     if model is None:
         raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
                              "returns it (return model), as the docstring says")
+    column, row = model.classifier[1], model.classifier[3]
+    if task == "9.3" and getattr(column, "gather_output", None) is False and getattr(row, "input_is_parallel", None) is False:
+        # was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
+        raise AssertionError(f"{T93}: parallelize_classifier made classifier[3] with input_is_parallel=False after "
+                             "classifier[1] without gather_output: the row-parallel layer's input is then already this "
+                             "rank's slice of the hidden features, and input_is_parallel=False slices it again (a "
+                             "shape error in forward): keep input_is_parallel=True")
     optimizer = _sgd(model.parameters())
     dp_rank, dp_world = tp.sampler_rank_and_size(rank, world_size, tp_size)
     losses, wire, step_wire = [], Wire(), None
