@@ -299,8 +299,9 @@ def make_2d_groups(dp_size, tp_size):
     (the two collectives of each layer are on the critical path, the gradient all-reduce can
     overlap); the data-parallel groups are the columns, [t, t + tp_size, t + 2 * tp_size, ...].
     Grid rank r is at row r // tp_size (its dp rank) and column r % tp_size (its tp rank).
-    dist.new_group is a collective: every rank creates EVERY group, all rows then all columns, in
-    the same order, and keeps the two that contain it.
+    dist.new_group is a collective: every rank creates EVERY group, in the same order on every rank
+    (all rows then all columns, say), and keeps the two that contain it (or, with
+    use_local_synchronization=True, each rank creates only the two groups it is in).
     4 ranks, dp 2 x tp 2: tp groups [0, 1] and [2, 3], dp groups [0, 2] and [1, 3].
     """
     world_size, rank = dist.get_world_size(), dist.get_rank()

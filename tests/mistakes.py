@@ -1297,6 +1297,93 @@ MISTAKES = [
     Mistake("10.3", "irecv-waited-through-its-future", "template_pipeline.py",  # trial 6: a raw RuntimeError
             "        dist.recv(tensor, peer)\n", "        dist.irecv(tensor, peer).get_future().wait()\n",
             "have no Future"),
+    # Task 9 and 10, trial 9 (2026-11-29): handles never waited, a collective of the wrong kind, a bias of the
+    # wrong size, a slice by the global rank, layers skipped in the dp average, buffers changed in flight, activations kept past
+    # the step, a stage's parameters left without .grad, losses replaced, 2 stages against 4
+    Mistake("9.1", "gather-backward-slice-by-global-rank", "template_tensor_parallel.py",  # was a raw IndexError (the float64 case's)
+            "        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)\n        return grad.chunk(",
+            "        rank, size = dist.get_rank(), dist.get_world_size(ctx.group)\n        return grad.chunk(",
+            "ranks and sizes are the group's: dist.get_rank(group) = 0"),
+    Mistake("9.1", "f-backward-async-never-waited", "template_tensor_parallel.py",  # was told f's backward does not all-reduce
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None\n",
+            "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)\n        return grad, None\n",
+            "backward started all_reduce with async_op=True and never waited on its Work"),
+    Mistake("9.1", "g-forward-async-never-waited", "template_tensor_parallel.py",
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)\n        return out\n",
+            "        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group, async_op=True)\n        return out\n",
+            "forward started all_reduce with async_op=True and never waited on its Work"),
+    Mistake("9.2", "column-forward-without-f", "template_tensor_parallel.py",  # caught: f left out at the layer, not in the operator
+            "        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)\n",
+            "        y = F.linear(x, self.weight, self.bias)\n",
+            "copy_to_tp (f) before the product sums it over the ranks in backward"),
+    Mistake("9.2", "column-bias-kept-whole", "template_tensor_parallel.py",  # caught
+            "        bias = None if linear.bias is None else linear.bias.detach()[rows].clone()\n",
+            "        bias = None if linear.bias is None else linear.bias.detach().clone()\n",
+            "the bias must be this rank's slice of it"),
+    Mistake("9.2", "row-bias-sliced-like-the-weight", "template_tensor_parallel.py",  # was a hang: rank 0's forward failed, rank 1 waited in backward
+            "        bias = None if linear.bias is None else linear.bias.detach().clone()\n        return cls(weight, bias, linear.in_features, linear.out_features, group, input_is_parallel)",
+            "        bias = None if linear.bias is None else linear.bias.detach()[rank * k:(rank + 1) * k].clone()\n        return cls(weight, bias, linear.in_features, linear.out_features, group, input_is_parallel)",
+            "the bias must be the whole bias, on every rank"),
+    Mistake("9.2", "column-gathers-with-a-zero-padded-all-reduce", "template_tensor_parallel.py",  # right numbers: was told the kinds only
+            "        return gather_from_tp(y, self.group) if self.gather_output else y\n",
+            "        if not self.gather_output:\n            return y\n        rank, k = dist.get_rank(self.group), y.shape[-1]\n        full = y.new_zeros((*y.shape[:-1], self.out_features))\n        full[..., rank * k:(rank + 1) * k] = y\n        return reduce_from_tp(full, self.group)  # the others' slices are zero: the sum is the whole output\n",
+            "sent one all-reduce of the whole output"),
+    Mistake("9.3", "row-expects-the-whole-input", "template_tensor_parallel.py",  # was a raw 'mat1 and mat2 shapes cannot be multiplied'
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)\n",
+            "    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group, input_is_parallel=False)\n",
+            "slices it again"),
+    Mistake("9.4", "skips-the-split-layers", "template_tensor_parallel.py",  # was a bare training difference (features.0.weight)
+            "    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad",
+            "    split = {id(p) for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for p in m.parameters()}\n    for param in model.parameters():\n        if param.grad is None or id(param) in split:\n            continue  # a tp slice: different on each rank\n        dist.all_reduce(param.grad",
+            "left the gradients of the ColumnParallelLinear's weight and bias"),
+    Mistake("9.4", "averages-only-the-split-layers", "template_tensor_parallel.py",
+            "    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad",
+            "    split = {id(p) for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for p in m.parameters()}\n    for param in model.parameters():\n        if param.grad is None or id(param) not in split:\n            continue  # replicated: f and g made them equal\n        dist.all_reduce(param.grad",
+            "left the gradients of the replicated nn.Linear's weight and bias"),
+    Mistake("9.4", "sampler-by-tp-rank", "template_tensor_parallel.py",  # caught
+            "    return rank // tp_size, world_size // tp_size\n",
+            "    return rank % tp_size, world_size // tp_size\n",
+            "read different slices ({0: 0, 1: 1})"),
+    Mistake("10.5", "sends-before-backward", "template_pipeline.py",  # caught
+            "    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+            "once output.backward(...) has run"),
+    Mistake("10.5", "sends-back-from-the-last-stage-only", "template_pipeline.py",  # right on 2 stages: a hang on 4, named
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    if stage.is_last:\n        stage.send_backward(input.grad)\n",
+            "stage.send_backward(input.grad)) on every stage but the first"),
+    Mistake("10.5", "input-gradient-by-autograd-grad", "template_pipeline.py",  # was told an activation was detached
+            "        output.backward(stage.recv_backward(output.shape, output.dtype))\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "        grad = stage.recv_backward(output.shape, output.dtype)\n        if not stage.is_first:\n            (input_grad,) = torch.autograd.grad(output, input, grad)\n            stage.send_backward(input_grad)\n            return\n        output.backward(grad)\n        return\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "its backward never put it into this stage's parameters' .grad"),
+    Mistake("10.5", "zeroes-input-grad-after-sending", "template_pipeline.py",  # was told 'micro-batch 0's share alone'
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n        input.grad.zero_()  # sent: this stage is done with it\n",
+            "was changed before the step's wait_sends()"),
+    Mistake("10.6", "backwards-newest-first", "template_pipeline.py",  # caught
+            "    for i in range(num_microbatches):\n        backward_step(stage, *saved[i])\n        saved[i] = None  # its activations are no longer needed\n        trace.append((\"B\", i))\n",
+            "    for i in reversed(range(num_microbatches)):\n        backward_step(stage, *saved[i])\n        saved[i] = None  # its activations are no longer needed\n        trace.append((\"B\", i))\n",
+            "the backwards run in the order [1, 0]"),
+    Mistake("10.6", "no-wait-sends", "template_pipeline.py",  # caught
+            "    stage.wait_sends()\n    return loss, trace\n    # --- Task 10.6 end ---",
+            "    return loss, trace\n    # --- Task 10.6 end ---",
+            "end it with stage.wait_sends()"),
+    Mistake("10.6", "keeps-activations-on-the-stage", "template_pipeline.py",  # passed: the trace and numbers right
+            "    trace, saved, loss = [], [], None\n    for i in range(num_microbatches):\n        input, output = forward_step(stage, xs[i], ys[i], loss_fn, num_microbatches)\n        saved.append((input, output))\n        trace.append((\"F\", i))\n        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n    for i in range(num_microbatches):\n        backward_step(stage, *saved[i])\n        saved[i] = None  # its activations are no longer needed\n",
+            "    trace, loss = [], None\n    stage.saved = []  # the step's (input, output) pairs, on the stage\n    for i in range(num_microbatches):\n        input, output = forward_step(stage, xs[i], ys[i], loss_fn, num_microbatches)\n        stage.saved.append((input, output))\n        trace.append((\"F\", i))\n        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n    for i in range(num_microbatches):\n        backward_step(stage, *stage.saved[i])\n",
+            "after the step returned, 1 of the M micro-batches' outputs"),
+    Mistake("10.6", "loss-of-the-last-micro-batch-only", "template_pipeline.py",  # was a bare difference of losses
+            "        if stage.is_last:\n            loss = output.detach() if loss is None else loss + output.detach()\n",
+            "        if stage.is_last:\n            loss = output.detach()\n",
+            "micro-batch 1's loss alone, scaled by 1/M"),
+    Mistake("10.7", "trace-b-with-forward-index", "template_pipeline.py",  # caught
+            "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n",
+            "    for i in range(warmup, num_microbatches):\n        forward(i)\n        backward()\n        trace[-1] = (\"B\", i)\n",
+            "backwards [1, 1]"),
+    Mistake("10.7", "cool-down-newest-first", "template_pipeline.py",  # caught
+            "    while next_backward < num_microbatches:\n        backward()\n",
+            "    while saved:  # the cool-down: the last forwards' backwards\n        backward_step(stage, *saved.pop())\n        trace.append((\"B\", next_backward))\n        next_backward += 1\n",
+            "paired with the wrong micro-batch's activations"),
     # Task 11: BatchNorm across ranks (issue 33)
     Mistake("11.1", "local-statistics", "template_batchnorm.py",  # no communication at all
             "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n", "",
@@ -4374,6 +4461,85 @@ RIGHT_ANSWERS = [
         Mistake("9.1", "gather-backward-returns-a-view", "template_tensor_parallel.py",
                 "        return grad.chunk(size, dim=-1)[rank].contiguous(), None\n",
                 "        k = grad.shape[-1] // size\n        return grad[..., rank * k:(rank + 1) * k], None\n", ""),)),
+    # Tasks 9 and 10, trial 9 (2026-11-29): other orders, other calls, other buffers that are right
+    RightAnswer("9.2", "row-slice-through-the-transpose",
+                "'Keep columns [r * in / N, (r + 1) * in / N) of linear.weight ... New tensors': the columns taken through the transpose and cloned are those columns, in their own memory (strided: F.linear takes it)", (
+        Mistake("9.2", "row-slice-through-the-transpose", "template_tensor_parallel.py",
+                "        weight = linear.weight.detach()[:, rank * k:(rank + 1) * k].clone()\n",
+                "        weight = linear.weight.detach().t()[rank * k:(rank + 1) * k].t().clone()\n",
+                ""),)),
+    RightAnswer("9.3", "columns-before-rows",
+                "'every rank creates EVERY group, in the same order on every rank': columns first, on every rank alike, is such an order", (
+        Mistake("9.3", "columns-before-rows", "template_tensor_parallel.py",
+                "    dp_group = tp_group = None\n    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            tp_group = group\n    for t in range(tp_size):\n        ranks = list(range(t, world_size, tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            dp_group = group\n",
+                "    dp_group = tp_group = None\n    for t in range(tp_size):\n        ranks = list(range(t, world_size, tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            dp_group = group\n    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            tp_group = group\n",
+                ""),)),
+    RightAnswer("9.3", "new-subgroups-by-enumeration",
+                "'the process groups of a grid that contain this rank': dist.new_subgroups_by_enumeration creates every group of a list on every rank and returns this rank's", (
+        Mistake("9.3", "new-subgroups-by-enumeration", "template_tensor_parallel.py",
+                "    dp_group = tp_group = None\n    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            tp_group = group\n    for t in range(tp_size):\n        ranks = list(range(t, world_size, tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            dp_group = group\n",
+                "    tp_group, _ = dist.new_subgroups_by_enumeration([list(range(d * tp_size, (d + 1) * tp_size)) for d in range(dp_size)])\n    dp_group, _ = dist.new_subgroups_by_enumeration([list(range(t, world_size, tp_size)) for t in range(tp_size)])\n",
+                ""),)),
+    RightAnswer("9.3", "own-groups-with-local-synchronization",
+                "'or, with use_local_synchronization=True, each rank creates only the two groups it is in': PyTorch's new_group then needs no call from the other ranks", (
+        Mistake("9.3", "own-groups-with-local-synchronization", "template_tensor_parallel.py",
+                "    dp_group = tp_group = None\n    for d in range(dp_size):\n",
+                "    tp_group = dist.new_group(list(range(rank // tp_size * tp_size, (rank // tp_size + 1) * tp_size)), use_local_synchronization=True)\n    dp_group = dist.new_group(list(range(rank % tp_size, world_size, tp_size)), use_local_synchronization=True)\n    return dp_group, tp_group\n    for d in range(dp_size):\n",
+                ""),)),
+    RightAnswer("9.4", "avg-op",
+                "'replace every .grad with its mean over dp_group': ReduceOp.AVG is that mean on torch 2.14's gloo (floats)", (
+        Mistake("9.4", "avg-op", "template_tensor_parallel.py",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, group=dp_group)\n",
+                ""),)),
+    RightAnswer("9.4", "divide-first",
+                "'its mean over dp_group': dividing each rank's gradient before the SUM gives the same mean (and cannot overflow first)", (
+        Mistake("9.4", "divide-first", "template_tensor_parallel.py",
+                "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
+                "        param.grad /= dp_size\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
+                ""),)),
+    RightAnswer("10.1", "list-not-range",
+                "'a range of layer indices': a list of the same consecutive indices serves Stage alike", (
+        Mistake("10.1", "list-not-range", "template_pipeline.py",
+                "    return range(start, start + base + (1 if stage < extra else 0))",
+                "    return list(range(start, start + base + (1 if stage < extra else 0)))",
+                ""),)),
+    RightAnswer("10.2", "sends-flattened",
+                "'Send the data only (a detached, contiguous tensor)': a flat view of it is the same bytes; the receiver's buffer gives the shape", (
+        Mistake("10.2", "sends-flattened", "template_pipeline.py",
+                "dist.isend(tensor.detach().contiguous(), peer)",
+                "dist.isend(tensor.detach().reshape(-1), peer)",
+                ""),)),
+    RightAnswer("10.3", "recv-into-a-leaf-requiring-grad",
+                "'the returned tensor must require grad': a leaf made with requires_grad=True and filled by recv (not an autograd op) is one", (
+        Mistake("10.3", "recv-into-a-leaf-requiring-grad", "template_pipeline.py",
+                "        tensor = torch.empty(shape, dtype=dtype)\n        dist.recv(tensor, peer)\n        return tensor.requires_grad_(requires_grad)\n",
+                "        tensor = torch.empty(shape, dtype=dtype, requires_grad=requires_grad)\n        dist.recv(tensor, peer)\n        return tensor\n",
+                ""),)),
+    RightAnswer("10.3", "recv-flat-then-view",
+                "'Receive a tensor of shape and dtype': a flat buffer of that dtype and size, viewed in the shape, receives the same bytes", (
+        Mistake("10.3", "recv-flat-then-view", "template_pipeline.py",
+                "        tensor = torch.empty(shape, dtype=dtype)\n        dist.recv(tensor, peer)\n        return tensor.requires_grad_(requires_grad)\n",
+                "        flat = torch.zeros(torch.Size(shape).numel(), dtype=dtype)\n        dist.recv(flat, src=peer)\n        return flat.view(shape).requires_grad_(requires_grad)\n",
+                ""),)),
+    RightAnswer("10.5", "autograd-backward",
+                "'run output.backward(that gradient)': torch.autograd.backward([output], [gradient]) is that call", (
+        Mistake("10.5", "autograd-backward", "template_pipeline.py",
+                "        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
+                "        torch.autograd.backward([output], [stage.recv_backward(output.shape, output.dtype)])\n",
+                ""),)),
+    RightAnswer("10.7", "warmup-capped-by-m-minus-1",
+                "'Warm-up: min(num_stages - stage_index - 1, M) forwards': capped at M - 1, the steady state runs the M-th forward and then the first backward, the same order", (
+        Mistake("10.7", "warmup-capped-by-m-minus-1", "template_pipeline.py",
+                "min(stage.num_stages - stage.stage_index - 1, num_microbatches)",
+                "min(stage.num_stages - stage.stage_index - 1, num_microbatches - 1)",
+                ""),)),
+    RightAnswer("10.7", "loss-summed-in-backward",
+                "'loss is the sum of the M scaled losses': summed as each micro-batch's backward runs, it is the same sum", (
+        Mistake("10.7", "loss-summed-in-backward", "template_pipeline.py",
+                "        if stage.is_last:\n            loss = saved[-1][1].detach() if loss is None else loss + saved[-1][1].detach()\n\n    def backward():\n        nonlocal next_backward\n        backward_step(stage, *saved.pop(0))",
+                "\n    def backward():\n        nonlocal next_backward, loss\n        input, output = saved.pop(0)\n        if stage.is_last:  # the loss of the micro-batch whose backward runs\n            loss = output.detach() if loss is None else loss + output.detach()\n        backward_step(stage, input, output)",
+                ""),)),
     RightAnswer("11.2", "saves-x-recomputes-x-hat",  # trial 6 (2026-11-29)
                 "'x_hat is the part before * weight': saving x, mean and invstd and recomputing x_hat in backward "
                 "(PyTorch's own BatchNorm saves its input) gives the same gradient", (

@@ -569,7 +569,9 @@ def test_partition_is_balanced_and_every_layer_is_in_exactly_one_stage(impl):
             assert max(sizes) - min(sizes) <= 1, (
                 f"{T101}: {num_layers} layers on {num_stages} stages gave sizes {sizes}: balanced means the sizes "
                 "differ by at most one (ceil for every stage leaves the last ones short)")
-            assert got == expected_ranges(num_layers, num_stages), (
+            # the indices, not the type: a list of them serves Stage as well as a range (a trial's list was told
+            # "every stage takes the same number of layers", which it did)
+            assert [list(r) for r in got] == [list(r) for r in expected_ranges(num_layers, num_stages)], (
                 f"{T101}: {num_layers} layers on {num_stages} stages gave {[list(r) for r in got]}: "
                 + (f"the first {num_layers % num_stages} stages take one layer more" if num_layers % num_stages > 1
                    else "the first stage takes one layer more" if num_layers % num_stages else
@@ -869,6 +871,7 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
     first, last = stage_index == 0, stage_index == num_stages - 1
     out = []
     backward_step, send_forward, recv_backward = lib.backward_step, lib.Stage.send_forward, lib.Stage.recv_backward
+    send_backward, wait_sends = lib.Stage.send_backward, lib.Stage.wait_sends
     learn_shapes = lib.Stage.learn_shapes
     for m in microbatch_counts:
         torch.manual_seed(0)
@@ -897,10 +900,26 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         def counted_learn_shapes(self, *args, **kwargs):
             learned.append(True)
             return learn_shapes(self, *args, **kwargs)
+
+        # each gradient given to send_backward, and a copy of it then: its isend may read it until wait_sends()
+        in_flight, changed, gradients_sent = [], [], [0]
+
+        def kept_send_backward(self, grad):
+            if torch.is_tensor(grad):
+                in_flight.append((gradients_sent[0], grad, grad.detach().clone()))
+            gradients_sent[0] += 1
+            return send_backward(self, grad)
+
+        def checked_wait_sends(self):
+            changed.extend(k for k, tensor, then in in_flight
+                           if tensor.shape != then.shape or not torch.equal(tensor.detach(), then))
+            in_flight.clear()
+            return wait_sends(self)
         if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
             lib.forward_step, lib.backward_step = alive, counted_backward
             lib.Stage.learn_shapes = counted_learn_shapes
         lib.Stage.send_forward, lib.Stage.recv_backward = kept_send_forward, kept_recv_backward
+        lib.Stage.send_backward, lib.Stage.wait_sends = kept_send_backward, checked_wait_sends
         shapes = activation_shapes(num_stages, BATCH // m)
         want = {peer: kinds for peer, kinds in ((stage.prev_rank, [(10,), shapes.get(stage_index)]),
                                                 (stage.next_rank, [shapes.get(stage_index + 1)])) if peer is not None}
@@ -916,9 +935,16 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
                     if not PROGRESS:
                         raise
                     raise IndexError(f"{error} [{progress()}]") from error
+                # the micro-batches' outputs the step still keeps, once it has returned (weakrefs; counted again
+                # after a collection only when some are: reference cycles)
+                kept_after = sum(ref() is not None for ref in alive.outputs)
+                if kept_after:
+                    gc.collect()
+                    kept_after = sum(ref() is not None for ref in alive.outputs)
         finally:
             lib.forward_step, lib.backward_step = alive.forward_step, backward_step
             lib.Stage.send_forward, lib.Stage.recv_backward = send_forward, recv_backward
+            lib.Stage.send_backward, lib.Stage.wait_sends = send_backward, wait_sends
             lib.Stage.learn_shapes = learn_shapes
         # Issue 45: the activation sent back as its own gradient was a bare difference of gradients
         echoed = next((i for i, grad in enumerate(received) if any(
@@ -939,7 +965,8 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         loss = None if loss is None else torch.as_tensor(loss).detach().clone()
         out.append(dict(m=m, loss=loss, trace=trace, grads=grads, records=records_of(wire), done=done,
                         torch_loss=torch_loss, torch_grads=torch_grads, layers=list(stage.layers),
-                        loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most, echoed=echoed))
+                        loss_graph=graph, loss_kind=loss_kind, most_alive=alive.most, echoed=echoed,
+                        changed_in_flight=changed, kept_after=kept_after))
         dist.barrier()
     return out
 
@@ -978,6 +1005,13 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     f"{where}: {what}: the gradient stage {rank} received from stage {rank + 1} for micro-batch "
                     f"{r['echoed']} is exactly an activation stage {rank} sent it: backward_step sends input.grad, "
                     "the gradient of the loss with respect to its input, not the input itself")
+            if r["changed_in_flight"]:
+                k = r["changed_in_flight"][0]
+                raise AssertionError(
+                    f"{where}: {what}: the gradient given to send_backward for micro-batch {k} (input.grad) was "
+                    "changed before the step's wait_sends(): its isend may still be reading that tensor, so stage "
+                    f"{rank - 1} receives the changed values (or not, by the luck of a race). Leave a tensor as it is "
+                    "once it is sent, until the step has waited for its send")
             if schedule == "1f1b" or task in ("10.6", "10.7"):
                 want = expected_trace(schedule, world_size, rank, m)
                 assert r["trace"] == want, (
@@ -1018,6 +1052,15 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
             for i in r["layers"]:
                 theirs_all = (r["torch_grads"] or {}).get(i, ref_grads[i])  # M < p with 1F1B: PyTorch refuses
                 for j, (got, want, theirs) in enumerate(zip(r["grads"][i], ref_grads[i], theirs_all)):
+                    if got is None and rank > 0 and all(g is not None for s in range(rank)
+                                                        for grads in results[s][case]["grads"].values() for g in grads):
+                        # the gradient went on back through this stage: its own parameters were left out
+                        raise AssertionError(
+                            f"{where}: {what}: layer {i}, on this stage, got no gradient, while every layer of the "
+                            "earlier stages did: the gradient came back through this stage, but its backward never "
+                            "put it into this stage's parameters' .grad. Run output.backward(the gradient received), "
+                            "which fills input.grad and the parameters' .grad alike (torch.autograd.grad(output, "
+                            "input, ...), for one, returns the input's gradient and leaves the parameters' .grad None)")
                     assert got is not None, (
                         f"{where}: {what}: layer {i} got no gradient: the earlier stages get no gradient when "
                         "an activation is detached, or received without requires_grad")
@@ -1040,6 +1083,11 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     assert torch.allclose(got, theirs, rtol=RTOL, atol=ATOL), (
                         f"{where}: {what}: layer {i}'s gradient differs from PyTorch's {schedule} schedule by "
                         f"{(got - theirs).abs().max():.3g}")
+            assert not r["kept_after"], (
+                f"{where}: {what}: after the step returned, {r['kept_after']} of the M micro-batches' outputs were "
+                "still referenced, and their activations with them, in memory until the next step: the step keeps its (input, output) pairs "
+                "somewhere that outlives it (on the stage, in a global). Keep them in a list local to the step, "
+                "and drop each once its backward has run")
             if r["torch_loss"] is not None and rank == world_size - 1:
                 assert math.isclose(r["loss"], r["torch_loss"], rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: loss {r['loss']}, PyTorch's schedule {r['torch_loss']}")
@@ -1100,6 +1148,14 @@ def loss_hint(loss, ref_loss, m, num_stages=None):
     if num_stages and m != num_stages and math.isclose(loss * num_stages, ref_loss * m, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x = M / num_stages: scale each micro-batch's loss by 1/num_microbatches, "
                 "not 1/num_stages)")
+    if m > 1:  # one micro-batch's loss alone (scaled or not): the others replaced, not added
+        inputs, targets = batch()
+        for k, (x, y) in enumerate(zip(inputs.split(BATCH // m), targets.split(BATCH // m))):
+            own = reference_gradients(x, y)[0]
+            for value, how in ((own / m, "scaled by 1/M"), (own, "unscaled")):
+                if math.isclose(loss, value, rel_tol=1e-4):
+                    return (f" (micro-batch {k}'s loss alone, {how}: return the SUM of the M scaled losses, "
+                            "each added to the total, not put in its place)")
     return ""
 
 

@@ -91,8 +91,10 @@ def _operators(rank, world_size, impl, sub):
         with Wire() as wire:  # one per operator: nothing of an earlier one (failed half-way) is counted against it
             try:
                 y = getattr(tp, name)(x, group)
+                unwaited = _unwaited(wire, "forward")
                 forward_calls = wire.take()
                 (grad_x,) = torch.autograd.grad(y, x, grad_out)
+                unwaited += _unwaited(wire, "backward")
                 backward_calls = wire.take()
             except NotImplementedError:  # an unfilled TODO: the harness reports it as such
                 raise
@@ -101,7 +103,7 @@ def _operators(rank, world_size, impl, sub):
                 out[label] = dict(error=f"{type(error).__name__}: {error}",
                                  y_shape=None if y is None else tuple(y.shape), sent=wire.take())
                 continue
-        out[label] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(),
+        out[label] = dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone(), unwaited=unwaited,
                          x_same=torch.equal(x.detach(), x_before), grad_same=torch.equal(grad_out, grad_before),
                          forward=forward_calls, backward=backward_calls)
     for name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
@@ -113,6 +115,13 @@ def _operators(rank, world_size, impl, sub):
     return grank, gsize, out
 
 
+def _unwaited(wire, where):
+    """[(where, kind)] of the collectives since the last take() started with async_op=True whose Work nobody
+    waited for (wait(), its Future, or is_completed() seen True)."""
+    return [(where, call.kind) for call in wire.calls[wire.taken:]
+            if call.async_op and not (call.waits or call.futures or call.done_seen)]
+
+
 def _in_float64(tp, name, grank, gsize, group):
     """The operator on float64 rank values / 3 (not exact in float32): its output and x's gradient, or the error."""
     shape = (2, 3)
@@ -122,7 +131,7 @@ def _in_float64(tp, name, grank, gsize, group):
     try:
         y = getattr(tp, name)(x, group)
         (grad_x,) = torch.autograd.grad(y, x, grad_out)
-    except (RuntimeError, TypeError, ValueError) as error:
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # IndexError: a slice by the global rank
         return dict(error=one_line(error, 200))
     return dict(error=None, y=y.detach().clone(), grad_x=grad_x.clone())
 
@@ -203,6 +212,11 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
         + (f". In a group, ranks and sizes are the group's: dist.get_rank(group) = {grank}, "
            f"dist.get_world_size(group) = {gsize}, not the global ones" if rank != grank else ""))
     y, grad_x = got["y"], got["grad_x"]
+    if got["unwaited"]:  # wrong values, or right ones by luck: when the result arrives is a race
+        where_, kind = got["unwaited"][0]
+        pytest.fail(f"{T91}: {where}'s {where_} started {kind} with async_op=True and never waited on its Work, so "
+                    "its result may not have arrived when the tensor was returned: wait() on the Work before "
+                    f"returning, or call {kind} without async_op")
     assert got["x_same"], (
         f"{T91}: {where} changed its input x in place: all-reduce a copy (x.clone()), never x itself; autograd "
         "may have saved x for another layer's backward")
@@ -317,19 +331,34 @@ def _check_float64(name, rank, grank, gsize, got):
 
 
 # --------------------------------------------------------------------------- Task 9.2
-def _forward_backward(layer, x, upstream, wire):
+def _forward_backward(layer, x, upstream, wire, group):
     """The layer's output, and the collectives of its forward and backward (backward with the upstream
     gradient `upstream`); a layer that fails (a weight split along the wrong dimension cannot multiply x)
-    gives its error, for the test to explain after the shapes. Never a hang: on a failure every rank of
-    the group fails alike, since all hold the same kind of slice."""
+    gives its error, for the test to explain after the shapes. Never a hang: the ranks of `group` agree
+    (a MIN all-reduce of the test's, not recorded) that every forward succeeded before any runs backward,
+    whose collectives a rank whose forward failed would never join (a bias sliced by rank: the shapes
+    of rank 0's slice fail, those of the last rank's broadcast)."""
     with wire:
         try:
             y = layer(x)
             forward = wire.take()
-            if y.shape == upstream.shape:
+        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+            raise
+        except RuntimeError as raised:
+            y, forward, failed = None, wire.take(), f"{type(raised).__name__}: {raised}"
+        else:
+            failed = None
+        wire.on = False
+        ok = torch.tensor([int(failed is None and y.shape == upstream.shape)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        wire.on = True
+        if failed is not None:
+            return None, forward, [], failed
+        try:
+            if ok.item():
                 (y * upstream).sum().backward()
             return y.detach().clone(), forward, wire.take(), None
-        except NotImplementedError:  # an unfilled TODO: the harness reports it as such
+        except NotImplementedError:
             raise
         except RuntimeError as error:
             return None, wire.take(), [], f"{type(error).__name__}: {error}"
@@ -366,7 +395,7 @@ def _layers(rank, world_size, impl, sub, bias):
         layer = _from_linear(tp.ColumnParallelLinear, column_linear, group, rank, grank, gsize, gather_output=gather_output)
         xi = x.clone().requires_grad_()
         wanted = grad_hidden if gather_output else grad_hidden.chunk(gsize, dim=-1)[grank]
-        y, forward, backward, error = _forward_backward(layer, xi, wanted, wire)
+        y, forward, backward, error = _forward_backward(layer, xi, wanted, wire, group)
         results[("column", gather_output)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
@@ -378,7 +407,7 @@ def _layers(rank, world_size, impl, sub, bias):
         layer = _from_linear(tp.RowParallelLinear, row_linear, group, rank, grank, gsize,
                              input_is_parallel=input_is_parallel)
         hi = (h.chunk(gsize, dim=-1)[grank] if input_is_parallel else h).clone().requires_grad_()
-        y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire)
+        y, forward, backward, error = _forward_backward(layer, hi, grad_out, wire, group)
         results[("row", input_is_parallel)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
@@ -481,6 +510,12 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     if ref["bias"] is not None:
         assert _close(got["grad_bias"], ref["grad_bias"][rows]), f"{T92}: {where}: the bias's gradient differs"
     forward_kinds = [kind for kind, _, _ in got["forward"]]
+    whole = ref["y"].numel()  # the whole output's elements; this rank's slice is whole / gsize
+    if gather_output and gsize > 1 and [(kind, n) for kind, _, n in got["forward"]] == [("all_reduce", whole)]:
+        pytest.fail(f"{T92}: {where}'s forward sent one all-reduce of the whole output ({whole} elements), where an "
+                    f"all-gather sends this rank's slice ({whole // gsize}): the sum of zero-padded slices gives the "
+                    "right numbers for more traffic (a ring all-reduce moves about twice an all-gather's bytes) and "
+                    "more work; use gather_from_tp(y, self.group)")
     assert forward_kinds == (["all_gather"] if gather_output and gsize > 1 else []) or (
         gather_output and forward_kinds == ["all_gather_into_tensor"]), (
         f"{T92}: {where}'s forward should send {'one all-gather' if gather_output else 'nothing'}, it sent {got['forward']}")
@@ -774,6 +809,13 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     if model is None:
         raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
                              "returns it (return model), as the docstring says")
+    column, row = model.classifier[1], model.classifier[3]
+    if task == "9.3" and getattr(column, "gather_output", None) is False and getattr(row, "input_is_parallel", None) is False:
+        # was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
+        raise AssertionError(f"{T93}: parallelize_classifier made classifier[3] with input_is_parallel=False after "
+                             "classifier[1] without gather_output: the row-parallel layer's input is then already this "
+                             "rank's slice of the hidden features, and input_is_parallel=False slices it again (a "
+                             "shape error in forward): keep input_is_parallel=True")
     optimizer = _sgd(model.parameters())
     dp_rank, dp_world = tp.sampler_rank_and_size(rank, world_size, tp_size)
     losses, wire, step_wire = [], Wire(), None
@@ -1039,7 +1081,7 @@ def test_sampler_rank_and_size_gives_tp_peers_the_same_slice(impl):
 
 def _average(rank, world_size, impl, dp_size, tp_size):
     tp = judging(impl, "9.4")
-    dp_group, _ = tp.make_2d_groups(dp_size, tp_size)
+    dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
     model = nn.Linear(3, 2)
     model.weight.grad = torch.full((2, 3), float(rank + 1))
     model.bias.grad = None  # frozen, or unused: skipped
@@ -1064,7 +1106,13 @@ def _average(rank, world_size, impl, dp_size, tp_size):
     alone = nn.Linear(3, 2)
     alone.weight.grad = torch.full((2, 3), float(rank + 1))
     tp.average_gradients_over_dp(alone, whole_dp)
-    return model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad, alone.weight.grad
+    # a split layer and a replicated one in one model: the slices need averaging over the dp group as much
+    split = nn.Sequential(tp.ColumnParallelLinear.from_linear(nn.Linear(3, 2 * tp_size), tp_group), nn.Linear(2, 2))
+    for p in split.parameters():
+        p.grad = torch.full_like(p, float(rank + 1))
+    tp.average_gradients_over_dp(split, dp_group)
+    return (model.weight.grad, model.bias.grad, calls, unwaited, double.weight.grad, alone.weight.grad,
+            {name: p.grad for name, p in split.named_parameters()})
 
 
 @pytest.mark.task9_4
@@ -1072,11 +1120,14 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     dp_size, tp_size = 2, 2
     results = run_ranks(_average, 4, impl, dp_size, tp_size)
-    for rank, (grad, bias_grad, calls, unwaited, double, alone) in enumerate(results):
+    for rank, (grad, bias_grad, calls, unwaited, double, alone, split) in enumerate(results):
         column = rank % tp_size
         peers = list(range(column, dp_size * tp_size, tp_size))
         expected = sum(r + 1 for r in peers) / dp_size
         value = grad[0, 0].item()
+        # Sequential(ColumnParallelLinear (names 0.*), nn.Linear (names 1.*)): which of them were averaged
+        averaged = {name: torch.equal(g, torch.full_like(g, expected)) for name, g in split.items()}
+        kept = {name for name, g in split.items() if torch.equal(g, torch.full_like(g, float(rank + 1)))}
         if unwaited:  # wrong values, or right ones by luck: when the sum arrives is a race
             wrong = not torch.equal(grad, torch.full((2, 3), expected))
             pytest.fail(f"{T94}: rank {rank} (dp peers {peers}): average_gradients_over_dp started {unwaited[0]} with "
@@ -1085,6 +1136,19 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
                             f" (it holds {grad.flatten().tolist()}, expected the mean over the dp group, {expected}, in "
                             "every element)" if wrong else " (this time it had, by luck)") +
                         ": wait() on the Work before dividing, or call all_reduce without async_op")
+        for skipped, other, what, why in (
+                ("0.", "1.", "the ColumnParallelLinear's weight and bias (this rank's slices)",
+                 "a split weight needs it as much: the ranks of one dp group hold the same slice, of gradients of "
+                 "different data"),
+                ("1.", "0.", "the replicated nn.Linear's weight and bias",
+                 "a replicated parameter needs it as much: the tp peers computed it from the same batch, but each dp "
+                 "group from another one")):
+            if (kept >= {n for n in split if n.startswith(skipped)}
+                    and all(ok for n, ok in averaged.items() if n.startswith(other))):
+                pytest.fail(f"{T94}: rank {rank} (dp peers {peers}), in a Sequential of a ColumnParallelLinear and an "
+                            f"nn.Linear: average_gradients_over_dp averaged the others but left the gradients of {what} "
+                            f"as they were ({rank + 1}, expected {expected}): average EVERY parameter that has a .grad "
+                            f"over the dp group; {why}")
         if value == sum(range(1, 5)) / 4 or value == sum(range(1, 5)) / 2:
             pytest.fail(f"{T94}: rank {rank}'s gradient became {value}, an average over all 4 ranks: average over the "
                         f"dp group only (its ranks hold the same slice of each split weight; the tp peers, "
@@ -1111,6 +1175,10 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
                         "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
         assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
             f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
+        assert all(averaged.values()), (
+            f"{T94}: rank {rank} (dp peers {peers}), a Sequential of a ColumnParallelLinear and an nn.Linear: gradients "
+            f"{ {n: g.flatten()[0].item() for n, g in split.items()} }, expected the mean over the dp group, {expected}, "
+            "in every element of every one")
         mean = sum(range(1, 5)) / 4  # dp 4 x tp 1: dp and tp sizes differ (at dp 2 x tp 2 either divides alike)
         if alone[0, 0].item() != mean:
             sizes = {sum(range(1, 5)): "1, the tp size (world size // dp size)", sum(range(1, 5)) / 2: "2"}
