@@ -52,9 +52,14 @@ HINTS = [
      "when its result is there."),
     (r"No backend type associated with device type cpu|Tensors must be CUDA",
      "NCCL reduces GPU tensors only: create the tensor on the `device` argument."),
-    (r"ProcessGroupGloo::allgather: invalid tensor size",
+    # gloo's "expected (6), got (2, 3)": stacked where it shows one dim more; any other size: too small or large
+    (r"ProcessGroupGloo::allgather: invalid tensor size at index \d+ \(expected \((?:\d+\), got \(\d+, \d+\)|"
+     r"\d+, \d+\), got \(\d+, \d+, \d+\)|\d+, \d+, \d+\), got \(\d+, \d+, \d+, \d+\))",
      "Gloo's all_gather_into_tensor takes an output of the inputs concatenated along dim 0 (world_size * n, ...), "
      "not stacked (world_size, n, ...): view it so, or all_gather into a list of tensors."),
+    (r"ProcessGroupGloo::allgather: invalid tensor size",
+     "Gloo's all_gather_into_tensor takes an output of exactly world_size times the input's elements, the inputs "
+     "concatenated along dim 0 (world_size * n, ...)."),
     # the tests' own messages say it in full, per task (tests/wire.py, gloo_wait_only: the checker imports no torch,
     # nor tests/), and where one did ("no Future") this line is not added; it says the same for an error none covers
     (r"\A(?![\s\S]*\bno Future\b)[\s\S]*?(?:Work::getFuture not implemented|getFuture.*not (?:implemented|supported))",

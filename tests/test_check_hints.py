@@ -393,3 +393,14 @@ def test_unsent_and_short_gradient_hints_only_where_their_condition_holds():
     assert not gradients_sent_n_minus_1_times(short + [("send", "grad", None)], 3)  # N sent: not short
     assert gradients_sent_n_minus_1_times([("send", "kv", 0), ("send", "grad", None), ("arrived", "kv", 1),
                                            ("arrived", "grad", None)], 2)
+
+
+def test_gloos_all_gather_size_error_says_stacked_only_where_the_shape_shows_it():
+    """Trial 9: an FSDP gather into an output without its padding (too small) was told that the output was stacked
+    (world_size, n), a cause it did not have: gloo's error says both shapes; stacked shows one dim more."""
+    stacked = "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (6), got (2, 3))"
+    small = "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (6), got (5))"
+    said_stacked, _ = explain("RuntimeError", stacked.split(": ", 1)[1], "")
+    said_small, _ = explain("RuntimeError", small.split(": ", 1)[1], "")
+    assert "not stacked (world_size, n, ...)" in said_stacked, said_stacked
+    assert "stacked" not in said_small and "exactly world_size times the input's elements" in said_small, said_small
