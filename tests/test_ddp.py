@@ -185,10 +185,18 @@ def test_tied_weights_once_frozen_ones_never(impl):
     if len(flat) != len(set(flat)):
         pytest.fail(f"{T51}: the tied parameter is in the buckets twice ({got}): its gradient would be "
                     "reduced twice; put each Parameter in once, at its first occurrence")
+    if got == [[3], [0], [1]]:  # reversed: d, c, a (its last place), b
+        pytest.fail(f"{T51}: parameters [a, b, a (tied), c (frozen), d] gave the buckets [[d], [a], [b]] (with "
+                    "bucket_size_mb=None): the tied weight a took its LAST place in the list; it goes in once, at its "
+                    "FIRST occurrence, as module.parameters() lists it (expected [[d], [b], [a]])")
     assert got == [[3], [1], [0]], (
         f"{T51}: parameters [a, b, a (tied), c (frozen), d] should give the buckets [[d], [b], [a]], got "
         f"{got} (as indices a=0, b=1, c=2, d=3): tied weights once, at their first occurrence; "
         "requires_grad=False parameters in no bucket")
+    if one == [[3], [1, 0]]:  # trial 9: told as the tied weight
+        pytest.fail(f"{T51}: parameters [a, b, a (tied), c (frozen), d] with a 25 MB cap gave the buckets "
+                    "[[d], [b, a]]: the frozen parameter c closed the bucket of d. A requires_grad=False parameter "
+                    "is in no bucket and takes no room: skip it, and the current bucket goes on (expected [[d, b, a]])")
     assert one == [[3, 1, 0]], f"{T51}: tied weights once with a 25 MB cap too: expected [[3, 1, 0]], got {one}"
 
 
@@ -197,7 +205,17 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
     dtypes = _params(4, 4) + _params(4, dtype=torch.float64)
     # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
     devices = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
-    got, on_devices = _buckets(impl, (dtypes, 25.0), (devices, 25.0))
+    # a bucket's bytes are numel() * element_size(): 2 float16 parameters of 20 elements (40 B each) share a
+    # 100-byte bucket, 2 float64 parameters of 10 elements (80 B each) do not (4 bytes an element: the reverse)
+    halves, doubles = _params(20, 20, dtype=torch.float16), _params(10, 10, dtype=torch.float64)
+    got, on_devices, in_halves, in_doubles = _buckets(impl, (dtypes, 25.0), (devices, 25.0), (halves, 100 / 2**20),
+                                                      (doubles, 100 / 2**20))
+    assert (in_halves, in_doubles) == ([[1, 0]], [[1], [0]]), (
+        f"{T51}: with a 100-byte cap, 2 float16 parameters of 20 elements (40 bytes each) gave the buckets "
+        f"{in_halves}, expected [[1, 0]], and 2 float64 parameters of 10 elements (80 bytes each) gave {in_doubles}, "
+        "expected [[1], [0]]: " + ("a parameter's bytes were counted as 4 an element whatever its dtype: count "
+                                   "numel() * element_size()" if (in_halves, in_doubles) == ([[1], [0]], [[1, 0]])
+                                   else "a parameter's bytes are numel() * element_size()"))
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
