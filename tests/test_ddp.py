@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -234,7 +235,17 @@ def _launch(rank, world_size, impl):
     params[2].grad = torch.arange(5.0) * (rank + 1)
     bucket = lib.Bucket(params)
     with Wire(ALL_REDUCE) as recorder:
-        lib.launch_all_reduce(bucket)
+        recorded, sent = dist.all_reduce, []
+
+        def all_reduce(tensor, *args, **kwargs):  # what the tensor holds when it is sent: divided already?
+            sent.append(tensor.detach().clone())
+            return recorded(tensor, *args, **kwargs)
+
+        dist.all_reduce = all_reduce
+        try:
+            lib.launch_all_reduce(bucket)
+        finally:
+            dist.all_reduce = recorded
         recorder.mark("returned")
         handle_kept = bucket.handle is not None
         if handle_kept:
@@ -251,7 +262,8 @@ def _launch(rank, world_size, impl):
             bucket64.handle.wait()
         dtypes[label] = None if bucket64.buffer is None else (bucket64.buffer.dtype, bucket64.buffer.clone())
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
-            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes}
+            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes,
+            "ops": [call.op for call in recorder.calls], "sent": sent}
 
 
 @pytest.mark.task5_2
@@ -282,6 +294,16 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
         if buffer[:6].min() >= 100:
             pytest.fail(f"{T52}: rank {rank}'s buffer holds the parameters' values, not their gradients: "
                         "flatten param.grad, not param")
+        assert got["ops"] == [dist.ReduceOp.SUM], (
+            f"{T52}: rank {rank}: the all_reduce used {got['ops'][0]}: divide the buffer by the world size, then "
+            "all_reduce with ReduceOp.SUM, as PyTorch's DDP does; an averaging op divides AFTER the sum, and in "
+            "float16 the sum of N gradients can overflow where their mean does not")
+        local = torch.cat([torch.full((6,), rank + 1.0), torch.zeros(4), torch.arange(5.0) * (rank + 1)])
+        if len(got["sent"]) == 1 and torch.allclose(got["sent"][0], local) and torch.allclose(buffer, expected):
+            pytest.fail(f"{T52}: rank {rank}: the buffer went into the all_reduce undivided (this rank's own "
+                        "gradients), and was divided once the sum came back: divide it by the world size BEFORE "
+                        "the all_reduce, as PyTorch's DDP does: in float16 the sum of N gradients can overflow where "
+                        "their mean does not")
         assert torch.allclose(buffer, expected), (
             f"{T52}: rank {rank}'s buffer should be the mean gradient over {world_size} ranks, in the bucket's "
             f"order, with zeros for a parameter whose .grad is None: expected {expected.tolist()}, got "
