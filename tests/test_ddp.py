@@ -350,12 +350,13 @@ def _hooks(rank, world_size, impl):
                     loss.backward()
                     recorder.mark(f"backward {i} returned")
                 events = list(recorder.events)
+                ready = [bucket.num_ready for bucket in model.buckets]
                 buffers = []
                 for bucket in model.buckets:
                     if bucket.handle is not None:
                         bucket.handle.wait()
                     buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
-                runs.append({"events": events, "buffers": buffers})
+                runs.append({"events": events, "buffers": buffers, "ready": ready})
         out[label] = runs
     return out
 
@@ -385,6 +386,14 @@ def test_backward_launches_every_bucket_before_it_returns(impl, buckets):
         events = result[buckets][0]["events"]
         done = events.index(("backward 0 returned",))
         launched = [e for e in events[:done] if e[0] == "launch"]
+        ready, sizes = result[buckets][0]["ready"], [len(bucket) for bucket in names]
+        if len(sizes) > 1 and ready == [0] * (len(sizes) - 1) + [sum(sizes)]:  # trial 9: told as no hook at all
+            pytest.fail(f"{T53}: rank {rank}: after one backward the buckets counted {ready} parameters ready, though "
+                        f"they hold {sizes}: every hook counted into the LAST bucket, so the first never completes "
+                        "and nothing launches during backward. A hook function defined inside `for bucket in "
+                        "self.buckets:` reads `bucket` when it runs, after the loop ended: make each hook in a "
+                        "function that takes its bucket (make_hook(bucket)), or bind it (def hook(param, "
+                        "bucket=bucket))")
         assert launched, (
             f"{T53}: rank {rank}: with {len(names)} buckets, no all_reduce started before loss.backward() "
             "returned: register a post-accumulate-grad hook on every parameter, and launch a bucket from the hook "
