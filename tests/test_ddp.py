@@ -583,11 +583,21 @@ def _finish(model, recorder=None):
     leaves behind: every bucket reset (no buffer kept alive until the next step), and, with a
     recorder, every all-reduce launched in this step waited on."""
     unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
+    complete = [index for index in unlaunched if model.buckets[index].num_ready == len(model.buckets[index].params)]
     try:
         model.finish_gradient_synchronization()
     except AttributeError as error:
         if not unlaunched or "'NoneType'" not in str(error):
             raise
+        # never launched: no handle, no buffer, and not reset (a bucket already finished has num_ready 0 again)
+        left = [index for index in unlaunched if model.buckets[index].handle is None
+                and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0]
+        if left and set(left) <= set(complete):  # trial 9: told as buckets never ready
+            raise AssertionError(
+                f"{T54}: finish_gradient_synchronization() waited on bucket(s) {left}, which it never launched "
+                f"({error}): they were complete (every gradient in), but behind an incomplete bucket, so backward "
+                "did not launch them either. Launch EVERY bucket from self.next_bucket on, complete or not, "
+                "before waiting for the handles") from None
         raise AssertionError(
             f"{T54}: finish_gradient_synchronization() used bucket(s) {unlaunched} that backward never launched "
             f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
@@ -605,6 +615,11 @@ def _finish(model, recorder=None):
         "bucket from self.next_bucket on (launch_all_reduce sends zeros for a missing gradient), then wait for "
         "every handle: every rank must issue the same all-reduces, and every .grad must end as the mean")
     if recorder is not None:
+        assert len(new) <= len(model.buckets), (  # trial 9: told as handles never waited on
+            f"{T54}: {len(new)} all-reduces were launched in this step for {len(model.buckets)} buckets: "
+            "finish_gradient_synchronization() launched again buckets that backward had launched already (those "
+            "before self.next_bucket), and the first all-reduce of each was never waited on. Launch only the "
+            "buckets from self.next_bucket on")
         unwaited = [index for index, handle in enumerate(new)  # wait(), its Future, or is_completed() until True
                     if not (handle.waits or handle.call.futures or handle.call.done_seen)]
         assert not unwaited, (
