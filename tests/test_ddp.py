@@ -845,8 +845,17 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
         f"got {inside} and {model.require_backward_grad_sync}")
     with model.no_sync():
         with model.no_sync():  # a helper that accumulates, called inside an accumulating loop
-            pass
+            in_inner = model.require_backward_grad_sync
         after_inner = model.require_backward_grad_sync
+    assert in_inner is False, (  # trial 9: a no_sync that flips the flag passed
+        f"{T55}: inside a no_sync() block nested in another, require_backward_grad_sync was {in_inner}: set it to "
+        "False on entering, whatever it was (a flip, such as `not self.require_backward_grad_sync`, turns "
+        "communication back on in the inner block)")
+    if after_inner is False and model.require_backward_grad_sync is False:  # trial 9: told "not True"
+        pytest.fail(f"{T55}: after nested no_sync() blocks, require_backward_grad_sync stayed False: the outer "
+                    "block restored the inner block's saved value (False), not its own. Keep the value from before "
+                    "the block in a local variable of the call (previous = ...), not on self, where the inner "
+                    "block overwrites it")
     assert after_inner is False and model.require_backward_grad_sync is True, (
         f"{T55}: in nested no_sync() blocks, require_backward_grad_sync was {after_inner} after the inner block ended "
         f"(the outer one still open) and {model.require_backward_grad_sync} after both: restore the value it had "
