@@ -303,6 +303,12 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
     calls.append((impl, zero, 1e-8))  # an all-zero column: finite with epsilon
     results = call_alone(_orthogonalize_alone, calls, T122,
                          lambda args: f"orthogonalize(a {tuple(args[1].shape)} matrix, epsilon={args[2]})")
+    for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):  # trial 9: was told of an all-zero column
+        if (matrix.shape[0] == matrix.shape[1] and not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+                and torch.allclose(ours.double(), _gram_schmidt_columns(matrix.T).T, rtol=1e-4, atol=1e-5)):
+            pytest.fail(f"{T122}: orthogonalize(a {tuple(matrix.shape)} matrix) orthonormalised the ROWS of the "
+                        "matrix: its columns are matrix[:, i:i + 1] (an n x r matrix has r columns of n entries; "
+                        "on a tall n x r matrix, rows leave NaNs)")
     for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):
         where = f"orthogonalize(a {tuple(matrix.shape)} matrix, epsilon={epsilon})"
         if torch.equal(ours, matrix):
@@ -347,6 +353,16 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (
             f"{T122}: {where} differs from PyTorch's Gram-Schmidt by {(ours - theirs).abs().max().item():.3g}: "
             "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only")
+
+
+def _gram_schmidt_columns(matrix):
+    """Gram-Schmidt of the columns of a copy of `matrix`, in float64 (a symptom's reference, not the task's)."""
+    matrix = matrix.double().clone()
+    for i in range(matrix.shape[1]):
+        col = matrix[:, i:i + 1]
+        col /= torch.linalg.vector_norm(col)
+        matrix[:, i + 1:] -= (col * matrix[:, i + 1:]).sum(dim=0, keepdim=True) * col
+    return matrix
 
 
 # --------------------------------------------------------------------------- Task 12.3
