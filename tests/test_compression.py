@@ -422,6 +422,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
                             random_state_kept=torch.equal(random_state, torch.get_rng_state()), seeds=seeds,
                             seeds_after=ours.rng.get_state(),
                             q_inputs=[m for in_q, m in ortho_calls if in_q],
+                            keys=[key if isinstance(key, int) else repr(key)  # what the state is keyed by
+                                  for key in list(ours.error_dict) + list(ours.q_memory_dict)],
                             residual=ours.error_dict.get(index, torch.zeros(0)).clone(),
                             their_residual=theirs.error_dict.get(index, torch.zeros(0)).clone()))
     return out, ours.compression_stats(), theirs.compression_stats()
@@ -472,6 +474,14 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
         return (f"the whole bucket was sent uncompressed, at step {got['step']}: compression starts at step "
                 f"start_powerSGD_iter = {start} (steps 0 to {start - 1} are plain). Count the steps with "
                 "state.maybe_increase_iter(bucket) on every path (the last bucket ends a step), compare with <")
+    if p and sent[-1:] == [q] and sent[:-1] == [p] + ([whole] if whole else []):  # trial 9: was a bare expected
+        return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the Ps were all-reduced before the "
+                "tensors sent whole. The order is the docstring's (PyTorch's): the tensors sent whole, then the P "
+                "buffer, then Q's")
+    rest = sent[1:-1] if whole and sent[:1] == [whole] else sent[:-1]
+    if p and sent[-1:] == [q] and len(rest) > 1 and sum(rest) == p:  # trial 9: was told it compressed the wrong ones
+        return (f"the Ps went in {len(rest)} all-reduces ({rest} numbers): all-reduce the bucket's whole P buffer, "
+                "state.p_memory_dict[i], once (each P is a view into it), as Q's is")
     whole_sent = sent[:-2] if p and sent[-1:] == [q] else sent
     if whole and len(whole_sent) > 1 and sum(whole_sent) == whole:
         return (f"the tensors sent whole went in {len(whole_sent)} all-reduces ({whole_sent} numbers): concatenate "
@@ -589,8 +599,14 @@ def _first_q_drawn_in(got, shapes, rank_r, min_rate):
     return None
 
 
-def _residual_hint(got):
+def _residual_hint(got, buckets):
     ours, theirs = got["residual"], got["their_residual"]
+    strange = [key for key in got["keys"] if key not in range(buckets)]
+    if strange:  # trial 9: told as a residual of the wrong size
+        return (f"state.error_dict and state.q_memory_dict hold keys such as {strange[0]!r}, not bucket indices "
+                f"(0 to {buckets - 1}): key them by bucket.index(). DDP hands the hook a new GradBucket at every "
+                "step, so a key made from the object (id(bucket), its buffer's address) never finds last step's "
+                "residual or Q, and the dicts grow by one entry a step")
     if ours.numel() != theirs.numel():
         return f"it holds {ours.numel()} numbers, PyTorch's {theirs.numel()}: one residual per bucket, the buffer's size"
     if not ours.any():
@@ -688,7 +704,7 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             got["residual"], got["their_residual"], rtol=1e-4, atol=1e-5)
         assert same_residual, (
             f"{T123}: after step {got['step']}, bucket {got['index']}: the residual of error feedback "
-            f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got)}")
+            f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got, len(SHAPES))}")
 
 
 @pytest.mark.task12_3
