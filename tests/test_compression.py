@@ -186,6 +186,10 @@ def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
             "all-reduce finished, so DDP would read numbers not summed yet. Return "
             "dist.all_reduce(..., async_op=True).get_future().then(decompress)")
         sent = [(numel, dt) for numel, dt, _ in got["records"]]
+        if len(sent) == 1 and sent[0][1] in DTYPES.values() and sent[0][1] != dtype:  # trial 9: told "cast"
+            pytest.fail(f"{T121} ({name}): {name}_compress_hook sent the bucket in {sent[0][1]}, not {dtype}: cast to "
+                        "compress_hook's `dtype` argument (bf16_compress_hook passes torch.bfloat16, fp16_compress_hook "
+                        "torch.float16), not to a dtype of your own")
         assert sent == [(got["ours"].numel(), dtype)], (
             f"{T121} ({name}): the hook sent {sent} (elements, dtype); expected one all-reduce of the whole "
             f"bucket in {dtype}, 2 bytes an element: cast before sending, that is the compression")
