@@ -640,9 +640,18 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
                     counted_first = (got["step"] == start - 1 and got["index"] == len(SHAPES) - 1 and all(
                         torch.equal(other["ours"], other["plain"]) for other in out
                         if other["step"] < start and other is not got))
+                    late = [other for other in out if other["step"] == start - 1]
+                    counted_at_first = (got["step"] == start - 1 and torch.equal(late[0]["ours"], late[0]["plain"])
+                                        and not any(torch.equal(o["ours"], o["plain"]) for o in late[1:])
+                                        and all(torch.equal(o["ours"], o["plain"]) for o in out
+                                                if o["step"] < start - 1))
                     pytest.fail(f"{T123}: {where}: before start_powerSGD_iter ({start}) the bucket must be the plain "
                                 "average (allreduce_mean), exactly: " + (
                                     "it is the SUM over the ranks: divide by N" if summed else
+                                    f"at step {start - 1} only the first bucket was plain, the later ones compressed: "
+                                    "the step was counted at its FIRST bucket. A step ends with its LAST bucket: "
+                                    "state.maybe_increase_iter(bucket) counts it there (bucket.is_last())"
+                                    if counted_at_first else
                                     f"only the last bucket of step {start - 1} was compressed: the step was counted "
                                     "before the comparison; call state.maybe_increase_iter(bucket) after comparing "
                                     "state.iter with start_powerSGD_iter" if counted_first else
