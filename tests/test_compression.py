@@ -411,6 +411,14 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
                     refused = _default_group_refused(T123, error, "powersgd_hook with PowerSGDState(None, ...)")
                     if refused is not None:
                         raise refused from None
+                    held = {name: sorted(getattr(ours, name)) for name in ("p_memory_dict", "q_memory_dict", "error_dict")}
+                    if isinstance(error, KeyError) and error.args[:1] == (index,) and held["p_memory_dict"] and any(
+                            index not in held[name] for name in ("p_memory_dict", "q_memory_dict")):  # trial 9: was a raw KeyError
+                        raise AssertionError(
+                            f"{T123}: step {step}, bucket {index}: the hook raised KeyError: {index}, reading the state "
+                            f"of bucket {index}, which has none yet (the state's dicts hold the buckets {held}): make "
+                            "a bucket's P and Q buffers when THIS bucket has none (index not in state.p_memory_dict), "
+                            "whatever the other buckets hold") from None
                     if dtype == torch.float32 or isinstance(error, (NotImplementedError, AssertionError)):
                         raise
                     raise AssertionError(
