@@ -414,6 +414,47 @@ MISTAKES = [
             "        self.require_backward_grad_sync = False\n        try:",
             "        self.require_backward_grad_sync = False\n        self.sync_this_backward = False\n        try:",
             "only forward decides it"),
+    # Task 5, trial 9 (2026-11-29): bytes by dtype, frozen and tied parameters, the op and when the buffer is divided, hooks closing over a loop variable, buckets launched twice or skipped in finish, nested no_sync
+    Mistake("5.1", "tied-kept-at-its-last-place", "template_ddp.py",  # trial 9: was told both rules at once
+            "    unique = list({id(param): param for param in parameters}.values())",
+            "    unique = list(reversed({id(param): param for param in reversed(parameters)}.values()))",
+            "took its LAST place"),
+    Mistake("5.1", "frozen-closes-the-bucket", "template_ddp.py",  # trial 9: was told as tied weights
+            "        if not param.requires_grad:\n            continue\n        size",
+            "        if not param.requires_grad:  # no gradient: the bucket ends here\n            if current:\n                buckets.append(current)\n                current, current_bytes = [], 0\n            continue\n        size",
+            "closed the bucket"),
+    Mistake("5.1", "four-bytes-an-element", "template_ddp.py",  # trial 9: passed: every case was float32
+            "        size = param.numel() * param.element_size()",
+            "        size = param.numel() * 4  # float32",
+            "4 an element"),
+    Mistake("5.2", "reduce-op-avg", "template_ddp.py",  # trial 9: passed: the values agree
+            "    bucket.buffer /= dist.get_world_size()\n    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)",
+            "    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.AVG, async_op=True)",
+            "an averaging op divides AFTER the sum"),
+    Mistake("5.2", "divides-in-a-callback", "template_ddp.py",  # trial 9: passed: the values agree
+            "    bucket.buffer /= dist.get_world_size()\n    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)",
+            "    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)\n    buffer, n = bucket.buffer, dist.get_world_size()\n    bucket.handle.get_future().then(lambda f: buffer.div_(n))",
+            "went into the all_reduce undivided"),
+    Mistake("5.3", "hook-closes-over-the-loop-variable", "template_ddp.py",  # trial 9: was told no hook launched
+            "        def make_hook(bucket):\n            def hook(param):\n                if not self.sync_this_backward:\n                    return\n                bucket.num_ready += 1\n                while (self.next_bucket < len(self.buckets)\n                       and self.buckets[self.next_bucket].num_ready == len(self.buckets[self.next_bucket].params)):\n                    launch_all_reduce(self.buckets[self.next_bucket])\n                    self.next_bucket += 1\n            return hook\n\n        for bucket in self.buckets:\n            hook = make_hook(bucket)\n",
+            "        for bucket in self.buckets:\n            def hook(param):\n                if not self.sync_this_backward:\n                    return\n                bucket.num_ready += 1\n                while (self.next_bucket < len(self.buckets)\n                       and self.buckets[self.next_bucket].num_ready == len(self.buckets[self.next_bucket].params)):\n                    launch_all_reduce(self.buckets[self.next_bucket])\n                    self.next_bucket += 1\n\n",
+            "every hook counted into the LAST bucket"),
+    Mistake("5.4", "relaunches-every-bucket", "template_ddp.py",  # trial 9: was told as handles not waited on
+            "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n        for bucket in self.buckets:\n            bucket.handle.wait()",
+            "        for bucket in self.buckets:  # every bucket, so none is missed\n            launch_all_reduce(bucket)\n        for bucket in self.buckets:\n            bucket.handle.wait()",
+            "launched again buckets that backward had launched"),
+    Mistake("5.4", "launches-only-incomplete-buckets", "template_ddp.py",  # trial 9: was told as buckets never ready
+            "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n",
+            "        for bucket in self.buckets[self.next_bucket:]:\n            if bucket.num_ready < len(bucket.params):  # the incomplete ones\n                launch_all_reduce(bucket)\n",
+            "behind an incomplete bucket"),
+    Mistake("5.5", "toggles", "template_ddp.py",  # trial 9: passed
+            "        self.require_backward_grad_sync = False\n        try:",
+            "        self.require_backward_grad_sync = not self.require_backward_grad_sync\n        try:",
+            "nested in another, require_backward_grad_sync was True"),
+    Mistake("5.5", "previous-kept-on-self", "template_ddp.py",  # trial 9: was told 'not True'
+            "        previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = previous",
+            "        self._previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = self._previous",
+            "not on self"),
     # Task 6.1
     Mistake("6.1", "floor-not-ceil", "template_zero.py",
             "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
@@ -1733,6 +1774,43 @@ MISTAKES = [
     Mistake("12.3", "viewed-by-the-last-dimension", "template_compression.py",  # PyTorch views (shape[0], -1)
             "        matrix = tensor.view(tensor.shape[0], -1)\n", "        matrix = tensor.view(-1, tensor.shape[-1])\n",
             "viewed as (-1, shape[-1])"),
+    # Task 12, trial 9 (2026-11-29): the op and the dtype sent, rows for columns, one all-reduce per P, the order of the all-reduces, state keyed by the GradBucket object, a collective over the world, steps counted at the first bucket, a warm start judged by any bucket's state
+    Mistake("12.1", "op-avg", "template_compression.py",  # trial 9: named already; kept so
+            "    compressed = buffer.to(dtype).div_(group.size())\n\n    def decompress(future):\n        buffer.copy_(future.value()[0])\n        return buffer\n\n    return dist.all_reduce(compressed, ",
+            "    compressed = buffer.to(dtype)\n\n    def decompress(future):\n        buffer.copy_(future.value()[0])\n        return buffer\n\n    return dist.all_reduce(compressed, op=dist.ReduceOp.AVG, ",
+            "an average op divides after the sum"),
+    Mistake("12.1", "ignores-the-dtype", "template_compression.py",  # trial 9: was told to cast before sending
+            "    compressed = buffer.to(dtype).div_(group.size())\n",
+            "    compressed = buffer.half().div_(group.size())\n",
+            "not to a dtype of your own"),
+    Mistake("12.2", "rows-not-columns", "template_compression.py",  # trial 9: was told of an all-zero column
+            "    num_cols = matrix.shape[1]\n    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n        if i + 1 < num_cols:\n            rest = matrix[:, i + 1:]\n            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col",
+            "    num_cols = matrix.shape[0]\n    for i in range(num_cols):\n        col = matrix[i:i + 1, :]\n        col /= torch.linalg.vector_norm(col, dim=1, keepdim=True) + epsilon\n        if i + 1 < num_cols:\n            rest = matrix[i + 1:, :]\n            rest -= torch.sum(col * rest, dim=1, keepdim=True) * col",
+            "the ROWS of the matrix"),
+    Mistake("12.3", "a-p-all-reduce-per-matrix", "template_compression.py",  # trial 9: was told it compressed the wrong tensors
+            "    dist.all_reduce(state.p_memory_dict[index], group=group)  #",
+            "    for p in ps:\n        dist.all_reduce(p, group=group)\n    #",
+            "the Ps went in"),
+    Mistake("12.3", "state-keyed-by-the-grad-bucket", "template_compression.py",  # trial 9: was told of a residual's size only
+            "    index, dtype = bucket.index(), buffer.dtype",
+            "    index, dtype = id(bucket), buffer.dtype",
+            "bucket.index()"),
+    Mistake("12.3", "whole-tensors-over-the-world", "template_compression.py",  # trial 9: named already; kept so
+            "        dist.all_reduce(flat, group=group)\n",
+            "        dist.all_reduce(flat)\n",
+            "not the process group the hook was given"),
+    Mistake("12.3", "whole-after-p", "template_compression.py",  # trial 9: was a bare expected
+            "    if whole:\n        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):\n            tensor.copy_(mean.view_as(tensor))\n    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n",
+            "    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n    if whole:\n        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):\n            tensor.copy_(mean.view_as(tensor))\n",
+            "the Ps were all-reduced before the tensors sent whole"),
+    Mistake("12.3", "counts-at-the-first-bucket", "template_compression.py",  # trial 9: was told "not the buckets or the calls"
+            "    if state.iter < state.start_powerSGD_iter:\n        state.maybe_increase_iter(bucket)\n        return allreduce_mean(group, buffer)\n    index, dtype = bucket.index(), buffer.dtype\n\n    wanted = None\n    if state.use_error_feedback:\n        if index in state.error_dict:\n            buffer.add_(state.error_dict[index])\n        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n        wanted = buffer.detach().clone()\n\n    matrices, whole = [], []\n    for tensor in bucket.gradients():\n        matrix = tensor.view(tensor.shape[0], -1)\n        n, m = matrix.shape\n        r = min(n, m, state.matrix_approximation_rank)\n        state.total_numel_before_compression += n * m\n        if n * m > r * (n + m) * state.min_compression_rate:\n            matrices.append((matrix, r))\n            state.total_numel_after_compression += r * (n + m)\n        else:\n            whole.append(tensor)\n            state.total_numel_after_compression += n * m\n\n    new_qs = not state.warm_start or index not in state.p_memory_dict\n    if new_qs:\n        state.p_memory_dict[index] = torch.empty(sum(mat.shape[0] * r for mat, r in matrices), dtype=dtype,\n                                                 device=buffer.device)\n        state.q_memory_dict[index] = torch.empty(sum(mat.shape[1] * r for mat, r in matrices), dtype=dtype,\n                                                 device=buffer.device)\n    ps, qs, p_at, q_at = [], [], 0, 0\n    for matrix, r in matrices:\n        n, m = matrix.shape\n        ps.append(state.p_memory_dict[index][p_at:p_at + n * r].view(n, r))\n        qs.append(state.q_memory_dict[index][q_at:q_at + m * r].view(m, r))\n        p_at, q_at = p_at + n * r, q_at + m * r\n    if new_qs:\n        with torch.random.fork_rng(devices=[]):\n            torch.manual_seed(state.rng.randint(1_000_000_000))\n            for q in qs:\n                q.copy_(torch.randn(*q.shape, device=\"cpu\", dtype=dtype))\n    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix, q, out=p)\n\n    # Every collective from this thread, in the same order on every rank: a collective started in a\n    # .then callback runs on the communication thread, where its order against the next bucket's\n    # differs between ranks (a hang; PyTorch's own hook does it, safe with one bucket only).\n    if whole:\n        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):\n            tensor.copy_(mean.view_as(tensor))\n    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix.T, p, out=q)\n\n    def decompress(future):\n        state.q_memory_dict[index].div_(world_size)\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)\n        if state.use_error_feedback:\n            state.error_dict[index] = wanted - buffer\n        if not state.warm_start:  # this bucket's only: the others may still be in flight\n            del state.p_memory_dict[index], state.q_memory_dict[index]\n        state.maybe_increase_iter(bucket)\n        return buffer\n",
+            "    if state.iter < state.start_powerSGD_iter:\n        if bucket.index() == 0:  # a step begins with its first bucket\n            state.iter += 1\n        return allreduce_mean(group, buffer)\n    index, dtype = bucket.index(), buffer.dtype\n\n    wanted = None\n    if state.use_error_feedback:\n        if index in state.error_dict:\n            buffer.add_(state.error_dict[index])\n        else:\n            state.error_dict[index] = torch.zeros_like(buffer)\n        wanted = buffer.detach().clone()\n\n    matrices, whole = [], []\n    for tensor in bucket.gradients():\n        matrix = tensor.view(tensor.shape[0], -1)\n        n, m = matrix.shape\n        r = min(n, m, state.matrix_approximation_rank)\n        state.total_numel_before_compression += n * m\n        if n * m > r * (n + m) * state.min_compression_rate:\n            matrices.append((matrix, r))\n            state.total_numel_after_compression += r * (n + m)\n        else:\n            whole.append(tensor)\n            state.total_numel_after_compression += n * m\n\n    new_qs = not state.warm_start or index not in state.p_memory_dict\n    if new_qs:\n        state.p_memory_dict[index] = torch.empty(sum(mat.shape[0] * r for mat, r in matrices), dtype=dtype,\n                                                 device=buffer.device)\n        state.q_memory_dict[index] = torch.empty(sum(mat.shape[1] * r for mat, r in matrices), dtype=dtype,\n                                                 device=buffer.device)\n    ps, qs, p_at, q_at = [], [], 0, 0\n    for matrix, r in matrices:\n        n, m = matrix.shape\n        ps.append(state.p_memory_dict[index][p_at:p_at + n * r].view(n, r))\n        qs.append(state.q_memory_dict[index][q_at:q_at + m * r].view(m, r))\n        p_at, q_at = p_at + n * r, q_at + m * r\n    if new_qs:\n        with torch.random.fork_rng(devices=[]):\n            torch.manual_seed(state.rng.randint(1_000_000_000))\n            for q in qs:\n                q.copy_(torch.randn(*q.shape, device=\"cpu\", dtype=dtype))\n    for q in qs:\n        orthogonalize(q, state.orthogonalization_epsilon)\n    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix, q, out=p)\n\n    # Every collective from this thread, in the same order on every rank: a collective started in a\n    # .then callback runs on the communication thread, where its order against the next bucket's\n    # differs between ranks (a hang; PyTorch's own hook does it, safe with one bucket only).\n    if whole:\n        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):\n            tensor.copy_(mean.view_as(tensor))\n    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n    for (matrix, _), p, q in zip(matrices, ps, qs):\n        torch.matmul(matrix.T, p, out=q)\n\n    def decompress(future):\n        state.q_memory_dict[index].div_(world_size)\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)\n        if state.use_error_feedback:\n            state.error_dict[index] = wanted - buffer\n        if not state.warm_start:  # this bucket's only: the others may still be in flight\n            del state.p_memory_dict[index], state.q_memory_dict[index]\n        if bucket.index() == 0:\n            state.iter += 1\n        return buffer\n",
+            "the step was counted at its FIRST bucket"),
+    Mistake("12.3", "warm-start-checked-for-any-bucket", "template_compression.py",  # trial 9: was a raw KeyError
+            "    new_qs = not state.warm_start or index not in state.p_memory_dict\n",
+            "    new_qs = not state.warm_start or not state.p_memory_dict  # nothing kept yet\n",
+            "when THIS bucket has none"),
     # Task 13 (parameter averaging, local SGD, DiLoCo; issue 35)
     Mistake("13.1", "sum-not-mean", "template_local_sgd.py",
             "            flat /= size\n", "", "summed, not averaged"),
@@ -3619,6 +3697,41 @@ RIGHT_ANSWERS = [
                 "    index, dtype = bucket.index(), buffer.dtype\n", ""),
         Mistake("12.3", "iter-counted-after-the-check", "template_compression.py",
                 "        state.maybe_increase_iter(bucket)\n        return buffer\n", "        return buffer\n", ""))),
+    # Task 12, trial 9 (2026-11-29): right answers written otherwise
+    RightAnswer("12.1", "decompress-reads-the-compressed-tensor",
+                "'decompress copies the reduced tensor back into bucket.buffer()': all_reduce reduces in place, so the compressed tensor is the reduced one", (
+        Mistake("12.1", "decompress-reads-the-compressed-tensor", "template_compression.py",
+                "        buffer.copy_(future.value()[0])\n",
+                "        buffer.copy_(compressed)  # all_reduce works in place\n", ""),)),
+    RightAnswer("12.1", "returns-a-new-tensor",
+                "'returns a torch.futures.Future whose value is the buffer AVERAGED over the ranks' (PyTorch's contract): a new tensor of the buffer's dtype holding the mean is that value", (
+        Mistake("12.1", "returns-a-new-tensor", "template_compression.py",
+                "        buffer.copy_(future.value()[0])\n        return buffer\n",
+                "        return future.value()[0].to(buffer.dtype)\n", ""),)),
+    RightAnswer("12.2", "classical-gram-schmidt",
+                "'Make the columns of matrix orthonormal, in place, by Gram-Schmidt': classical Gram-Schmidt gives the same columns at epsilon 0 up to rounding", (
+        Mistake("12.2", "classical-gram-schmidt", "template_compression.py",
+                "    num_cols = matrix.shape[1]\n    for i in range(num_cols):\n        col = matrix[:, i:i + 1]\n        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n        if i + 1 < num_cols:\n            rest = matrix[:, i + 1:]\n            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col",
+                "    for j in range(matrix.shape[1]):\n        col = matrix[:, j]\n        done = matrix[:, :j]\n        col -= done @ (done.T @ col)\n        col /= torch.linalg.vector_norm(col) + epsilon", ""),)),
+    RightAnswer("12.3", "p-buffer-made-anew",
+                "'With a warm start, the Qs are last step's averaged Qs': P = M Q is recomputed every step, so a new P buffer each step changes nothing", (
+        Mistake("12.3", "p-buffer-made-anew", "template_compression.py",
+                "    if new_qs:\n        state.p_memory_dict[index] = torch.empty(",
+                "    if True:  # P is recomputed every step; only Q warm-starts\n        state.p_memory_dict[index] = torch.empty(", ""),
+        Mistake("12.3", "p-buffer-made-anew", "template_compression.py",
+                "                                                 device=buffer.device)\n        state.q_memory_dict[index] = torch.empty(",
+                "                                                 device=buffer.device)\n    if new_qs:\n        state.q_memory_dict[index] = torch.empty(", ""),)),
+    RightAnswer("12.3", "m-divided-not-q",
+                "'divide the Q buffer by N; M' = P Q^T': P (Q/N)^T = (P Q^T)/N, and the next step orthogonalises the kept (summed) Q, which removes the factor, as for P", (
+        Mistake("12.3", "m-divided-not-q", "template_compression.py",
+                "        state.q_memory_dict[index].div_(world_size)\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)",
+                "        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)\n            matrix.div_(world_size)", ""),)),
+    RightAnswer("12.3", "whole-divided-before-the-sum",
+                "'the tensors sent whole: concatenated flat, all-reduced (blocking), divided by N': divided before the "
+                "sum instead, the mean is the same up to rounding", (
+        Mistake("12.3", "whole-divided-before-the-sum", "template_compression.py",
+                "        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):",
+                "        flat = torch.cat([tensor.reshape(-1) for tensor in whole]).div_(world_size)\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.split([t.numel() for t in whole])):", ""),)),
     RightAnswer("13.3", "parameters-averaged-then-pseudo-gradient", "synced - mean(param) is mean(synced - param)", (
         Mistake("13.3", "parameters-averaged-then-pseudo-gradient", "template_local_sgd.py",
                 "            for param, synced in zip(self.params, self.synced):\n"
@@ -4189,6 +4302,32 @@ RIGHT_ANSWERS = [
                 "            bucket.handle.wait()\n"
                 "        for bucket in self.buckets:\n"
                 "            means = bucket.buffer.split([param.numel() for param in bucket.params])\n", ""),)),
+    # Task 5, trial 9 (2026-11-29): right answers written otherwise
+    RightAnswer("5.1", "nbytes",
+                "'a parameter's bytes are numel() * element_size()': param.nbytes is that product", (
+        Mistake("5.1", "nbytes", "template_ddp.py",
+                "        size = param.numel() * param.element_size()",
+                "        size = param.nbytes", ""),)),
+    RightAnswer("5.2", "new-zeros",
+                "'a parameter whose .grad is None contributes zeros of its size': param.new_zeros(numel) has its dtype and device", (
+        Mistake("5.2", "new-zeros", "template_ddp.py",
+                "torch.zeros_like(param).reshape(-1) if param.grad is None",
+                "param.new_zeros(param.numel()) if param.grad is None", ""),)),
+    RightAnswer("5.3", "one-hook-a-lookup",
+                "'register a hook with param.register_post_accumulate_grad_hook(hook)' for every parameter of every bucket: one hook function that finds the parameter's bucket in a dict counts the same", (
+        Mistake("5.3", "one-hook-a-lookup", "template_ddp.py",
+                "        for bucket in self.buckets:\n            hook = make_hook(bucket)\n            for param in bucket.params:\n                self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))",
+                "        bucket_of = {param: bucket for bucket in self.buckets for param in bucket.params}\n\n        def hook(param):\n            make_hook(bucket_of[param])(param)\n\n        for param in bucket_of:\n            self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))", ""),)),
+    RightAnswer("5.4", "grads-as-views-of-the-bucket",
+                "'a parameter whose .grad is None gets a new .grad holding its slice': every .grad rebound to its slice of the reduced buffer (PyTorch's gradient_as_bucket_view) holds the mean too", (
+        Mistake("5.4", "grads-as-views-of-the-bucket", "template_ddp.py",
+                "                if param.grad is None:\n                    param.grad = mean.view_as(param).clone()\n                else:\n                    param.grad.copy_(mean.view_as(param))",
+                "                param.grad = mean.view_as(param)  # a view of the bucket: no copy", ""),)),
+    RightAnswer("5.4", "wait-all-futures",
+                "'for every bucket: wait for its handle': torch.futures.wait_all of every handle's Future waits for each", (
+        Mistake("5.4", "wait-all-futures", "template_ddp.py",
+                "        for bucket in self.buckets:\n            bucket.handle.wait()\n",
+                "        torch.futures.wait_all([bucket.handle.get_future() for bucket in self.buckets])\n        for bucket in self.buckets:\n", ""),)),
     RightAnswer("6.3", "async-broadcasts-waited-in-reverse",  # trial 6
                 "'dist.broadcast(view, src=rank) for every piece in self.pieces, in that order on every rank': "
                 "launched in that order with async_op=True, every Work waited for before step() returns, in any order", (

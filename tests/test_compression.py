@@ -186,6 +186,10 @@ def test_compress_hooks_equal_pytorchs_bit_for_bit(impl, name):
             "all-reduce finished, so DDP would read numbers not summed yet. Return "
             "dist.all_reduce(..., async_op=True).get_future().then(decompress)")
         sent = [(numel, dt) for numel, dt, _ in got["records"]]
+        if len(sent) == 1 and sent[0][1] in DTYPES.values() and sent[0][1] != dtype:  # trial 9: told "cast"
+            pytest.fail(f"{T121} ({name}): {name}_compress_hook sent the bucket in {sent[0][1]}, not {dtype}: cast to "
+                        "compress_hook's `dtype` argument (bf16_compress_hook passes torch.bfloat16, fp16_compress_hook "
+                        "torch.float16), not to a dtype of your own")
         assert sent == [(got["ours"].numel(), dtype)], (
             f"{T121} ({name}): the hook sent {sent} (elements, dtype); expected one all-reduce of the whole "
             f"bucket in {dtype}, 2 bytes an element: cast before sending, that is the compression")
@@ -303,6 +307,12 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
     calls.append((impl, zero, 1e-8))  # an all-zero column: finite with epsilon
     results = call_alone(_orthogonalize_alone, calls, T122,
                          lambda args: f"orthogonalize(a {tuple(args[1].shape)} matrix, epsilon={args[2]})")
+    for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):  # trial 9: was told of an all-zero column
+        if (matrix.shape[0] == matrix.shape[1] and not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+                and torch.allclose(ours.double(), _gram_schmidt_columns(matrix.T).T, rtol=1e-4, atol=1e-5)):
+            pytest.fail(f"{T122}: orthogonalize(a {tuple(matrix.shape)} matrix) orthonormalised the ROWS of the "
+                        "matrix: its columns are matrix[:, i:i + 1] (an n x r matrix has r columns of n entries; "
+                        "on a tall n x r matrix, rows leave NaNs)")
     for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):
         where = f"orthogonalize(a {tuple(matrix.shape)} matrix, epsilon={epsilon})"
         if torch.equal(ours, matrix):
@@ -349,6 +359,16 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
             "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only")
 
 
+def _gram_schmidt_columns(matrix):
+    """Gram-Schmidt of the columns of a copy of `matrix`, in float64 (a symptom's reference, not the task's)."""
+    matrix = matrix.double().clone()
+    for i in range(matrix.shape[1]):
+        col = matrix[:, i:i + 1]
+        col /= torch.linalg.vector_norm(col)
+        matrix[:, i + 1:] -= (col * matrix[:, i + 1:]).sum(dim=0, keepdim=True) * col
+    return matrix
+
+
 # --------------------------------------------------------------------------- Task 12.3
 # Buckets of local gradients, as DDP hands them to the hook: one tensor each, then a mixed one. At
 # rank 2 (min_compression_rate 2) the 12 x 6 weight is right at the line (72 numbers, r(n+m)*2 = 72): sent whole.
@@ -391,6 +411,14 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
                     refused = _default_group_refused(T123, error, "powersgd_hook with PowerSGDState(None, ...)")
                     if refused is not None:
                         raise refused from None
+                    held = {name: sorted(getattr(ours, name)) for name in ("p_memory_dict", "q_memory_dict", "error_dict")}
+                    if isinstance(error, KeyError) and error.args[:1] == (index,) and held["p_memory_dict"] and any(
+                            index not in held[name] for name in ("p_memory_dict", "q_memory_dict")):  # trial 9: was a raw KeyError
+                        raise AssertionError(
+                            f"{T123}: step {step}, bucket {index}: the hook raised KeyError: {index}, reading the state "
+                            f"of bucket {index}, which has none yet (the state's dicts hold the buckets {held}): make "
+                            "a bucket's P and Q buffers when THIS bucket has none (index not in state.p_memory_dict), "
+                            "whatever the other buckets hold") from None
                     if dtype == torch.float32 or isinstance(error, (NotImplementedError, AssertionError)):
                         raise
                     raise AssertionError(
@@ -406,6 +434,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
                             random_state_kept=torch.equal(random_state, torch.get_rng_state()), seeds=seeds,
                             seeds_after=ours.rng.get_state(),
                             q_inputs=[m for in_q, m in ortho_calls if in_q],
+                            keys=[key if isinstance(key, int) else repr(key)  # what the state is keyed by
+                                  for key in list(ours.error_dict) + list(ours.q_memory_dict)],
                             residual=ours.error_dict.get(index, torch.zeros(0)).clone(),
                             their_residual=theirs.error_dict.get(index, torch.zeros(0)).clone()))
     return out, ours.compression_stats(), theirs.compression_stats()
@@ -456,6 +486,14 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
         return (f"the whole bucket was sent uncompressed, at step {got['step']}: compression starts at step "
                 f"start_powerSGD_iter = {start} (steps 0 to {start - 1} are plain). Count the steps with "
                 "state.maybe_increase_iter(bucket) on every path (the last bucket ends a step), compare with <")
+    if p and sent[-1:] == [q] and sent[:-1] == [p] + ([whole] if whole else []):  # trial 9: was a bare expected
+        return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the Ps were all-reduced before the "
+                "tensors sent whole. The order is the docstring's (PyTorch's): the tensors sent whole, then the P "
+                "buffer, then Q's")
+    rest = sent[1:-1] if whole and sent[:1] == [whole] else sent[:-1]
+    if p and sent[-1:] == [q] and len(rest) > 1 and sum(rest) == p:  # trial 9: was told it compressed the wrong ones
+        return (f"the Ps went in {len(rest)} all-reduces ({rest} numbers): all-reduce the bucket's whole P buffer, "
+                "state.p_memory_dict[i], once (each P is a view into it), as Q's is")
     whole_sent = sent[:-2] if p and sent[-1:] == [q] else sent
     if whole and len(whole_sent) > 1 and sum(whole_sent) == whole:
         return (f"the tensors sent whole went in {len(whole_sent)} all-reduces ({whole_sent} numbers): concatenate "
@@ -573,8 +611,14 @@ def _first_q_drawn_in(got, shapes, rank_r, min_rate):
     return None
 
 
-def _residual_hint(got):
+def _residual_hint(got, buckets):
     ours, theirs = got["residual"], got["their_residual"]
+    strange = [key for key in got["keys"] if key not in range(buckets)]
+    if strange:  # trial 9: told as a residual of the wrong size
+        return (f"state.error_dict and state.q_memory_dict hold keys such as {strange[0]!r}, not bucket indices "
+                f"(0 to {buckets - 1}): key them by bucket.index(). DDP hands the hook a new GradBucket at every "
+                "step, so a key made from the object (id(bucket), its buffer's address) never finds last step's "
+                "residual or Q, and the dicts grow by one entry a step")
     if ours.numel() != theirs.numel():
         return f"it holds {ours.numel()} numbers, PyTorch's {theirs.numel()}: one residual per bucket, the buffer's size"
     if not ours.any():
@@ -604,9 +648,18 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
                     counted_first = (got["step"] == start - 1 and got["index"] == len(SHAPES) - 1 and all(
                         torch.equal(other["ours"], other["plain"]) for other in out
                         if other["step"] < start and other is not got))
+                    late = [other for other in out if other["step"] == start - 1]
+                    counted_at_first = (got["step"] == start - 1 and torch.equal(late[0]["ours"], late[0]["plain"])
+                                        and not any(torch.equal(o["ours"], o["plain"]) for o in late[1:])
+                                        and all(torch.equal(o["ours"], o["plain"]) for o in out
+                                                if o["step"] < start - 1))
                     pytest.fail(f"{T123}: {where}: before start_powerSGD_iter ({start}) the bucket must be the plain "
                                 "average (allreduce_mean), exactly: " + (
                                     "it is the SUM over the ranks: divide by N" if summed else
+                                    f"at step {start - 1} only the first bucket was plain, the later ones compressed: "
+                                    "the step was counted at its FIRST bucket. A step ends with its LAST bucket: "
+                                    "state.maybe_increase_iter(bucket) counts it there (bucket.is_last())"
+                                    if counted_at_first else
                                     f"only the last bucket of step {start - 1} was compressed: the step was counted "
                                     "before the comparison; call state.maybe_increase_iter(bucket) after comparing "
                                     "state.iter with start_powerSGD_iter" if counted_first else
@@ -672,7 +725,7 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             got["residual"], got["their_residual"], rtol=1e-4, atol=1e-5)
         assert same_residual, (
             f"{T123}: after step {got['step']}, bucket {got['index']}: the residual of error feedback "
-            f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got)}")
+            f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got, len(SHAPES))}")
 
 
 @pytest.mark.task12_3

@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -185,10 +186,18 @@ def test_tied_weights_once_frozen_ones_never(impl):
     if len(flat) != len(set(flat)):
         pytest.fail(f"{T51}: the tied parameter is in the buckets twice ({got}): its gradient would be "
                     "reduced twice; put each Parameter in once, at its first occurrence")
+    if got == [[3], [0], [1]]:  # reversed: d, c, a (its last place), b
+        pytest.fail(f"{T51}: parameters [a, b, a (tied), c (frozen), d] gave the buckets [[d], [a], [b]] (with "
+                    "bucket_size_mb=None): the tied weight a took its LAST place in the list; it goes in once, at its "
+                    "FIRST occurrence, as module.parameters() lists it (expected [[d], [b], [a]])")
     assert got == [[3], [1], [0]], (
         f"{T51}: parameters [a, b, a (tied), c (frozen), d] should give the buckets [[d], [b], [a]], got "
         f"{got} (as indices a=0, b=1, c=2, d=3): tied weights once, at their first occurrence; "
         "requires_grad=False parameters in no bucket")
+    if one == [[3], [1, 0]]:  # trial 9: told as the tied weight
+        pytest.fail(f"{T51}: parameters [a, b, a (tied), c (frozen), d] with a 25 MB cap gave the buckets "
+                    "[[d], [b, a]]: the frozen parameter c closed the bucket of d. A requires_grad=False parameter "
+                    "is in no bucket and takes no room: skip it, and the current bucket goes on (expected [[d, b, a]])")
     assert one == [[3, 1, 0]], f"{T51}: tied weights once with a 25 MB cap too: expected [[3, 1, 0]], got {one}"
 
 
@@ -197,7 +206,17 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
     dtypes = _params(4, 4) + _params(4, dtype=torch.float64)
     # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
     devices = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
-    got, on_devices = _buckets(impl, (dtypes, 25.0), (devices, 25.0))
+    # a bucket's bytes are numel() * element_size(): 2 float16 parameters of 20 elements (40 B each) share a
+    # 100-byte bucket, 2 float64 parameters of 10 elements (80 B each) do not (4 bytes an element: the reverse)
+    halves, doubles = _params(20, 20, dtype=torch.float16), _params(10, 10, dtype=torch.float64)
+    got, on_devices, in_halves, in_doubles = _buckets(impl, (dtypes, 25.0), (devices, 25.0), (halves, 100 / 2**20),
+                                                      (doubles, 100 / 2**20))
+    assert (in_halves, in_doubles) == ([[1, 0]], [[1], [0]]), (
+        f"{T51}: with a 100-byte cap, 2 float16 parameters of 20 elements (40 bytes each) gave the buckets "
+        f"{in_halves}, expected [[1, 0]], and 2 float64 parameters of 10 elements (80 bytes each) gave {in_doubles}, "
+        "expected [[1], [0]]: " + ("a parameter's bytes were counted as 4 an element whatever its dtype: count "
+                                   "numel() * element_size()" if (in_halves, in_doubles) == ([[1], [0]], [[1, 0]])
+                                   else "a parameter's bytes are numel() * element_size()"))
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
@@ -216,7 +235,17 @@ def _launch(rank, world_size, impl):
     params[2].grad = torch.arange(5.0) * (rank + 1)
     bucket = lib.Bucket(params)
     with Wire(ALL_REDUCE) as recorder:
-        lib.launch_all_reduce(bucket)
+        recorded, sent = dist.all_reduce, []
+
+        def all_reduce(tensor, *args, **kwargs):  # what the tensor holds when it is sent: divided already?
+            sent.append(tensor.detach().clone())
+            return recorded(tensor, *args, **kwargs)
+
+        dist.all_reduce = all_reduce
+        try:
+            lib.launch_all_reduce(bucket)
+        finally:
+            dist.all_reduce = recorded
         recorder.mark("returned")
         handle_kept = bucket.handle is not None
         if handle_kept:
@@ -233,7 +262,8 @@ def _launch(rank, world_size, impl):
             bucket64.handle.wait()
         dtypes[label] = None if bucket64.buffer is None else (bucket64.buffer.dtype, bucket64.buffer.clone())
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
-            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes}
+            "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes,
+            "ops": [call.op for call in recorder.calls], "sent": sent}
 
 
 @pytest.mark.task5_2
@@ -264,6 +294,16 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
         if buffer[:6].min() >= 100:
             pytest.fail(f"{T52}: rank {rank}'s buffer holds the parameters' values, not their gradients: "
                         "flatten param.grad, not param")
+        assert got["ops"] == [dist.ReduceOp.SUM], (
+            f"{T52}: rank {rank}: the all_reduce used {got['ops'][0]}: divide the buffer by the world size, then "
+            "all_reduce with ReduceOp.SUM, as PyTorch's DDP does; an averaging op divides AFTER the sum, and in "
+            "float16 the sum of N gradients can overflow where their mean does not")
+        local = torch.cat([torch.full((6,), rank + 1.0), torch.zeros(4), torch.arange(5.0) * (rank + 1)])
+        if len(got["sent"]) == 1 and torch.allclose(got["sent"][0], local) and torch.allclose(buffer, expected):
+            pytest.fail(f"{T52}: rank {rank}: the buffer went into the all_reduce undivided (this rank's own "
+                        "gradients), and was divided once the sum came back: divide it by the world size BEFORE "
+                        "the all_reduce, as PyTorch's DDP does: in float16 the sum of N gradients can overflow where "
+                        "their mean does not")
         assert torch.allclose(buffer, expected), (
             f"{T52}: rank {rank}'s buffer should be the mean gradient over {world_size} ranks, in the bucket's "
             f"order, with zeros for a parameter whose .grad is None: expected {expected.tolist()}, got "
@@ -310,12 +350,13 @@ def _hooks(rank, world_size, impl):
                     loss.backward()
                     recorder.mark(f"backward {i} returned")
                 events = list(recorder.events)
+                ready = [bucket.num_ready for bucket in model.buckets]
                 buffers = []
                 for bucket in model.buckets:
                     if bucket.handle is not None:
                         bucket.handle.wait()
                     buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
-                runs.append({"events": events, "buffers": buffers})
+                runs.append({"events": events, "buffers": buffers, "ready": ready})
         out[label] = runs
     return out
 
@@ -345,6 +386,14 @@ def test_backward_launches_every_bucket_before_it_returns(impl, buckets):
         events = result[buckets][0]["events"]
         done = events.index(("backward 0 returned",))
         launched = [e for e in events[:done] if e[0] == "launch"]
+        ready, sizes = result[buckets][0]["ready"], [len(bucket) for bucket in names]
+        if len(sizes) > 1 and ready == [0] * (len(sizes) - 1) + [sum(sizes)]:  # trial 9: told as no hook at all
+            pytest.fail(f"{T53}: rank {rank}: after one backward the buckets counted {ready} parameters ready, though "
+                        f"they hold {sizes}: every hook counted into the LAST bucket, so the first never completes "
+                        "and nothing launches during backward. A hook function defined inside `for bucket in "
+                        "self.buckets:` reads `bucket` when it runs, after the loop ended: make each hook in a "
+                        "function that takes its bucket (make_hook(bucket)), or bind it (def hook(param, "
+                        "bucket=bucket))")
         assert launched, (
             f"{T53}: rank {rank}: with {len(names)} buckets, no all_reduce started before loss.backward() "
             "returned: register a post-accumulate-grad hook on every parameter, and launch a bucket from the hook "
@@ -534,11 +583,21 @@ def _finish(model, recorder=None):
     leaves behind: every bucket reset (no buffer kept alive until the next step), and, with a
     recorder, every all-reduce launched in this step waited on."""
     unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
+    complete = [index for index in unlaunched if model.buckets[index].num_ready == len(model.buckets[index].params)]
     try:
         model.finish_gradient_synchronization()
     except AttributeError as error:
         if not unlaunched or "'NoneType'" not in str(error):
             raise
+        # never launched: no handle, no buffer, and not reset (a bucket already finished has num_ready 0 again)
+        left = [index for index in unlaunched if model.buckets[index].handle is None
+                and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0]
+        if left and set(left) <= set(complete):  # trial 9: told as buckets never ready
+            raise AssertionError(
+                f"{T54}: finish_gradient_synchronization() waited on bucket(s) {left}, which it never launched "
+                f"({error}): they were complete (every gradient in), but behind an incomplete bucket, so backward "
+                "did not launch them either. Launch EVERY bucket from self.next_bucket on, complete or not, "
+                "before waiting for the handles") from None
         raise AssertionError(
             f"{T54}: finish_gradient_synchronization() used bucket(s) {unlaunched} that backward never launched "
             f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
@@ -556,6 +615,11 @@ def _finish(model, recorder=None):
         "bucket from self.next_bucket on (launch_all_reduce sends zeros for a missing gradient), then wait for "
         "every handle: every rank must issue the same all-reduces, and every .grad must end as the mean")
     if recorder is not None:
+        assert len(new) <= len(model.buckets), (  # trial 9: told as handles never waited on
+            f"{T54}: {len(new)} all-reduces were launched in this step for {len(model.buckets)} buckets: "
+            "finish_gradient_synchronization() launched again buckets that backward had launched already (those "
+            "before self.next_bucket), and the first all-reduce of each was never waited on. Launch only the "
+            "buckets from self.next_bucket on")
         unwaited = [index for index, handle in enumerate(new)  # wait(), its Future, or is_completed() until True
                     if not (handle.waits or handle.call.futures or handle.call.done_seen)]
         assert not unwaited, (
@@ -781,8 +845,17 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
         f"got {inside} and {model.require_backward_grad_sync}")
     with model.no_sync():
         with model.no_sync():  # a helper that accumulates, called inside an accumulating loop
-            pass
+            in_inner = model.require_backward_grad_sync
         after_inner = model.require_backward_grad_sync
+    assert in_inner is False, (  # trial 9: a no_sync that flips the flag passed
+        f"{T55}: inside a no_sync() block nested in another, require_backward_grad_sync was {in_inner}: set it to "
+        "False on entering, whatever it was (a flip, such as `not self.require_backward_grad_sync`, turns "
+        "communication back on in the inner block)")
+    if after_inner is False and model.require_backward_grad_sync is False:  # trial 9: told "not True"
+        pytest.fail(f"{T55}: after nested no_sync() blocks, require_backward_grad_sync stayed False: the outer "
+                    "block restored the inner block's saved value (False), not its own. Keep the value from before "
+                    "the block in a local variable of the call (previous = ...), not on self, where the inner "
+                    "block overwrites it")
     assert after_inner is False and model.require_backward_grad_sync is True, (
         f"{T55}: in nested no_sync() blocks, require_backward_grad_sync was {after_inner} after the inner block ended "
         f"(the outer one still open) and {model.require_backward_grad_sync} after both: restore the value it had "
