@@ -16,9 +16,9 @@ it is reported; a deadlock (a rank finished, the others wait in a collective for
 A task's slow-marked tests run after its others, and not at all once one of those failed: a
 wrong answer is told in the time of the fast tests, a right one runs them all, as the grader
 does. Without GPUs the NCCL variants of the tests are skipped; on a machine with GPUs they run too.
-In a student release (no solutions/) a task's tests use your own answers to the earlier tasks of
-its file, and to a few later ones (grading.checker.LATER_TASKS_USED): when it fails, those this run
-did not check are checked too, its message names those that fail, and "Next" sends you to them first.
+In a student release (no solutions/) a task's tests use your own answers to some other tasks of
+its file (grading.checker.TASKS_USED: most of the earlier ones, a few later ones): when it fails, those
+this run did not check are checked too, its message names those that fail, and "Next" sends you to them first.
 """
 import argparse
 import os
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import textwrap
 
-from grading.checker import (blame_own_answers, discover_tasks, in_fixing_order, is_release, run_tests,
+from grading.checker import (TASKS_USED, blame_own_answers, discover_tasks, in_fixing_order, is_release, run_tests,
                              select_tasks, summarize, tasks_used, tasks_used_unchecked)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -133,6 +133,13 @@ def next_step(results, impl, everything):
     if first.error_type == "RankStartupTimeout":
         return (f"nothing to fix in Task {task.id}: its ranks could not even start, twice, on this busy machine. "
                 f"Run `{again}` again when it is quieter.")
+    both_ways = [r.task.id for r in results if not r.done and r.status in ("failing", "hang") and r is not first
+                 and r.task.id in TASKS_USED.get(task.id, ()) and task.id in TASKS_USED.get(r.task.id, ())]
+    if both_ways and first.status in ("failing", "hang") and is_release(REPO):  # either may be the cause
+        ids = " ".join([task.id, *both_ways])
+        return (f"fix Task {task.id} or Task {', '.join(both_ways)}: in this copy each one's tests use your answer to "
+                f"the other, so either may be the cause (the lines above say what each one's tests saw). Then "
+                f"`python check.py {ids}`.")
     if first.status == "hang":
         # no cause here: "every rank must call the same collectives in the same order" was wrong for two
         # neighbours that both send first (same calls, same order), and the lines above give the cause
@@ -173,7 +180,7 @@ def run_again_if_uncertain(run, results, workdir, args):
 
 def check_tasks_used(results, tasks, workdir, args):
     """In a student release a failing task's tests run the student's own answers to the other tasks of its
-    file that they use (the earlier ones, and a few later ones: grading.checker.tasks_used): check those this
+    file that they use (grading.checker.TASKS_USED): check those this
     run did not, so that its message can say which of them fail (or that none does) instead of that any may.
     Returns their results and the seconds it took."""
     used = tasks_used_unchecked(results, tasks) if is_release(REPO) else []

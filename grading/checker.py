@@ -459,21 +459,36 @@ def is_release(repo):
     return not os.path.isdir(os.path.join(repo, "solutions"))
 
 
-# The later tasks of its file whose answers a task's tests run too (every earlier one counts as used): in a release
-# with every answer but one later task's, `check.py` said these were blocked by it (tools/later_tasks_used.py
-# measures them again; docs/checking.md lists them). In the course they are solutions/', in a release the student's.
-LATER_TASKS_USED = {
-    "6.2": ("6.3",), "7.3": ("7.4",), "9.3": ("9.4",), "10.2": ("10.3",), "10.4": ("10.5", "10.6"), "10.5": ("10.6",),
-    "14.1": ("14.3", "14.4"), "14.2": ("14.3", "14.4"), "15.2": ("15.3",), "16.2": ("16.3", "16.4"), "16.3": ("16.4",),
-    "16.4": ("16.5",),
+# The other tasks of its file whose answers a task's tests run (in the course solutions/', in a release the
+# student's own), measured by tools/tasks_used.py: in a release with every answer but one task's, `check.py` said
+# these tasks were blocked by it. Not every earlier task (2.3's tests run neither 2.1 nor 2.2), and a few later ones
+# (Task 14.1's attention runs with 14.3's gather and 14.4's layers; docs/checking.md lists those).
+TASKS_USED = {
+    "1.3": ("1.1", "1.2"), "1.4": ("1.1", "1.2", "1.3"),
+    "4.4": ("4.1", "4.2", "4.3"),
+    "5.3": ("5.1", "5.2"), "5.4": ("5.1", "5.2", "5.3"), "5.5": ("5.1", "5.2", "5.3", "5.4"),
+    "6.2": ("6.1", "6.3"), "6.3": ("6.1", "6.2"),
+    "7.3": ("7.1", "7.2", "7.4"), "7.4": ("7.1", "7.2", "7.3"), "7.5": ("7.1", "7.2", "7.3", "7.4"),
+    "8.2": ("8.1",), "8.4": ("8.1", "8.2", "8.3"),
+    "9.2": ("9.1",), "9.3": ("9.1", "9.2", "9.4"), "9.4": ("9.1", "9.2", "9.3"),
+    "10.2": ("10.1", "10.3"), "10.3": ("10.1", "10.2"), "10.4": ("10.1", "10.2", "10.3", "10.5", "10.6"),
+    "10.5": ("10.1", "10.2", "10.3", "10.4", "10.6"), "10.6": ("10.1", "10.2", "10.3", "10.4", "10.5"),
+    "10.7": ("10.1", "10.2", "10.3", "10.4", "10.5"),
+    "11.2": ("11.1",), "11.3": ("11.1", "11.2"),
+    "12.3": ("12.2",),
+    "13.2": ("13.1",), "13.3": ("13.1",),
+    "14.1": ("14.3", "14.4"), "14.2": ("14.3", "14.4"), "14.4": ("14.1", "14.2", "14.3"),
+    "14.5": ("14.1", "14.2", "14.3", "14.4"),
+    "15.2": ("15.1", "15.3"), "15.3": ("15.1", "15.2"), "15.4": ("15.1", "15.2", "15.3"),
+    "15.6": ("15.1", "15.2", "15.3", "15.5"),
+    "16.2": ("16.1", "16.3", "16.4"), "16.3": ("16.1", "16.2", "16.4"), "16.4": ("16.1", "16.2", "16.3", "16.5"),
+    "16.5": ("16.1", "16.2", "16.3", "16.4"),
 }
 
 
 def tasks_used(task, course):
-    """The other tasks of course whose answers task's tests run: the earlier tasks of its file, and the later
-    ones that LATER_TASKS_USED names."""
-    later = LATER_TASKS_USED.get(task.id, ())
-    return [t for t in course if t.file == task.file and (t.key < task.key or t.id in later)]
+    """The tasks of course whose answers task's tests run (TASKS_USED), in course order."""
+    return [t for t in course if t.id in TASKS_USED.get(task.id, ())]
 
 
 def tasks_used_unchecked(results, course):
@@ -485,43 +500,46 @@ def tasks_used_unchecked(results, course):
 
 
 def blame_own_answers(results, course, others=()):
-    """Without solutions/ (a student release) a task's tests run the student's own answers to
-    the other tasks of its file that it uses (tasks_used): say which fail too (or were not checked), as the
-    likely cause. others: results of tasks checked for this purpose only (check.py checks the
-    tasks a failing one uses), which are read, not changed."""
-    known = list(results) + list(others)
+    """Without solutions/ (a student release) a task's tests run the student's own answers to the other tasks
+    of its file that they use (tasks_used): say which fail too (or were not checked), as the likely cause. A
+    task whose tests use this one as well (14.1 and 14.4) may fail by this one's doing: said as either.
+    others: results of tasks checked for this purpose only (check.py checks the tasks a failing one uses),
+    which are read, not changed."""
+    known = {r.task.id: r for r in list(results) + list(others)}
     for result in results:
         if result.status not in ("failing", "hang"):
             continue
-        file = result.task.file
-        # an earlier task whose tests use this one may fail by this one's doing (14.1 by a wrong 14.4): not blamed
-        used = [t.id for t in tasks_used(result.task, course) if result.task.id not in LATER_TASKS_USED.get(t.id, ())]
-        broken = [r.task.id for r in known if r.task.id in used and not r.done]
-        unchecked = [t for t in used if t not in {r.task.id for r in known}]
+        used = [t.id for t in tasks_used(result.task, course)]
+        broken = [t for t in used if t in known and not known[t].done]
+        unchecked = [t for t in used if t not in known]
+        both_ways = [t for t in broken if result.task.id in TASKS_USED.get(t, ())]
         own = "This course has no solutions/, so these tests use your own answers to the other tasks"
-        if broken:  # said first (Issue 45): the test's own hint assumes the other tasks right, and may blame this one
-            one = len(broken) == 1
-            result.explanation = (f"{own}: Task {', '.join(broken)} {'is' if one else 'are'} not done either and may "
-                                  f"be the cause: fix {'it' if one else 'them'} first. This task's tests said: "
-                                  f"{result.explanation.strip()}")
-            continue
-        if unchecked:
-            why = (f"{own} of {file}: if Task {', '.join(unchecked)} is wrong, that may be the cause "
+        said = f"This task's tests said: {result.explanation.strip()}"
+        if len(broken) > len(both_ways):  # said first (Issue 45): the test's own hint assumes them right
+            first = [t for t in broken if t not in both_ways]
+            one = len(first) == 1
+            result.explanation = (f"{own}: Task {', '.join(first)} {'is' if one else 'are'} not done either and may "
+                                  f"be the cause: fix {'it' if one else 'them'} first. {said}")
+        elif both_ways:
+            one = len(both_ways) == 1
+            result.explanation = (f"{own}: Task {', '.join(both_ways)} {'is' if one else 'are'} not done either, and "
+                                  f"{'its' if one else 'their'} tests use this task's answer too: either may be the "
+                                  f"cause of the other's failure. {said}")
+        elif unchecked:
+            why = (f"{own} of {result.task.file}: if Task {', '.join(unchecked)} is wrong, that may be the cause "
                    f"(`python check.py {result.task.id.split('.')[0]}` checks them all).")
-        else:
-            continue
-        result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
-            (".", "!", "?")) else ".") + " " + why  # "... (Task 14.1)" ends no sentence either
+            result.explanation = result.explanation.rstrip() + ("" if result.explanation.rstrip().endswith(
+                (".", "!", "?")) else ".") + " " + why  # "... (Task 14.1)" ends no sentence either
 
 
 def in_fixing_order(results, course):
-    """results in the order to fix them: course order, but a task after the not-done tasks its tests use
-    (in a release a wrong 14.4 fails 14.1's tests: fix 14.4 first)."""
+    """results in the order to fix them: course order, but a task after the not-done tasks its tests use that
+    do not use it in turn (in a release a wrong 14.3 fails 14.1's tests: fix 14.3 first)."""
     known = {r.task.id: r for r in results}
 
     def order(result):
-        waits_for = [known[t.id].task.key for t in tasks_used(result.task, course)
-                     if t.id in known and not known[t.id].done and not result.done]
+        waits_for = [known[t.id].task.key for t in tasks_used(result.task, course) if t.id in known
+                     and not known[t.id].done and result.task.id not in TASKS_USED.get(t.id, ())]
         last = max([result.task.key, *waits_for])
         return last, last != result.task.key, result.task.key
     return sorted(results, key=order)

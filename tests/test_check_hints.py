@@ -302,11 +302,12 @@ def test_in_a_release_a_failing_earlier_task_of_the_file_is_said_first():
         alone[0].explanation
 
 
-def test_in_a_release_a_failing_later_task_that_the_tests_use_is_said_and_fixed_first():
+def test_in_a_release_the_tasks_a_test_uses_are_blamed_and_fixed_first_and_no_other():
     """A student trial: in a release, a wrong 14.4 (its column layer kept f) made `check.py 14.1` fail with 14.4's
-    cause in the message, but the line said 14.1, nothing checked 14.4, and "Next" said to fix 14.1. Task 14.1's
-    tests use 14.4 (grading.checker.LATER_TASKS_USED): 14.1's message now names 14.4 first, 14.4's does not blame
-    14.1 back (14.1 may fail by 14.4's doing), and 14.4 comes first in the order of fixing."""
+    cause in the message, but the line said 14.1, nothing checked 14.4, and "Next" said to fix 14.1. The tasks a
+    task's tests use are measured (grading.checker.TASKS_USED): 14.1's use 14.3 and 14.4, and 14.4's use 14.1 in
+    turn, so each names the other as a possible cause; a wrong 14.3, which uses neither, is named first and fixed
+    first. And an earlier task that a test does not use is blamed no more (2.3's tests run neither 2.1 nor 2.2)."""
     from grading.checker import blame_own_answers, in_fixing_order
 
     course = [Task(f"14.{n}", file="template_sequence_parallel.py") for n in (1, 2, 3, 4, 5)]
@@ -316,36 +317,47 @@ def test_in_a_release_a_failing_later_task_that_the_tests_use_is_said_and_fixed_
     blame_own_answers(results, course, others=used)
     blame_own_answers(used, course, others=results)
     said = results[0].explanation
-    assert said.startswith("This course has no solutions/") and "Task 14.4 is not done either" in said, said
-    assert said.endswith(one) and "14.3" not in said, said
-    assert used[1].explanation == four, used[1].explanation
-    assert [r.task.id for r in in_fixing_order(results + used, course)] == ["14.3", "14.4", "14.1"]
-    # 14.4 right: 14.1's own message, with the hedge about what this run did not check (14.2 is not used)
+    assert said.startswith("This course has no solutions/") and "Task 14.4 is not done either, and its tests use " \
+        "this task's answer too: either may be the cause" in said and said.endswith(one) and "14.3" not in said, said
+    assert "Task 14.1 is not done either, and its tests use this task's answer too" in used[1].explanation, \
+        used[1].explanation
+    # a wrong 14.3 (used by 14.1 and 14.4, using neither): said first, and fixed first
+    three = [TaskResult(course[2], "failing", "gather ..."), TaskResult(course[3], "failing", four)]
+    results = [TaskResult(course[0], "failing", one)]
+    blame_own_answers(results, course, others=three)
+    assert "Task 14.3 is not done either and may be the cause: fix it first" in results[0].explanation, \
+        results[0].explanation
+    assert [r.task.id for r in in_fixing_order(results + three, course)] == ["14.3", "14.1", "14.4"]
+    # 14.3 and 14.4 right: 14.1's own message; with 14.3 not checked, the hedge names it alone (14.2 is not used)
     alone = [TaskResult(course[0], "failing", one)]
     blame_own_answers(alone, course, others=[TaskResult(course[3], "done")])
     assert alone[0].explanation.startswith(one) and "if Task 14.3 is wrong" in alone[0].explanation, \
         alone[0].explanation
-    # an earlier task is still fixed first, and a task waits for no task that is done
+    # an earlier task that is used is still fixed first; one that is not used is not blamed
     data = [Task(f"1.{n}", file="template_data_loader.py") for n in (1, 2, 3, 4)]
     mixed = [TaskResult(data[3], "failing", "x"), TaskResult(data[0], "failing", "y"), TaskResult(data[1], "done")]
     assert [r.task.id for r in in_fixing_order(mixed, data)] == ["1.1", "1.2", "1.4"]
+    trainer = [Task(f"2.{n}", file="template_trainer.py") for n in (1, 2, 3)]
+    sums = [TaskResult(trainer[0], "failing", "broadcast ..."), TaskResult(trainer[2], "failing", "the sums ...")]
+    blame_own_answers(sums, trainer)
+    assert sums[1].explanation == "the sums ...", sums[1].explanation
 
 
-def test_the_later_tasks_used_are_tasks_of_the_same_file_and_docs_list_them():
-    """LATER_TASKS_USED (measured by tools/later_tasks_used.py) names later tasks of each task's own file, and
-    docs/checking.md lists the same table."""
-    from grading.checker import LATER_TASKS_USED, discover_tasks, tasks_used
+def test_the_tasks_used_are_tasks_of_the_same_file_and_docs_list_the_later_ones():
+    """TASKS_USED (measured by tools/tasks_used.py) names other tasks of each task's own file, and
+    docs/checking.md lists the later ones."""
+    from grading.checker import TASKS_USED, discover_tasks
 
     course = {t.id: t for t in discover_tasks(REPO)}
-    for task, later in LATER_TASKS_USED.items():
-        assert all(course[t].file == course[task].file and course[t].key > course[task].key for t in later), task
-        assert [t.id for t in tasks_used(course[task], list(course.values()))] == sorted(
-            [t.id for t in course.values() if t.file == course[task].file and t.key < course[task].key] + list(later),
-            key=lambda t: course[t].key), task
+    for task, used in TASKS_USED.items():
+        assert task not in used and all(course[t].file == course[task].file for t in used), task
+        assert list(used) == sorted(used, key=lambda t: course[t].key), task
     with open(os.path.join(REPO, "docs", "checking.md")) as f:
         page = " ".join(f.read().split())
-    listed = dict(re.findall(r"(\d+\.\d+) uses ((?:\d+\.\d+)(?:, \d+\.\d+)*)", page))
-    assert {task: tuple(later.split(", ")) for task, later in listed.items()} == LATER_TASKS_USED, listed
+    listed = {task: tuple(later.split(", ")) for task, later in
+              re.findall(r"(\d+\.\d+) uses ((?:\d+\.\d+)(?:, \d+\.\d+)*)", page)}
+    later = {task: tuple(t for t in used if course[t].key > course[task].key) for task, used in TASKS_USED.items()}
+    assert listed == {task: used for task, used in later.items() if used}, listed
 
 
 def test_ring_hang_and_skipped_gradient_hints_only_where_their_condition_holds():
@@ -404,3 +416,21 @@ def test_gloos_all_gather_size_error_says_stacked_only_where_the_shape_shows_it(
     said_small, _ = explain("RuntimeError", small.split(": ", 1)[1], "")
     assert "not stacked (world_size, n, ...)" in said_stacked, said_stacked
     assert "stacked" not in said_small and "exactly world_size times the input's elements" in said_small, said_small
+
+
+def test_next_names_both_tasks_where_each_ones_tests_use_the_other(monkeypatch):
+    """In a release, 14.1 and 14.4 failing (each one's tests use the other's answer): "Next" names both, not 14.1
+    alone (the student trial's wrong 14.4 was sent to fix 14.1); a task used one way is fixed first as before."""
+    import check
+
+    monkeypatch.setattr(check, "is_release", lambda repo: True)
+    course = [Task(f"14.{n}", file="template_sequence_parallel.py") for n in (1, 3, 4)]
+    both = [TaskResult(course[0], "failing", "x"), TaskResult(course[2], "failing", "y")]
+    said = check.next_step(both, "template", everything=False)
+    assert said.startswith("fix Task 14.1 or Task 14.4: in this copy each one's tests use your answer to the other") \
+        and "`python check.py 14.1 14.4`" in said, said
+    one_way = check.in_fixing_order([TaskResult(course[0], "failing", "x"), TaskResult(course[1], "failing", "z")],
+                                    course)
+    assert check.next_step(one_way, "template", everything=False).startswith("fix Task 14.3 "), one_way
+    monkeypatch.setattr(check, "is_release", lambda repo: False)  # the course: 14.1's tests use solutions/' 14.4
+    assert check.next_step(both, "template", everything=False).startswith("fix Task 14.1 ("), both

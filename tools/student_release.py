@@ -13,7 +13,7 @@ Left out, and why (the release's README.md says so too):
 - benchmarks/*.py that import solutions/ (anywhere in the file): they measure the reference
   answers (their results and plots stay).
 - tools/gpu_check.sh: what an instructor runs on a GPU node, with the reference answers.
-- tools/later_tasks_used.py: what a maintainer runs to measure which tasks each task's tests use, with the answers.
+- tools/tasks_used.py: what a maintainer runs to measure which tasks each task's tests use, with the answers.
 
 In the release, `pytest`, `python check.py` and `torchrun ... train_ddp.py` run the student's
 template_*.py files. A task's tests use the student's own answers to the other tasks where the
@@ -54,7 +54,7 @@ LEFT_OUT = [
     ("tests/test_mistakes.py", "checks that catalogue against the answers"),
     ("tests/test_check_grade.py", "grades submissions made from that catalogue"),
     ("tools/gpu_check.sh", "an instructor's check of the reference answers on a GPU node"),
-    ("tools/later_tasks_used.py", "a maintainer's measure of the tests, which fills a release with the answers"),
+    ("tools/tasks_used.py", "a maintainer's measure of the tests, which fills a release with the answers"),
 ]
 # Shipped files that name solutions/ and work without it, and why (solutions_references skips them)
 HANDLES_NO_SOLUTIONS = {

@@ -1,16 +1,16 @@
-"""Measure which later tasks of its file each task's tests run, and compare with grading.checker.LATER_TASKS_USED.
+"""Measure which other tasks of its file each task's tests run, and compare with grading.checker.TASKS_USED.
 
-    python tools/later_tasks_used.py          # 10-20 minutes on 2 cores; exit status 1 if the table is out of date
+    python tools/tasks_used.py          # 20-30 minutes on 2 cores; exit status 1 if the table is out of date
 
-In a student release a task's tests run the student's own answers to the other tasks of its file. Every
-earlier task may be among them; a later one only where a test reaches it (Task 14.1's attention runs
-with 14.3's gather and 14.4's layers). check.py checks those too when a task fails, and sends the student
-to a failing one first, so the table must be exact: a task missing from it goes unchecked, and one too many
-is blamed without cause. Run this after changing which tasks a test file calls.
+In a student release a task's tests run the student's own answers to the other tasks of its file that they
+use: most earlier ones (not all: 2.3's tests run neither 2.1 nor 2.2), and a few later ones (Task 14.1's
+attention runs with 14.3's gather and 14.4's layers). When a task fails, check.py checks those too, blames the
+failing ones and sends the student to them first, so the table must be exact: a task missing from it goes
+unchecked, and one too many is blamed without cause. Run this after changing which tasks a test calls.
 
-How: a release (tools/student_release.py) filled with solutions/' answers, but for one later task L whose
-fences hold the template's TODO again; the tasks before L of its file are checked, and those that come out
-"blocked" by L (their tests met L's NotImplementedError) use L. Once for every task but the first of each file.
+How: a release (tools/student_release.py) filled with solutions/' answers but for one task U, whose fences hold
+the template's TODO again; the other tasks of its file are checked, and those that come out "blocked" by U
+(their tests met U's NotImplementedError) use U. Once for every task. The GPU tests, skipped here, are not counted.
 """
 import os
 import re
@@ -23,7 +23,7 @@ REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, HERE]
 
 import student_release  # noqa: E402
-from grading.checker import LATER_TASKS_USED, discover_tasks, run_tests, summarize  # noqa: E402
+from grading.checker import TASKS_USED, discover_tasks, run_tests, summarize  # noqa: E402
 
 FENCE = re.compile(r"^[ \t]*# --- Task (\d+\.\d+) begin ---[ \t]*\n.*?^[ \t]*# --- Task \1 end ---[^\n]*\n", re.M | re.S)
 
@@ -67,7 +67,7 @@ def measure(release, workdir):
 
 
 def main():
-    workdir = tempfile.mkdtemp(prefix="later-tasks-")
+    workdir = tempfile.mkdtemp(prefix="tasks-used-")
     try:
         release = os.path.join(workdir, "release")
         if student_release.main([release]) != 0:
@@ -78,11 +78,11 @@ def main():
         measured = {task: tuple(later) for task, later in measure(release, workdir).items()}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if measured == LATER_TASKS_USED:
-        print("grading.checker.LATER_TASKS_USED is exact.")
+    if measured == TASKS_USED:
+        print("grading.checker.TASKS_USED is exact.")
         return 0
-    print(f"grading.checker.LATER_TASKS_USED is out of date: measured\n{measured}\n(it says {LATER_TASKS_USED});"
-          " update it and the list in docs/checking.md")
+    print(f"grading.checker.TASKS_USED is out of date: measured\n{measured}\n(it says {TASKS_USED}); update it, and "
+          "the list of later tasks used in docs/checking.md")
     return 1
 
 
