@@ -120,15 +120,22 @@ class Crash(BaseException):
     """The process dying in the middle of torch.save (BaseException: no `except Exception` hides it)."""
 
 
-def half_written_save(obj, f, *args, **kwargs):
-    """torch.save that dies after writing the first bytes, as a killed process would."""
-    if isinstance(f, (str, os.PathLike)):
-        with open(f, "wb") as out:
-            out.write(b"PK\x03\x04 half a checkpoint")
-    else:
-        f.write(b"PK\x03\x04 half a checkpoint")
-        f.flush()
-    raise Crash("killed in the middle of torch.save")
+def save_that_fails(error):
+    """torch.save that writes the first bytes of the checkpoint, then raises error(): a killed process (Crash), a
+    full disk (OSError)."""
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(b"PK\x03\x04 half a checkpoint")
+        else:
+            f.write(b"PK\x03\x04 half a checkpoint")
+            f.flush()
+        raise error()
+    return save
+
+
+half_written_save = save_that_fails(lambda: Crash("killed in the middle of torch.save"))
+full_disk_save = save_that_fails(lambda: OSError(28, "No space left on device"))  # `except Exception` sees this one
 
 
 @pytest.mark.task8_1
@@ -152,17 +159,6 @@ def test_a_crash_while_saving_leaves_the_last_good_checkpoint(impl, tmp_path, mo
                     "onto last.pt, so that last.pt is always a whole checkpoint")
     assert epoch == 1, (f"{T81}: after a crash in the middle of saving epoch 2, last.pt holds epoch {epoch}, "
                         "expected the last good one (epoch 1)")
-
-
-def full_disk_save(obj, f, *args, **kwargs):
-    """torch.save on a full disk: some bytes written, then OSError (ENOSPC), which `except Exception` sees."""
-    if isinstance(f, (str, os.PathLike)):
-        with open(f, "wb") as out:
-            out.write(b"PK\x03\x04 half a checkpoint")
-    else:
-        f.write(b"PK\x03\x04 half a checkpoint")
-        f.flush()
-    raise OSError(28, "No space left on device")
 
 
 @pytest.mark.task8_1
