@@ -46,8 +46,16 @@ import warnings
 # rank instead of 3 s for "spawn", and safer than forking pytest itself, whose OpenMP
 # threads a plain fork would copy in a broken state.
 _context = multiprocessing.get_context("forkserver")
-# torch._dynamo too: DistributedDataParallel imports it on first use, 4 s for every rank.
+# torch._dynamo too, where the tests need it (start_forkserver): an optimizer or DistributedDataParallel imports it
+# on first use, 1.5-4 s in every rank.
 _context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+# The tasks whose tests import torch._dynamo (an optimizer, DDP), in a rank or in pytest's process: measured by
+# `python tools/tasks_used.py --dynamo`, which runs each task's tests alone with a server that had not imported it.
+# A run of other tasks' tests alone (`check.py 0.3`: pytest -m task0_3) starts the server without it: 1.5-3.5 s
+# less of every such check (0.3: 10.5 s -> 6.1 s at an hour when `import torch` took 5 s). Out of date, a rank
+# of such a run imports it itself when it needs it: slower, never wrong.
+TASKS_NEEDING_DYNAMO = {"2.2", "4.4", "5.4", "5.5", "6.2", "6.3", "7.3", "7.4", "7.5", "8.1", "8.2", "8.4", "9.2",
+                        "9.3", "9.4", "10.4", "10.5", "10.6", "10.7", "12.1", "12.3", "13.2", "13.3", "14.4", "14.5"}
 # Not in a rank that is starting (it imports this file to find its function), where
 # multiprocessing forbids starting a server.
 _STARTING_A_RANK = getattr(multiprocessing.current_process(), "_inheriting", False)
@@ -145,16 +153,58 @@ def _forked_server(path, args, passfds):
         os._exit(code)
 
 
-if not _STARTING_A_RANK and _FORK_THE_SERVER:
-    # torch._dynamo is imported here, before the fork, and not by the server (its preload is then done):
-    # pytest's own process imports it anyway wherever a test builds an optimizer (torch.optim's __init__
-    # disables dynamo for itself), so it was imported twice, and the first rank waited for the server's.
-    # `check.py --impl solutions X.Y`, medians of 3 alternating at load 1.1-2.2: 2.2 4.3 -> 3.6 s, 5.4 4.2 ->
-    # 3.5 s, 10.7 5.1 -> 4.4 s; 3.2 4.0 -> 4.0 s and 0.3 3.5 -> 3.7 s (no optimizer in pytest's process);
-    # 1.2 and 4.1 1.65 -> 2.7 s, 4.4 2.7 -> 2.9 s (no rank: they pay the whole import, the server's was
-    # wasted). Before conftest.py's gc.freeze(), pytest's closing collections walked it too, and it cost
-    # 0.3 and 3.2 0.5-1.5 s.
-    import torch._dynamo  # noqa: E402,F401
+def needs_dynamo(markexpr):
+    """Whether a run of `pytest -m markexpr` may need torch._dynamo: False only for task markers alone
+    ("task0_3", "task1_1 or task1_2": check.py's runs) of none of TASKS_NEEDING_DYNAMO; False for any run while
+    `tools/tasks_used.py --dynamo` measures which need it (COURSE_DYNAMO_LOG)."""
+    if os.environ.get("COURSE_DYNAMO_LOG"):
+        return False
+    if not re.fullmatch(r"\s*task\d+_\d+(?:\s+or\s+task\d+_\d+)*\s*", markexpr or ""):
+        return True
+    return any(f"{major}.{minor}" in TASKS_NEEDING_DYNAMO for major, minor in re.findall(r"task(\d+)_(\d+)", markexpr))
+
+
+DYNAMO_AT_START = True  # whether pytest's process had torch._dynamo when its server started (start_forkserver)
+
+
+def note_dynamo(preloaded):
+    """For `tools/tasks_used.py --dynamo`: where COURSE_DYNAMO_LOG names a file, a line there when this process
+    imported torch._dynamo though its server (or pytest's process, at its start) had not."""
+    log = os.environ.get("COURSE_DYNAMO_LOG")
+    if log and not preloaded and "torch._dynamo" in sys.modules:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} imported torch._dynamo\n")
+
+
+def markexpr_of_the_command_line(argv):
+    """The -m expression of a pytest command line (`python -m pytest ... -m "task0_3"`, as check.py runs it); None
+    where it has none, or one this cannot read."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == "-m" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("-m") and arg != "-m" and not arg.startswith("-m-"):
+            found = arg[2:].lstrip("=")
+    return found
+
+
+def start_forkserver(dynamo=True):
+    """Start the server that forks the ranks, once, before any test runs an operation and before CUDA starts
+    (at this file's import, which conftest.py makes first thing; tests/warm_pytest.py). On Linux it is a fork of
+    this process, which has imported torch, and with `dynamo` torch._dynamo too (imported here, not by the server:
+    pytest's own process may need it as well, and the first rank waited for the server's import otherwise)."""
+    global DYNAMO_AT_START
+    DYNAMO_AT_START = dynamo or "torch._dynamo" in sys.modules
+    if _STARTING_A_RANK or not _FORK_THE_SERVER or multiprocessing.forkserver._forkserver._forkserver_pid:
+        return  # a rank; started at import (not Linux); started already (a warm_pytest child: its server's)
+    # `check.py --impl solutions X.Y`, medians of 3 alternating at load 1.1-2.2, torch._dynamo imported here
+    # rather than by the server: 2.2 4.3 -> 3.6 s, 5.4 4.2 -> 3.5 s, 10.7 5.1 -> 4.4 s; 0.3 3.5 -> 3.7 s (no
+    # optimizer in pytest's process); and without it at all, where no test needs it: 0.3 10.5 -> 6.1 s (3 runs
+    # each, alternating, 2026-11-29 17:14, `import torch` 4.8-5.6 s and with torch._dynamo 8.3-9.2 s).
+    if dynamo:
+        import torch._dynamo  # noqa: F401
+    else:
+        _context.set_forkserver_preload(["torch", "torch.distributed"])
     multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
     _spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = _forked_server
@@ -162,6 +212,10 @@ if not _STARTING_A_RANK and _FORK_THE_SERVER:
         multiprocessing.forkserver.ensure_running()
     finally:
         multiprocessing.util.spawnv_passfds = _spawn
+
+
+if not _STARTING_A_RANK and _FORK_THE_SERVER and "pytest" in sys.modules:  # a pytest run: conftest.py imports this
+    start_forkserver(dynamo=needs_dynamo(markexpr_of_the_command_line(sys.argv[1:])))
 
 
 class RankTimeout(AssertionError):
@@ -223,7 +277,9 @@ def _rank_main(report, fn, rank, world_size, store_path, backend, timeout, args,
                 timeout=datetime.timedelta(seconds=startup_timeout + timeout + 10),
             )
             report.send(("joined", None))
+            preloaded = "torch._dynamo" in sys.modules
             out = fn(rank, world_size, *args)
+            note_dynamo(preloaded)
             buffer = io.BytesIO()
             torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
             report.send(("ok", buffer.getvalue()))

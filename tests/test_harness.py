@@ -271,3 +271,21 @@ def test_a_lost_connection_is_not_said_over_the_assertion_of_the_rank_that_close
     pipes[2][1].send(("AssertionError", ("rank 2's own assertion", "trace 2")))
     assert harness._failure_waiting(reading, {}, 0) == (2, ("AssertionError", ("rank 2's own assertion", "trace 2")))
     assert harness._failure_waiting(reading, {}, 0) is None, "nothing else waits"
+
+
+def test_only_runs_of_tasks_that_never_import_torch_dynamo_start_the_server_without_it():
+    """check.py's run of one task (pytest -m task0_3) starts the ranks' server without torch._dynamo where that
+    task's tests never import it (1.5-3.5 s of every such check); any other run (pytest, -m slow, a task that
+    needs it, an expression of another form) with it."""
+    import harness
+    from grading.checker import discover_tasks
+
+    assert not harness.needs_dynamo("task0_3") and not harness.needs_dynamo("task0_1 or task15_2 or task16_3")
+    for markexpr in ("task2_2", "task0_3 or task13_2", "not slow", "slow", "", None, "task0_3 and slow",
+                     "not task0_3", "grading"):
+        assert harness.needs_dynamo(markexpr), markexpr
+    read = harness.markexpr_of_the_command_line
+    assert read(["-p", "x", "-m", "task0_3", "-q"]) == "task0_3" and read(["-mtask1_1 or task1_2"]) == "task1_1 or task1_2"
+    assert read(["tests/test_collectives.py", "-q"]) is None and read(["-m"]) is None
+    tasks = {t.id for t in discover_tasks(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+    assert harness.TASKS_NEEDING_DYNAMO <= tasks, harness.TASKS_NEEDING_DYNAMO - tasks

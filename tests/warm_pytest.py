@@ -103,7 +103,8 @@ def serve():
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    import harness  # noqa: F401  torch, torch.distributed; starts the forkserver with harness.py's preload
+    import harness  # torch, torch.distributed
+    harness.start_forkserver(dynamo=True)  # the server of every run: with torch._dynamo, as any task may need it
     import multiprocessing.forkserver
     import pytest  # noqa: F401
     # No file of the course stays imported or importable from here: the child imports the copy's own.

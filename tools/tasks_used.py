@@ -1,6 +1,7 @@
 """Measure which other tasks of its file each task's tests run, and compare with grading.checker.TASKS_USED.
 
     python tools/tasks_used.py          # 20-30 minutes on 2 cores; exit status 1 if the table is out of date
+    python tools/tasks_used.py --dynamo # 10-15 minutes: which tasks' tests import torch._dynamo (harness.py)
 
 In a student release a task's tests run the student's own answers to the other tasks of its file that they
 use: most earlier ones (not all: 2.3's tests run neither 2.1 nor 2.2), and a few later ones (Task 14.1's
@@ -11,6 +12,10 @@ unchecked, and one too many is blamed without cause. Run this after changing whi
 How: a release (tools/student_release.py) filled with solutions/' answers but for one task U, whose fences hold
 the template's TODO again; the other tasks of its file are checked, and those that come out "blocked" by U
 (their tests met U's NotImplementedError) use U. Once for every task. The GPU tests, skipped here, are not counted.
+
+--dynamo: each task's tests alone (pytest -m taskX_Y, as check.py runs them) with a server that has not imported
+torch._dynamo, and COURSE_DYNAMO_LOG naming a file where pytest's process and every rank say whether they imported
+it; compared with tests/harness.py's TASKS_NEEDING_DYNAMO, whose tasks' checks start the server with it.
 """
 import os
 import re
@@ -20,7 +25,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, HERE]
+sys.path[:0] = [REPO, HERE, os.path.join(REPO, "tests")]
 
 import student_release  # noqa: E402
 from grading.checker import TASKS_USED, discover_tasks, run_tests, summarize  # noqa: E402
@@ -66,7 +71,42 @@ def measure(release, workdir):
     return {task: sorted(ids, key=lambda t: tuple(map(int, t.split(".")))) for task, ids in used.items()}
 
 
+def measure_dynamo(workdir):
+    """The tasks whose tests, run alone, import torch._dynamo in pytest's process or in a rank."""
+    needing = set()
+    for task in discover_tasks(REPO):
+        folder = tempfile.mkdtemp(dir=workdir)
+        log = os.path.join(folder, "dynamo.log")
+        os.environ["COURSE_DYNAMO_LOG"] = log
+        try:
+            run_tests(REPO, [task.id], folder, impl="solutions")
+        finally:
+            del os.environ["COURSE_DYNAMO_LOG"]
+        if os.path.exists(log):
+            needing.add(task.id)
+        print(f"{task.id}: {'imports' if task.id in needing else 'does not import'} torch._dynamo", flush=True)
+    return needing
+
+
+def main_dynamo():
+    from harness import TASKS_NEEDING_DYNAMO
+    workdir = tempfile.mkdtemp(prefix="tasks-dynamo-")
+    try:
+        measured = measure_dynamo(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if measured == TASKS_NEEDING_DYNAMO:
+        print("tests/harness.py's TASKS_NEEDING_DYNAMO is exact.")
+        return 0
+    key = lambda t: tuple(map(int, t.split(".")))  # noqa: E731
+    print(f"tests/harness.py's TASKS_NEEDING_DYNAMO is out of date: measured {sorted(measured, key=key)}, it says "
+          f"{sorted(TASKS_NEEDING_DYNAMO, key=key)}")
+    return 1
+
+
 def main():
+    if sys.argv[1:] == ["--dynamo"]:
+        return main_dynamo()
     workdir = tempfile.mkdtemp(prefix="tasks-used-")
     try:
         release = os.path.join(workdir, "release")
