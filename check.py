@@ -180,9 +180,9 @@ def run_again_if_uncertain(run, results, workdir, args):
 
 def check_tasks_used(results, tasks, workdir, args):
     """In a student release a failing task's tests run the student's own answers to the other tasks of its
-    file that they use (grading.checker.TASKS_USED): check those this
-    run did not, so that its message can say which of them fail (or that none does) instead of that any may.
-    Returns their results and the seconds it took."""
+    file that they use (grading.checker.TASKS_USED): check those this run did not, so that its message can
+    say which of them fail (or that none does) instead of that any may. Returns their results and the
+    seconds it took."""
     used = tasks_used_unchecked(results, tasks) if is_release(REPO) else []
     if not used:
         return [], 0.0
