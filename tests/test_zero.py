@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from conftest import REFERENCE, call_alone, load, load_with_reference
 from harness import run_ranks
@@ -352,6 +351,8 @@ class _Waits:
 
 def _train_three_ways(rank, world_size, impl):
     """Four steps of each optimizer: ShardedOptimizer, the unsharded one, ZeroRedundancyOptimizer."""
+    # here, not at the top: torch.distributed.optim takes 0.5 s to import, in every rank of every test of this file
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     zero = load_with_reference(impl, "template_zero", "partition_parameters", "shard_param_group")
     waits = _Waits()
     out = {"unwaited": []}
