@@ -308,4 +308,4 @@ def pytest_sessionfinish(session):
     0.15-0.6 s more at the end of a check of Tasks 8.4, 10.7 and 13.2, measured alternating)."""
     gc.collect()
     gc.freeze()
-    harness.note_dynamo(harness.DYNAMO_AT_START)
+    harness.note_imports(harness.IMPORTED_AT_START, "pytest")

@@ -56,6 +56,13 @@ _context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
 # of such a run imports it itself when it needs it: slower, never wrong.
 TASKS_NEEDING_DYNAMO = {"2.2", "4.4", "5.4", "5.5", "6.2", "6.3", "7.3", "7.4", "7.5", "8.1", "8.2", "8.4", "9.2",
                         "9.3", "9.4", "10.4", "10.5", "10.6", "10.7", "12.1", "12.3", "13.2", "13.3", "14.4", "14.5"}
+# Of the others, the tasks whose ranks ask autograd for a gradient given the output's (torch.autograd.grad(out, x,
+# grad), out.backward(grad)): torch imports SYMBOLIC_SHAPES (and sympy) there on first use, 0.3-0.5 s in every rank
+# (Task 15.5's check: 6.5 -> 3.7 s with the server importing it). torch._dynamo imports it too. Measured with the
+# table above; the server imports it while pytest's process collects the tests, 0.3 s more of a check that has no
+# use for it.
+SYMBOLIC_SHAPES = "torch.fx.experimental.symbolic_shapes"
+TASKS_NEEDING_SYMBOLIC_SHAPES = {"9.1", "11.2", "14.3", "15.2", "15.3", "15.4", "15.5", "15.6", "16.1"}
 # Not in a rank that is starting (it imports this file to find its function), where
 # multiprocessing forbids starting a server.
 _STARTING_A_RANK = getattr(multiprocessing.current_process(), "_inheriting", False)
@@ -153,27 +160,42 @@ def _forked_server(path, args, passfds):
         os._exit(code)
 
 
-def needs_dynamo(markexpr):
-    """Whether a run of `pytest -m markexpr` may need torch._dynamo: False only for task markers alone
-    ("task0_3", "task1_1 or task1_2": check.py's runs) of none of TASKS_NEEDING_DYNAMO; False for any run while
-    `tools/tasks_used.py --dynamo` measures which need it (COURSE_DYNAMO_LOG)."""
+def _needs(markexpr, tasks):
+    """Whether a run of `pytest -m markexpr` may run a test of `tasks`: False only for task markers alone
+    ("task0_3", "task1_1 or task1_2": check.py's runs) of none of them; False for any run while
+    `tools/tasks_used.py --dynamo` measures which tasks need what (COURSE_DYNAMO_LOG)."""
     if os.environ.get("COURSE_DYNAMO_LOG"):
         return False
     if not re.fullmatch(r"\s*task\d+_\d+(?:\s+or\s+task\d+_\d+)*\s*", markexpr or ""):
         return True
-    return any(f"{major}.{minor}" in TASKS_NEEDING_DYNAMO for major, minor in re.findall(r"task(\d+)_(\d+)", markexpr))
+    return any(f"{major}.{minor}" in tasks for major, minor in re.findall(r"task(\d+)_(\d+)", markexpr))
 
 
-DYNAMO_AT_START = True  # whether pytest's process had torch._dynamo when its server started (start_forkserver)
+def needs_dynamo(markexpr):
+    """Whether a run of `pytest -m markexpr` may need torch._dynamo (see _needs)."""
+    return _needs(markexpr, TASKS_NEEDING_DYNAMO)
 
 
-def note_dynamo(preloaded):
-    """For `tools/tasks_used.py --dynamo`: where COURSE_DYNAMO_LOG names a file, a line there when this process
-    imported torch._dynamo though its server (or pytest's process, at its start) had not."""
+def needs_symbolic_shapes(markexpr):
+    """Whether a run of `pytest -m markexpr` may need SYMBOLIC_SHAPES in its ranks (see _needs)."""
+    return _needs(markexpr, TASKS_NEEDING_DYNAMO | TASKS_NEEDING_SYMBOLIC_SHAPES)
+
+
+def imported(names=("torch._dynamo", SYMBOLIC_SHAPES)):
+    """Which of `names` this process has imported."""
+    return {name for name in names if name in sys.modules}
+
+
+IMPORTED_AT_START = imported()  # what pytest's process had when its server started (start_forkserver)
+
+
+def note_imports(before, where):
+    """For `tools/tasks_used.py --dynamo`: where COURSE_DYNAMO_LOG names a file, a line there for each module this
+    process (`where`: "rank" or "pytest") imported since `before`, while its server had neither."""
     log = os.environ.get("COURSE_DYNAMO_LOG")
-    if log and not preloaded and "torch._dynamo" in sys.modules:
+    if log:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} imported torch._dynamo\n")
+            f.writelines(f"{where} {os.getpid()} imported {name}\n" for name in sorted(imported() - before))
 
 
 def markexpr_of_the_command_line(argv):
@@ -188,13 +210,13 @@ def markexpr_of_the_command_line(argv):
     return found
 
 
-def start_forkserver(dynamo=True):
+def start_forkserver(dynamo=True, symbolic_shapes=True):
     """Start the server that forks the ranks, once, before any test runs an operation and before CUDA starts
     (at this file's import, which conftest.py makes first thing; tests/warm_pytest.py). On Linux it is a fork of
     this process, which has imported torch, and with `dynamo` torch._dynamo too (imported here, not by the server:
-    pytest's own process may need it as well, and the first rank waited for the server's import otherwise)."""
-    global DYNAMO_AT_START
-    DYNAMO_AT_START = dynamo or "torch._dynamo" in sys.modules
+    pytest's own process may need it as well, and the first rank waited for the server's import otherwise);
+    without it, with `symbolic_shapes` the server imports SYMBOLIC_SHAPES."""
+    global IMPORTED_AT_START
     if _STARTING_A_RANK or not _FORK_THE_SERVER or multiprocessing.forkserver._forkserver._forkserver_pid:
         return  # a rank; started at import (not Linux); started already (a warm_pytest child: its server's)
     # `check.py --impl solutions X.Y`, medians of 3 alternating at load 1.1-2.2, torch._dynamo imported here
@@ -204,7 +226,8 @@ def start_forkserver(dynamo=True):
     if dynamo:
         import torch._dynamo  # noqa: F401
     else:
-        _context.set_forkserver_preload(["torch", "torch.distributed"])
+        _context.set_forkserver_preload(["torch", "torch.distributed", *([SYMBOLIC_SHAPES] if symbolic_shapes else [])])
+    IMPORTED_AT_START = imported()
     multiprocessing.resource_tracker.ensure_running()  # a new interpreter, as ever: it imports nothing
     _spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = _forked_server
@@ -215,7 +238,8 @@ def start_forkserver(dynamo=True):
 
 
 if not _STARTING_A_RANK and _FORK_THE_SERVER and "pytest" in sys.modules:  # a pytest run: conftest.py imports this
-    start_forkserver(dynamo=needs_dynamo(markexpr_of_the_command_line(sys.argv[1:])))
+    start_forkserver(dynamo=needs_dynamo(markexpr_of_the_command_line(sys.argv[1:])),
+                     symbolic_shapes=needs_symbolic_shapes(markexpr_of_the_command_line(sys.argv[1:])))
 
 
 class RankTimeout(AssertionError):
@@ -277,9 +301,9 @@ def _rank_main(report, fn, rank, world_size, store_path, backend, timeout, args,
                 timeout=datetime.timedelta(seconds=startup_timeout + timeout + 10),
             )
             report.send(("joined", None))
-            preloaded = "torch._dynamo" in sys.modules
+            before = imported()
             out = fn(rank, world_size, *args)
-            note_dynamo(preloaded)
+            note_imports(before, "rank")
             buffer = io.BytesIO()
             torch.save(out, buffer)  # bytes, not shared memory: safe after this process exits
             report.send(("ok", buffer.getvalue()))

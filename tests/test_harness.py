@@ -275,8 +275,8 @@ def test_a_lost_connection_is_not_said_over_the_assertion_of_the_rank_that_close
 
 def test_only_runs_of_tasks_that_never_import_torch_dynamo_start_the_server_without_it():
     """check.py's run of one task (pytest -m task0_3) starts the ranks' server without torch._dynamo where that
-    task's tests never import it (1.5-3.5 s of every such check); any other run (pytest, -m slow, a task that
-    needs it, an expression of another form) with it."""
+    task's tests never import it (1.5-3.5 s of every such check), and without sympy where no rank imports it (0.3
+    s); any other run (pytest, -m slow, a task that needs it, an expression of another form) with them."""
     import harness
     from grading.checker import discover_tasks
 
@@ -289,3 +289,9 @@ def test_only_runs_of_tasks_that_never_import_torch_dynamo_start_the_server_with
     assert read(["tests/test_collectives.py", "-q"]) is None and read(["-m"]) is None
     tasks = {t.id for t in discover_tasks(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
     assert harness.TASKS_NEEDING_DYNAMO <= tasks, harness.TASKS_NEEDING_DYNAMO - tasks
+    # sympy (torch.autograd.grad given an output gradient imports it) where a rank needs it: every task needing
+    # torch._dynamo too, which imports it; the tables name tasks of the course, each task in one at most
+    assert harness.needs_symbolic_shapes("task15_5") and harness.needs_symbolic_shapes("task0_3 or task2_2")
+    assert not harness.needs_symbolic_shapes("task0_3") and harness.needs_symbolic_shapes("slow")
+    assert harness.TASKS_NEEDING_SYMBOLIC_SHAPES <= tasks - harness.TASKS_NEEDING_DYNAMO, (
+        harness.TASKS_NEEDING_SYMBOLIC_SHAPES - (tasks - harness.TASKS_NEEDING_DYNAMO))

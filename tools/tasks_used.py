@@ -1,7 +1,7 @@
 """Measure which other tasks of its file each task's tests run, and compare with grading.checker.TASKS_USED.
 
     python tools/tasks_used.py          # 20-30 minutes on 2 cores; exit status 1 if the table is out of date
-    python tools/tasks_used.py --dynamo # 10-15 minutes: which tasks' tests import torch._dynamo (harness.py)
+    python tools/tasks_used.py --dynamo # 10-15 minutes: which tasks' tests import torch._dynamo, or sympy in a rank
 
 In a student release a task's tests run the student's own answers to the other tasks of its file that they
 use: most earlier ones (not all: 2.3's tests run neither 2.1 nor 2.2), and a few later ones (Task 14.1's
@@ -13,9 +13,11 @@ How: a release (tools/student_release.py) filled with solutions/' answers but fo
 the template's TODO again; the other tasks of its file are checked, and those that come out "blocked" by U
 (their tests met U's NotImplementedError) use U. Once for every task. The GPU tests, skipped here, are not counted.
 
---dynamo: each task's tests alone (pytest -m taskX_Y, as check.py runs them) with a server that has not imported
-torch._dynamo, and COURSE_DYNAMO_LOG naming a file where pytest's process and every rank say whether they imported
-it; compared with tests/harness.py's TASKS_NEEDING_DYNAMO, whose tasks' checks start the server with it.
+--dynamo: each task's tests alone (pytest -m taskX_Y, as check.py runs them) with a server that has imported
+neither torch._dynamo nor harness.SYMBOLIC_SHAPES (sympy), and COURSE_DYNAMO_LOG naming a file where pytest's process
+and every rank say which of them they imported; compared with tests/harness.py's TASKS_NEEDING_DYNAMO (imported in
+pytest's process or a rank) and TASKS_NEEDING_SYMBOLIC_SHAPES (of the others, imported in a rank), whose tasks'
+checks start the server with them.
 """
 import os
 import re
@@ -72,8 +74,10 @@ def measure(release, workdir):
 
 
 def measure_dynamo(workdir):
-    """The tasks whose tests, run alone, import torch._dynamo in pytest's process or in a rank."""
-    needing = set()
+    """(the tasks whose tests, run alone, import torch._dynamo in pytest's process or in a rank, the other tasks
+    whose tests import harness.SYMBOLIC_SHAPES in a rank)."""
+    from harness import SYMBOLIC_SHAPES
+    dynamo, symbolic_shapes = set(), set()
     for task in discover_tasks(REPO):
         folder = tempfile.mkdtemp(dir=workdir)
         log = os.path.join(folder, "dynamo.log")
@@ -82,26 +86,34 @@ def measure_dynamo(workdir):
             run_tests(REPO, [task.id], folder, impl="solutions")
         finally:
             del os.environ["COURSE_DYNAMO_LOG"]
-        if os.path.exists(log):
-            needing.add(task.id)
-        print(f"{task.id}: {'imports' if task.id in needing else 'does not import'} torch._dynamo", flush=True)
-    return needing
+        lines = open(log).read().splitlines() if os.path.exists(log) else []
+        if any(line.endswith(" torch._dynamo") for line in lines):
+            dynamo.add(task.id)
+        elif any(line.startswith("rank ") and line.endswith(" " + SYMBOLIC_SHAPES) for line in lines):
+            symbolic_shapes.add(task.id)
+        what = "torch._dynamo" if task.id in dynamo else "sympy in a rank" if task.id in symbolic_shapes else "neither"
+        print(f"{task.id}: {what}", flush=True)
+    return dynamo, symbolic_shapes
 
 
 def main_dynamo():
-    from harness import TASKS_NEEDING_DYNAMO
+    import harness
     workdir = tempfile.mkdtemp(prefix="tasks-dynamo-")
     try:
         measured = measure_dynamo(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if measured == TASKS_NEEDING_DYNAMO:
-        print("tests/harness.py's TASKS_NEEDING_DYNAMO is exact.")
-        return 0
     key = lambda t: tuple(map(int, t.split(".")))  # noqa: E731
-    print(f"tests/harness.py's TASKS_NEEDING_DYNAMO is out of date: measured {sorted(measured, key=key)}, it says "
-          f"{sorted(TASKS_NEEDING_DYNAMO, key=key)}")
-    return 1
+    stale = 0
+    for name, found in zip(("TASKS_NEEDING_DYNAMO", "TASKS_NEEDING_SYMBOLIC_SHAPES"), measured):
+        table = getattr(harness, name)
+        if found == table:
+            print(f"tests/harness.py's {name} is exact.")
+        else:
+            print(f"tests/harness.py's {name} is out of date: measured {sorted(found, key=key)}, it says "
+                  f"{sorted(table, key=key)}")
+            stale = 1
+    return stale
 
 
 def main():
