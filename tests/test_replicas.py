@@ -104,6 +104,27 @@ def test_replicate_makes_independent_copies(replicas):
     assert all(t.device.type == "cpu" for t in tensors(master)), f"{WHERE['4.1']}: the master must stay on the CPU"
 
 
+@pytest.mark.task4_1
+def test_replicate_leaves_the_master_on_the_cpu(replicas):
+    """The "meta" device (shapes, no values) stands for a GPU: with CPU devices only, moving the master
+    to its device is a no-op that no other check sees."""
+    torch.manual_seed(0)
+    master = Awkward()
+    before = [t.clone() for t in tensors(master)]
+    devices = ["cpu", "meta", "meta"]  # a master moved to meta could not come back: "cpu" first
+    copies = replicas.replicate(master, devices)
+    moved = sorted({str(t.device) for t in tensors(master)} - {"cpu"})
+    assert not moved, (
+        f"{WHERE['4.1']}: replicate(master, {devices}) moved the master itself to {', '.join(moved)}: "
+        "module.to(device) moves a module in place (and returns it), so copy first, then move the copy: "
+        "copy.deepcopy(master).to(device)")
+    assert all(torch.equal(a, b) for a, b in zip(tensors(master), before)), (
+        f"{WHERE['4.1']}: replicate changed the master's values")
+    for i, (replica, device) in enumerate(zip(copies, devices)):
+        wrong = sorted({str(t.device) for t in tensors(replica)} - {device})
+        assert not wrong, f"{WHERE['4.1']}: replica {i} has tensors on {', '.join(wrong)}, not on devices[{i}] = {device}"
+
+
 # --- Task 4.2 ------------------------------------------------------------------------------------
 
 @pytest.mark.task4_2
@@ -127,10 +148,26 @@ def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
         f"{WHERE['4.2']}: the chunks put together are not the batch, in order ({sizes}): every image once, "
         "with its own label")
     for i, ((x, y), device) in enumerate(zip(chunks, devices)):
+        assert len(x) == len(y), (
+            f"{WHERE['4.2']}: chunk {i} pairs {len(x)} images with {len(y)} labels: cut the images and the "
+            "labels the same way")
         assert x.device == torch.device(device) and y.device == torch.device(device), (
             f"{WHERE['4.2']}: chunk {i} is on {x.device}/{y.device}, not on its device {device}")
     with pytest.raises(ValueError, match=f"at least {num_devices + 1}"):  # the given check, before yours
         replicas.scatter(images[:num_devices], labels[:num_devices], devices + ["cpu"])
+
+
+@pytest.mark.task4_2
+def test_scatter_moves_images_and_labels_to_their_devices(replicas):
+    """The "meta" device (shapes, no values) stands for a GPU, so that this runs on every machine."""
+    devices = ["cpu", "meta", "cpu", "meta"]
+    chunks = replicas.scatter(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long), devices)
+    for i, ((x, y), device) in enumerate(zip(chunks, devices)):
+        assert x.device == torch.device(device), (
+            f"{WHERE['4.2']}: chunk {i}'s images are on {x.device}, not on devices[{i}] = {device}")
+        assert y.device == torch.device(device), (
+            f"{WHERE['4.2']}: chunk {i}'s labels are on {y.device}, its images on {x.device}, devices[{i}] = "
+            f"{device}: move the labels to the device too (the loss compares them with the replica's output there)")
 
 
 @pytest.mark.task4_2
