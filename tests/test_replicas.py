@@ -181,44 +181,119 @@ def test_scatter_moves_chunks_to_their_devices(replicas):
 
 # --- Task 4.3 ------------------------------------------------------------------------------------
 
-@pytest.mark.task4_3
-@pytest.mark.parametrize("chunk_sizes", [[4, 4], [3, 3, 2], [5, 1, 1, 1]])
-def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes):
-    torch.manual_seed(0)
-    master = Awkward()
-    copies = [copy.deepcopy(master) for _ in chunk_sizes]  # our own copies: independent of Task 4.1
-    for i, replica in enumerate(copies):
-        for param in replica.parameters():
-            if param.requires_grad:
-                param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(i))
-    for param in master.parameters():  # the last step's gradients: train_step never zeroes the master's
-        if param.requires_grad:
-            param.grad = torch.full_like(param, 100.0)
-    replicas.reduce_gradients(master, copies, chunk_sizes)
+def reduce_checked(replicas, master, copies, chunk_sizes, what):
+    """Call reduce_gradients, naming the cause of the errors whose cause the call proves."""
+    try:
+        replicas.reduce_gradients(master, copies, chunk_sizes)
+    except RuntimeError as error:
+        # PyTorch's words (older, newer) for a .grad of another dtype than its parameter's
+        if not any(words in str(error) for words in ("assigned grad has data of a different type",
+                                                      "to a tensor with grad_dtype")):
+            raise
+        raise AssertionError(
+            f"{WHERE['4.3']}: {what}: the master's parameters are {master.linear.weight.dtype} and the .grad "
+            f"given to one is not: build the average in the gradients' own dtype (sum(...), or "
+            "torch.zeros_like(param); torch.zeros(param.shape) is float32)") from error
+
+
+def expect_reduced(master, grads, chunk_sizes, what, stale=None):
+    """The master's .grad against the weighted mean of `grads` (name -> the replicas' gradients, cloned
+    before the call); `stale` is the .grad the master held before, if any."""
     total = sum(chunk_sizes)
     for name, param in master.named_parameters():
-        grads = [dict(r.named_parameters())[name].grad for r in copies]
-        if grads[0] is None:
-            assert param.grad is None, f"{WHERE['4.3']}: {name} is frozen on the replicas, so its .grad must stay None"
+        if grads[name][0] is None:
+            assert param.grad is None, (
+                f"{WHERE['4.3']}: {what}: {name} has no .grad on the replicas (frozen, or unused in the forward), "
+                f"so the master's .grad must stay None, not be set")
             continue
-        assert param.grad is not None, f"{WHERE['4.3']}: the master's {name}.grad is None: set it"
-        expected = sum(g * (n / total) for g, n in zip(grads, chunk_sizes))
-        if torch.allclose(param.grad, expected, atol=1e-6):
+        assert param.grad is not None, (
+            f"{WHERE['4.3']}: {what}: the master's {name}.grad is None, though the replicas have gradients: set "
+            "it" + (" (the master has no .grad before the first step: a frozen parameter is one whose "
+                    "REPLICAS have no .grad)" if stale is None else ""))
+        assert param.grad.dtype == param.dtype, (
+            f"{WHERE['4.3']}: {what}: the master's {name}.grad is {param.grad.dtype}, its parameter {param.dtype}")
+        expected = sum(g * (n / total) for g, n in zip(grads[name], chunk_sizes))
+        tolerance = 1e-12 if param.dtype == torch.float64 else 1e-6
+        if torch.allclose(param.grad, expected, rtol=tolerance, atol=tolerance):
             assert param.grad.device.type == "cpu", f"{WHERE['4.3']}: the master's gradients belong on the CPU"
             continue
-        plain_mean, plain_sum = sum(grads) / len(grads), sum(grads)
-        stale = 100.0 + expected
+        plain_mean, plain_sum = sum(grads[name]) / len(grads[name]), sum(grads[name])
+        ratio = param.grad[expected.abs() > 1e-3] / expected[expected.abs() > 1e-3]
+        factor = ratio.mean().item() if ratio.numel() else float("nan")
+        scaled = ratio.numel() > 0 and torch.allclose(param.grad, expected * factor, rtol=1e-5, atol=1e-6)
         why = ("it is the average ADDED to the .grad the master held before (that of the last step: train_step "
                "never zeroes the master's gradients): set .grad to the average, do not accumulate into it"
-               if torch.allclose(param.grad, stale, atol=1e-6) else
+               if stale is not None and torch.allclose(param.grad, stale[name] + expected, atol=1e-6) else
                "it is all zeros, though the replicas' are not: weight replica i by the fraction n_i / n (integer "
                "division, n_i // n, gives 0)" if not param.grad.any() else
                "it is the plain mean: weight each replica's gradient by its share of the batch, "
                "n_i / n, because chunks of different lengths count differently in the batch's mean loss"
                if torch.allclose(param.grad, plain_mean, atol=1e-6) else
                "it is the sum: divide, weighting replica i by n_i / n" if torch.allclose(param.grad, plain_sum, atol=1e-6)
-               else "expected sum over replicas of (n_i / n) * grad_i")
-        raise AssertionError(f"{WHERE['4.3']}: chunks of {chunk_sizes}: the master's {name}.grad is wrong: {why}")
+               else f"it is the weighted mean divided again by the number of replicas ({len(chunk_sizes)}): the "
+               "weights n_i / n already sum to 1" if scaled and abs(factor * len(chunk_sizes) - 1) < 1e-4
+               else f"it is the weighted mean times {factor:.4g}: the weights n_i / n must sum to 1 (n = "
+               f"sum(chunk_sizes) = {total})" if scaled and tolerance < abs(factor - 1)
+               else "expected sum over replicas of (n_i / n) * grad_i, largest difference "
+               f"{(param.grad - expected).abs().max().item():.3g}")
+        raise AssertionError(f"{WHERE['4.3']}: {what}: the master's {name}.grad is wrong: {why}")
+
+
+@pytest.mark.task4_3
+@pytest.mark.parametrize("chunk_sizes,dtype", [([4, 4], torch.float32), ([3, 3, 2], torch.float32),
+                                               ([5, 1, 1, 1], torch.float32), ([3, 3, 2], torch.float64)])
+def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes, dtype):
+    torch.manual_seed(0)
+    master = Awkward().to(dtype)
+    copies = [copy.deepcopy(master) for _ in chunk_sizes]  # our own copies: independent of Task 4.1
+    for i, replica in enumerate(copies):
+        for param in replica.parameters():
+            if param.requires_grad:
+                param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(i), dtype=dtype)
+    grads = {name: [None if p.grad is None else p.grad.clone() for p in
+                    (dict(r.named_parameters())[name] for r in copies)] for name, _ in master.named_parameters()}
+    what = f"chunks of {chunk_sizes}" + (f", {dtype}" if dtype != torch.float32 else "")
+    for step in ("first", "second"):
+        stale = None
+        if step == "second":  # the last step's gradients: train_step never zeroes the master's
+            for param in master.parameters():
+                if param.requires_grad:
+                    param.grad = torch.full_like(param, 100.0)
+            stale = {name: param.grad.clone() for name, param in master.named_parameters() if param.grad is not None}
+        reduce_checked(replicas, master, copies, chunk_sizes, f"{what}, {step} step")
+        for i, replica in enumerate(copies):
+            for name, param in replica.named_parameters():
+                if grads[name][i] is not None:
+                    assert torch.equal(param.grad, grads[name][i]), (
+                        f"{WHERE['4.3']}: {what}: reduce_gradients changed replica {i}'s {name}.grad in place: read "
+                        "the replicas' gradients, never write them (on the CPU, .cpu() returns the tensor itself, "
+                        "not a copy)")
+        expect_reduced(master, grads, chunk_sizes, f"{what}, {step} step", stale)
+
+
+@pytest.mark.task4_3
+def test_reduce_gradients_skips_unused_parameters(replicas):
+    """A parameter that requires grad but that the forward did not use has no .grad on the replicas either."""
+    torch.manual_seed(0)
+    master = Awkward()
+    copies = [copy.deepcopy(master) for _ in range(3)]
+    for i, replica in enumerate(copies):
+        for name, param in replica.named_parameters():
+            if param.requires_grad and name != "linear.bias":
+                param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(i))
+    grads = {name: [dict(r.named_parameters())[name].grad for r in copies] for name, _ in master.named_parameters()}
+    grads = {name: [None if g is None else g.clone() for g in gs] for name, gs in grads.items()}
+    what = "linear.bias unused (requires_grad=True, .grad None on every replica)"
+    try:
+        replicas.reduce_gradients(master, copies, [3, 3, 2])
+    except (AttributeError, TypeError) as error:
+        if "NoneType" not in str(error):
+            raise
+        raise AssertionError(
+            f"{WHERE['4.3']}: {what}: reduce_gradients raised {type(error).__name__}: {error}: skip every "
+            "parameter whose replicas have no .grad, not only the frozen ones (requires_grad=False): a "
+            "forward may leave a parameter unused") from error
+    expect_reduced(master, grads, [3, 3, 2], what)
 
 
 # --- Task 4.4 ------------------------------------------------------------------------------------
