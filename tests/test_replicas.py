@@ -307,12 +307,28 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
         replica.scale.fill_(9.0)
     pointers = [[t.data_ptr() for t in tensors(r)] for r in copies]
     replicas.copy_weights(master, copies)
+    updated = [[torch.equal(mine, theirs) for mine, theirs in zip(tensors(r), tensors(master))] for r in copies]
+    for i, flags in enumerate(updated):
+        earlier = [j for j in range(i) if any(updated[j])]
+        later = [j for j in range(i + 1, len(updated)) if any(updated[j])]
+        assert any(flags), (
+            f"{WHERE['4.4']}: replica {i} holds none of the master's values after copy_weights"
+            + (f", though replica {earlier[0]} before it does: copy into every replica; if the master's tensors "
+               "come from an iterator (itertools.chain, a generator, zip), the first replica used it up: make a list"
+               if earlier else
+               f", though replica {later[0]} after it does: copy into every replica, replica 0 too (the master "
+               "is the CPU model, not replica 0)" if later else ": copy into every replica"))
+    names = [name for name, _ in master.named_parameters()] + [name for name, _ in master.named_buffers()]
     for i, replica in enumerate(copies):
         for name, (mine, theirs) in enumerate(zip(tensors(replica), tensors(master))):
             kind = "parameter" if name < len(list(replica.parameters())) else "buffer"
+            frozen = kind == "parameter" and not theirs.requires_grad
             assert torch.equal(mine, theirs), (
-                f"{WHERE['4.4']}: replica {i}'s {kind} {name} does not hold the master's values: copy the "
-                "parameters and the buffers both (model.buffers(): BatchNorm's running statistics are buffers)")
+                f"{WHERE['4.4']}: replica {i}'s {kind} {names[name]} does not hold the master's values: "
+                + ("copy every parameter, the frozen ones too (requires_grad=False): the docstring asks for all "
+                   "the master's parameters and buffers" if frozen else
+                   "copy the parameters and the buffers both (model.buffers(): BatchNorm's running statistics "
+                   "are buffers)"))
             assert mine.data_ptr() != theirs.data_ptr(), (
                 f"{WHERE['4.4']}: replica {i}'s tensor {name} now shares the master's memory: copy_ the values "
                 "into the replica's own tensors, which stay on its device (assigning .data moves them)")
