@@ -233,7 +233,11 @@ def expect_reduced(master, grads, chunk_sizes, what, stale=None):
                else f"it is the weighted mean divided again by the number of replicas ({len(chunk_sizes)}): the "
                "weights n_i / n already sum to 1" if scaled and abs(factor * len(chunk_sizes) - 1) < 1e-4
                else f"it is the weighted mean times {factor:.4g}: the weights n_i / n must sum to 1 (n = "
-               f"sum(chunk_sizes) = {total})" if scaled and tolerance < abs(factor - 1)
+               f"sum(chunk_sizes) = {total})" if scaled and abs(factor - 1) > 1e-4
+               else f"it is the weighted mean rounded to float32 (each of its values is a float32 number), though "
+               f"the gradients are {param.dtype}: build the average in the gradients' own dtype (sum(...), or "
+               "torch.zeros_like(param); torch.zeros(param.shape) is float32)"
+               if param.dtype == torch.float64 and torch.equal(param.grad, param.grad.float().to(param.dtype))
                else "expected sum over replicas of (n_i / n) * grad_i, largest difference "
                f"{(param.grad - expected).abs().max().item():.3g}")
         raise AssertionError(f"{WHERE['4.3']}: {what}: the master's {name}.grad is wrong: {why}")
@@ -306,7 +310,11 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
     for replica in copies:  # and other buffers: a copy of the parameters alone must not pass
         replica.scale.fill_(9.0)
     pointers = [[t.data_ptr() for t in tensors(r)] for r in copies]
+    before = [t.clone() for t in tensors(master)]
     replicas.copy_weights(master, copies)
+    assert all(torch.equal(a, b) for a, b in zip(tensors(master), before)), (
+        f"{WHERE['4.4']}: copy_weights changed the master's weights: it only reads them, and writes into the "
+        "replicas: replica_tensor.copy_(master_tensor)")
     updated = [[torch.equal(mine, theirs) for mine, theirs in zip(tensors(r), tensors(master))] for r in copies]
     for i, flags in enumerate(updated):
         earlier = [j for j in range(i) if any(updated[j])]
