@@ -319,6 +319,74 @@ MISTAKES = [
             "    devices = [next(replica.parameters()).device for replica in replicas]\n"
             "    replicas[:] = [copy.deepcopy(master).to(device) for device in devices]  # fresh replicas of the new weights\n",
             "is not the one the replica held before"),
+    # Task 4, trial 10 (2026-11-29): a master moved by module.to (in place), labels left off their device, the
+    # replicas' gradients written in place, a frozen parameter judged by the master's .grad or by requires_grad
+    # (an unused one), float64 averaged in float32, weights that do not sum to 1, a replica left out of the copy
+    # (replicas[1:], an iterator used up), a frozen parameter not copied, a copy into the master
+    Mistake("4.1", "moves-the-master", "template_replicas.py",  # passed: on the CPU, master.to("cpu") is a no-op
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    return [copy.deepcopy(master.to(device)) for device in devices]",
+            "moved the master itself"),
+    Mistake("4.2", "labels-left-behind", "template_replicas.py",  # passed: CPU devices only
+            "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "    return [(x.to(device), y) for (x, y), device in zip(chunks, devices)]",
+            "move the labels to the device too"),
+    Mistake("4.3", "writes-into-replica-0", "template_replicas.py",  # was "expected sum over replicas of ..."
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        param.grad = replica_params[0].grad.cpu().mul_(chunk_sizes[0] / total)\n"
+            "        for p, n in zip(replica_params[1:], chunk_sizes[1:]):\n"
+            "            param.grad.add_(p.grad.cpu(), alpha=n / total)",
+            "in place: read the replicas' gradients"),
+    Mistake("4.3", "frozen-by-the-masters-grad", "template_replicas.py",  # passed: the master held a .grad already
+            "        if replica_params[0].grad is None:\n            continue\n",
+            "        if param.grad is None:  # frozen\n            continue\n",
+            "a frozen parameter is one whose REPLICAS have no .grad"),
+    Mistake("4.3", "frozen-by-requires-grad", "template_replicas.py",  # passed: no unused parameter
+            "        if replica_params[0].grad is None:\n            continue\n",
+            "        if not param.requires_grad:  # frozen\n            continue\n",
+            "not only the frozen ones"),
+    Mistake("4.3", "float32-accumulator", "template_replicas.py",  # passed: float32 only
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        grad = torch.zeros(param.shape)\n"
+            "        for p, n in zip(replica_params, chunk_sizes):\n"
+            "            grad += p.grad.cpu() * (n / total)\n"
+            "        param.grad = grad",
+            "the .grad given to one is not"),
+    Mistake("4.3", "float32-accumulator-cast-back", "template_replicas.py",  # passed: float32 only
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        grad = torch.zeros(param.shape)\n"
+            "        for p, n in zip(replica_params, chunk_sizes):\n"
+            "            grad += p.grad.cpu() * (n / total)\n"
+            "        param.grad = grad.to(param.dtype)",
+            "rounded to float32"),
+    Mistake("4.3", "divides-twice", "template_replicas.py",  # was "expected sum over replicas of ..."
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+            "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes)) / len(replicas)",
+            "divided again by the number of replicas"),
+    Mistake("4.3", "total-from-the-longest-chunk", "template_replicas.py",  # was "expected sum over replicas of ..."
+            "    total = sum(chunk_sizes)\n", "    total = len(chunk_sizes) * max(chunk_sizes)\n",
+            "must sum to 1 (n = sum(chunk_sizes)"),
+    Mistake("4.4", "sources-an-iterator", "template_replicas.py",  # was told to copy the buffers
+            "        sources = list(master.parameters()) + list(master.buffers())",
+            "        import itertools\n"
+            "        sources = itertools.chain(master.parameters(), master.buffers())",
+            "the first replica used it up"),
+    Mistake("4.4", "skips-replica-0", "template_replicas.py",  # was told to copy the buffers
+            "        for replica in replicas:\n            for target",
+            "        for replica in replicas[1:]:  # replica 0 is on the master's device\n            for target",
+            "replica 0 too"),
+    Mistake("4.4", "skips-frozen-parameters", "template_replicas.py",  # was told to copy the buffers
+            "        sources = list(master.parameters()) + list(master.buffers())\n"
+            "        for replica in replicas:\n"
+            "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n",
+            "        sources = [p for p in master.parameters() if p.requires_grad] + list(master.buffers())\n"
+            "        for replica in replicas:\n"
+            "            targets = [p for p in replica.parameters() if p.requires_grad] + list(replica.buffers())\n"
+            "            for target, source in zip(targets, sources):\n",
+            "the frozen ones too"),
+    Mistake("4.4", "copies-into-the-master", "template_replicas.py",  # was told replica 0 lacked the master's values
+            "                target.copy_(source)", "                source.copy_(target)",
+            "changed the master's weights"),
     # Task 5.1
     Mistake("5.1", "forward-order", "template_ddp.py",
             "    for param in reversed(unique):", "    for param in unique:", "REVERSE"),
@@ -3648,6 +3716,59 @@ RIGHT_ANSWERS = [
                 "                target.copy_(source)\n",
                 "    for replica in replicas:\n"
                 "        replica.load_state_dict(master.state_dict())  # copy_ into its own tensors, under no_grad\n", ""),)),
+    # Task 4, trial 10 (2026-11-29): right answers written otherwise
+    RightAnswer("4.1", "copy-then-move-in-place",
+                "'one independent copy of master on each device': Module.to moves the copy in place", (
+        Mistake("4.1", "copy-then-move-in-place", "template_replicas.py",
+                "    return [copy.deepcopy(master).to(device) for device in devices]",
+                "    copies = []\n"
+                "    for device in devices:\n"
+                "        replica = copy.deepcopy(master)\n"
+                "        replica.to(device)  # in place: the copy moves, the master stays\n"
+                "        copies.append(replica)\n"
+                "    return copies", ""),)),
+    RightAnswer("4.2", "split-by-sizes",
+                "'The lengths differ by at most one, the longer first, as torch.tensor_split makes them'", (
+        Mistake("4.2", "split-by-sizes", "template_replicas.py",
+                "    chunks = zip(images.tensor_split(len(devices)), labels.tensor_split(len(devices)))",
+                "    base, extra = divmod(len(labels), len(devices))\n"
+                "    sizes = [base + (i < extra) for i in range(len(devices))]\n"
+                "    chunks = zip(torch.split(images, sizes), torch.split(labels, sizes))", ""),
+        Mistake("4.2", "non-blocking", "template_replicas.py",
+                "(x.to(device), y.to(device)) for (x, y)",
+                "(x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for (x, y)", ""))),
+    RightAnswer("4.3", "stacked-weights",
+                "'master.grad = sum over replicas i of (n_i / n) * replica_i.grad': one weighted sum of a stack", (
+        Mistake("4.3", "stacked-weights", "template_replicas.py",
+                "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+                "        stacked = torch.stack([p.grad.cpu() for p in replica_params])\n"
+                "        weights = torch.tensor(chunk_sizes, dtype=stacked.dtype) / total\n"
+                "        param.grad = (weights.view(-1, *[1] * param.dim()) * stacked).sum(0)", ""),)),
+    RightAnswer("4.3", "in-place-on-a-copy",
+                "'copied to the CPU first': in-place arithmetic on that copy leaves the replicas' gradients alone; "
+                "a parameter no replica has a gradient for set to None ('keeps .grad None')", (
+        Mistake("4.3", "in-place-on-a-copy", "template_replicas.py",
+                "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+                "        param.grad = replica_params[0].grad.to('cpu', copy=True).mul_(chunk_sizes[0] / total)\n"
+                "        for p, n in zip(replica_params[1:], chunk_sizes[1:]):\n"
+                "            param.grad.add_(p.grad.cpu(), alpha=n / total)", ""),
+        Mistake("4.3", "sets-none", "template_replicas.py",
+                "        if replica_params[0].grad is None:\n            continue\n",
+                "        if any(p.grad is None for p in replica_params):\n"
+                "            param.grad = None\n            continue\n", ""))),
+    RightAnswer("4.4", "data-copy-and-by-name",
+                "'copy the master's parameters and buffers into every replica, in place' without autograd "
+                "recording it: .data.copy_ does not record either", (
+        Mistake("4.4", "data-copy", "template_replicas.py",
+                "    with torch.no_grad():\n"
+                "        sources = list(master.parameters()) + list(master.buffers())\n"
+                "        for replica in replicas:\n"
+                "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+                "                target.copy_(source)\n",
+                "    for replica in replicas:\n"
+                "        mine = dict(replica.named_parameters()) | dict(replica.named_buffers())\n"
+                "        for name, source in list(master.named_parameters()) + list(master.named_buffers()):\n"
+                "            mine[name].data.copy_(source.data, non_blocking=True)\n", ""),)),
     RightAnswer("6.2", "data-reshape-narrow",
                 "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
                 "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (
