@@ -387,6 +387,14 @@ MISTAKES = [
     Mistake("4.4", "copies-into-the-master", "template_replicas.py",  # was told replica 0 lacked the master's values
             "                target.copy_(source)", "                source.copy_(target)",
             "changed the master's weights"),
+    Mistake("4.3", "frozen-gets-zeros", "template_replicas.py",  # caught and named already; kept so
+            "        if replica_params[0].grad is None:\n            continue\n",
+            "        if replica_params[0].grad is None:\n            param.grad = torch.zeros_like(param)\n            continue\n",
+            "must stay None, not be set"),
+    Mistake("4.4", "state-dict-into-parameters", "template_replicas.py",  # was a raw size mismatch
+            "        sources = list(master.parameters()) + list(master.buffers())",
+            "        sources = list(master.state_dict().values())",
+            "paired with a master's tensor of another shape"),
     # Task 5.1
     Mistake("5.1", "forward-order", "template_ddp.py",
             "    for param in reversed(unique):", "    for param in unique:", "REVERSE"),
@@ -3769,6 +3777,18 @@ RIGHT_ANSWERS = [
                 "        mine = dict(replica.named_parameters()) | dict(replica.named_buffers())\n"
                 "        for name, source in list(master.named_parameters()) + list(master.named_buffers()):\n"
                 "            mine[name].data.copy_(source.data, non_blocking=True)\n", ""),)),
+    RightAnswer("4.4", "state-dict-on-both-sides",
+                "'Overwrite each replica's tensors with copy_': a state_dict's tensors are the module's own, "
+                "detached, and both sides list them in the same order", (
+        Mistake("4.4", "state-dict-on-both-sides", "template_replicas.py",
+                "    with torch.no_grad():\n"
+                "        sources = list(master.parameters()) + list(master.buffers())\n"
+                "        for replica in replicas:\n"
+                "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+                "                target.copy_(source)\n",
+                "    for replica in replicas:\n"
+                "        for target, source in zip(replica.state_dict().values(), master.state_dict().values()):\n"
+                "            target.copy_(source)  # detached views of the replica's own tensors\n", ""),)),
     RightAnswer("6.2", "data-reshape-narrow",
                 "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
                 "param.data.reshape(-1).narrow(...) is that tensor; the group's options copied key by key", (

@@ -311,7 +311,16 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
         replica.scale.fill_(9.0)
     pointers = [[t.data_ptr() for t in tensors(r)] for r in copies]
     before = [t.clone() for t in tensors(master)]
-    replicas.copy_weights(master, copies)
+    try:
+        replicas.copy_weights(master, copies)
+    except RuntimeError as error:  # copy_'s words for a source that does not broadcast to the target
+        if not any(words in str(error) for words in ("must match the size", "doesn't match the broadcast shape")):
+            raise
+        raise AssertionError(
+            f"{WHERE['4.4']}: copy_weights raised RuntimeError: {error}: a replica's tensor was paired with a "
+            "master's tensor of another shape: pair them the same way on both sides (parameters() then "
+            "buffers() on both, state_dict() on both, or by name): a state_dict lists a module's own buffers "
+            "before its submodules' parameters") from error
     assert all(torch.equal(a, b) for a, b in zip(tensors(master), before)), (
         f"{WHERE['4.4']}: copy_weights changed the master's weights: it only reads them, and writes into the "
         "replicas: replica_tensor.copy_(master_tensor)")
