@@ -3764,6 +3764,14 @@ RIGHT_ANSWERS = [
                 "        if replica_params[0].grad is None:\n            continue\n",
                 "        if any(p.grad is None for p in replica_params):\n"
                 "            param.grad = None\n            continue\n", ""))),
+    RightAnswer("4.3", "frees-the-replicas-gradients",
+                "'set the master's .grad to the replicas' gradients averaged': nothing asks to keep the replicas' "
+                "once read, and train_step sets them anew every step", (
+        Mistake("4.3", "frees-the-replicas-gradients", "template_replicas.py",
+                "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
+                "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))\n"
+                "        for p in replica_params:  # read once: free the replicas' memory until the next backward\n"
+                "            p.grad = None", ""),)),
     RightAnswer("4.4", "data-copy-and-by-name",
                 "'copy the master's parameters and buffers into every replica, in place' without autograd "
                 "recording it: .data.copy_ does not record either", (

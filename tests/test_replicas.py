@@ -264,10 +264,13 @@ def test_reduce_gradients_is_the_weighted_mean(replicas, chunk_sizes, dtype):
                 if param.requires_grad:
                     param.grad = torch.full_like(param, 100.0)
             stale = {name: param.grad.clone() for name, param in master.named_parameters() if param.grad is not None}
+        for i, replica in enumerate(copies):  # every step's backward gives the replicas their gradients anew
+            for name, param in replica.named_parameters():
+                param.grad = None if grads[name][i] is None else grads[name][i].clone()
         reduce_checked(replicas, master, copies, chunk_sizes, f"{what}, {step} step")
         for i, replica in enumerate(copies):
             for name, param in replica.named_parameters():
-                if grads[name][i] is not None:
+                if grads[name][i] is not None and param.grad is not None:  # freed (None) once read is fine
                     assert torch.equal(param.grad, grads[name][i]), (
                         f"{WHERE['4.3']}: {what}: reduce_gradients changed replica {i}'s {name}.grad in place: read "
                         "the replicas' gradients, never write them (on the CPU, .cpu() returns the tensor itself, "
