@@ -331,6 +331,18 @@ MISTAKES = [
             "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
             "    return [(x.to(device), y) for (x, y), device in zip(chunks, devices)]",
             "move the labels to the device too"),
+    Mistake("4.2", "labels-take-the-images-dtype", "template_replicas.py",  # passed: torch.equal compares values
+            "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "    pairs = []\n"
+            "    for (x, y), device in zip(chunks, devices):\n"
+            "        x = x.to(device)\n"
+            "        pairs.append((x, y.to(x)))  # the labels where the images are\n"
+            "    return pairs",
+            "y.to(x) would give y x's dtype too"),
+    Mistake("4.1", "replica-0-is-the-master", "template_replicas.py",  # caught and named already; kept so
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    return [master] + [copy.deepcopy(master).to(device) for device in devices[1:]]  # as nn.DataParallel",
+            "replica 0 is the master itself"),
     Mistake("4.3", "writes-into-replica-0", "template_replicas.py",  # was "expected sum over replicas of ..."
             "        param.grad = sum(p.grad.cpu() * (n / total) for p, n in zip(replica_params, chunk_sizes))",
             "        param.grad = replica_params[0].grad.cpu().mul_(chunk_sizes[0] / total)\n"
@@ -3745,6 +3757,15 @@ RIGHT_ANSWERS = [
         Mistake("4.2", "non-blocking", "template_replicas.py",
                 "(x.to(device), y.to(device)) for (x, y)",
                 "(x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for (x, y)", ""))),
+    RightAnswer("4.2", "labels-to-the-images-device",
+                "'pair i on devices[i]': the labels go to the device their images are on", (
+        Mistake("4.2", "labels-to-the-images-device", "template_replicas.py",
+                "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+                "    pairs = []\n"
+                "    for (x, y), device in zip(chunks, devices):\n"
+                "        x = x.to(device)\n"
+                "        pairs.append((x, y.to(x.device)))\n"
+                "    return pairs", ""),)),
     RightAnswer("4.3", "stacked-weights",
                 "'master.grad = sum over replicas i of (n_i / n) * replica_i.grad': one weighted sum of a stack", (
         Mistake("4.3", "stacked-weights", "template_replicas.py",

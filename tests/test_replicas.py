@@ -151,6 +151,10 @@ def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
         assert len(x) == len(y), (
             f"{WHERE['4.2']}: chunk {i} pairs {len(x)} images with {len(y)} labels: cut the images and the "
             "labels the same way")
+        assert (x.dtype, y.dtype) == (images.dtype, labels.dtype), (
+            f"{WHERE['4.2']}: chunk {i} holds {x.dtype} images and {y.dtype} labels, the batch {images.dtype} and "
+            f"{labels.dtype}: only move the chunks, with .to(device) (y.to(x) would give y x's dtype too, and "
+            "cross_entropy wants class indices as integers)")
         assert x.device == torch.device(device) and y.device == torch.device(device), (
             f"{WHERE['4.2']}: chunk {i} is on {x.device}/{y.device}, not on its device {device}")
     with pytest.raises(ValueError, match=f"at least {num_devices + 1}"):  # the given check, before yours
