@@ -378,6 +378,10 @@ MISTAKES = [
     Mistake("4.3", "total-from-the-longest-chunk", "template_replicas.py",  # was "expected sum over replicas of ..."
             "    total = sum(chunk_sizes)\n", "    total = len(chunk_sizes) * max(chunk_sizes)\n",
             "must sum to 1 (n = sum(chunk_sizes)"),
+    Mistake("4.3", "two-replicas-only", "template_replicas.py",  # was "expected sum over replicas of ..."
+            "    for param, *replica_params in zip(master.parameters(), *(replica.parameters() for replica in replicas)):",
+            "    for param, *replica_params in zip(master.parameters(), replicas[0].parameters(), replicas[1].parameters()):",
+            "over the first 2 of the 3 replicas only"),
     Mistake("4.4", "sources-an-iterator", "template_replicas.py",  # was told to copy the buffers
             "        sources = list(master.parameters()) + list(master.buffers())",
             "        import itertools\n"

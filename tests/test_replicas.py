@@ -225,6 +225,8 @@ def expect_reduced(master, grads, chunk_sizes, what, stale=None):
         ratio = param.grad[expected.abs() > 1e-3] / expected[expected.abs() > 1e-3]
         factor = ratio.mean().item() if ratio.numel() else float("nan")
         scaled = ratio.numel() > 0 and torch.allclose(param.grad, expected * factor, rtol=1e-5, atol=1e-6)
+        weighted = [g * (n / total) for g, n in zip(grads[name], chunk_sizes)]
+        first = next((k for k in range(1, len(weighted)) if torch.allclose(param.grad, sum(weighted[:k]), atol=1e-6)), None)
         why = ("it is the average ADDED to the .grad the master held before (that of the last step: train_step "
                "never zeroes the master's gradients): set .grad to the average, do not accumulate into it"
                if stale is not None and torch.allclose(param.grad, stale[name] + expected, atol=1e-6) else
@@ -234,6 +236,8 @@ def expect_reduced(master, grads, chunk_sizes, what, stale=None):
                "n_i / n, because chunks of different lengths count differently in the batch's mean loss"
                if torch.allclose(param.grad, plain_mean, atol=1e-6) else
                "it is the sum: divide, weighting replica i by n_i / n" if torch.allclose(param.grad, plain_sum, atol=1e-6)
+               else f"it is the weighted sum over the first {first} of the {len(chunk_sizes)} replicas only: sum over "
+               "every replica in `replicas`" if first is not None
                else f"it is the weighted mean divided again by the number of replicas ({len(chunk_sizes)}): the "
                "weights n_i / n already sum to 1" if scaled and abs(factor * len(chunk_sizes) - 1) < 1e-4
                else f"it is the weighted mean times {factor:.4g}: the weights n_i / n must sum to 1 (n = "
