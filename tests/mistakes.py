@@ -403,6 +403,15 @@ MISTAKES = [
     Mistake("4.4", "copies-into-the-master", "template_replicas.py",  # was told replica 0 lacked the master's values
             "                target.copy_(source)", "                source.copy_(target)",
             "changed the master's weights"),
+    Mistake("4.4", "load-state-dict-assign", "template_replicas.py",  # was told it had assigned .data
+            "    with torch.no_grad():\n"
+            "        sources = list(master.parameters()) + list(master.buffers())\n"
+            "        for replica in replicas:\n"
+            "            for target, source in zip(list(replica.parameters()) + list(replica.buffers()), sources):\n"
+            "                target.copy_(source)\n",
+            "    for replica in replicas:\n"
+            "        replica.load_state_dict(master.state_dict(), assign=True)\n",
+            "load_state_dict(..., assign=True) all hand the replica"),
     Mistake("4.3", "frozen-gets-zeros", "template_replicas.py",  # caught and named already; kept so
             "        if replica_params[0].grad is None:\n            continue\n",
             "        if replica_params[0].grad is None:\n            param.grad = torch.zeros_like(param)\n            continue\n",

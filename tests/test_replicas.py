@@ -358,8 +358,9 @@ def test_copy_weights_overwrites_every_replica_in_place(replicas):
                    "copy the parameters and the buffers both (model.buffers(): BatchNorm's running statistics "
                    "are buffers)"))
             assert mine.data_ptr() != theirs.data_ptr(), (
-                f"{WHERE['4.4']}: replica {i}'s tensor {name} now shares the master's memory: copy_ the values "
-                "into the replica's own tensors, which stay on its device (assigning .data moves them)")
+                f"{WHERE['4.4']}: replica {i}'s {kind} {names[name]} now shares the master's memory: copy_ the "
+                "values into the replica's own tensors, which stay on its device (`.data = `, set_() and "
+                "load_state_dict(..., assign=True) all hand the replica the master's tensors)")
             assert mine.data_ptr() == pointers[i][name], (
                 f"{WHERE['4.4']}: replica {i}'s tensor {name} is not the one the replica held before (new memory): "
                 "copy_ the values into the replica's own tensors, in place; a replica made anew (or a new "
