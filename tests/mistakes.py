@@ -339,6 +339,10 @@ MISTAKES = [
             "        pairs.append((x, y.to(x)))  # the labels where the images are\n"
             "    return pairs",
             "y.to(x) would give y x's dtype too"),
+    Mistake("4.2", "images-made-float32", "template_replicas.py",  # passed: the test's images were float32
+            "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "    return [(x.to(device).float(), y.to(device)) for (x, y), device in zip(chunks, devices)]",
+            "converting them is the caller's choice"),
     Mistake("4.1", "replica-0-is-the-master", "template_replicas.py",  # caught and named already; kept so
             "    return [copy.deepcopy(master).to(device) for device in devices]",
             "    return [master] + [copy.deepcopy(master).to(device) for device in devices[1:]]  # as nn.DataParallel",

@@ -130,7 +130,7 @@ def test_replicate_leaves_the_master_on_the_cpu(replicas):
 @pytest.mark.task4_2
 @pytest.mark.parametrize("batch,num_devices", [(8, 2), (10, 4), (5, 4), (4, 4), (7, 3), (9, 1)])
 def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
-    images = torch.arange(batch * 2.0).reshape(batch, 2)
+    images = torch.arange(batch * 2.0, dtype=torch.float64).reshape(batch, 2)  # not the default dtype: kept
     labels = torch.arange(batch)
     devices = ["cpu"] * num_devices
     chunks = replicas.scatter(images, labels, devices)
@@ -151,10 +151,13 @@ def test_scatter_cuts_the_batch_in_order(replicas, batch, num_devices):
         assert len(x) == len(y), (
             f"{WHERE['4.2']}: chunk {i} pairs {len(x)} images with {len(y)} labels: cut the images and the "
             "labels the same way")
-        assert (x.dtype, y.dtype) == (images.dtype, labels.dtype), (
-            f"{WHERE['4.2']}: chunk {i} holds {x.dtype} images and {y.dtype} labels, the batch {images.dtype} and "
-            f"{labels.dtype}: only move the chunks, with .to(device) (y.to(x) would give y x's dtype too, and "
-            "cross_entropy wants class indices as integers)")
+        assert x.dtype == images.dtype, (
+            f"{WHERE['4.2']}: chunk {i}'s images are {x.dtype}, the batch's {images.dtype}: only move the chunks, "
+            "with .to(device); converting them is the caller's choice, not scatter's")
+        assert y.dtype == labels.dtype, (
+            f"{WHERE['4.2']}: chunk {i}'s labels are {y.dtype}, the batch's {labels.dtype}: only move the chunks, "
+            "with .to(device) (y.to(x) would give y x's dtype too, and cross_entropy wants class indices as "
+            "integers)")
         assert x.device == torch.device(device) and y.device == torch.device(device), (
             f"{WHERE['4.2']}: chunk {i} is on {x.device}/{y.device}, not on its device {device}")
     with pytest.raises(ValueError, match=f"at least {num_devices + 1}"):  # the given check, before yours
