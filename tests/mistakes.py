@@ -327,6 +327,10 @@ MISTAKES = [
             "    return [copy.deepcopy(master).to(device) for device in devices]",
             "    return [copy.deepcopy(master.to(device)) for device in devices]",
             "moved the master itself"),
+    Mistake("4.1", "one-per-distinct-device", "template_replicas.py",  # was told the length only
+            "    return [copy.deepcopy(master).to(device) for device in devices]",
+            "    return [copy.deepcopy(master).to(device) for device in dict.fromkeys(devices)]",
+            "not one per distinct device"),
     Mistake("4.2", "labels-left-behind", "template_replicas.py",  # passed: CPU devices only
             "    return [(x.to(device), y.to(device)) for (x, y), device in zip(chunks, devices)]",
             "    return [(x.to(device), y) for (x, y), device in zip(chunks, devices)]",

@@ -77,7 +77,9 @@ def test_replicate_makes_independent_copies(replicas):
     copies = replicas.replicate(master, devices)
     assert isinstance(copies, list) and len(copies) == len(devices), (
         f"{WHERE['4.1']}: expected a list of {len(devices)} replicas, got {type(copies).__name__} "
-        f"of length {len(copies) if hasattr(copies, '__len__') else '?'}")
+        f"of length {len(copies) if hasattr(copies, '__len__') else '?'}"
+        + (f": one per entry of devices = {devices}, repeats too (a device may hold several replicas), not one "
+           "per distinct device" if hasattr(copies, "__len__") and len(copies) == len(set(devices)) else ""))
     for i, (replica, device) in enumerate(zip(copies, devices)):
         assert replica is not master, f"{WHERE['4.1']}: replica {i} is the master itself: make a deep copy"
         for name, (mine, theirs) in enumerate(zip(tensors(replica), tensors(master))):
