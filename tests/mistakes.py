@@ -575,6 +575,34 @@ MISTAKES = [
     Mistake("6.3", "none-grad-sliced", "template_zero.py",  # trial 6: an unused parameter raised a bare AttributeError
             "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
             "view.grad = param.grad.view(-1)[start:end]", "views no gradient"),
+    # Task 6, trial 10 (2026-11-29): sizes counted in rows, a shard size one too large, views wrapped anew, pieces
+    # sent many times, a SUM for a send, the closure run twice or without grad, a broadcast into a converted copy
+    Mistake("6.1", "rows-not-elements-counted", "template_zero.py",  # passed: every parameter of the test was 1-D
+            "    total = sum(param.numel() for param in params)\n",
+            "    total = sum(len(param) for param in params)\n", "T was counted with len(param)"),
+    Mistake("6.1", "floor-plus-one", "template_zero.py",  # was told as a split by whole parameters
+            "    shard_size = max(1, -(-total // world_size))", "    shard_size = total // world_size + 1",
+            "is one too many when world_size divides T"),
+    Mistake("6.2", "views-wrapped-in-parameters", "template_zero.py",  # was told as copies, not views
+            "                mine.append(view)", "                mine.append(torch.nn.Parameter(view))",
+            "are not views listed in self.pieces"),
+    Mistake("6.3", "broadcast-loop-nested", "template_zero.py",  # passed: right values, every piece sent N times
+            "        for view, param, start, end, rank in self.pieces:\n            dist.broadcast(view, src=rank)\n",
+            "        for view, param, start, end, rank in self.pieces:\n"
+            "            for view, param, start, end, rank in self.pieces:\n"
+            "                dist.broadcast(view, src=rank)\n",
+            "go on the wire once"),
+    Mistake("6.3", "all-reduce-for-a-send", "template_zero.py",  # was told as src=0 or a missing gradient
+            "            dist.broadcast(view, src=rank)", "            dist.all_reduce(view)", "all-reduced with SUM"),
+    Mistake("6.3", "closure-run-twice", "template_zero.py",  # passed: the same gradients, computed twice
+            "        self.optim.step(**kwargs)\n", "        self.optim.step(closure, **kwargs)\n",
+            "once more from the local optimizer's step"),
+    Mistake("6.3", "closure-without-enable-grad", "template_zero.py",  # was a raw "does not require grad"
+            "            with torch.enable_grad():\n                loss = closure()", "            loss = closure()",
+            "with gradients disabled"),
+    Mistake("6.3", "broadcast-into-a-float32-copy", "template_zero.py",  # was told as a step in another dtype
+            "            dist.broadcast(view, src=rank)", "            dist.broadcast(view.float(), src=rank)",
+            "nothing was received into the views"),
     # Task 7.1
     Mistake("7.1", "no-padding", "template_fsdp.py",
             "    padding = -flat.numel() % world_size", "    padding = 0", "pad"),
