@@ -12,6 +12,7 @@ import gc
 import itertools
 import math
 import os
+import re
 import sys
 import traceback
 import weakref
@@ -126,7 +127,8 @@ def _cut_every(numels, shard_size, per_parameter=False):
 def _shard_size_used(pieces, numels):
     """The shard size s with which the pieces are exactly the line cut at every multiple of s, or None."""
     s = sum(end - start for _, start, end, rank in pieces if rank == 0)  # all that rank 0 owns, if cut so
-    return s if s > 0 and _cut_every(numels, s) == pieces else None
+    # s = T, every piece on rank 0, is no cut at all: the other checks say what is wrong with that
+    return s if 0 < s < sum(numels) and _cut_every(numels, s) == pieces else None
 
 
 def _partition_problem(pieces, sizes, world_size):
@@ -165,11 +167,11 @@ def _partition_problem(pieces, sizes, world_size):
     owned = [sum(end - start for _, start, end, rank in pieces if rank == r) for r in range(world_size)]
     if max(owned) > most:
         cut = any(len({rank for i, _, _, rank in pieces if i == index}) > 1 for index in range(len(sizes)))
-        why = ("Cut the parameters by element, a large parameter too: a split by whole parameters cannot divide a "
-               "model whose largest parameter is most of it" if not cut and sum(o > 0 for o in owned) > 1 else
-               "Rank r owns elements [r * S, (r + 1) * S) of the one line of all the parameters: the pieces are cut "
+        why = ("Rank r owns elements [r * S, (r + 1) * S) of the one line of all the parameters: the pieces are cut "
                "as if each parameter began the line at 0 (the offset of params[index] on the line not added)"
                if pieces == _cut_every(numels, most, per_parameter=True) else
+               "Cut the parameters by element, a large parameter too: a split by whole parameters cannot divide a "
+               "model whose largest parameter is most of it" if not cut else
                "Rank r owns elements [r * S, (r + 1) * S) of the line")
         return (f"unequal shards: {owned} elements per rank for sizes {sizes}; no rank may own more than "
                 f"S = ceil(T / world_size) = {most}. {why}")
@@ -193,6 +195,10 @@ def test_partition_cuts_every_element_once_into_equal_shards(impl, world_size):
                     pytest.fail(f"{T61}: the tuples hold the right numbers in another order: return "
                                 f"(index, start, end, rank), got {pieces[:3]!r}... for sizes {sizes} and world_size "
                                 f"{world_size}")
+            if _partition_problem([(i, start, end + 1, rank) for i, start, end, rank in pieces], sizes,
+                                  world_size) is None:
+                pytest.fail(f"{T61}: each piece's end is one short: end is exclusive, the piece is elements "
+                            f"start..end-1 (as in params[index].view(-1)[start:end]); {problem}")
         pytest.fail(f"{T61}: {problem}")
 
 
@@ -248,6 +254,14 @@ def _shard_bytes(rank, world_size, impl):
              for index, start, end, owner in solution.partition_parameters(body, world_size)]
     got = [(names.get(id(piece[1]), "?"), *piece[2:5]) if isinstance(piece, tuple) and len(piece) == 5 else piece
            for piece in optimizer.pieces]
+    trainable = [p for p in body if p.requires_grad]
+    if got != first and got == [(names[id(trainable[index])], start, end, owner)
+                                for index, start, end, owner in solution.partition_parameters(trainable, world_size)]:
+        raise AssertionError(
+            f"{T62}, rank {rank}: self.pieces leaves out the parameters with requires_grad=False: they are the "
+            "group's parameters too, and split with the others (partition_parameters(param_group['params'])): a "
+            "parameter unfrozen later (requires_grad_(True)) must be stepped, as by any optimizer; one without a "
+            "gradient costs no step anyway (the local optimizer skips a view whose .grad is None)")
     if got != first:
         raise AssertionError(
             f"{T62}, rank {rank}: self.pieces must list every piece of the group, this rank's and the others', as "
@@ -324,6 +338,11 @@ def test_each_rank_keeps_only_its_shard_of_the_optimizer_state(impl, world_size)
         expected, got = out["pieces"]
         twice = next((piece for i, piece in enumerate(got) if piece in got[:i]), None)
         differ = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+        last = [piece for piece in expected if piece[0] == "lonely"]  # the group added last
+        assert not (got == last and got != expected), (
+            f"{T62}, rank {rank}: self.pieces holds only the pieces of the group added last ({len(got)} of "
+            f"{len(expected)}): it was started anew when a group was added; append each group's pieces to it (step() "
+            "sends the pieces it lists, so the earlier groups would never be sent)")
         assert got == expected, (
             f"{T62}, rank {rank}: self.pieces lists the piece {twice} twice ({len(got)} pieces, expected "
             f"{len(expected)}): the parameters of earlier groups were cut again when a group was added; partition "
@@ -452,6 +471,18 @@ def _train_three_ways(rank, world_size, impl):
                             ".grad None (forward never uses it, as torch.optim allows): give such a parameter's "
                             "views no gradient (view.grad = None), and the local optimizer skips them") from None
                     raise
+                except RuntimeError as error:
+                    # torch's words for a .grad of another shape: "assigned grad has data of a different size" (older),
+                    # "attempting to assign a gradient of size '[0, 16]' to a tensor of size '[66]'" (2.x)
+                    size = re.search(r"gradient of size '\[([^\]]*)\]'", str(error))
+                    if opt is optimizers[0] and ("different size" in str(error) or size):
+                        raise AssertionError(
+                            f"{T63}: step() gave a view a gradient of another shape ({str(error).splitlines()[0]}): "
+                            + ("it has more than one dimension, so it slices rows (dim 0) of a matrix's gradient, not "
+                               "elements: " if size and "," in size.group(1) else "")
+                            + "give each view param.grad.view(-1)[start:end], the 1-D slice of the flattened gradient "
+                            "that matches its elements") from None
+                    raise
                 if opt is optimizers[0]:  # every collective step() started asynchronously, waited on?
                     mine = waits.handles[started:]
                     out["unwaited"].append((sum(h.waits == 0 for h in mine), len(mine)))
@@ -555,7 +586,9 @@ def _train_with_closure(rank, world_size, impl):
                         f"so its backward() raised: {str(error).splitlines()[0]}. Call it inside "
                         "`with torch.enable_grad():`, as torch.optim's optimizers do") from None
                 raise
-    same_losses = all(torch.equal(a, b) for a, b in zip(losses[::2], losses[1::2]))
+    # what the sharded step returned, if it is not the closure's loss (torch.optim's step returns that)
+    same_losses = next((repr(a) for a, b in zip(losses[::2], losses[1::2])
+                        if not (torch.is_tensor(a) and torch.equal(a, b))), True)
     return {"closure": [{k: v.detach().clone() for k, v in m.named_parameters()} for m in (model, reference)],
             "losses": same_losses, "calls": calls}
 
@@ -575,7 +608,9 @@ def test_step_with_a_closure(impl):
                    "since step() has called it already" if len(made) > 1 and any(inside for _, inside in made) else
                    "and torch.optim's optimizers call it once")
                 + ": each call is another forward and backward (and a model with dropout would get other gradients)")
-    assert all(same_losses), f"{T63}: step(closure) must return the closure's loss, as any optimizer's step does"
+    for rank, same in enumerate(same_losses):
+        assert same is True, (f"{T63}, rank {rank}: step(closure) must return the closure's loss, as any optimizer's "
+                              f"step does; it returned {same}")
 
 
 def _frees_gradients(rank, world_size, impl):
