@@ -619,6 +619,9 @@ MISTAKES = [
     Mistake("6.3", "grad-rows-not-elements", "template_zero.py",  # was torch's raw "assign a gradient of size"
             "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
             "view.grad = None if param.grad is None else param.grad[start:end]", "slices rows (dim 0)"),
+    Mistake("6.3", "broadcast-from-this-rank", "template_zero.py",  # was a hang in broadcast, the source unsaid
+            "            dist.broadcast(view, src=rank)", "            dist.broadcast(view, src=self.rank)",
+            "but self.pieces names rank"),
     # Task 7.1
     Mistake("7.1", "no-padding", "template_fsdp.py",
             "    padding = -flat.numel() % world_size", "    padding = 0", "pad"),

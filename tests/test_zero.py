@@ -6,6 +6,7 @@ Real gloo ranks (tests/harness.py); every rank's result is checked. The referenc
 independent: the unsharded optimizer (torch.optim.SGD, Adam, AdamW) stepping a copy of the model
 in the same process, and PyTorch's own torch.distributed.optim.ZeroRedundancyOptimizer.
 """
+import contextlib
 import copy
 import functools
 import gc
@@ -69,7 +70,18 @@ def _step_both(pairs, step):
     for model, optimizer in pairs:
         optimizer.zero_grad()
         _loss(model, step).backward()
-        optimizer.step()
+        with _watcher().watching(optimizer, model):  # a broadcast from another rank than a piece's owner fails here
+            optimizer.step()
+
+
+_WATCHER = []
+
+
+def _watcher():
+    """This rank's one _Waits (defined below) that checks the source of each piece's broadcast, made on first use."""
+    if not _WATCHER:
+        _WATCHER.append(_Waits())
+    return _WATCHER[0]
 
 
 def _state_bytes(optimizer):
@@ -418,10 +430,22 @@ class _Waits:
     def __init__(self):
         self.handles = []
         self.calls = []  # (name, elements it moves into this rank's tensors, op or None), for every call
+        self.owners = {}  # id of a view of ShardedOptimizer.pieces: (its owner, what to call it), while it steps
         for name in ("broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce",
                      "scatter", "reduce_scatter_tensor"):
             if hasattr(dist, name):
                 setattr(dist, name, self._counting(getattr(dist, name), name))
+
+    @contextlib.contextmanager
+    def watching(self, optimizer, model):
+        """While a ShardedOptimizer steps: a broadcast of one of its views must name the piece's owner as src."""
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.owners = {id(piece[0]): (piece[4], (names.get(id(piece[1]), "?"), *piece[2:5]))
+                       for piece in getattr(optimizer, "pieces", []) if isinstance(piece, tuple) and len(piece) == 5}
+        try:
+            yield
+        finally:
+            self.owners = {}
 
     def _counting(self, real, name):
         def collective(*args, **kwargs):
@@ -430,6 +454,15 @@ class _Waits:
                         first.numel() if torch.is_tensor(first) else 0)
             op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM) if name == "all_reduce" else None
             self.calls.append((name, elements, op))
+            src = kwargs.get("src", args[1] if len(args) > 1 else None) if name == "broadcast" else None
+            if name == "broadcast" and id(first) in self.owners and src != self.owners[id(first)][0]:
+                # before the collective: ranks that disagree on the source would hang in it, far from the cause
+                owner, piece = self.owners[id(first)]
+                raise AssertionError(
+                    f"{T63}, rank {dist.get_rank()}: step() broadcast the piece {piece} with src={src}, but "
+                    f"self.pieces names rank {owner} as its owner: send every piece from its owner, "
+                    "dist.broadcast(view, src=rank) with the rank of that piece (not src=0, nor this rank's number: "
+                    "every rank must name the same source, or the ranks hang)")
             work = real(*args, **kwargs)
             if work is None:
                 return None
@@ -463,7 +496,8 @@ def _train_three_ways(rank, world_size, impl):
                 _loss(m, step).backward()
                 started, called = len(waits.handles), len(waits.calls)
                 try:
-                    opt.step()
+                    with waits.watching(opt, m) if opt is optimizers[0] else contextlib.nullcontext():
+                        opt.step()
                 except AttributeError as error:
                     if opt is optimizers[0] and "'NoneType'" in str(error) and m.unused.grad is None:
                         raise AssertionError(
@@ -562,6 +596,7 @@ def _train_with_closure(rank, world_size, impl):
     reference = copy.deepcopy(model)
     optimizer = zero.ShardedOptimizer(model.body_parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
     unsharded = torch.optim.SGD(reference.body_parameters(), lr=0.1, momentum=0.9)
+    waits = _watcher()
     losses, calls = [], []  # calls: for each step, each call of the sharded one's closure (grad mode, where from)
     local_step_file = os.path.abspath(sys.modules[torch.optim.SGD.__module__].__file__)  # the local step calls it
     for step in range(3):
@@ -578,7 +613,8 @@ def _train_with_closure(rank, world_size, impl):
                 loss.backward()
                 return loss
             try:
-                losses.append(opt.step(closure))
+                with waits.watching(opt, m) if opt is optimizer else contextlib.nullcontext():
+                    losses.append(opt.step(closure))
             except RuntimeError as error:
                 if opt is optimizer and calls[-1] and not calls[-1][-1][0]:
                     raise AssertionError(
@@ -620,14 +656,16 @@ def _frees_gradients(rank, world_size, impl):
     optimizer = zero.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
     optimizer.zero_grad()
     _loss(model, 0).backward()
-    optimizer.step()
+    waits = _watcher()
+    with waits.watching(optimizer, model):
+        optimizer.step()
     gradients = [weakref.ref(p.grad) for p in model.parameters() if p.grad is not None]
     optimizer.zero_grad()  # set_to_none: nothing should hold the gradients now
     gc.collect()
-    return (sum(ref() is not None for ref in gradients), len(gradients)), _float64_step(zero)
+    return (sum(ref() is not None for ref in gradients), len(gradients)), _float64_step(zero, waits)
 
 
-def _float64_step(zero):
+def _float64_step(zero, waits):
     """One step of a float64 model, sharded and not: the max difference, or the error step() raised; and whether
     the pieces other ranks own kept their old values here (not received) while this rank's own were stepped right."""
     torch.manual_seed(0)
@@ -641,7 +679,8 @@ def _float64_step(zero):
     for m, opt in zip((model, reference), optimizers):
         F.cross_entropy(m(x), y).backward()
         try:
-            opt.step()
+            with waits.watching(opt, m) if opt is optimizers[0] else contextlib.nullcontext():
+                opt.step()
         except RuntimeError as error:
             return f"RuntimeError: {str(error).splitlines()[0]}", False
     difference = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
