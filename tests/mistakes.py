@@ -4468,6 +4468,11 @@ RIGHT_ANSWERS = [
         Mistake("6.3", "all-reduce-of-zeroed-copies", "template_zero.py",
                 "            dist.broadcast(view, src=rank)",
                 "            if rank != self.rank:\n                view.zero_()\n            dist.all_reduce(view)", ""),)),
+    RightAnswer("6.3", "broadcast-by-group-src",
+                "'dist.broadcast(view, src=rank)': in the default process group group_src=rank names the same rank "
+                "(the tests' check of each piece's source reads either)", (
+        Mistake("6.3", "broadcast-by-group-src", "template_zero.py",
+                "            dist.broadcast(view, src=rank)", "            dist.broadcast(tensor=view, group_src=rank)", ""),)),
     RightAnswer("7.2", "shard-copied-into-its-place-in-full",  # trial 6
                 "'all_gather_into_tensor into self.full ... in compute_dtype; send a detached copy of the shard': the"
                 " copy made in this rank's own slice of self.full (fully_shard's in-place all-gather)", (

@@ -455,6 +455,8 @@ class _Waits:
             op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM) if name == "all_reduce" else None
             self.calls.append((name, elements, op))
             src = kwargs.get("src", args[1] if len(args) > 1 else None) if name == "broadcast" else None
+            if src is None:  # group_src (newer torch): in the default group, a rank's group rank is its rank
+                src = kwargs.get("group_src")
             if name == "broadcast" and id(first) in self.owners and src != self.owners[id(first)][0]:
                 # before the collective: ranks that disagree on the source would hang in it, far from the cause
                 owner, piece = self.owners[id(first)]
