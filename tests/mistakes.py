@@ -684,6 +684,53 @@ MISTAKES = [
     Mistake("6.3", "none-grad-sliced", "template_zero.py",  # trial 6: an unused parameter raised a bare AttributeError
             "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
             "view.grad = param.grad.view(-1)[start:end]", "views no gradient"),
+    # Task 6, trial 10 (2026-11-29): sizes counted in rows, a shard size one too large, views wrapped anew, pieces
+    # sent many times, a SUM for a send, the closure run twice or without grad, a broadcast into a converted copy
+    Mistake("6.1", "rows-not-elements-counted", "template_zero.py",  # passed: every parameter of the test was 1-D
+            "    total = sum(param.numel() for param in params)\n",
+            "    total = sum(len(param) for param in params)\n", "T was counted with len(param)"),
+    Mistake("6.1", "floor-plus-one", "template_zero.py",  # was told as a split by whole parameters
+            "    shard_size = max(1, -(-total // world_size))", "    shard_size = total // world_size + 1",
+            "is one too many when world_size divides T"),
+    Mistake("6.2", "views-wrapped-in-parameters", "template_zero.py",  # was told as copies, not views
+            "                mine.append(view)", "                mine.append(torch.nn.Parameter(view))",
+            "are not views listed in self.pieces"),
+    Mistake("6.3", "broadcast-loop-nested", "template_zero.py",  # passed: right values, every piece sent N times
+            "        for view, param, start, end, rank in self.pieces:\n            dist.broadcast(view, src=rank)\n",
+            "        for view, param, start, end, rank in self.pieces:\n"
+            "            for view, param, start, end, rank in self.pieces:\n"
+            "                dist.broadcast(view, src=rank)\n",
+            "go on the wire once"),
+    Mistake("6.3", "all-reduce-for-a-send", "template_zero.py",  # was told as src=0 or a missing gradient
+            "            dist.broadcast(view, src=rank)", "            dist.all_reduce(view)", "all-reduced with SUM"),
+    Mistake("6.3", "closure-run-twice", "template_zero.py",  # passed: the same gradients, computed twice
+            "        self.optim.step(**kwargs)\n", "        self.optim.step(closure, **kwargs)\n",
+            "once more from the local optimizer's step"),
+    Mistake("6.3", "closure-without-enable-grad", "template_zero.py",  # was a raw "does not require grad"
+            "            with torch.enable_grad():\n                loss = closure()", "            loss = closure()",
+            "with gradients disabled"),
+    Mistake("6.3", "broadcast-into-a-float32-copy", "template_zero.py",  # was told as a step in another dtype
+            "            dist.broadcast(view, src=rank)", "            dist.broadcast(view.float(), src=rank)",
+            "nothing was received into the views"),
+    Mistake("6.1", "end-inclusive", "template_zero.py",  # was "exactly one piece" alone
+            "            pieces.append((index, start, end, rank))", "            pieces.append((index, start, end - 1, rank))",
+            "end is exclusive"),
+    Mistake("6.2", "frozen-left-out", "template_zero.py",  # was two lists of pieces, the cause unsaid
+            "        params = param_group[\"params\"]\n",
+            "        params = [p for p in param_group[\"params\"] if p.requires_grad]\n",
+            "leaves out the parameters with requires_grad=False"),
+    Mistake("6.2", "pieces-started-anew", "template_zero.py",  # was "1 pieces, expected 13"
+            "        params = param_group[\"params\"]\n",
+            "        params = param_group[\"params\"]\n        self.pieces = []\n",
+            "holds only the pieces of the group added last"),
+    Mistake("6.3", "loss-not-returned", "template_zero.py",  # was the test's own TypeError from torch.equal(None)
+            "        return loss\n        # --- Task 6.3 end ---", "        # --- Task 6.3 end ---", "it returned None"),
+    Mistake("6.3", "grad-rows-not-elements", "template_zero.py",  # was torch's raw "assign a gradient of size"
+            "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+            "view.grad = None if param.grad is None else param.grad[start:end]", "slices rows (dim 0)"),
+    Mistake("6.3", "broadcast-from-this-rank", "template_zero.py",  # was a hang in broadcast, the source unsaid
+            "            dist.broadcast(view, src=rank)", "            dist.broadcast(view, src=self.rank)",
+            "but self.pieces names rank"),
     # Task 7.1
     Mistake("7.1", "no-padding", "template_fsdp.py",
             "    padding = -flat.numel() % world_size", "    padding = 0", "pad"),
@@ -4548,6 +4595,75 @@ RIGHT_ANSWERS = [
                 "        for view, param, start, end, rank in self.pieces:\n"
                 "            view.copy_(gathered[rank][offsets[rank]:offsets[rank] + view.numel()])\n"
                 "            offsets[rank] += view.numel()\n", ""),)),
+    # Task 6, trial 10 (2026-11-29): per-rank loops, another flat view and group copy, the local zero_grad,
+    # a copied gradient slice, an all-reduce of zeroed copies
+    RightAnswer("6.1", "ranks-then-parameters",
+                "'Rank r owns elements [r * S, (r + 1) * S) ... S = ceil(T / world_size)': each rank's range cut "
+                "against each parameter's, math.ceil for S; the pieces come out in order along the line all the same", (
+        Mistake("6.1", "ranks-then-parameters", "template_zero.py",
+                "    pieces = []\n"
+                "    offset = 0  # where params[index] begins on the line\n"
+                "    for index, param in enumerate(params):\n"
+                "        start = 0\n"
+                "        while start < param.numel():\n"
+                "            rank = (offset + start) // shard_size\n"
+                "            end = min(param.numel(), (rank + 1) * shard_size - offset)  # this rank's shard ends, or the parameter\n"
+                "            pieces.append((index, start, end, rank))\n"
+                "            start = end\n"
+                "        offset += param.numel()\n"
+                "    return pieces",
+                "    import math\n"
+                "    shard_size = math.ceil(total / world_size)\n"
+                "    starts = [0]\n"
+                "    for param in params:\n"
+                "        starts.append(starts[-1] + param.numel())\n"
+                "    pieces = []\n"
+                "    for rank in range(world_size):\n"
+                "        lo, hi = rank * shard_size, min(total, (rank + 1) * shard_size)\n"
+                "        for index, param in enumerate(params):\n"
+                "            a, b = max(lo, starts[index]), min(hi, starts[index + 1])\n"
+                "            if a < b:\n"
+                "                pieces.append((index, a - starts[index], b - starts[index], rank))\n"
+                "    return pieces", ""),)),
+    RightAnswer("6.2", "flatten-and-dict-copy",
+                "'view = param.detach().view(-1)[start:end]: a 1-D tensor that shares the parameter's memory': "
+                "torch.flatten of a contiguous tensor is that view; the local group a dict() copy with its own params", (
+        Mistake("6.2", "flatten-and-dict-copy", "template_zero.py",
+                "        mine = []\n"
+                "        for index, start, end, rank in partition_parameters(params, self.world_size):\n"
+                "            view = params[index].detach().view(-1)[start:end]  # shares the parameter's memory\n"
+                "            self.pieces.append((view, params[index], start, end, rank))\n"
+                "            if rank == self.rank:\n"
+                "                mine.append(view)\n"
+                "        local_group = {**param_group, \"params\": mine}",
+                "        new = [(torch.flatten(params[index].detach())[start:end], params[index], start, end, rank)\n"
+                "               for index, start, end, rank in partition_parameters(params, self.world_size)]\n"
+                "        self.pieces += new\n"
+                "        local_group = dict(param_group)\n"
+                "        local_group[\"params\"] = [piece[0] for piece in new if piece[4] == self.rank]", ""),)),
+    RightAnswer("6.3", "local-zero-grad",
+                "'Set the views' .grad back to None': only this rank's views got one, and self.optim.zero_grad() "
+                "(set_to_none) sets exactly those to None", (
+        Mistake("6.3", "local-zero-grad", "template_zero.py",
+                "        for view, param, start, end, rank in self.pieces:\n            view.grad = None\n",
+                "        self.optim.zero_grad()  # set_to_none: only this rank's views had a .grad\n", ""),)),
+    RightAnswer("6.3", "gradient-slice-copied",
+                "'give each view of this rank the matching slice of its parameter's gradient': a copy of the slice "
+                "holds the same numbers; set back to None after the step, it is freed with the rest", (
+        Mistake("6.3", "gradient-slice-copied", "template_zero.py",
+                "view.grad = None if param.grad is None else param.grad.view(-1)[start:end]",
+                "view.grad = None if param.grad is None else param.grad.detach().reshape(-1)[start:end].clone()", ""),)),
+    RightAnswer("6.3", "all-reduce-of-zeroed-copies",
+                "'Each piece's new value goes from its owner to every other rank': every rank but the owner zeroes "
+                "its copy, and a SUM all-reduce then gives every rank the owner's value (one piece, once, on the wire)", (
+        Mistake("6.3", "all-reduce-of-zeroed-copies", "template_zero.py",
+                "            dist.broadcast(view, src=rank)",
+                "            if rank != self.rank:\n                view.zero_()\n            dist.all_reduce(view)", ""),)),
+    RightAnswer("6.3", "broadcast-by-group-src",
+                "'dist.broadcast(view, src=rank)': in the default process group group_src=rank names the same rank "
+                "(the tests' check of each piece's source reads either)", (
+        Mistake("6.3", "broadcast-by-group-src", "template_zero.py",
+                "            dist.broadcast(view, src=rank)", "            dist.broadcast(tensor=view, group_src=rank)", ""),)),
     RightAnswer("7.2", "shard-copied-into-its-place-in-full",  # trial 6
                 "'all_gather_into_tensor into self.full ... in compute_dtype; send a detached copy of the shard': the"
                 " copy made in this rank's own slice of self.full (fully_shard's in-place all-gather)", (
