@@ -797,6 +797,18 @@ def _test_gather(model, tp_group):
     return full
 
 
+_TRAINED = {}
+
+
+def _trained(impl, task, dp_size, tp_size, timeout):
+    """The ranks' results of _train_ours, run once in a pytest run: two tests of the task compare the same training,
+    with single-process training and with PyTorch's, and check.py runs both (9.4: 0.3 s of its check)."""
+    key = (impl, task, dp_size, tp_size)
+    if key not in _TRAINED:
+        _TRAINED[key] = _run_grid(_train_ours, dp_size * tp_size, impl, task, dp_size, tp_size, timeout=timeout)
+    return _TRAINED[key]
+
+
 def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     tp = judging(impl, task)
     dp_group, tp_group = tp.make_2d_groups(dp_size, tp_size)
@@ -920,7 +932,7 @@ def _check_step_wire(rank, step):
 def test_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(1)
-    for rank, (full, losses, step, groups) in enumerate(_run_grid(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)):
+    for rank, (full, losses, step, groups) in enumerate(_trained(impl, "9.3", 1, 2, timeout=60)):
         _check_groups(T93, rank, 2, 1, 2, groups)  # first: wrong groups train a wrong model, and say why
         _compare(T93, rank, full, expected, "single-process training on the same batches",
                  ": parallelize_classifier must split classifier[1] by output rows (column-parallel) and "
@@ -933,7 +945,7 @@ def test_tp2_training_equals_single_process_training(impl):
 @pytest.mark.slow
 def test_tp2_training_equals_pytorch_tensor_parallel(impl):
     judging(impl, "9.3")  # an unfilled TODO fails here, before any rank starts
-    ours = run_ranks(_train_ours, 2, impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
+    ours = _trained(impl, "9.3", 1, 2, timeout=60)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 2, 1, 2, timeout=60)[0]
     for rank, (full, *_) in enumerate(ours):
         _compare(T93, rank, full, expected, "PyTorch's parallelize_module (ColwiseParallel, RowwiseParallel)")
@@ -1193,7 +1205,7 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
 def test_dp2_tp2_training_equals_single_process_training(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
     expected, expected_losses = _reference(2)
-    for rank, (full, *_) in enumerate(run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)):
+    for rank, (full, *_) in enumerate(_trained(impl, "9.4", 2, 2, timeout=90)):
         _compare(T94, rank, full, expected, "single-process training on the global batch",
                  ": each tp group reads its dp rank's slice, and gradients are averaged over the dp group")
 
@@ -1202,7 +1214,7 @@ def test_dp2_tp2_training_equals_single_process_training(impl):
 @pytest.mark.slow
 def test_dp2_tp2_training_equals_pytorch_tensor_parallel_with_fully_shard(impl):
     judging(impl, "9.4")  # an unfilled TODO fails here, before any rank starts
-    ours = run_ranks(_train_ours, 4, impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
+    ours = _trained(impl, "9.4", 2, 2, timeout=90)  # first: an unfilled TODO fails at once
     expected = run_ranks(_train_torch, 4, 2, 2, timeout=90)[0]
     for rank, (full, *_) in enumerate(ours):
         _compare(T94, rank, full, expected, "PyTorch's parallelize_module on the tp dimension with fully_shard on dp")
