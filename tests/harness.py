@@ -484,7 +484,8 @@ def _failure_waiting(reading, outputs, rank):
         while other != rank and other not in outputs and connection.poll():
             try:
                 status, payload = connection.recv()
-            except EOFError:
+            except EOFError:  # the rank has ended, as _collect reads it: _ended_silently can then say so
+                del reading[connection]
                 break
             if status == "ok":  # kept, as _collect keeps it
                 outputs[other] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -618,7 +619,8 @@ def _raise_timeout(procs, outputs, timeout, tmp, stillness=None):
                  f"{stillness.still_for:g} s: nothing left running could wake them. ")
     raise RankTimeout(
         facts + "This is a hang: usually one rank calls a collective (broadcast, all_reduce, ...) that "
-        "another rank never calls, or calls them in a different order.\n" + "\n".join(where)
+        "another rank never calls, calls them in a different order, or the ranks disagree on a call's arguments "
+        "(a broadcast's src, a group).\n" + "\n".join(where)
     )
 
 
