@@ -3229,6 +3229,16 @@ MISTAKES = [
             "        dist.all_to_all_single(out, grad, ctx.input_splits,",
             "give dist.all_to_all_single contiguous tensors"),
     # Task 16.2
+    # Task 16.1, the lead's trial 11 (2026-11-29): the backward's arity, a Work never waited for
+    Mistake("16.1", "backward-returns-one-value", "template_experts.py",  # was PyTorch's count, then the splits' rule
+            "        return out, None, None, None\n",
+            "        return out\n",
+            "one value per argument of forward"),
+    Mistake("16.1", "forward-never-waits", "template_experts.py",  # was a bare difference, and only "there and back"
+            "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n",
+            "        work = dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group,\n"
+            "                                      async_op=True)\n",
+            "its Work never waited for"),
     Mistake("16.2", "regrouped-by-source-rank", "template_experts.py",
             "    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]\n",
             "    expert_inputs = list(arrived.split(output_splits))\n", "regrouped by source rank"),
@@ -4325,6 +4335,31 @@ RIGHT_ANSWERS = [
                 '                kv, works = incoming, None  # a Work keeps its tensor alive: drop the finished ones too\n',
                 '                kv, works, k_in, v_in = torch.stack([k_in, v_in]), None, None, None\n',
                 ''),
+    )),
+    # Task 16.1, the lead's trial 11 (2026-11-29)
+    RightAnswer("16.1", "backward-by-the-function-itself",
+                "'the same all-to-all with the two split lists swapped': the function applied again (as torchtitan's "
+                "does) is that all-to-all, and differentiable itself", (
+        Mistake("16.1", "backward-by-the-function-itself", "template_experts.py",
+                "        out = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))\n"
+                "        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)\n"
+                "        return out, None, None, None\n",
+                "        return _AllToAll.apply(grad, ctx.input_splits, ctx.output_splits, ctx.group), None, None, None\n",
+                ""),
+    )),
+    RightAnswer("16.1", "async-and-waited",
+                "'dist.all_to_all_single of x along dim 0 ... a new tensor': started with async_op=True and waited for "
+                "before it is returned, it is the same call", (
+        Mistake("16.1", "async-and-waited", "template_experts.py",
+                "        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n",
+                "        work = dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group,\n"
+                "                                      async_op=True)\n"
+                "        work.get_future().wait()\n",
+                ""),
+        Mistake("16.1", "empty-with-dtype-and-device", "template_experts.py",
+                "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n",
+                "        out = torch.empty(sum(output_splits), *x.shape[1:], dtype=x.dtype, device=x.device)\n",
+                ""),
     )),
     RightAnswer("16.2", "int32-counts-experts-in-turn",
                 "'the number of pairs per expert goes ... in ONE all-to-all of E integers': any integer dtype; a "

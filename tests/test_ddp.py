@@ -620,8 +620,7 @@ def _finish(model, recorder=None):
             "finish_gradient_synchronization() launched again buckets that backward had launched already (those "
             "before self.next_bucket), and the first all-reduce of each was never waited on. Launch only the "
             "buckets from self.next_bucket on")
-        unwaited = [index for index, handle in enumerate(new)  # wait(), its Future, or is_completed() until True
-                    if not (handle.waits or handle.call.futures or handle.call.done_seen)]
+        unwaited = [index for index, handle in enumerate(new) if not handle.call.waited]
         assert not unwaited, (
             f"{T54}: of the {len(new)} all-reduces launched in this step, {len(unwaited)} (numbers {unwaited}) were "
             "never waited on: call wait() on every bucket's handle before reading its buffer. Under gloo several "

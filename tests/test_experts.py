@@ -91,18 +91,20 @@ def _a2a(rank, world_size, impl):
         x = _rows(rank, sum(input_splits)).requires_grad_()
         grad_out = _rows(rank, sum(output_splits), offset=1000.0)
         with Wire() as wire:
+            phase = "forward"
             try:
                 y = ep.all_to_all(x, output_splits, input_splits)
-                forward = wire.calls[:]
+                forward, phase = wire.calls[:], "backward"
                 (grad_x,) = torch.autograd.grad(y, x, grad_out)
                 backward = wire.calls[len(forward):]
             except NotImplementedError:
                 raise
             except (RuntimeError, ValueError) as error:  # ValueError: gloo's refusal of mixed dtypes
-                out[case] = dict(error=f"{type(error).__name__}: {error}"[:400])
+                out[case] = dict(error=f"{type(error).__name__}: {error}"[:400], phase=phase)
                 continue
         out[case] = dict(error=None, y=y.detach(), grad_x=grad_x, forward=[(c.kind, c.tensors) for c in forward],
                          backward=[(c.kind, c.tensors) for c in backward],
+                         unwaited=[("forward" if c in forward else "backward", c.kind) for c in wire.calls if not c.waited],
                          kept_input=keeps_its_input(lambda x: ep.all_to_all(x, output_splits, input_splits), x))
     # strided: x a view of every row's first two columns, and y.sum()'s gradient an expanded (stride 0) tensor; gloo
     # refuses tensors that are not contiguous
@@ -161,15 +163,26 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             got = out[case]
             where = f"all_to_all on rank {rank} of 3 ({case} splits, rank s sends splits[s][d] rows to d: {splits})"
             y_expected, grad_expected = _expected_a2a(rank, 3, splits)
-            assert got["error"] is None, (
-                f"{T161}: {where} failed: {got['error']}. Forward receives output_splits[s] rows from rank s; "
-                "backward sends each row's gradient back where the row came from: the all-to-all with output_splits "
-                "and input_splits swapped" + (
-                    "; and each tensor's rows must add up to its split list: the output of the forward has "
-                    "sum(output_splits) rows, the output of the backward sum(input_splits) (not the incoming "
-                    "gradient's row count)" if "Split sizes" in got["error"] else
-                    "; the output buffer must have x's dtype (x.new_empty(...), not torch.empty(...) in the default "
-                    "dtype): gloo refuses tensors of different dtypes" if "different dtypes" in got["error"] else ""))
+            error = got["error"]
+            if error is not None:  # the cause where the error proves one, else what each direction does
+                pytest.fail(f"{T161}: {where}: the {got['phase']} failed: {error}. " + (
+                    "A tensor's rows differ from the sum of its split list: the forward's output has "
+                    "sum(output_splits) rows, and all_to_all_single takes output_split_sizes, then input_split_sizes"
+                    if "Split sizes" in error and got["phase"] == "forward" else
+                    "A tensor's rows differ from the sum of its split list: the backward's output has "
+                    "sum(input_splits) rows (not the incoming gradient's row count), and its all_to_all_single takes "
+                    "the two lists swapped: output_split_sizes=ctx.input_splits, input_split_sizes=ctx.output_splits"
+                    if "Split sizes" in error else
+                    "The output buffer must have x's dtype (x.new_empty(...), not torch.empty(...) in the default "
+                    "dtype): gloo refuses tensors of different dtypes" if "different dtypes" in error else
+                    "Backward returns one value per argument of forward, (x's gradient, None, None, None): None for "
+                    "output_splits, input_splits and group, which have none" if "incorrect number of gradients" in error
+                    else "Forward receives output_splits[s] rows from rank s; backward sends each row's gradient back "
+                    "where the row came from: the all-to-all with output_splits and input_splits swapped"))
+            assert not got["unwaited"], (  # its rows may arrive in time, or not: said before the values
+                f"{T161}: {where}: the {got['unwaited'][0][0]}'s {got['unwaited'][0][1]} was started with async_op=True "
+                "and its Work never waited for: the output holds the rows only once work.wait() has returned; wait "
+                "before returning it (or call it without async_op)")
             assert _close(got["y"], y_expected), (
                 f"{T161}: {where} received {got['y'][:, 0].tolist()}, expected {y_expected[:, 0].tolist()} (row r of "
                 "rank s is 100 s + r): rank s's rows for this rank, in rank order, a new tensor of sum(output_splits) rows")
@@ -1074,7 +1087,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
                 crashed=crashed, frozen_numel=vit.pos_embed.numel() if task == "16.5" else 0,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
-                unwaited=sum(c.async_op and c.waits == 0 for c in wire.calls),
+                unwaited=sum(not c.waited for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()), left=left,
                 top_level=top_level, stray=stray, returned_the_model=returned is vit,

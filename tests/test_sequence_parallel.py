@@ -187,7 +187,7 @@ def _operators(rank, world_size, impl, sub=False):
 def _unwaited(wire):
     """The collectives started with async_op=True whose Work nobody waited on (wait(), its Future, or is_completed()
     until True): their result may not be there yet."""
-    return [call.kind for call in wire.calls if call.async_op and not (call.waits or call.futures or call.done_seen)]
+    return [call.kind for call in wire.calls if not call.waited]
 
 
 def _no_collective(call, group):

@@ -118,8 +118,7 @@ def _operators(rank, world_size, impl, sub):
 def _unwaited(wire, where):
     """[(where, kind)] of the collectives since the last take() started with async_op=True whose Work nobody
     waited for (wait(), its Future, or is_completed() seen True)."""
-    return [(where, call.kind) for call in wire.calls[wire.taken:]
-            if call.async_op and not (call.waits or call.futures or call.done_seen)]
+    return [(where, call.kind) for call in wire.calls[wire.taken:] if not call.waited]
 
 
 def _in_float64(tp, name, grank, gsize, group):
@@ -1109,7 +1108,7 @@ def _average(rank, world_size, impl, dp_size, tp_size):
                 "(a parameter unused in this step): skip every parameter whose .grad is None (requires_grad=True does "
                 f"not mean it has a gradient). It raised {type(error).__name__}: {error}") from None
     # an asynchronous collective whose Work nobody waited for (wait(), its Future, or is_completed() seen True)
-    unwaited = [call.kind for call in wire.calls if call.async_op and not (call.waits or call.futures or call.done_seen)]
+    unwaited = [call.kind for call in wire.calls if not call.waited]
     calls = wire.take()
     double = nn.Linear(3, 2).double()  # float64 gradients: (rank + 1) / 3 is not exact in float32
     double.weight.grad = torch.full((2, 3), (rank + 1) / 3, dtype=torch.float64)

@@ -67,6 +67,13 @@ class Call:
         """(kind, dtype name, numel)."""
         return self.kind, dtype_name(self.dtype), self.numel
 
+    @property
+    def waited(self):
+        """Whether its result was waited for: a blocking call, or an asynchronous one whose Handle's wait() was
+        called, whose Future was taken (get_future().wait(), torch.futures.wait_all) or polled until is_completed()
+        said True."""
+        return not self.async_op or bool(self.waits or self.futures or self.done_seen)
+
 
 def _tensors(values):
     return [t for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if torch.is_tensor(t)]
