@@ -10,6 +10,7 @@ task take solutions/' answers to the other tasks (judging), so a mistake costs o
 """
 import functools
 import os
+import sys
 
 import pytest
 import torch
@@ -397,6 +398,8 @@ def _hooks(rank, world_size, impl):
                     loss = F.mse_loss(model(x[mine]), y[mine])
                     loss.backward()
                     recorder.mark(f"backward {i} returned")
+                    if not sync_first and i == 0:
+                        ready_after_no_sync = [bucket.num_ready for bucket in model.buckets]
                 events = list(recorder.events)
                 ready = [bucket.num_ready for bucket in model.buckets]
                 buffers = []
@@ -404,7 +407,8 @@ def _hooks(rank, world_size, impl):
                     if bucket.handle is not None:
                         bucket.handle.wait()
                     buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
-                runs.append({"events": events, "buffers": buffers, "ready": ready})
+                runs.append({"events": events, "buffers": buffers, "ready": ready,
+                             "ready after no_sync": None if sync_first else ready_after_no_sync})
         out[label] = runs
     return out
 
@@ -491,6 +495,12 @@ def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
                     f"{T53}: rank {rank}: the forward ran with require_backward_grad_sync=False (inside no_sync), "
                     f"and its backward still launched {len(early)} all-reduces: the hook must return at once "
                     "when self.sync_this_backward is False")
+            counted = run["ready after no_sync"] if accumulate else None
+            if counted and any(counted):  # trial 11: told as register_hook
+                pytest.fail(f"{T53}: rank {rank}: after a backward whose forward ran inside no_sync() (nothing "
+                            f"launched), the buckets counted {counted} parameters ready, not 0: the hook counted "
+                            "before returning, so in the next backward the counts run past the bucket sizes and no "
+                            "bucket completes. When self.sync_this_backward is False, return before counting")
             early = _launched_early(run["events"], names)
             if accumulate and early and not _launched_early(result[buckets][0]["events"], names):  # trial 11
                 pytest.fail(f"{T53}: rank {rank}: in the backward after a no_sync() one, bucket {early[0]} "
@@ -675,6 +685,14 @@ def _finish(model, recorder=None):
     recorder, every all-reduce launched in this step waited on."""
     unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
     complete = [index for index in unlaunched if model.buckets[index].num_ready == len(model.buckets[index].params)]
+    lib, finished = sys.modules[type(model).__module__], []  # which buckets finish launches (trial 11)
+    launch = lib.launch_all_reduce
+
+    def spy(bucket):
+        finished.append(bucket)
+        return launch(bucket)
+
+    lib.launch_all_reduce = spy
     try:
         model.finish_gradient_synchronization()
     except AttributeError as error:
@@ -694,8 +712,13 @@ def _finish(model, recorder=None):
             f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
             "handle and buffer are still None. Launch every bucket from self.next_bucket on (launch_all_reduce "
             "sends zeros for a missing gradient) before waiting for the handles") from None
+    finally:
+        lib.launch_all_reduce = launch
+    # never launched: still no handle, no buffer, a count not reset; and not launched by finish through
+    # launch_all_reduce (a bucket finish launched but did not reset is told below as not reset: trial 11)
     skipped = [index for index in unlaunched if model.buckets[index].handle is None
-               and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0]
+               and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0
+               and not any(bucket is model.buckets[index] for bucket in finished)]
     if recorder is not None:
         new, recorder.checked = recorder.handles[getattr(recorder, "checked", 0):], len(recorder.handles)
         if len(new) < len(model.buckets) and model.next_bucket == 0:
