@@ -564,7 +564,7 @@ MISTAKES = [
             "        previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = previous",
             "        self._previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = self._previous",
             "not on self"),
-    # Task 5, trial 11 (2026-11-29): bucket_size_mb None and 0, empty buckets, the divisor and the tensor reduced, which flag the hook reads and when it counts, the order finish launches in and what it resets, which flags no_sync restores
+    # Task 5, trial 11 (2026-11-29): bucket_size_mb None and 0, empty buckets, two dtypes of one element size, the divisor and the tensor reduced, which flag the hook reads and when it counts, the order finish launches in and what it resets, which flags no_sync restores
     Mistake("5.1", "none-is-no-cap", "template_ddp.py",  # trial 11: was told as another order
             "    limit = None if bucket_size_mb is None else bucket_size_mb * 2**20",
             "    limit = bucket_size_mb * 2**20 if bucket_size_mb else float('inf')  # 0 or None: no cap",
@@ -581,6 +581,10 @@ MISTAKES = [
             "        if current and (limit is None or current_bytes + size > limit or param.dtype != current[0].dtype",
             "        if limit is None or current_bytes + size > limit or current and (param.dtype != current[0].dtype",
             "returned an empty bucket"),
+    Mistake("5.1", "splits-by-element-size", "template_ddp.py",  # trial 11: passed: no two dtypes of one size
+            "or param.dtype != current[0].dtype",
+            "or param.element_size() != current[0].element_size()",
+            "compare param.dtype itself"),
     Mistake("5.2", "divides-by-the-parameters", "template_ddp.py",  # trial 11: was told as bare values
             "    bucket.buffer /= dist.get_world_size()\n",
             "    bucket.buffer /= len(bucket.params)  # the mean\n",

@@ -224,13 +224,16 @@ def test_tied_weights_once_frozen_ones_never(impl):
 @pytest.mark.task5_1
 def test_a_new_bucket_where_the_dtype_changes(impl):
     dtypes = _params(4, 4) + _params(4, dtype=torch.float64)
+    # float16 and bfloat16: the same element size, two dtypes (trial 11: compared by element_size, they shared)
+    halves_mixed = _params(4, dtype=torch.bfloat16) + _params(4, dtype=torch.float16)
     # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
     devices = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
     # a bucket's bytes are numel() * element_size(): 2 float16 parameters of 20 elements (40 B each) share a
     # 100-byte bucket, 2 float64 parameters of 10 elements (80 B each) do not (4 bytes an element: the reverse)
     halves, doubles = _params(20, 20, dtype=torch.float16), _params(10, 10, dtype=torch.float64)
-    got, on_devices, in_halves, in_doubles = _buckets(impl, (dtypes, 25.0), (devices, 25.0), (halves, 100 / 2**20),
-                                                      (doubles, 100 / 2**20))
+    got, on_devices, in_halves, in_doubles, mixed = _buckets(impl, (dtypes, 25.0), (devices, 25.0),
+                                                             (halves, 100 / 2**20), (doubles, 100 / 2**20),
+                                                             (halves_mixed, 25.0))
     assert (in_halves, in_doubles) == ([[1, 0]], [[1], [0]]), (
         f"{T51}: with a 100-byte cap, 2 float16 parameters of 20 elements (40 bytes each) gave the buckets "
         f"{in_halves}, expected [[1, 0]], and 2 float64 parameters of 10 elements (80 bytes each) gave {in_doubles}, "
@@ -240,6 +243,9 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
+    assert mixed == [[1], [0]], (
+        f"{T51}: one flat buffer holds one dtype: a bfloat16 and a float16 parameter (2 bytes an element each) "
+        f"should give the buckets [[1], [0]], got {mixed}: compare param.dtype itself; float16 and bfloat16 have the same size an element")
     assert on_devices == [[2], [1], [0]], (
         f"{T51}: one flat buffer lives on one device: parameters on cpu, meta, cpu should give the buckets "
         f"[[2], [1], [0]], got {on_devices}: start a new bucket where the device changes")
