@@ -605,6 +605,10 @@ MISTAKES = [
             "                if not self.sync_this_backward:\n                    return\n                bucket.num_ready += 1\n",
             "                bucket.num_ready += 1\n                if not self.sync_this_backward:\n                    return\n",
             "return before counting"),
+    Mistake("5.4", "finish-reads-require-flag", "template_ddp.py",  # trial 11: was told as no early return
+            "        if not self.sync_this_backward:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
+            "        if not self.require_backward_grad_sync:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
+            "it reads require_backward_grad_sync"),
     Mistake("5.4", "finish-launches-in-reverse", "template_ddp.py",  # trial 11: was told as buckets not launched
             "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n",
             "        for bucket in reversed(self.buckets[self.next_bucket:]):\n            launch_all_reduce(bucket)\n",

@@ -902,12 +902,28 @@ def _finish_after_no_sync(rank, world_size, impl):
     before = grads_of(module)
     with Wire(ALL_REDUCE) as recorder:
         model.finish_gradient_synchronization()
-    return len(recorder.launches()), before, grads_of(module)
+    after, silent_when_both_off = grads_of(module), None
+    if recorder.launches():  # which flag did finish read? again with both flags off (trial 11)
+        for bucket in model.buckets:
+            if bucket.handle is not None:
+                bucket.handle.wait()
+            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+        model.next_bucket, model.require_backward_grad_sync = 0, False
+        with Wire(ALL_REDUCE) as both_off:
+            model.finish_gradient_synchronization()
+        silent_when_both_off = not both_off.launches()
+    return len(recorder.launches()), before, after, silent_when_both_off
 
 
 @pytest.mark.task5_4
 def test_finish_after_a_no_sync_forward_communicates_nothing(impl):
-    [(launches, before, after)] = run_ranks(_finish_after_no_sync, 1, impl)
+    [(launches, before, after, silent_when_both_off)] = run_ranks(_finish_after_no_sync, 1, impl)
+    if launches and silent_when_both_off:  # trial 11: told as no early return
+        pytest.fail(f"{T54}: with self.sync_this_backward False (the last forward ran inside no_sync) and "
+                    f"require_backward_grad_sync True, finish_gradient_synchronization() launched {launches} "
+                    "all-reduces; with both False it launched none: it reads require_backward_grad_sync. Read "
+                    "self.sync_this_backward, which forward set: out = model(x) inside no_sync() and the backward "
+                    "and finish after the block still accumulate locally")
     assert launches == 0, (
         f"{T54}: the forward ran without sync (inside no_sync), yet finish_gradient_synchronization() launched "
         f"{launches} all-reduces: when self.sync_this_backward is False, return at once")
