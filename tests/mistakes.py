@@ -564,6 +564,67 @@ MISTAKES = [
             "        previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = previous",
             "        self._previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n        try:\n            yield\n        finally:\n            self.require_backward_grad_sync = self._previous",
             "not on self"),
+    # Task 5, trial 11 (2026-11-29): bucket_size_mb None and 0, empty buckets, two dtypes of one element size, the divisor and the tensor reduced, which flag the hook reads and when it counts, the order finish launches in and what it resets, which flags no_sync restores
+    Mistake("5.1", "none-is-no-cap", "template_ddp.py",  # trial 11: was told as another order
+            "    limit = None if bucket_size_mb is None else bucket_size_mb * 2**20",
+            "    limit = bucket_size_mb * 2**20 if bucket_size_mb else float('inf')  # 0 or None: no cap",
+            "None (or 0) means one bucket per parameter"),
+    Mistake("5.1", "zero-is-no-cap", "template_ddp.py",  # trial 11: passed: 0 was never tried
+            "    limit = None if bucket_size_mb is None else bucket_size_mb * 2**20",
+            "    limit = None if bucket_size_mb is None else (bucket_size_mb or float('inf')) * 2**20  # 0: unlimited",
+            "bucket_size_mb=0 means one bucket per parameter too"),
+    Mistake("5.1", "none-is-the-default-25", "template_ddp.py",  # trial 11: was told as another order
+            "    limit = None if bucket_size_mb is None else bucket_size_mb * 2**20",
+            "    limit = (25.0 if bucket_size_mb is None else bucket_size_mb) * 2**20  # None: PyTorch's default",
+            "nor PyTorch's default of 25 MB"),
+    Mistake("5.1", "empty-first-bucket", "template_ddp.py",  # trial 11: was told as another order
+            "        if current and (limit is None or current_bytes + size > limit or param.dtype != current[0].dtype",
+            "        if limit is None or current_bytes + size > limit or current and (param.dtype != current[0].dtype",
+            "returned an empty bucket"),
+    Mistake("5.1", "splits-by-element-size", "template_ddp.py",  # trial 11: passed: no two dtypes of one size
+            "or param.dtype != current[0].dtype",
+            "or param.element_size() != current[0].element_size()",
+            "compare param.dtype itself"),
+    Mistake("5.2", "divides-by-the-parameters", "template_ddp.py",  # trial 11: was told as bare values
+            "    bucket.buffer /= dist.get_world_size()\n",
+            "    bucket.buffer /= len(bucket.params)  # the mean\n",
+            "divided by the number of parameters in the bucket"),
+    Mistake("5.2", "reduces-a-temporary", "template_ddp.py",  # trial 11: was told as bare values
+            "    bucket.buffer /= dist.get_world_size()\n    bucket.handle = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)",
+            "    bucket.handle = dist.all_reduce(bucket.buffer / dist.get_world_size(), op=dist.ReduceOp.SUM, async_op=True)",
+            "another tensor than bucket.buffer"),
+    Mistake("5.3", "ready-when-grad-not-none", "template_ddp.py",  # trial 11: was told as register_hook
+            "                bucket.num_ready += 1\n",
+            "                bucket.num_ready = sum(p.grad is not None for p in bucket.params)\n",
+            "not the parameters whose .grad is not None"),
+    Mistake("5.3", "hook-reads-require-flag", "template_ddp.py",  # trial 11: was told as no early return
+            "                if not self.sync_this_backward:\n                    return\n                bucket.num_ready",
+            "                if not self.require_backward_grad_sync:\n                    return\n                bucket.num_ready",
+            "the hook reads require_backward_grad_sync"),
+    Mistake("5.3", "counts-before-the-flag", "template_ddp.py",  # trial 11: was told as register_hook
+            "                if not self.sync_this_backward:\n                    return\n                bucket.num_ready += 1\n",
+            "                bucket.num_ready += 1\n                if not self.sync_this_backward:\n                    return\n",
+            "return before counting"),
+    Mistake("5.4", "finish-reads-require-flag", "template_ddp.py",  # trial 11: was told as no early return
+            "        if not self.sync_this_backward:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
+            "        if not self.require_backward_grad_sync:\n            return\n        for bucket in self.buckets[self.next_bucket:]:",
+            "it reads require_backward_grad_sync"),
+    Mistake("5.4", "finish-launches-in-reverse", "template_ddp.py",  # trial 11: was told as buckets not launched
+            "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n",
+            "        for bucket in reversed(self.buckets[self.next_bucket:]):\n            launch_all_reduce(bucket)\n",
+            "IN BUCKET ORDER"),
+    Mistake("5.4", "finish-resets-only-launched", "template_ddp.py",  # trial 11: was told as never launched
+            "            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None\n",
+            "            bucket.handle, bucket.buffer = None, None\n        for bucket in self.buckets[:self.next_bucket]:\n            bucket.num_ready = 0\n",
+            "still has num_ready="),
+    Mistake("5.5", "restores-both-flags", "template_ddp.py",  # trial 11: passed
+            "        finally:\n            self.require_backward_grad_sync = previous\n",
+            "        finally:\n            self.require_backward_grad_sync = previous\n            self.sync_this_backward = previous\n",
+            "restore require_backward_grad_sync alone"),
+    Mistake("5.5", "previous-read-after-setting", "template_ddp.py",  # trial 11: was told as a launch count
+            "        previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n",
+            "        self.require_backward_grad_sync = False\n        previous = self.require_backward_grad_sync\n",
+            "BEFORE setting False"),
     # Task 6.1
     Mistake("6.1", "floor-not-ceil", "template_zero.py",
             "    shard_size = max(1, -(-total // world_size))", "    shard_size = max(1, total // world_size)",
@@ -4601,6 +4662,42 @@ RIGHT_ANSWERS = [
         Mistake("5.4", "wait-all-futures", "template_ddp.py",
                 "        for bucket in self.buckets:\n            bucket.handle.wait()\n",
                 "        torch.futures.wait_all([bucket.handle.get_future() for bucket in self.buckets])\n        for bucket in self.buckets:\n", ""),)),
+    # Task 5, trial 11 (2026-11-29): right answers written otherwise
+    RightAnswer("5.1", "falsy-cap-is-per-parameter",
+                "'bucket_size_mb=None (or 0): one bucket per parameter': `if bucket_size_mb` treats None and 0 alike", (
+        Mistake("5.1", "falsy-cap-is-per-parameter", "template_ddp.py",
+                "    limit = None if bucket_size_mb is None else bucket_size_mb * 2**20",
+                "    limit = bucket_size_mb * 2**20 if bucket_size_mb else None  # None or 0: one bucket per parameter", ""),)),
+    RightAnswer("5.1", "dict-fromkeys",
+                "'it goes into one bucket only, at its FIRST occurrence': dict.fromkeys keeps the first place, and a Parameter hashes by identity", (
+        Mistake("5.1", "dict-fromkeys", "template_ddp.py",
+                "    unique = list({id(param): param for param in parameters}.values())",
+                "    unique = list(dict.fromkeys(parameters))  # a Parameter hashes by identity", ""),)),
+    RightAnswer("5.2", "divided-out-of-place",
+                "'Divide the buffer by the world size BEFORE the sum': an out-of-place division assigned to bucket.buffer, then all_reduce of bucket.buffer", (
+        Mistake("5.2", "divided-out-of-place", "template_ddp.py",
+                "    bucket.buffer = torch.cat(grads)\n    bucket.buffer /= dist.get_world_size()\n",
+                "    bucket.buffer = torch.cat(grads) / dist.get_world_size()\n", ""),)),
+    RightAnswer("5.2", "default-op",
+                "'dist.all_reduce(bucket.buffer, op=SUM, async_op=True)': SUM is all_reduce's default op", (
+        Mistake("5.2", "default-op", "template_ddp.py",
+                "dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)",
+                "dist.all_reduce(bucket.buffer, async_op=True)", ""),)),
+    RightAnswer("5.3", "for-with-break",
+                "'while self.next_bucket is a valid index and that bucket has all its parameters ready': a for loop from self.next_bucket that breaks at the first incomplete bucket", (
+        Mistake("5.3", "for-with-break", "template_ddp.py",
+                "                while (self.next_bucket < len(self.buckets)\n                       and self.buckets[self.next_bucket].num_ready == len(self.buckets[self.next_bucket].params)):\n                    launch_all_reduce(self.buckets[self.next_bucket])\n                    self.next_bucket += 1\n",
+                "                for index in range(self.next_bucket, len(self.buckets)):\n                    if self.buckets[index].num_ready < len(self.buckets[index].params):\n                        break\n                    launch_all_reduce(self.buckets[index])\n                    self.next_bucket = index + 1\n", ""),)),
+    RightAnswer("5.4", "finish-advances-next-bucket",
+                "'launch, in order, every bucket that backward did not launch (from self.next_bucket on)': a while loop that moves self.next_bucket on, reset to 0 at the end", (
+        Mistake("5.4", "finish-advances-next-bucket", "template_ddp.py",
+                "        for bucket in self.buckets[self.next_bucket:]:\n            launch_all_reduce(bucket)\n",
+                "        while self.next_bucket < len(self.buckets):\n            launch_all_reduce(self.buckets[self.next_bucket])\n            self.next_bucket += 1\n", ""),)),
+    RightAnswer("5.5", "tuple-swap",
+                "'restore its previous value': read and set in one tuple assignment", (
+        Mistake("5.5", "tuple-swap", "template_ddp.py",
+                "        previous = self.require_backward_grad_sync\n        self.require_backward_grad_sync = False\n",
+                "        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False\n", ""),)),
     RightAnswer("6.3", "async-broadcasts-waited-in-reverse",  # trial 6
                 "'dist.broadcast(view, src=rank) for every piece in self.pieces, in that order on every rank': "
                 "launched in that order with async_op=True, every Work waited for before step() returns, in any order", (

@@ -10,6 +10,7 @@ task take solutions/' answers to the other tasks (judging), so a mistake costs o
 """
 import functools
 import os
+import sys
 
 import pytest
 import torch
@@ -112,6 +113,15 @@ def _as_indices(buckets, params):
     return [[next(i for i, p in enumerate(params) if p is q) for q in bucket] for bucket in buckets]
 
 
+def _no_empty_bucket(*results):
+    """Fail, naming it, when build_buckets returned an empty bucket (trial 11: was told as another order)."""
+    for got in results:
+        if any(not bucket for bucket in got):
+            pytest.fail(f"{T51}: build_buckets returned an empty bucket: {got[:6]}{' ...' if len(got) > 6 else ''} "
+                        "(indices into the parameters): an empty bucket has no gradient to send. Close the current "
+                        "bucket only when it holds a parameter (`if current and ...`)")
+
+
 def _bucket_indices(impl, params, bucket_size_mb, named):
     lib = judging(impl, "5.1")
     return _as_indices(lib.build_buckets(params, bucket_size_mb), named)
@@ -140,9 +150,14 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
     # taken as 10**6 bytes splits them; a cap that excludes equality does not, so it is told apart.
     big = _params(2000, 250_000)
     got, in_big, in_params = _buckets(impl, (many, None), (big, 1.0), (params, 200 / 2**20))
+    _no_empty_bucket(got, in_big, in_params)
     if got == [[i] for i in range(64)]:
         pytest.fail(f"{T51}: the buckets start from the first parameter: walk the parameters in REVERSE "
                     "order, the order in which backward produces their gradients")
+    if sum(got, []) == list(reversed(range(64))) and got != [[i] for i in reversed(range(64))]:  # trial 11
+        pytest.fail(f"{T51}: with bucket_size_mb=None, 64 parameters of 4 bytes gave {len(got)} bucket(s) of "
+                    f"{[len(b) for b in got][:12]} parameters, in the right order: None (or 0) means one bucket per "
+                    "parameter, not \"no cap\" (nor PyTorch's default of 25 MB)")
     assert got == [[i] for i in reversed(range(64))], (
         f"{T51}: with bucket_size_mb=None, 64 parameters should give one bucket each, in the reverse order of "
         f"the list; got another order (indices {sum(got, [])[:12]} ...): take the order from the list, the "
@@ -166,9 +181,14 @@ def test_buckets_follow_backward_order_and_hold_at_most_the_cap(impl):
 @pytest.mark.task5_1
 def test_one_bucket_per_parameter_with_none_and_one_for_all_under_the_cap(impl):
     params = _params(3, 1000, 2)  # a 4000-byte parameter, larger than the 100-byte cap below
-    each, all_in_one, got = _buckets(impl, (params, None), (params, 25.0), (params, 100 / 2**20))
+    each, zero, all_in_one, got = _buckets(impl, (params, None), (params, 0), (params, 25.0), (params, 100 / 2**20))
+    _no_empty_bucket(each, zero, all_in_one, got)
     assert each == [[2], [1], [0]], (
-        f"{T51}: bucket_size_mb=None means one bucket per parameter, in reverse order")
+        f"{T51}: bucket_size_mb=None means one bucket per parameter, in reverse order: expected [[2], [1], [0]], "
+        f"got {each}")
+    assert zero == [[2], [1], [0]], (  # trial 11: 0 was never tried
+        f"{T51}: bucket_size_mb=0 means one bucket per parameter too (every parameter is larger than a 0-byte "
+        f"bucket): expected [[2], [1], [0]], got {zero}")
     assert all_in_one == [[2, 1, 0]], (
         f"{T51}: 4020 bytes fit in one 25 MB bucket")
     assert got == [[2], [1], [0]], (
@@ -204,13 +224,16 @@ def test_tied_weights_once_frozen_ones_never(impl):
 @pytest.mark.task5_1
 def test_a_new_bucket_where_the_dtype_changes(impl):
     dtypes = _params(4, 4) + _params(4, dtype=torch.float64)
+    # float16 and bfloat16: the same element size, two dtypes (trial 11: compared by element_size, they shared)
+    halves_mixed = _params(4, dtype=torch.bfloat16) + _params(4, dtype=torch.float16)
     # a parameter on another device (meta: no GPU needed): one flat buffer lives on one device
     devices = _params(4) + [nn.Parameter(torch.zeros(4, device="meta"))] + _params(4)
     # a bucket's bytes are numel() * element_size(): 2 float16 parameters of 20 elements (40 B each) share a
     # 100-byte bucket, 2 float64 parameters of 10 elements (80 B each) do not (4 bytes an element: the reverse)
     halves, doubles = _params(20, 20, dtype=torch.float16), _params(10, 10, dtype=torch.float64)
-    got, on_devices, in_halves, in_doubles = _buckets(impl, (dtypes, 25.0), (devices, 25.0), (halves, 100 / 2**20),
-                                                      (doubles, 100 / 2**20))
+    got, on_devices, in_halves, in_doubles, mixed = _buckets(impl, (dtypes, 25.0), (devices, 25.0),
+                                                             (halves, 100 / 2**20), (doubles, 100 / 2**20),
+                                                             (halves_mixed, 25.0))
     assert (in_halves, in_doubles) == ([[1, 0]], [[1], [0]]), (
         f"{T51}: with a 100-byte cap, 2 float16 parameters of 20 elements (40 bytes each) gave the buckets "
         f"{in_halves}, expected [[1, 0]], and 2 float64 parameters of 10 elements (80 bytes each) gave {in_doubles}, "
@@ -220,6 +243,9 @@ def test_a_new_bucket_where_the_dtype_changes(impl):
     assert got == [[2], [1, 0]], (
         f"{T51}: one flat buffer holds one dtype: float32, float32, float64 parameters should give the buckets "
         f"[[2], [1, 0]], got {got}")
+    assert mixed == [[1], [0]], (
+        f"{T51}: one flat buffer holds one dtype: a bfloat16 and a float16 parameter (2 bytes an element each) "
+        f"should give the buckets [[1], [0]], got {mixed}: compare param.dtype itself; float16 and bfloat16 have the same size an element")
     assert on_devices == [[2], [1], [0]], (
         f"{T51}: one flat buffer lives on one device: parameters on cpu, meta, cpu should give the buckets "
         f"[[2], [1], [0]], got {on_devices}: start a new bucket where the device changes")
@@ -235,10 +261,11 @@ def _launch(rank, world_size, impl):
     params[2].grad = torch.arange(5.0) * (rank + 1)
     bucket = lib.Bucket(params)
     with Wire(ALL_REDUCE) as recorder:
-        recorded, sent = dist.all_reduce, []
+        recorded, sent, reduced = dist.all_reduce, [], []
 
         def all_reduce(tensor, *args, **kwargs):  # what the tensor holds when it is sent: divided already?
             sent.append(tensor.detach().clone())
+            reduced.append(tensor)
             return recorded(tensor, *args, **kwargs)
 
         dist.all_reduce = all_reduce
@@ -261,7 +288,11 @@ def _launch(rank, world_size, impl):
         if bucket64.handle is not None:
             bucket64.handle.wait()
         dtypes[label] = None if bucket64.buffer is None else (bucket64.buffer.dtype, bucket64.buffer.clone())
+    # the tensor the all_reduce was given is bucket.buffer itself (its storage), not a temporary
+    into_buffer = bucket.buffer is not None and any(
+        t.untyped_storage().data_ptr() == bucket.buffer.untyped_storage().data_ptr() for t in reduced)
     return {"events": recorder.events, "buffer": None if bucket.buffer is None else bucket.buffer.clone(),
+            "into_buffer": into_buffer,
             "handle_kept": handle_kept, "params": [p.detach().clone() for p in params], "float64": dtypes,
             "ops": [call.op for call in recorder.calls], "sent": sent}
 
@@ -304,6 +335,11 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
                         "gradients), and was divided once the sum came back: divide it by the world size BEFORE "
                         "the all_reduce, as PyTorch's DDP does: in float16 the sum of N gradients can overflow where "
                         "their mean does not")
+        if len(got["sent"]) == 1 and not got["into_buffer"] and torch.allclose(buffer, local):  # trial 11
+            pytest.fail(f"{T52}: rank {rank}: the all_reduce was given another tensor than bucket.buffer (such as "
+                        "bucket.buffer / world_size, a new tensor), so its sum went nowhere and bucket.buffer stayed "
+                        "this rank's own gradients. Divide bucket.buffer itself (in place, or assign the divided "
+                        "tensor to bucket.buffer first), then all_reduce bucket.buffer")
         assert torch.allclose(buffer, expected), (
             f"{T52}: rank {rank}'s buffer should be the mean gradient over {world_size} ranks, in the bucket's "
             f"order, with zeros for a parameter whose .grad is None: expected {expected.tolist()}, got "
@@ -317,6 +353,14 @@ def test_launch_all_reduce_averages_the_flat_gradients_without_waiting(impl):
             f"{T52}: rank {rank}: a bucket of float64 parameters gave a {dtype} buffer: keep the gradients' "
             "dtype (torch.cat of the gradients as they are): a buffer in another dtype (a cast, or a new tensor in the "
             "default dtype) drops the bits PyTorch's DDP keeps")
+        total = exact * world_size  # the sum over the ranks
+        if buffer[0] != 0 and not torch.allclose(buffer, exact, rtol=0, atol=2.0**-50):
+            divisor = (total[0] / buffer[0]).item()
+            if torch.allclose(buffer * divisor, total, rtol=0, atol=2.0**-48):  # trial 11: told as bare values
+                pytest.fail(f"{T52}: rank {rank}: a float64 bucket of 2 parameters came back as the sum over the "
+                            f"{world_size} ranks divided by {divisor:g}, not by the world size {world_size}"
+                            + (": the buffer was divided by the number of parameters in the bucket"
+                               if round(divisor) == 2 else "") + ": divide by dist.get_world_size()")
         assert torch.allclose(buffer, exact, rtol=0, atol=2.0**-50), (
             f"{T52}: rank {rank}: a float64 bucket's mean should be {exact.tolist()}, got {buffer.tolist()}")
         dtype, _ = got["float64"]["no .grad at all"]
@@ -332,9 +376,20 @@ def _hooks(rank, world_size, impl):
     out = {}
     for label, size in [("per-parameter", None), ("tiny", TINY)]:
         torch.manual_seed(rank)  # different on each rank: DDP's broadcast makes them equal
-        model = lib.DDP(mlp(), bucket_size_mb=size)
+        module, current = mlp(), []
+
+        def marker(name):  # registered before DDP's hooks: marks when this backward's gradient is in .grad
+            def mark(param):
+                if current:
+                    current[0].mark(f"in {name}")
+            return mark
+
+        for name, param in module.named_parameters():
+            param.register_post_accumulate_grad_hook(marker(name))
+        model = lib.DDP(module, bucket_size_mb=size)
         out[label + " buckets"] = names_of(model.module, [b.params for b in model.buckets])
         with Wire(ALL_REDUCE) as recorder:
+            current.append(recorder)
             runs = []
             for sync_first in (True, False):  # one plain step; then one accumulating step
                 for bucket in model.buckets:
@@ -349,6 +404,8 @@ def _hooks(rank, world_size, impl):
                     loss = F.mse_loss(model(x[mine]), y[mine])
                     loss.backward()
                     recorder.mark(f"backward {i} returned")
+                    if not sync_first and i == 0:
+                        ready_after_no_sync = [bucket.num_ready for bucket in model.buckets]
                 events = list(recorder.events)
                 ready = [bucket.num_ready for bucket in model.buckets]
                 buffers = []
@@ -356,7 +413,8 @@ def _hooks(rank, world_size, impl):
                     if bucket.handle is not None:
                         bucket.handle.wait()
                     buffers.append(None if bucket.buffer is None else bucket.buffer.clone())
-                runs.append({"events": events, "buffers": buffers, "ready": ready})
+                runs.append({"events": events, "buffers": buffers, "ready": ready,
+                             "ready after no_sync": None if sync_first else ready_after_no_sync})
         out[label] = runs
     return out
 
@@ -408,6 +466,25 @@ def test_backward_launches_every_bucket_before_it_returns(impl, buckets):
             f"backward, {len(launched)} did")
 
 
+def _launched_early(events, names):
+    """The first (bucket index, parameter name) where the synchronising backward (the last one in events)
+    launched a bucket before that parameter's gradient of this backward was in .grad, or None. Buckets launch
+    in bucket order, so the k-th launch is bucket k."""
+    start = max((i + 1 for i, e in enumerate(events) if e == ("backward 0 returned",)), default=0)
+    if ("backward 1 returned",) not in events:
+        start = 0
+    arrived, index = set(), 0
+    for event in events[start:]:
+        if isinstance(event[0], str) and event[0].startswith("in "):
+            arrived.add(event[0][3:])
+        elif event[0] == "launch" and index < len(names):
+            missing = [name for name in names[index] if name not in arrived]
+            if missing:
+                return index, missing[0]
+            index += 1
+    return None
+
+
 @pytest.mark.task5_3
 @pytest.mark.parametrize("buckets", ["per-parameter", "tiny"])
 def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
@@ -424,6 +501,19 @@ def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
                     f"{T53}: rank {rank}: the forward ran with require_backward_grad_sync=False (inside no_sync), "
                     f"and its backward still launched {len(early)} all-reduces: the hook must return at once "
                     "when self.sync_this_backward is False")
+            counted = run["ready after no_sync"] if accumulate else None
+            if counted and any(counted):  # trial 11: told as register_hook
+                pytest.fail(f"{T53}: rank {rank}: after a backward whose forward ran inside no_sync() (nothing "
+                            f"launched), the buckets counted {counted} parameters ready, not 0: the hook counted "
+                            "before returning, so in the next backward the counts run past the bucket sizes and no "
+                            "bucket completes. When self.sync_this_backward is False, return before counting")
+            early = _launched_early(run["events"], names)
+            if accumulate and early and not _launched_early(result[buckets][0]["events"], names):  # trial 11
+                pytest.fail(f"{T53}: rank {rank}: in the backward after a no_sync() one, bucket {early[0]} "
+                            f"({names[early[0]]}) was launched before this backward's gradient of '{early[1]}' was "
+                            "in .grad (in a plain step it waited for it): a bucket counted complete because every "
+                            ".grad already held the no_sync backward's gradient. Count the hooks that fired in THIS "
+                            "backward (bucket.num_ready += 1), not the parameters whose .grad is not None")
             for index, (got, want) in enumerate(zip(run["buffers"], expected)):
                 what = "the sum of two backwards' gradients (the first one without sync)" if accumulate else "the gradient"
                 # float32 rounding only: the sums run in another order than the reference's (~1e-7 relative)
@@ -443,6 +533,17 @@ def _one_hook_each(rank, world_size, impl):
     with Wire(ALL_REDUCE) as recorder:
         model.sync_this_backward = False  # as after a forward inside no_sync()
         F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
+    silent_when_both_off = None
+    if recorder.launches():  # which flag did the hook read? the same backward with both flags off (trial 11)
+        for bucket in model.buckets:
+            if bucket.handle is not None:
+                bucket.handle.wait()
+            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+        model.next_bucket, model.require_backward_grad_sync = 0, False
+        with Wire(ALL_REDUCE) as both_off:
+            F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
+        silent_when_both_off = not both_off.launches()
+        model.require_backward_grad_sync = True
     # a weight used by two layers (one Parameter, listed twice by named_parameters(remove_duplicate=False)):
     # one hook, so one count a backward; two would launch the bucket before its last gradient is in
     tied = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
@@ -455,15 +556,21 @@ def _one_hook_each(rank, world_size, impl):
         if bucket.handle is not None:
             bucket.handle.wait()
     return (len(model._hook_handles), len(recorder.launches()), [b.num_ready for b in model.buckets],
-            (len(tied_model._hook_handles), bucket.num_ready))
+            (len(tied_model._hook_handles), bucket.num_ready), silent_when_both_off)
 
 
 @pytest.mark.task5_3
 def test_one_hook_per_parameter_silent_while_sync_is_off(impl):
-    [(hooks, launches, ready, (tied_hooks, tied_ready))] = run_ranks(_one_hook_each, 1, impl)
+    [(hooks, launches, ready, (tied_hooks, tied_ready), silent_when_both_off)] = run_ranks(_one_hook_each, 1, impl)
     assert hooks == 6, (
         f"{T53}: the 3 buckets hold 6 parameters: register one post-accumulate-grad hook per parameter and keep "
         f"its handle in self._hook_handles, got {hooks} handles")
+    if launches and silent_when_both_off:  # trial 11: told as a hook that never returns early
+        pytest.fail(f"{T53}: with self.sync_this_backward False (the last forward ran inside no_sync) and "
+                    f"require_backward_grad_sync True, backward launched {launches} all-reduces; with both False it "
+                    "launched none: the hook reads require_backward_grad_sync. Read self.sync_this_backward, which "
+                    "forward set: PyTorch's DDP decides in forward, so out = model(x) inside no_sync() and "
+                    "out.backward() after the block still accumulates locally")
     assert launches == 0, (
         f"{T53}: with self.sync_this_backward False (a forward inside no_sync), backward launched {launches} "
         "all-reduces: the hook must return at once, before counting or launching anything")
@@ -584,6 +691,14 @@ def _finish(model, recorder=None):
     recorder, every all-reduce launched in this step waited on."""
     unlaunched = [index for index, bucket in enumerate(model.buckets) if bucket.handle is None]
     complete = [index for index in unlaunched if model.buckets[index].num_ready == len(model.buckets[index].params)]
+    lib, finished = sys.modules[type(model).__module__], []  # which buckets finish launches (trial 11)
+    launch = lib.launch_all_reduce
+
+    def spy(bucket):
+        finished.append(bucket)
+        return launch(bucket)
+
+    lib.launch_all_reduce = spy
     try:
         model.finish_gradient_synchronization()
     except AttributeError as error:
@@ -603,8 +718,13 @@ def _finish(model, recorder=None):
             f"({error}): a parameter unused in forward got no gradient, so its bucket never became ready and its "
             "handle and buffer are still None. Launch every bucket from self.next_bucket on (launch_all_reduce "
             "sends zeros for a missing gradient) before waiting for the handles") from None
+    finally:
+        lib.launch_all_reduce = launch
+    # never launched: still no handle, no buffer, a count not reset; and not launched by finish through
+    # launch_all_reduce (a bucket finish launched but did not reset is told below as not reset: trial 11)
     skipped = [index for index in unlaunched if model.buckets[index].handle is None
-               and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0]
+               and model.buckets[index].buffer is None and model.buckets[index].num_ready != 0
+               and not any(bucket is model.buckets[index] for bucket in finished)]
     if recorder is not None:
         new, recorder.checked = recorder.handles[getattr(recorder, "checked", 0):], len(recorder.handles)
         if len(new) < len(model.buckets) and model.next_bucket == 0:
@@ -717,6 +837,19 @@ def _unused_on_one_rank(rank, world_size, impl):
     return out
 
 
+def _finish_order(rank, world_size, impl):
+    """The sizes of the all-reduces finish_gradient_synchronization() launches when backward launched none,
+    in the order it launches them, and the buckets' sizes in bucket order."""
+    lib = judging(impl, "5.4")
+    module = mlp()
+    params = list(module.parameters())
+    model = bare_ddp(lib, module, [params[4:], params[2:4], params[:2]])  # 36, 72 and 72 elements
+    F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()  # no hooks: nothing launched
+    with Wire(ALL_REDUCE) as recorder:
+        model.finish_gradient_synchronization()
+    return [e[1] for e in recorder.launches()], [sum(p.numel() for p in b.params) for b in model.buckets]
+
+
 @pytest.mark.task5_4
 def test_a_parameter_used_on_one_rank_only_neither_hangs_nor_diverges(impl):
     try:
@@ -724,6 +857,16 @@ def test_a_parameter_used_on_one_rank_only_neither_hangs_nor_diverges(impl):
     except (RankTimeout, RankFailed) as error:
         if isinstance(error, RankFailed) and "Task 5.4" in str(error).split("\n--- rank")[0]:
             raise  # a check of the rank's (_finish) named the cause: said first, not after a guess (trial 9)
+        try:  # only after a failure: in which order does finish launch the buckets? (trial 11)
+            [(launched, sizes)] = run_ranks(_finish_order, 1, impl, timeout=15)
+        except (RankTimeout, RankFailed):
+            launched = sizes = None
+        if launched is not None and sorted(launched) == sorted(sizes) and launched != sizes:
+            pytest.fail(f"{T54}: the ranks hung or failed: with no bucket launched by backward, "
+                        f"finish_gradient_synchronization() launched all-reduces of {launched} elements, but the "
+                        f"buckets, in bucket order, hold {sizes}: launch the buckets from self.next_bucket on IN "
+                        "BUCKET ORDER. The ranks pair their all-reduces in the order they are issued, and another "
+                        "rank's backward launched its buckets in bucket order")
         pytest.fail(f"{T54}: `extra` is unused in forward on rank 1, and finish_gradient_synchronization() hung "
                     "or failed: launch every bucket backward did not launch (from self.next_bucket on) before "
                     f"waiting, so every rank issues the same all-reduces.\n{str(error)[:1500]}")
@@ -758,12 +901,28 @@ def _finish_after_no_sync(rank, world_size, impl):
     before = grads_of(module)
     with Wire(ALL_REDUCE) as recorder:
         model.finish_gradient_synchronization()
-    return len(recorder.launches()), before, grads_of(module)
+    after, silent_when_both_off = grads_of(module), None
+    if recorder.launches():  # which flag did finish read? again with both flags off (trial 11)
+        for bucket in model.buckets:
+            if bucket.handle is not None:
+                bucket.handle.wait()
+            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+        model.next_bucket, model.require_backward_grad_sync = 0, False
+        with Wire(ALL_REDUCE) as both_off:
+            model.finish_gradient_synchronization()
+        silent_when_both_off = not both_off.launches()
+    return len(recorder.launches()), before, after, silent_when_both_off
 
 
 @pytest.mark.task5_4
 def test_finish_after_a_no_sync_forward_communicates_nothing(impl):
-    [(launches, before, after)] = run_ranks(_finish_after_no_sync, 1, impl)
+    [(launches, before, after, silent_when_both_off)] = run_ranks(_finish_after_no_sync, 1, impl)
+    if launches and silent_when_both_off:  # trial 11: told as no early return
+        pytest.fail(f"{T54}: with self.sync_this_backward False (the last forward ran inside no_sync) and "
+                    f"require_backward_grad_sync True, finish_gradient_synchronization() launched {launches} "
+                    "all-reduces; with both False it launched none: it reads require_backward_grad_sync. Read "
+                    "self.sync_this_backward, which forward set: out = model(x) inside no_sync() and the backward "
+                    "and finish after the block still accumulate locally")
     assert launches == 0, (
         f"{T54}: the forward ran without sync (inside no_sync), yet finish_gradient_synchronization() launched "
         f"{launches} all-reduces: when self.sync_this_backward is False, return at once")
@@ -814,33 +973,14 @@ def _accumulate_results(impl):
 
 
 @pytest.mark.task5_5
-def test_accumulation_equals_one_big_batch_with_one_all_reduce_per_bucket(impl):
-    results = _accumulate_results(impl)
-    torch.manual_seed(0)
-    single = Awkward()
-    x, y = batches(1, 12)[0]
-    F.mse_loss(single(x), y).backward()  # 3 micro-batches of 2 on 2 ranks: a global batch of 12
-    for rank, out in enumerate(results):
-        assert out["inside"] == 0, (
-            f"{T55}: rank {rank}: {out['inside']} all-reduces were launched inside no_sync(): set "
-            "require_backward_grad_sync to False there, so the hooks do not communicate")
-        assert out["launches"] == out["buckets"], (
-            f"{T55}: rank {rank}: an optimizer step with 3 micro-batches should launch one all_reduce per bucket "
-            f"({out['buckets']}), got {out['launches']}")
-        for name, p in single.named_parameters():
-            if p.grad is None:
-                continue
-            got = out["grads"][name]
-            assert got is not None and torch.allclose(got, p.grad, rtol=1e-5, atol=1e-6), (
-                f"{T55}: rank {rank}: after 2 micro-batches in no_sync() and 1 outside, '{name}'.grad should be the "
-                "gradient of the whole global batch (the accumulated sum, all-reduced once)")
-
-
-@pytest.mark.task5_5
 def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(impl):
     model = bare_ddp(judging(impl, "5.5"), nn.Linear(2, 2), [])  # no communication: no process group
     with model.no_sync():
         inside = model.require_backward_grad_sync
+    if inside is False and model.require_backward_grad_sync is False:  # trial 11: told as a bare pair of values
+        pytest.fail(f"{T55}: require_backward_grad_sync was True before a no_sync() block and is still False after "
+                    "it: the value from before the block was not restored. Read it (previous = "
+                    "self.require_backward_grad_sync) BEFORE setting False, and restore it in a finally block")
     assert inside is False and model.require_backward_grad_sync is True, (
         f"{T55}: require_backward_grad_sync should be False inside no_sync() and True again after it, "
         f"got {inside} and {model.require_backward_grad_sync}")
@@ -868,12 +1008,42 @@ def test_no_sync_turns_communication_off_and_back_on_even_after_an_exception(imp
         f"{T55}: entering no_sync() set sync_this_backward to {during}: only forward decides it (PyTorch's DDP: "
         "out = model(x) outside no_sync(), then out.backward() inside it, still all-reduces); no_sync() sets "
         "require_backward_grad_sync alone")
+    with model.no_sync():
+        model(torch.randn(1, 2))  # the forward inside no_sync() decides: its backward accumulates locally
+    assert model.sync_this_backward is False, (  # trial 11: a no_sync that restored both flags passed
+        f"{T55}: a forward ran inside no_sync() and the block ended before its backward: sync_this_backward is "
+        f"{model.sync_this_backward} after the block. Only forward decides it (PyTorch's DDP: out = model(x) inside "
+        "no_sync(), out.backward() after it, does not all-reduce); on leaving, restore require_backward_grad_sync "
+        "alone")
     with pytest.raises(KeyError):
         with model.no_sync():
             raise KeyError("raised inside no_sync")
     assert model.require_backward_grad_sync is True, (
         f"{T55}: after an exception inside no_sync(), require_backward_grad_sync is "
         f"{model.require_backward_grad_sync}: restore it in a finally block, or every later step skips communication")
+
+
+@pytest.mark.task5_5
+def test_accumulation_equals_one_big_batch_with_one_all_reduce_per_bucket(impl):
+    results = _accumulate_results(impl)
+    torch.manual_seed(0)
+    single = Awkward()
+    x, y = batches(1, 12)[0]
+    F.mse_loss(single(x), y).backward()  # 3 micro-batches of 2 on 2 ranks: a global batch of 12
+    for rank, out in enumerate(results):
+        assert out["inside"] == 0, (
+            f"{T55}: rank {rank}: {out['inside']} all-reduces were launched inside no_sync(): set "
+            "require_backward_grad_sync to False there, so the hooks do not communicate")
+        assert out["launches"] == out["buckets"], (
+            f"{T55}: rank {rank}: an optimizer step with 3 micro-batches should launch one all_reduce per bucket "
+            f"({out['buckets']}), got {out['launches']}")
+        for name, p in single.named_parameters():
+            if p.grad is None:
+                continue
+            got = out["grads"][name]
+            assert got is not None and torch.allclose(got, p.grad, rtol=1e-5, atol=1e-6), (
+                f"{T55}: rank {rank}: after 2 micro-batches in no_sync() and 1 outside, '{name}'.grad should be the "
+                "gradient of the whole global batch (the accumulated sum, all-reduced once)")
 
 
 @pytest.mark.task5_5
