@@ -8,6 +8,7 @@ The references are independent of the code under test: the files are read back w
 torch.load, written for load_checkpoint with torch.save, and a resumed training is compared
 with the same training run without interruption, bit for bit.
 """
+import errno
 import os
 import pathlib
 import pickle
@@ -62,12 +63,54 @@ def same_tensors(a, b):
 
 
 # --------------------------------------------------------------------------- Task 8.1
+def first_save(ckpt, directory, *args):
+    """save_checkpoint into an empty folder, without a process group; the errors a student meets there, told.
+    (Trial 11: each was a raw exception.)"""
+    fsync, bad = os.fsync, []
+
+    def fsync_told(fd):
+        try:
+            return fsync(fd)
+        except OSError as error:
+            bad.append(error)
+            raise
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", fsync_told)
+            return ckpt.save_checkpoint(directory, *args)
+    except ValueError as error:
+        if "process group has not been initialized" not in str(error):
+            raise
+        pytest.fail(f"{T81}: without a process group (one process, no torchrun) save_checkpoint raised "
+                    f"{type(error).__name__}: {error} It asked torch.distributed for the rank: use the given "
+                    "get_rank() (from support.checkpoint_state), which is 0 without a process group, so that a "
+                    "single-process run saves too")
+    except OSError as error:
+        if bad and bad[-1] is error and error.errno == errno.EBADF:
+            pytest.fail(f"{T81}: os.fsync raised {error} (EBADF): the descriptor it was given was closed. "
+                        "os.fdopen(fd) owns fd and closes it when its with block ends: fsync inside that block, "
+                        "f.flush() then os.fsync(f.fileno())")
+        moved = (getattr(error, "filename", None), getattr(error, "filename2", None))
+        if (isinstance(error, FileNotFoundError) and None not in moved
+                and [os.path.abspath(m) for m in moved] == [os.path.join(os.path.abspath(directory), name)
+                                                            for name in ("last.pt", "previous.pt")]):
+            pytest.fail(f"{T81}: the first save, into an empty folder, raised {type(error).__name__}: {error}: there "
+                        "is no last.pt to keep yet. Rename last.pt to previous.pt only if it exists "
+                        "(os.path.exists(last))")
+        raise
+
+
 @pytest.mark.task8_1
 def test_save_writes_model_optimizer_epoch_step_and_args(impl, tmp_path):
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained()
     args = {"lr": 0.1, "batch_size": 64}
-    path = ckpt.save_checkpoint(str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    path = first_save(ckpt, str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and (tmp_path / "last.pt").exists():
+        # trial 11: the temporary file's path, returned after the rename (a raw FileNotFoundError before)
+        pytest.fail(f"{T81}: it wrote last.pt but returned {str(path)!r}, a path that no longer exists (the temporary "
+                    "file's, renamed onto last.pt): return the path of last.pt, os.path.join(directory, LAST)")
     assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
         f"{T81}: on rank 0 (or without a process group) it must write last.pt and return its path, got {path!r}")
     saved = read(tmp_path / "last.pt")
@@ -183,6 +226,18 @@ def test_a_failed_save_leaves_no_temporary_file(impl, tmp_path, monkeypatch):
         f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left {left} in the folder: "
         "when the write fails, remove the temporary file (except Exception: os.remove(tmp); raise), or every "
         "failed save leaves a checkpoint-sized file behind, on a disk that is already full")
+    epoch, last = None, "missing"
+    try:  # trial 11: the clean-up removed last.pt too, and the run had no checkpoint left
+        if "last.pt" in names:
+            epoch = read(tmp_path / "last.pt")["epoch"]
+            last = f"holding epoch {epoch}"
+    except Exception as error:
+        last = f"unreadable ({type(error).__name__})"
+    assert epoch == 1, (
+        f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left the folder holding "
+        f"{names}, last.pt {last}: the last good checkpoint (epoch 1) "
+        "must stay last.pt. Remove only the temporary file when the write fails; last.pt is touched only by the "
+        "rename that replaces it with a complete new one")
 
 
 def _spy_on_the_disk(monkeypatch, events):
@@ -253,6 +308,9 @@ def test_only_rank_0_writes(impl, tmp_path):
     for rank in (0, 1):
         (tmp_path / f"rank{rank}").mkdir()
     results = run_ranks(_save_on_each_rank, 2, impl, str(tmp_path), timeout=30)
+    assert results[1][1] or results[1][0] is None, (  # trial 11: was told "rank 1 wrote []"
+        f"{T81}: rank 1 wrote nothing (right) but returned {results[1][0]!r}: return None on the ranks other than 0, "
+        "as the docstring says; the path is rank 0's, the one that wrote it")
     assert results[1] == (None, []), (
         f"{T81}: rank 1 wrote {results[1][1]} (returned {results[1][0]!r}): rank 0 alone must write. Every rank "
         "holds the same weights, and several processes writing one file at once leave a mix of their bytes")
