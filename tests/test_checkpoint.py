@@ -107,6 +107,10 @@ def test_save_writes_model_optimizer_epoch_step_and_args(impl, tmp_path):
     model, optimizer = trained()
     args = {"lr": 0.1, "batch_size": 64}
     path = first_save(ckpt, str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    if sorted(os.listdir(tmp_path)) == ["previous.pt"]:  # trial 11: a raw FileNotFoundError before
+        pytest.fail(f"{T81}: the first save, into an empty folder, left only previous.pt, no last.pt: the new file "
+                    "was renamed onto last.pt, then last.pt to previous.pt. Rotate first (the old last.pt, if any, "
+                    "becomes previous.pt), then os.replace the temporary file onto last.pt")
     if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and (tmp_path / "last.pt").exists():
         # trial 11: the temporary file's path, returned after the rename (a raw FileNotFoundError before)
         pytest.fail(f"{T81}: it wrote last.pt but returned {str(path)!r}, a path that no longer exists (the temporary "
@@ -151,12 +155,31 @@ def test_save_keeps_the_newest_as_last_and_the_one_before_as_previous(impl, tmp_
             pytest.fail(f"{T81}: save_checkpoint was given a plain model, not wrapped, and read model.module "
                         f"({type(error).__name__}: {error}): save unwrap(model).state_dict(); unwrap gives the "
                         "module inside a wrapper such as DistributedDataParallel, and the model itself otherwise")
+    held = open_in(tmp_path)
+    assert not held, (  # trial 11: mkstemp's descriptor never closed (passed)
+        f"{T81}: after three saves this process still holds {len(held)} open descriptor(s) of files of the "
+        f"checkpoint folder ({', '.join(sorted(set(held)))}): close the descriptor tempfile.mkstemp returns (os.fdopen(fd, "
+        "'wb') in a with block closes it, or os.close(fd)). One leaks at every save: a long run ends in 'Too many "
+        "open files', and the disk space of every replaced checkpoint stays in use while a descriptor holds it")
     names = sorted(os.listdir(tmp_path))
     assert names == ["last.pt", "previous.pt"], (
         f"{T81}: after three saves the folder holds {names}: keep exactly last.pt (the newest) and "
         "previous.pt (the one before), and leave no temporary file behind")
     epochs = read(tmp_path / "last.pt")["epoch"], read(tmp_path / "previous.pt")["epoch"]
     assert epochs == (3, 2), f"{T81}: last.pt and previous.pt hold epochs {epochs}, expected 3 and 2"
+
+
+def open_in(folder):
+    """The files of `folder` (or replaced ones, '(deleted)') that this process holds a descriptor of (Linux)."""
+    held, folder = [], os.path.realpath(folder)
+    for fd in (os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed since
+            continue
+        if target.startswith(folder + os.sep):
+            held.append(os.path.basename(target))
+    return held
 
 
 class Crash(BaseException):
@@ -267,8 +290,15 @@ def test_save_fsyncs_the_file_before_renaming_it(impl, tmp_path, monkeypatch):
     events = []
     _spy_on_the_disk(monkeypatch, events)
     ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    first = os.stat(tmp_path / "last.pt").st_ino
     ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})  # the second save also rotates
     monkeypatch.undo()
+    previous = os.stat(tmp_path / "previous.pt").st_ino if (tmp_path / "previous.pt").exists() else first
+    assert previous == first, (  # trial 11: shutil.copyfile(last, previous) passed
+        f"{T81}: after the second save previous.pt is another file than the first save's last.pt (inode {previous}, "
+        f"not {first}): it was copied, not renamed. A copy writes the whole checkpoint again (minutes on a large "
+        "model), neither atomic nor fsynced: a crash during it leaves a torn previous.pt. os.replace(last, "
+        "previous) renames it, at once and atomically")
     last = os.path.abspath(tmp_path / "last.pt")
     size = os.stat(last).st_size
     onto_last = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == last]
@@ -504,6 +534,14 @@ def test_load_puts_the_tensors_on_the_device_it_is_given(impl, tmp_path):
         f"{T82}: load_checkpoint(folder, device) returned the model's tensors on {sorted(devices)}, not on the "
         "device it was given: pass map_location=device to torch.load, or a checkpoint saved on cuda:0 lands on "
         "cuda:0 on every rank (or fails on a machine without that GPU)")
+    write(tmp_path / "previous.pt", 1)  # trial 11: the fallback, loaded without map_location, passed
+    (tmp_path / "last.pt").write_bytes(b"PK\x03\x04 half a checkpoint")
+    state, path = ckpt.load_checkpoint(str(tmp_path), torch.device("meta"))
+    devices = {t.device.type for t in state["model"].values()}
+    assert devices == {"meta"}, (
+        f"{T82}: with last.pt unreadable, load_checkpoint(folder, device) returned previous.pt's tensors on "
+        f"{sorted(devices)}, not on the device it was given (last.pt's went there): pass map_location=device to "
+        "every torch.load, the fallback's too")
 
 
 @pytest.mark.task8_2
