@@ -28,6 +28,7 @@ import train_ddp
 from conftest import REFERENCE, load
 from harness import run_ranks
 from support.interrupt import worker_pid
+from wire import COLLECTIVES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"
@@ -329,8 +330,17 @@ def _save_on_each_rank(rank, world_size, impl, root):
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained(seed=rank)
     folder = os.path.join(root, f"rank{rank}")  # a folder per rank shows who wrote
-    path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
-    return path, sorted(os.listdir(folder))
+    called, real = [], {}
+    for name in ("barrier", "monitored_barrier", *COLLECTIVES):  # it has none: any rank may skip it
+        if hasattr(torch.distributed, name):
+            real[name] = getattr(torch.distributed, name)
+            setattr(torch.distributed, name, lambda *a, _name=name, **k: (called.append(_name), real[_name](*a, **k))[1])
+    try:
+        path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
+    finally:
+        for name, function in real.items():
+            setattr(torch.distributed, name, function)
+    return path, sorted(os.listdir(folder)), called
 
 
 @pytest.mark.task8_1
@@ -338,6 +348,12 @@ def test_only_rank_0_writes(impl, tmp_path):
     for rank in (0, 1):
         (tmp_path / f"rank{rank}").mkdir()
     results = run_ranks(_save_on_each_rank, 2, impl, str(tmp_path), timeout=30)
+    called = [name for _, _, calls in results for name in calls]
+    assert not called, (  # trial 11: a barrier inside save_checkpoint passed (every rank called it here)
+        f"{T81}: save_checkpoint called dist.{called[0]}: it has no collective, as its docstring says, so that any "
+        "rank may skip it (a caller that saves on rank 0 alone would wait there forever for the others); rank 0 writes "
+        "and the others return None at once")
+    results = [result[:2] for result in results]
     assert results[1][1] or results[1][0] is None, (  # trial 11: was told "rank 1 wrote []"
         f"{T81}: rank 1 wrote nothing (right) but returned {results[1][0]!r}: return None on the ranks other than 0, "
         "as the docstring says; the path is rank 0's, the one that wrote it")
