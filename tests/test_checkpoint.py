@@ -80,6 +80,13 @@ def first_save(ckpt, directory, *args):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(os, "fsync", fsync_told)
             return ckpt.save_checkpoint(directory, *args)
+    except KeyError as error:
+        if error.args[:1] not in (("RANK",), ("LOCAL_RANK",)) or error.args[0] in os.environ:
+            raise
+        pytest.fail(f"{T81}: without a process group (one process, no torchrun) save_checkpoint raised KeyError: "
+                    f"{error}: it read the environment variable {error.args[0]}, which torchrun sets and a "
+                    "single-process run does not. Use the given get_rank() (from support.checkpoint_state), the "
+                    "process group's rank, 0 without one")
     except ValueError as error:
         if "process group has not been initialized" not in str(error):
             raise
@@ -335,12 +342,26 @@ def _save_on_each_rank(rank, world_size, impl, root):
         if hasattr(torch.distributed, name):
             real[name] = getattr(torch.distributed, name)
             setattr(torch.distributed, name, lambda *a, _name=name, **k: (called.append(_name), real[_name](*a, **k))[1])
+    environ, read = os.environ, []
+
+    class Watched(type(environ)):  # which variables it reads: a rank taken from RANK is told as such
+        def __getitem__(self, key):
+            read.append(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            read.append(key)
+            return super().__contains__(key)
+
+    os.environ = Watched(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
+                         environ.decodevalue)
     try:
         path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
     finally:
+        os.environ = environ
         for name, function in real.items():
             setattr(torch.distributed, name, function)
-    return path, sorted(os.listdir(folder)), called
+    return path, sorted(os.listdir(folder)), called, sorted({key for key in read if "RANK" in key})
 
 
 @pytest.mark.task8_1
@@ -348,11 +369,18 @@ def test_only_rank_0_writes(impl, tmp_path):
     for rank in (0, 1):
         (tmp_path / f"rank{rank}").mkdir()
     results = run_ranks(_save_on_each_rank, 2, impl, str(tmp_path), timeout=30)
-    called = [name for _, _, calls in results for name in calls]
+    called = [name for _, _, calls, _ in results for name in calls]
     assert not called, (  # trial 11: a barrier inside save_checkpoint passed (every rank called it here)
         f"{T81}: save_checkpoint called dist.{called[0]}: it has no collective, as its docstring says, so that any "
         "rank may skip it (a caller that saves on rank 0 alone would wait there forever for the others); rank 0 writes "
         "and the others return None at once")
+    variables = results[1][3]
+    assert not (results[1][1] and variables), (  # trial 11: was told "rank 1 wrote", not why it took itself for 0
+        f"{T81}: rank 1 wrote {results[1][1]}: save_checkpoint read the environment variable(s) {', '.join(variables)}, "
+        "which torchrun sets but this process group (started without torchrun, as mp.spawn starts one) does not, "
+        "and took a default of 0. Use the given get_rank(): the process group's own rank, 0 without one"
+        + (" (LOCAL_RANK is a rank within one node: under torchrun on 2 nodes, each node's first process is local "
+           "rank 0, and both would write)" if "LOCAL_RANK" in variables else ""))
     results = [result[:2] for result in results]
     assert results[1][1] or results[1][0] is None, (  # trial 11: was told "rank 1 wrote []"
         f"{T81}: rank 1 wrote nothing (right) but returned {results[1][0]!r}: return None on the ranks other than 0, "
