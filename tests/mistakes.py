@@ -1043,6 +1043,18 @@ MISTAKES = [
             "    if get_rank() != 0:\n        return None\n    state = {",
             "    if torch.distributed.get_rank() != 0:\n        return None\n    state = {",
             "use the given get_rank()"),
+    Mistake("8.1", "rank-from-the-environment", "template_checkpoint.py",  # was a raw KeyError: 'RANK'
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.environ["RANK"]) != 0:\n        return None\n    state = {',
+            "it read the environment variable RANK"),
+    Mistake("8.1", "rank-from-the-environment-default-0", "template_checkpoint.py",  # was told "rank 1 wrote", no why
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.environ.get("RANK", 0)) != 0:\n        return None\n    state = {',
+            "read the environment variable(s) RANK"),
+    Mistake("8.1", "local-rank-0-writes", "template_checkpoint.py",  # was told "rank 1 wrote", no why
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.getenv("LOCAL_RANK", "0")) != 0:\n        return None\n    state = {',
+            "each node's first process is local"),
     Mistake("8.1", "rotates-unconditionally", "template_checkpoint.py",  # was a raw FileNotFoundError
             "        if os.path.exists(last):\n            os.replace(last, os.path.join(directory, PREVIOUS))\n",
             "        os.replace(last, os.path.join(directory, PREVIOUS))\n", "there is no last.pt to keep yet"),
