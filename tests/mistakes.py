@@ -1055,6 +1055,8 @@ MISTAKES = [
             "    if get_rank() != 0:\n        return None\n    state = {",
             '    if int(os.getenv("LOCAL_RANK", "0")) != 0:\n        return None\n    state = {',
             "each node's first process is local"),
+    Mistake("8.1", "args-through-vars", "template_checkpoint.py",  # was a raw TypeError
+            '"args": dict(args)}', '"args": vars(args)}', "not an argparse Namespace"),
     Mistake("8.1", "rotates-unconditionally", "template_checkpoint.py",  # was a raw FileNotFoundError
             "        if os.path.exists(last):\n            os.replace(last, os.path.join(directory, PREVIOUS))\n",
             "        os.replace(last, os.path.join(directory, PREVIOUS))\n", "there is no last.pt to keep yet"),
