@@ -1074,6 +1074,10 @@ MISTAKES = [
             "            if name == LAST:\n                return torch.load(path, map_location=device, "
             "weights_only=True), path\n            return torch.load(path, weights_only=True), path\n",
             "the fallback's too"),
+    Mistake("8.2", "catches-the-two-errors-named", "template_checkpoint.py",  # passed: no test had an empty file
+            "        except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable\n",
+            "        except (RuntimeError, torch.serialization.pickle.UnpicklingError) as error:  # truncated, refused\n",
+            "an empty file an EOFError"),
     Mistake("8.2", "removes-the-unreadable-file", "template_checkpoint.py",  # was the slow test's bare list of files
             "            unreadable.append(path)\n",
             "            unreadable.append(path)\n            if get_rank() == 0 and name == LAST:\n"

@@ -557,6 +557,27 @@ def test_load_does_not_run_code_hidden_in_a_checkpoint(impl, tmp_path, capsys):
         "it 64 times")
 
 
+@pytest.mark.task8_2
+def test_an_empty_newest_checkpoint_is_unreadable_too(impl, tmp_path):
+    """Trial 11: `except (RuntimeError, pickle.UnpicklingError)` passed; an empty file is torch.load's EOFError."""
+    ckpt = load(impl, "template_checkpoint")
+    write(tmp_path / "previous.pt", 1)
+    (tmp_path / "last.pt").write_bytes(b"")  # a rename that reached the disk before the data did, then a power cut
+    try:
+        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except ValueError as error:
+        pytest.fail(f"{T82}: last.pt is empty (0 bytes) and previous.pt is good, yet load_checkpoint raised "
+                    f"{type(error).__name__}: {error}: report last.pt in one line and use previous.pt")
+    except Exception as error:
+        pytest.fail(f"{T82}: last.pt is empty (0 bytes, as a power cut leaves a file whose rename reached the disk "
+                    f"before its data) and load_checkpoint let torch.load's {type(error).__name__} out instead of "
+                    "trying previous.pt: any error torch.load raises means the file cannot be read (a truncated file "
+                    "is a RuntimeError, a refused object an UnpicklingError, an empty file an EOFError, garbage even "
+                    "a KeyError): catch Exception, say so in one line, and try previous.pt")
+    assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
+        f"{T82}: last.pt is empty, so previous.pt must be used; returned {path!r}")
+
+
 def _load_on_every_rank(rank, world_size, impl, folder):
     ckpt = load(impl, "template_checkpoint")
     state, path = ckpt.load_checkpoint(folder, "cpu")
