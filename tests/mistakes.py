@@ -1078,6 +1078,10 @@ MISTAKES = [
             "        except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable\n",
             "        except (RuntimeError, torch.serialization.pickle.UnpicklingError) as error:  # truncated, refused\n",
             "an empty file an EOFError"),
+    Mistake("8.2", "returns-the-name", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "            return torch.load(path, map_location=device, weights_only=True), path\n",
+            "            return torch.load(path, map_location=device, weights_only=True), name\n",
+            "the file's name, not its path"),
     Mistake("8.2", "removes-the-unreadable-file", "template_checkpoint.py",  # was the slow test's bare list of files
             "            unreadable.append(path)\n",
             "            unreadable.append(path)\n            if get_rank() == 0 and name == LAST:\n"

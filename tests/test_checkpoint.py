@@ -414,6 +414,11 @@ def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path)
     write(tmp_path / "previous.pt", 1, seed=1)
     newest = write(tmp_path / "last.pt", 2, seed=2)
     state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    if (isinstance(path, (str, os.PathLike)) and not os.path.exists(path)
+            and os.path.exists(os.path.join(tmp_path, path))):  # trial 11: a raw FileNotFoundError before
+        pytest.fail(f"{T82}: returned {str(path)!r}, the file's name, not its path: return os.path.join(directory, "
+                    "name), the path of the file loaded (resume() prints it, and moves an unreadable last.pt away by "
+                    "it; a bare name is looked for in the current folder)")
     assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
         f"{T82}: returned {path!r}, expected last.pt, the newest")
     assert state["epoch"] == 2 and same_tensors(state["model"], newest["model"]), (
