@@ -1011,9 +1011,11 @@ MISTAKES = [
             "    unreadable = []\n    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n",
             "file that does not exist is not an unreadable one"),
     # Task 8, trial 11 (2026-11-29): what is left behind or kept alive (last.pt removed by a failed save's clean-up,
-    # mkstemp's descriptor never closed), what previous.pt is (a copy), a collective in save_checkpoint, the rank and
-    # the path returned, the first save's rotation and fsync, and in load_checkpoint the fallback's device, the
-    # unreadable file removed, a report of many lines. Each passed, or was a raw exception or another cause
+    # mkstemp's descriptor never closed), what previous.pt is (a copy), a collective in save_checkpoint, the rank (from
+    # torch.distributed without a group, from RANK / LOCAL_RANK) and the path returned, vars() of the dict of args, the
+    # first save's rotation and fsync, and in load_checkpoint the fallback's device, an empty file's EOFError, the
+    # unreadable file removed, a report of many lines, a bare name returned. Each passed, or was a raw exception or
+    # another cause
     Mistake("8.1", "failed-save-removes-last", "template_checkpoint.py",  # passed
             "    except Exception:\n        if os.path.exists(tmp):\n            os.remove(tmp)\n        raise\n",
             "    except Exception:\n        for leftover in (tmp, last):  # nothing half-written left behind\n"
@@ -4870,6 +4872,10 @@ RIGHT_ANSWERS = [
                 "    if get_rank() != 0:\n        return None\n    state = {",
                 "    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:\n"
                 "        return None\n    state = {", ""),)),
+    RightAnswer("8.1", "no-flush-torch-save-flushes", "'flush and os.fsync it': torch.save flushes the file object "
+                "it writes to when it is done, so the bytes are the kernel's before the fsync either way", (
+        Mistake("8.1", "no-flush-torch-save-flushes", "template_checkpoint.py",
+                "            f.flush()\n            os.fsync(f.fileno())", "            os.fsync(f.fileno())", ""),)),
     RightAnswer("8.1", "mkstemp-closed-then-reopened", "mkstemp's descriptor closed at once, the file reopened "
                 "by its path, flushed and fsynced", (
         Mistake("8.1", "mkstemp-closed-then-reopened", "template_checkpoint.py",
