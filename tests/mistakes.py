@@ -4876,6 +4876,10 @@ RIGHT_ANSWERS = [
                 "it writes to when it is done, so the bytes are the kernel's before the fsync either way", (
         Mistake("8.1", "no-flush-torch-save-flushes", "template_checkpoint.py",
                 "            f.flush()\n            os.fsync(f.fileno())", "            os.fsync(f.fileno())", ""),)),
+    RightAnswer("8.1", "fsync-of-the-file-object", "os.fsync accepts any object with a fileno() method: "
+                "os.fsync(f) is os.fsync(f.fileno())", (  # was a TypeError in the tests' own spy
+        Mistake("8.1", "fsync-of-the-file-object", "template_checkpoint.py",
+                "            os.fsync(f.fileno())  # on the disk", "            os.fsync(f)  # on the disk", ""),)),
     RightAnswer("8.1", "mkstemp-closed-then-reopened", "mkstemp's descriptor closed at once, the file reopened "
                 "by its path, flushed and fsynced", (
         Mistake("8.1", "mkstemp-closed-then-reopened", "template_checkpoint.py",

@@ -282,7 +282,7 @@ def _spy_on_the_disk(monkeypatch, events):
     fsync, replace, rename = os.fsync, os.replace, os.rename
 
     def spy_fsync(fd):
-        info = os.fstat(fd)
+        info = os.fstat(fd if isinstance(fd, int) else fd.fileno())  # os.fsync takes a file object too (trial 11)
         events.append(("fsync", info.st_ino, info.st_size, stat.S_ISREG(info.st_mode)))
         return fsync(fd)
 
