@@ -4880,6 +4880,13 @@ RIGHT_ANSWERS = [
                 "os.fsync(f) is os.fsync(f.fileno())", (  # was a TypeError in the tests' own spy
         Mistake("8.1", "fsync-of-the-file-object", "template_checkpoint.py",
                 "            os.fsync(f.fileno())  # on the disk", "            os.fsync(f)  # on the disk", ""),)),
+    RightAnswer("8.1", "shutil-move-within-the-folder", "shutil.move within one file system is os.rename: "
+                "atomic, the same inode", (
+        Mistake("8.1", "shutil-move-within-the-folder", "template_checkpoint.py",
+                "import tempfile\n", "import shutil\nimport tempfile\n", ""),
+        Mistake("8.1", "shutil-move-within-the-folder", "template_checkpoint.py",
+                "            os.replace(last, os.path.join(directory, PREVIOUS))\n        os.replace(tmp, last)\n",
+                "            shutil.move(last, os.path.join(directory, PREVIOUS))\n        shutil.move(tmp, last)\n", ""),)),
     RightAnswer("8.1", "mkstemp-closed-then-reopened", "mkstemp's descriptor closed at once, the file reopened "
                 "by its path, flushed and fsynced", (
         Mistake("8.1", "mkstemp-closed-then-reopened", "template_checkpoint.py",
