@@ -1071,6 +1071,89 @@ MISTAKES = [
             "    if not os.listdir(directory):  # nothing saved yet\n        return None, None\n"
             "    unreadable = []\n    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n",
             "file that does not exist is not an unreadable one"),
+    # Task 8, trial 11 (2026-11-29): what is left behind or kept alive (last.pt removed by a failed save's clean-up,
+    # mkstemp's descriptor never closed), what previous.pt is (a copy), a collective in save_checkpoint, the rank (from
+    # torch.distributed without a group, from RANK / LOCAL_RANK) and the path returned, vars() of the dict of args, the
+    # first save's rotation and fsync, and in load_checkpoint the fallback's device, an empty file's EOFError, the
+    # unreadable file removed, a report of many lines, a bare name returned. Each passed, or was a raw exception or
+    # another cause
+    Mistake("8.1", "failed-save-removes-last", "template_checkpoint.py",  # passed
+            "    except Exception:\n        if os.path.exists(tmp):\n            os.remove(tmp)\n        raise\n",
+            "    except Exception:\n        for leftover in (tmp, last):  # nothing half-written left behind\n"
+            "            if os.path.exists(leftover):\n                os.remove(leftover)\n        raise\n",
+            "the last good checkpoint (epoch 1) must stay last.pt"),
+    Mistake("8.1", "mkstemp-descriptor-leaked", "template_checkpoint.py",  # passed
+            '        with os.fdopen(fd, "wb") as f:\n            torch.save(state, f)\n            f.flush()\n'
+            "            os.fsync(f.fileno())  # on the disk before the rename makes it the checkpoint\n",
+            "        torch.save(state, tmp)  # the path: torch.save opens and closes it\n        os.fsync(fd)\n",
+            "close the descriptor tempfile.mkstemp returns"),
+    Mistake("8.1", "previous-copied", "template_checkpoint.py",  # passed
+            "            os.replace(last, os.path.join(directory, PREVIOUS))\n",
+            "            import shutil\n            shutil.copyfile(last, os.path.join(directory, PREVIOUS))\n",
+            "it was copied, not renamed"),
+    Mistake("8.1", "barrier-inside", "template_checkpoint.py",  # passed: every rank called it in the tests
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            "    if torch.distributed.is_initialized():\n        torch.distributed.barrier()\n"
+            "    if get_rank() != 0:\n        return None\n    state = {", "save_checkpoint called dist.barrier"),
+    Mistake("8.1", "path-returned-on-every-rank", "template_checkpoint.py",  # was told "rank 1 wrote []"
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            "    last = os.path.join(directory, LAST)\n    if get_rank() != 0:\n        return last\n    state = {",
+            "rank 1 wrote nothing (right) but returned"),
+    Mistake("8.1", "returns-the-temporary-path", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "        os.replace(tmp, last)\n", "        os.replace(tmp, last)\n        last = tmp\n",
+            "a path that no longer exists"),
+    Mistake("8.1", "rank-from-torch-distributed", "template_checkpoint.py",  # was told "a collective ran before"
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            "    if torch.distributed.get_rank() != 0:\n        return None\n    state = {",
+            "use the given get_rank()"),
+    Mistake("8.1", "rank-from-the-environment", "template_checkpoint.py",  # was a raw KeyError: 'RANK'
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.environ["RANK"]) != 0:\n        return None\n    state = {',
+            "it read the environment variable RANK"),
+    Mistake("8.1", "rank-from-the-environment-default-0", "template_checkpoint.py",  # was told "rank 1 wrote", no why
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.environ.get("RANK", 0)) != 0:\n        return None\n    state = {',
+            "read the environment variable(s) RANK"),
+    Mistake("8.1", "local-rank-0-writes", "template_checkpoint.py",  # was told "rank 1 wrote", no why
+            "    if get_rank() != 0:\n        return None\n    state = {",
+            '    if int(os.getenv("LOCAL_RANK", "0")) != 0:\n        return None\n    state = {',
+            "each node's first process is local"),
+    Mistake("8.1", "args-through-vars", "template_checkpoint.py",  # was a raw TypeError
+            '"args": dict(args)}', '"args": vars(args)}', "not an argparse Namespace"),
+    Mistake("8.1", "rotates-unconditionally", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "        if os.path.exists(last):\n            os.replace(last, os.path.join(directory, PREVIOUS))\n",
+            "        os.replace(last, os.path.join(directory, PREVIOUS))\n", "there is no last.pt to keep yet"),
+    Mistake("8.1", "rotates-after-the-rename", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "        if os.path.exists(last):\n            os.replace(last, os.path.join(directory, PREVIOUS))\n"
+            "        os.replace(tmp, last)\n",
+            "        os.replace(tmp, last)\n"
+            "        if os.path.exists(last):\n            os.replace(last, os.path.join(directory, PREVIOUS))\n",
+            "left only previous.pt, no last.pt"),
+    Mistake("8.1", "fsync-of-a-closed-descriptor", "template_checkpoint.py",  # was a raw OSError (EBADF)
+            "            f.flush()\n            os.fsync(f.fileno())  # on the disk before the rename makes it the "
+            "checkpoint\n", "        os.fsync(fd)\n", "the descriptor it was given was closed"),
+    Mistake("8.2", "fallback-without-map-location", "template_checkpoint.py",  # passed
+            "            return torch.load(path, map_location=device, weights_only=True), path\n",
+            "            if name == LAST:\n                return torch.load(path, map_location=device, "
+            "weights_only=True), path\n            return torch.load(path, weights_only=True), path\n",
+            "the fallback's too"),
+    Mistake("8.2", "catches-the-two-errors-named", "template_checkpoint.py",  # passed: no test had an empty file
+            "        except Exception as error:  # truncated zip, bad pickle, forbidden class: all unreadable\n",
+            "        except (RuntimeError, torch.serialization.pickle.UnpicklingError) as error:  # truncated, refused\n",
+            "an empty file an EOFError"),
+    Mistake("8.2", "returns-the-name", "template_checkpoint.py",  # was a raw FileNotFoundError
+            "            return torch.load(path, map_location=device, weights_only=True), path\n",
+            "            return torch.load(path, map_location=device, weights_only=True), name\n",
+            "the file's name, not its path"),
+    Mistake("8.2", "removes-the-unreadable-file", "template_checkpoint.py",  # was the slow test's bare list of files
+            "            unreadable.append(path)\n",
+            "            unreadable.append(path)\n            if get_rank() == 0 and name == LAST:\n"
+            "                os.remove(path)  # a torn file is no checkpoint\n",
+            "load_checkpoint removed the unreadable last.pt"),
+    Mistake("8.2", "whole-error-reported", "template_checkpoint.py",  # passed: a refused pickle's 7 lines
+            'print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}){then}", flush=True)',
+            'print(f"[rank {get_rank()}] checkpoint {path} cannot be read: {error}{then}", flush=True)',
+            "printed torch.load's whole error message"),
     # Task 9.1 (tensor parallelism)
     Mistake("9.1", "f-without-backward-all-reduce", "template_tensor_parallel.py",
             "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n"
@@ -4898,6 +4981,60 @@ RIGHT_ANSWERS = [
         Mistake("8.4", "step-kept-as-saved", "template_checkpoint.py",
                 "            state[key] = value.clone() if torch.is_tensor(value) else value\n",
                 "            state[key] = value  # unchanged\n", ""),)),
+    # Task 8, trial 11 (2026-11-29): NamedTemporaryFile, os.rename and a clean-up on any exit, the rank from
+    # torch.distributed when a group exists, mkstemp's descriptor closed and the path reopened, the files that exist
+    # listed first and loaded memory-mapped
+    RightAnswer("8.1", "named-temporary-file", "'write a temporary file in the same folder': "
+                "NamedTemporaryFile(dir=directory, delete=False) is one, closed by its with block", (
+        Mistake("8.1", "named-temporary-file", "template_checkpoint.py",
+                '    fd, tmp = tempfile.mkstemp(dir=directory, prefix=LAST + ".", suffix=".tmp")\n'
+                '    try:\n        with os.fdopen(fd, "wb") as f:\n',
+                "    f = tempfile.NamedTemporaryFile(dir=directory, delete=False)\n    tmp = f.name\n"
+                "    try:\n        with f:\n", ""),)),
+    RightAnswer("8.1", "rename-and-cleanup-on-any-exit", "os.rename is os.replace on POSIX; removing the temporary "
+                "file on a crash (BaseException) too leaves last.pt as it was", (
+        Mistake("8.1", "rename-and-cleanup-on-any-exit", "template_checkpoint.py",
+                "            os.replace(last, os.path.join(directory, PREVIOUS))\n        os.replace(tmp, last)\n"
+                "    except Exception:\n",
+                "            os.rename(last, os.path.join(directory, PREVIOUS))\n        os.rename(tmp, last)\n"
+                "    except BaseException:  # a crash too\n", ""),)),
+    RightAnswer("8.1", "rank-from-torch-distributed-guarded", "get_rank() is 0 without a process group: "
+                "dist.is_initialized() and dist.get_rank() != 0 says the same", (
+        Mistake("8.1", "rank-from-torch-distributed-guarded", "template_checkpoint.py",
+                "    if get_rank() != 0:\n        return None\n    state = {",
+                "    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:\n"
+                "        return None\n    state = {", ""),)),
+    RightAnswer("8.1", "no-flush-torch-save-flushes", "'flush and os.fsync it': torch.save flushes the file object "
+                "it writes to when it is done, so the bytes are the kernel's before the fsync either way", (
+        Mistake("8.1", "no-flush-torch-save-flushes", "template_checkpoint.py",
+                "            f.flush()\n            os.fsync(f.fileno())", "            os.fsync(f.fileno())", ""),)),
+    RightAnswer("8.1", "fsync-of-the-file-object", "os.fsync accepts any object with a fileno() method: "
+                "os.fsync(f) is os.fsync(f.fileno())", (  # was a TypeError in the tests' own spy
+        Mistake("8.1", "fsync-of-the-file-object", "template_checkpoint.py",
+                "            os.fsync(f.fileno())  # on the disk", "            os.fsync(f)  # on the disk", ""),)),
+    RightAnswer("8.1", "shutil-move-within-the-folder", "shutil.move within one file system is os.rename: "
+                "atomic, the same inode", (
+        Mistake("8.1", "shutil-move-within-the-folder", "template_checkpoint.py",
+                "import tempfile\n", "import shutil\nimport tempfile\n", ""),
+        Mistake("8.1", "shutil-move-within-the-folder", "template_checkpoint.py",
+                "            os.replace(last, os.path.join(directory, PREVIOUS))\n        os.replace(tmp, last)\n",
+                "            shutil.move(last, os.path.join(directory, PREVIOUS))\n        shutil.move(tmp, last)\n", ""),)),
+    RightAnswer("8.1", "mkstemp-closed-then-reopened", "mkstemp's descriptor closed at once, the file reopened "
+                "by its path, flushed and fsynced", (
+        Mistake("8.1", "mkstemp-closed-then-reopened", "template_checkpoint.py",
+                '        with os.fdopen(fd, "wb") as f:\n',
+                '        os.close(fd)\n        with open(tmp, "wb") as f:\n', ""),)),
+    RightAnswer("8.2", "existing-files-first-memory-mapped", "'Try last.pt, then previous.pt': the ones that "
+                "exist, listed first; mmap=True reads the same tensors", (
+        Mistake("8.2", "existing-files-first-memory-mapped", "template_checkpoint.py",
+                "    for name in (LAST, PREVIOUS):\n        path = os.path.join(directory, name)\n"
+                "        if not os.path.exists(path):\n            continue\n        try:\n"
+                "            return torch.load(path, map_location=device, weights_only=True), path\n",
+                "    present = [os.path.join(directory, n) for n in (LAST, PREVIOUS) "
+                "if os.path.exists(os.path.join(directory, n))]\n"
+                "    for path in present:\n        name = os.path.basename(path)\n        try:\n"
+                "            return torch.load(path, map_location=device, weights_only=True, mmap=True), path\n",
+                ""),)),
     RightAnswer("10.2", "isend-to-a-global-rank-in-the-group",  # trial 6
                 "'Start sending `tensor` to global rank `peer` ... dist.isend': isend's dst is a global rank with "
                 "group=self.group given too", (

@@ -8,6 +8,7 @@ The references are independent of the code under test: the files are read back w
 torch.load, written for load_checkpoint with torch.save, and a resumed training is compared
 with the same training run without interruption, bit for bit.
 """
+import errno
 import os
 import pathlib
 import pickle
@@ -27,6 +28,7 @@ import train_ddp
 from conftest import REFERENCE, load
 from harness import run_ranks
 from support.interrupt import worker_pid
+from wire import COLLECTIVES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T81 = "Task 8.1 (template_checkpoint.py, save_checkpoint)"
@@ -62,12 +64,71 @@ def same_tensors(a, b):
 
 
 # --------------------------------------------------------------------------- Task 8.1
+def first_save(ckpt, directory, *args):
+    """save_checkpoint into an empty folder, without a process group; the errors a student meets there, told.
+    (Trial 11: each was a raw exception.)"""
+    fsync, bad = os.fsync, []
+
+    def fsync_told(fd):
+        try:
+            return fsync(fd)
+        except OSError as error:
+            bad.append(error)
+            raise
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", fsync_told)
+            return ckpt.save_checkpoint(directory, *args)
+    except TypeError as error:
+        if "vars() argument must have __dict__" not in str(error) or not isinstance(args[-1], dict):
+            raise
+        pytest.fail(f"{T81}: save_checkpoint raised TypeError: {error}: args is already a dict of the run's "
+                    "arguments (run_arguments(args) made it), not an argparse Namespace: save it as it is, dict(args), "
+                    "not vars(args)")
+    except KeyError as error:
+        if error.args[:1] not in (("RANK",), ("LOCAL_RANK",)) or error.args[0] in os.environ:
+            raise
+        pytest.fail(f"{T81}: without a process group (one process, no torchrun) save_checkpoint raised KeyError: "
+                    f"{error}: it read the environment variable {error.args[0]}, which torchrun sets and a "
+                    "single-process run does not. Use the given get_rank() (from support.checkpoint_state), the "
+                    "process group's rank, 0 without one")
+    except ValueError as error:
+        if "process group has not been initialized" not in str(error):
+            raise
+        pytest.fail(f"{T81}: without a process group (one process, no torchrun) save_checkpoint raised "
+                    f"{type(error).__name__}: {error} It asked torch.distributed for the rank: use the given "
+                    "get_rank() (from support.checkpoint_state), which is 0 without a process group, so that a "
+                    "single-process run saves too")
+    except OSError as error:
+        if bad and bad[-1] is error and error.errno == errno.EBADF:
+            pytest.fail(f"{T81}: os.fsync raised {error} (EBADF): the descriptor it was given was closed. "
+                        "os.fdopen(fd) owns fd and closes it when its with block ends: fsync inside that block, "
+                        "f.flush() then os.fsync(f.fileno())")
+        moved = (getattr(error, "filename", None), getattr(error, "filename2", None))
+        if (isinstance(error, FileNotFoundError) and None not in moved
+                and [os.path.abspath(m) for m in moved] == [os.path.join(os.path.abspath(directory), name)
+                                                            for name in ("last.pt", "previous.pt")]):
+            pytest.fail(f"{T81}: the first save, into an empty folder, raised {type(error).__name__}: {error}: there "
+                        "is no last.pt to keep yet. Rename last.pt to previous.pt only if it exists "
+                        "(os.path.exists(last))")
+        raise
+
+
 @pytest.mark.task8_1
 def test_save_writes_model_optimizer_epoch_step_and_args(impl, tmp_path):
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained()
     args = {"lr": 0.1, "batch_size": 64}
-    path = ckpt.save_checkpoint(str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    path = first_save(ckpt, str(tmp_path), Wrapper(model), optimizer, 2, 17, args)
+    if sorted(os.listdir(tmp_path)) == ["previous.pt"]:  # trial 11: a raw FileNotFoundError before
+        pytest.fail(f"{T81}: the first save, into an empty folder, left only previous.pt, no last.pt: the new file "
+                    "was renamed onto last.pt, then last.pt to previous.pt. Rotate first (the old last.pt, if any, "
+                    "becomes previous.pt), then os.replace the temporary file onto last.pt")
+    if isinstance(path, (str, os.PathLike)) and not os.path.exists(path) and (tmp_path / "last.pt").exists():
+        # trial 11: the temporary file's path, returned after the rename (a raw FileNotFoundError before)
+        pytest.fail(f"{T81}: it wrote last.pt but returned {str(path)!r}, a path that no longer exists (the temporary "
+                    "file's, renamed onto last.pt): return the path of last.pt, os.path.join(directory, LAST)")
     assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
         f"{T81}: on rank 0 (or without a process group) it must write last.pt and return its path, got {path!r}")
     saved = read(tmp_path / "last.pt")
@@ -108,12 +169,31 @@ def test_save_keeps_the_newest_as_last_and_the_one_before_as_previous(impl, tmp_
             pytest.fail(f"{T81}: save_checkpoint was given a plain model, not wrapped, and read model.module "
                         f"({type(error).__name__}: {error}): save unwrap(model).state_dict(); unwrap gives the "
                         "module inside a wrapper such as DistributedDataParallel, and the model itself otherwise")
+    held = open_in(tmp_path)
+    assert not held, (  # trial 11: mkstemp's descriptor never closed (passed)
+        f"{T81}: after three saves this process still holds {len(held)} open descriptor(s) of files of the "
+        f"checkpoint folder ({', '.join(sorted(set(held)))}): close the descriptor tempfile.mkstemp returns (os.fdopen(fd, "
+        "'wb') in a with block closes it, or os.close(fd)). One leaks at every save: a long run ends in 'Too many "
+        "open files', and the disk space of every replaced checkpoint stays in use while a descriptor holds it")
     names = sorted(os.listdir(tmp_path))
     assert names == ["last.pt", "previous.pt"], (
         f"{T81}: after three saves the folder holds {names}: keep exactly last.pt (the newest) and "
         "previous.pt (the one before), and leave no temporary file behind")
     epochs = read(tmp_path / "last.pt")["epoch"], read(tmp_path / "previous.pt")["epoch"]
     assert epochs == (3, 2), f"{T81}: last.pt and previous.pt hold epochs {epochs}, expected 3 and 2"
+
+
+def open_in(folder):
+    """The files of `folder` (or replaced ones, '(deleted)') that this process holds a descriptor of (Linux)."""
+    held, folder = [], os.path.realpath(folder)
+    for fd in (os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed since
+            continue
+        if target.startswith(folder + os.sep):
+            held.append(os.path.basename(target))
+    return held
 
 
 class Crash(BaseException):
@@ -183,6 +263,18 @@ def test_a_failed_save_leaves_no_temporary_file(impl, tmp_path, monkeypatch):
         f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left {left} in the folder: "
         "when the write fails, remove the temporary file (except Exception: os.remove(tmp); raise), or every "
         "failed save leaves a checkpoint-sized file behind, on a disk that is already full")
+    epoch, last = None, "missing"
+    try:  # trial 11: the clean-up removed last.pt too, and the run had no checkpoint left
+        if "last.pt" in names:
+            epoch = read(tmp_path / "last.pt")["epoch"]
+            last = f"holding epoch {epoch}"
+    except Exception as error:
+        last = f"unreadable ({type(error).__name__})"
+    assert epoch == 1, (
+        f"{T81}: a save that failed (torch.save raised OSError: No space left on device) left the folder holding "
+        f"{names}, last.pt {last}: the last good checkpoint (epoch 1) "
+        "must stay last.pt. Remove only the temporary file when the write fails; last.pt is touched only by the "
+        "rename that replaces it with a complete new one")
 
 
 def _spy_on_the_disk(monkeypatch, events):
@@ -190,7 +282,7 @@ def _spy_on_the_disk(monkeypatch, events):
     fsync, replace, rename = os.fsync, os.replace, os.rename
 
     def spy_fsync(fd):
-        info = os.fstat(fd)
+        info = os.fstat(fd if isinstance(fd, int) else fd.fileno())  # os.fsync takes a file object too (trial 11)
         events.append(("fsync", info.st_ino, info.st_size, stat.S_ISREG(info.st_mode)))
         return fsync(fd)
 
@@ -212,8 +304,15 @@ def test_save_fsyncs_the_file_before_renaming_it(impl, tmp_path, monkeypatch):
     events = []
     _spy_on_the_disk(monkeypatch, events)
     ckpt.save_checkpoint(str(tmp_path), model, optimizer, 1, 10, {})
+    first = os.stat(tmp_path / "last.pt").st_ino
     ckpt.save_checkpoint(str(tmp_path), model, optimizer, 2, 20, {})  # the second save also rotates
     monkeypatch.undo()
+    previous = os.stat(tmp_path / "previous.pt").st_ino if (tmp_path / "previous.pt").exists() else first
+    assert previous == first, (  # trial 11: shutil.copyfile(last, previous) passed
+        f"{T81}: after the second save previous.pt is another file than the first save's last.pt (inode {previous}, "
+        f"not {first}): it was copied, not renamed. A copy writes the whole checkpoint again (minutes on a large "
+        "model), neither atomic nor fsynced: a crash during it leaves a torn previous.pt. os.replace(last, "
+        "previous) renames it, at once and atomically")
     last = os.path.abspath(tmp_path / "last.pt")
     size = os.stat(last).st_size
     onto_last = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == last]
@@ -244,8 +343,31 @@ def _save_on_each_rank(rank, world_size, impl, root):
     ckpt = load(impl, "template_checkpoint")
     model, optimizer = trained(seed=rank)
     folder = os.path.join(root, f"rank{rank}")  # a folder per rank shows who wrote
-    path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
-    return path, sorted(os.listdir(folder))
+    called, real = [], {}
+    for name in ("barrier", "monitored_barrier", *COLLECTIVES):  # it has none: any rank may skip it
+        if hasattr(torch.distributed, name):
+            real[name] = getattr(torch.distributed, name)
+            setattr(torch.distributed, name, lambda *a, _name=name, **k: (called.append(_name), real[_name](*a, **k))[1])
+    environ, read = os.environ, []
+
+    class Watched(type(environ)):  # which variables it reads: a rank taken from RANK is told as such
+        def __getitem__(self, key):
+            read.append(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            read.append(key)
+            return super().__contains__(key)
+
+    os.environ = Watched(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
+                         environ.decodevalue)
+    try:
+        path = ckpt.save_checkpoint(folder, model, optimizer, 1, 10, {})
+    finally:
+        os.environ = environ
+        for name, function in real.items():
+            setattr(torch.distributed, name, function)
+    return path, sorted(os.listdir(folder)), called, sorted({key for key in read if "RANK" in key})
 
 
 @pytest.mark.task8_1
@@ -253,6 +375,22 @@ def test_only_rank_0_writes(impl, tmp_path):
     for rank in (0, 1):
         (tmp_path / f"rank{rank}").mkdir()
     results = run_ranks(_save_on_each_rank, 2, impl, str(tmp_path), timeout=30)
+    called = [name for _, _, calls, _ in results for name in calls]
+    assert not called, (  # trial 11: a barrier inside save_checkpoint passed (every rank called it here)
+        f"{T81}: save_checkpoint called dist.{called[0]}: it has no collective, as its docstring says, so that any "
+        "rank may skip it (a caller that saves on rank 0 alone would wait there forever for the others); rank 0 writes "
+        "and the others return None at once")
+    variables = results[1][3]
+    assert not (results[1][1] and variables), (  # trial 11: was told "rank 1 wrote", not why it took itself for 0
+        f"{T81}: rank 1 wrote {results[1][1]}: save_checkpoint read the environment variable(s) {', '.join(variables)}, "
+        "which torchrun sets but this process group (started without torchrun, as mp.spawn starts one) does not, "
+        "and took a default of 0. Use the given get_rank(): the process group's own rank, 0 without one"
+        + (" (LOCAL_RANK is a rank within one node: under torchrun on 2 nodes, each node's first process is local "
+           "rank 0, and both would write)" if "LOCAL_RANK" in variables else ""))
+    results = [result[:2] for result in results]
+    assert results[1][1] or results[1][0] is None, (  # trial 11: was told "rank 1 wrote []"
+        f"{T81}: rank 1 wrote nothing (right) but returned {results[1][0]!r}: return None on the ranks other than 0, "
+        "as the docstring says; the path is rank 0's, the one that wrote it")
     assert results[1] == (None, []), (
         f"{T81}: rank 1 wrote {results[1][1]} (returned {results[1][0]!r}): rank 0 alone must write. Every rank "
         "holds the same weights, and several processes writing one file at once leave a mix of their bytes")
@@ -276,6 +414,11 @@ def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path)
     write(tmp_path / "previous.pt", 1, seed=1)
     newest = write(tmp_path / "last.pt", 2, seed=2)
     state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    if (isinstance(path, (str, os.PathLike)) and not os.path.exists(path)
+            and os.path.exists(os.path.join(tmp_path, path))):  # trial 11: a raw FileNotFoundError before
+        pytest.fail(f"{T82}: returned {str(path)!r}, the file's name, not its path: return os.path.join(directory, "
+                    "name), the path of the file loaded (resume() prints it, and moves an unreadable last.pt away by "
+                    "it; a bare name is looked for in the current folder)")
     assert path is not None and os.path.samefile(path, tmp_path / "last.pt"), (
         f"{T82}: returned {path!r}, expected last.pt, the newest")
     assert state["epoch"] == 2 and same_tensors(state["model"], newest["model"]), (
@@ -346,6 +489,10 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_used(imp
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
         f"{T82}: last.pt is truncated, so previous.pt must be used; returned {path!r}")
     assert same_tensors(state["model"], good["model"])
+    assert (tmp_path / "last.pt").exists(), (  # trial 11: was the slow test's bare list of files
+        f"{T82}: load_checkpoint removed the unreadable last.pt: leave it where it is and only say so. Every rank "
+        "reads the folder (one removing it while another opens it fails that one), and resume() moves it aside as "
+        "last.pt.corrupt once every rank has read, keeping it to look at and out of the rotation's way")
     out = capsys.readouterr()
     # print, logging.warning or warnings.warn: each reaches the user
     shown = out.out + out.err + caplog.text + "".join(f"{w.message}\n" for w in warned)
@@ -400,6 +547,40 @@ def test_load_does_not_run_code_hidden_in_a_checkpoint(impl, tmp_path, capsys):
         f"{T82}: loading the checkpoint ran code stored in it: torch.load(..., weights_only=True) refuses "
         "anything but tensors and plain containers")
     assert os.path.samefile(path, tmp_path / "previous.pt"), f"{T82}: expected previous.pt, got {path!r}"
+    refusal = []  # the lines after the first of torch.load's message refusing the file
+    try:
+        torch.load(tmp_path / "last.pt", weights_only=True)
+    except Exception as error:
+        refusal = [line.strip() for line in str(error).splitlines()[1:] if len(line.strip()) > 20]
+    out = capsys.readouterr()
+    shown = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    echoed = [line for line in shown if any(part in line for part in refusal)]
+    assert not echoed, (  # trial 11: the whole message printed, as many lines (passed)
+        f"{T82}: the report that last.pt cannot be read took {len(shown)} lines: it printed torch.load's whole "
+        f"error message, whose lines go on to {echoed[-1].strip()[:80]!r}. Say it in one line, with the path and the "
+        "error's first line (str(error).splitlines()[0]), as the docstring asks: a resumed run on 64 ranks prints "
+        "it 64 times")
+
+
+@pytest.mark.task8_2
+def test_an_empty_newest_checkpoint_is_unreadable_too(impl, tmp_path):
+    """Trial 11: `except (RuntimeError, pickle.UnpicklingError)` passed; an empty file is torch.load's EOFError."""
+    ckpt = load(impl, "template_checkpoint")
+    write(tmp_path / "previous.pt", 1)
+    (tmp_path / "last.pt").write_bytes(b"")  # a rename that reached the disk before the data did, then a power cut
+    try:
+        state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
+    except ValueError as error:
+        pytest.fail(f"{T82}: last.pt is empty (0 bytes) and previous.pt is good, yet load_checkpoint raised "
+                    f"{type(error).__name__}: {error}: report last.pt in one line and use previous.pt")
+    except Exception as error:
+        pytest.fail(f"{T82}: last.pt is empty (0 bytes, as a power cut leaves a file whose rename reached the disk "
+                    f"before its data) and load_checkpoint let torch.load's {type(error).__name__} out instead of "
+                    "trying previous.pt: any error torch.load raises means the file cannot be read (a truncated file "
+                    "is a RuntimeError, a refused object an UnpicklingError, an empty file an EOFError, garbage even "
+                    "a KeyError): catch Exception, say so in one line, and try previous.pt")
+    assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
+        f"{T82}: last.pt is empty, so previous.pt must be used; returned {path!r}")
 
 
 def _load_on_every_rank(rank, world_size, impl, folder):
@@ -429,6 +610,14 @@ def test_load_puts_the_tensors_on_the_device_it_is_given(impl, tmp_path):
         f"{T82}: load_checkpoint(folder, device) returned the model's tensors on {sorted(devices)}, not on the "
         "device it was given: pass map_location=device to torch.load, or a checkpoint saved on cuda:0 lands on "
         "cuda:0 on every rank (or fails on a machine without that GPU)")
+    write(tmp_path / "previous.pt", 1)  # trial 11: the fallback, loaded without map_location, passed
+    (tmp_path / "last.pt").write_bytes(b"PK\x03\x04 half a checkpoint")
+    state, path = ckpt.load_checkpoint(str(tmp_path), torch.device("meta"))
+    devices = {t.device.type for t in state["model"].values()}
+    assert devices == {"meta"}, (
+        f"{T82}: with last.pt unreadable, load_checkpoint(folder, device) returned previous.pt's tensors on "
+        f"{sorted(devices)}, not on the device it was given (last.pt's went there): pass map_location=device to "
+        "every torch.load, the fallback's too")
 
 
 @pytest.mark.task8_2
@@ -522,7 +711,9 @@ def test_train_ddp_stopped_mid_epoch_and_resumed_ends_bit_identical(impl, tmp_pa
     assert same_tensors(whole["optimizer"]["state"][0], resumed["optimizer"]["state"][0])
     assert (recovered["epoch"], recovered["step"]) == (2, 16) and same_tensors(whole["model"], recovered["model"]), (
         f"{T82}: with last.pt truncated, the run must resume from previous.pt and end like the uninterrupted run")
-    assert files == ["last.pt", "last.pt.corrupt", "previous.pt"], files
+    assert files == ["last.pt", "last.pt.corrupt", "previous.pt"], (
+        f"{T82}: after a resume from a truncated last.pt the folder holds {files}, expected last.pt, "
+        "last.pt.corrupt (the truncated one, moved aside by resume()) and previous.pt")
     assert refused is not None, "a checkpoint written with --lr 0.05 was resumed by a run with --lr 0.1"
     assert "--lr" in refused and "\n" not in refused, refused
 
