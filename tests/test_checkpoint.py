@@ -406,6 +406,27 @@ def write(path, epoch, seed=0):
     return state
 
 
+@pytest.mark.parametrize("spelled", [str, pathlib.Path, os.path.relpath])
+def test_resume_moves_aside_only_an_unreadable_last_pt(tmp_path, monkeypatch, spelled):
+    """support.checkpoint.resume (given code) renames last.pt to last.pt.corrupt when load_checkpoint fell back to
+    previous.pt; however load_checkpoint spells the path it returns (a pathlib.Path, a relative path: right answers
+    to Task 8.2), a last.pt it read is the same file, and stays (trial 11: a good last.pt was moved aside)."""
+    from support.checkpoint import resume
+    ckpt = load("solutions", "template_checkpoint")
+    monkeypatch.chdir(tmp_path)
+    tasks = type("Tasks", (), {"load_checkpoint": staticmethod(
+        lambda directory, device: (lambda state, path: (state, None if path is None else spelled(path)))(
+            *ckpt.load_checkpoint(directory, device)))})
+    write(tmp_path / "previous.pt", 1)
+    write(tmp_path / "last.pt", 2)
+    model, optimizer = trained()
+    assert resume(tasks, str(tmp_path), model, optimizer, {"lr": 0.1}, "cpu", 10) == (2, 20)
+    assert sorted(os.listdir(tmp_path)) == ["last.pt", "previous.pt"]
+    (tmp_path / "last.pt").write_bytes(b"")  # cut short: previous.pt is read, last.pt moved aside
+    assert resume(tasks, str(tmp_path), model, optimizer, {"lr": 0.1}, "cpu", 10) == (1, 10)
+    assert sorted(os.listdir(tmp_path)) == ["last.pt.corrupt", "previous.pt"]
+
+
 @pytest.mark.task8_2
 def test_load_returns_the_newest_checkpoint_and_none_without_one(impl, tmp_path):
     ckpt = load(impl, "template_checkpoint")
