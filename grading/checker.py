@@ -66,8 +66,10 @@ HINTS = [
      "On gloo, the Works of point-to-point messages (dist.isend, dist.irecv) and of a reduce-scatter have no Future, "
      "and polled with is_completed() they say True only once their wait() has run (a reduce-scatter's never): wait "
      "for them with work.wait()."),
+    # not only a collective: dist.get_rank() in a process without a group too (trial 11, Task 8.1)
     (r"Default process group has not been initialized",
-     "A collective ran before init_process_group (or after destroy_process_group)."),
+     "A torch.distributed call (a collective, dist.get_rank(), dist.get_world_size()) ran where there is no process "
+     "group: before init_process_group, after destroy_process_group, or in a single process that never made one."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",
      "The ranks could not connect to each other, which happens on a very busy machine: run the check again."),
     (r"Connection closed by peer|Connection reset by peer",

@@ -1055,6 +1055,15 @@ MISTAKES = [
     Mistake("8.2", "silent-fallback", "template_checkpoint.py",
             '            print(f"[rank {get_rank()}] checkpoint {path} cannot be read ({reason[:200]}){then}", '
             'flush=True)\n', "", "say in one line"),
+    # Task 8.3, the lead's trial 11 (2026-11-29): at counted from the line, the shard's end taken as inclusive
+    Mistake("8.3", "at-counted-from-the-line", "template_checkpoint.py",  # was told to clip the range, which it did
+            "            entries.append((name, low - offset, high - low, low - start))",
+            "            entries.append((name, low - offset, high - low, low))",
+            "not of the line (low)"),
+    Mistake("8.3", "end-taken-as-inclusive", "template_checkpoint.py",  # was the bare last line
+            "        low, high = max(start, offset), min(end, offset + numel)",
+            "        low, high = max(start, offset), min(end - 1, offset + numel)",
+            "not min(end - 1, ...)"),
     Mistake("8.4", "step-as-int", "template_checkpoint.py",  # was told "step 7, saved 7"
             "            state[key] = value.clone() if torch.is_tensor(value) else value\n",
             "            state[key] = int(value)\n", "came back as int"),

@@ -101,11 +101,17 @@ def check_shard_index(ckpt, names, numels, shards):
                 past = [e for e in shaped if e[3] + e[2] > end - start]
                 before = [e for e in shaped if e[3] < 0]
                 short = [(n, o, k - 1, a) if o + k == sizes[n] else (n, o, k, a) for n, o, k, a in want_entries]
+                line_positioned = [(n, o, k, a + start) for n, o, k, a in want_entries]
+                cut = [(n, o, k - 1, a) if a + k == end - start else (n, o, k, a) for n, o, k, a in want_entries]
                 hint = ("offsets must be global, counted from the start of the parameter, not of this rank's shard"
                         if entries == shard_relative else
                         # Issue 45: these three were a bare difference
                         "the position in the shard (the 4th number, at) counts from the start of this rank's "
                         "shard (low - start), not of the parameter" if entries == parameter_relative else
+                        # trial 11: was told to clip the parameter's range to the shard, which it did
+                        "the position in the shard (the 4th number, at) counts from the start of this rank's shard "
+                        f"(low - start), not of the line (low): this shard starts at line element {start}"
+                        if start and entries == line_positioned else
                         # trial 8: these three were the bare last line
                         f"{past[0]} runs past the end of the shard (at + length = {past[0][3] + past[0][2]} > end - "
                         f"start = {end - start}): an entry covers only the part of its parameter inside [start, end): "
@@ -116,6 +122,10 @@ def check_shard_index(ckpt, names, numels, shards):
                         "each entry that reaches its parameter's last element is one element short: a parameter at "
                         "line position p holds p .. p + numel - 1, so its range ends at p + numel, exclusive, as "
                         "end is" if [e for e in short if e[2] > 0] == entries else
+                        # trial 11: was the bare last line
+                        "the entry that reaches the shard's end is one element short: [start, end) holds end - 1, "
+                        "so a parameter's part in it ends at min(end, ...), not min(end - 1, ...)"
+                        if [e for e in cut if e[2] > 0] == entries else
                         f"an entry of length 0 for {', '.join(empty)}: list only the parameters that [start, end) "
                         "overlaps (low < high)" if empty and [e for e in entries if e[2] > 0] == want_entries else
                         f"no entry for {', '.join(missing)}, which [{start}, {end}) overlaps ("
