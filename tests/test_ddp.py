@@ -524,6 +524,23 @@ def test_each_bucket_carries_the_accumulated_gradients(impl, buckets):
                     "register_post_accumulate_grad_hook (register_hook fires before the gradient is accumulated)")
 
 
+def _silent_with_both_flags_off(model, run):
+    """For code that launched all-reduces with sync_this_backward False: whether run() (the same backward, or
+    finish) launches none once require_backward_grad_sync is False too, the buckets reset first: then the code
+    reads require_backward_grad_sync, not the flag forward set."""
+    for bucket in model.buckets:
+        if bucket.handle is not None:
+            bucket.handle.wait()
+        bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
+    model.next_bucket, model.require_backward_grad_sync = 0, False
+    try:
+        with Wire(ALL_REDUCE) as both_off:
+            run()
+    finally:
+        model.require_backward_grad_sync = True
+    return not both_off.launches()
+
+
 def _one_hook_each(rank, world_size, impl):
     lib = judging(impl, "5.3")
     module = mlp()
@@ -533,17 +550,8 @@ def _one_hook_each(rank, world_size, impl):
     with Wire(ALL_REDUCE) as recorder:
         model.sync_this_backward = False  # as after a forward inside no_sync()
         F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
-    silent_when_both_off = None
-    if recorder.launches():  # which flag did the hook read? the same backward with both flags off (trial 11)
-        for bucket in model.buckets:
-            if bucket.handle is not None:
-                bucket.handle.wait()
-            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
-        model.next_bucket, model.require_backward_grad_sync = 0, False
-        with Wire(ALL_REDUCE) as both_off:
-            F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()
-        silent_when_both_off = not both_off.launches()
-        model.require_backward_grad_sync = True
+    silent_when_both_off = _silent_with_both_flags_off(  # which flag did the hook read? (trial 11)
+        model, lambda: F.mse_loss(module(torch.randn(3, 8)), torch.randn(3, 4)).backward()) if recorder.launches() else None
     # a weight used by two layers (one Parameter, listed twice by named_parameters(remove_duplicate=False)):
     # one hook, so one count a backward; two would launch the bucket before its last gradient is in
     tied = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
@@ -901,16 +909,9 @@ def _finish_after_no_sync(rank, world_size, impl):
     before = grads_of(module)
     with Wire(ALL_REDUCE) as recorder:
         model.finish_gradient_synchronization()
-    after, silent_when_both_off = grads_of(module), None
-    if recorder.launches():  # which flag did finish read? again with both flags off (trial 11)
-        for bucket in model.buckets:
-            if bucket.handle is not None:
-                bucket.handle.wait()
-            bucket.num_ready, bucket.handle, bucket.buffer = 0, None, None
-        model.next_bucket, model.require_backward_grad_sync = 0, False
-        with Wire(ALL_REDUCE) as both_off:
-            model.finish_gradient_synchronization()
-        silent_when_both_off = not both_off.launches()
+    after = grads_of(module)
+    silent_when_both_off = _silent_with_both_flags_off(  # which flag did finish read? (trial 11)
+        model, model.finish_gradient_synchronization) if recorder.launches() else None
     return len(recorder.launches()), before, after, silent_when_both_off
 
 
