@@ -591,15 +591,17 @@ def test_an_empty_newest_checkpoint_is_unreadable_too(impl, tmp_path):
     (tmp_path / "last.pt").write_bytes(b"")  # a rename that reached the disk before the data did, then a power cut
     try:
         state, path = ckpt.load_checkpoint(str(tmp_path), "cpu")
-    except ValueError as error:
-        pytest.fail(f"{T82}: last.pt is empty (0 bytes) and previous.pt is good, yet load_checkpoint raised "
-                    f"{type(error).__name__}: {error}: report last.pt in one line and use previous.pt")
-    except Exception as error:
+    except NotImplementedError:
+        raise  # an unfilled TODO: its own message says which
+    except EOFError as error:  # what torch.load raises for an empty file
         pytest.fail(f"{T82}: last.pt is empty (0 bytes, as a power cut leaves a file whose rename reached the disk "
                     f"before its data) and load_checkpoint let torch.load's {type(error).__name__} out instead of "
                     "trying previous.pt: any error torch.load raises means the file cannot be read (a truncated file "
                     "is a RuntimeError, a refused object an UnpicklingError, an empty file an EOFError, garbage even "
                     "a KeyError): catch Exception, say so in one line, and try previous.pt")
+    except Exception as error:
+        pytest.fail(f"{T82}: last.pt is empty (0 bytes) and previous.pt is good, yet load_checkpoint raised "
+                    f"{type(error).__name__}: {error}: report last.pt in one line and use previous.pt")
     assert path is not None and os.path.samefile(path, tmp_path / "previous.pt") and state["epoch"] == 1, (
         f"{T82}: last.pt is empty, so previous.pt must be used; returned {path!r}")
 
