@@ -159,8 +159,8 @@ def resume(tasks, directory, model, optimizer, run_args, device, steps_per_epoch
     load_full_state(model, optimizer, checkpoint, shard)
     last = os.path.join(directory, LAST)
     # the same file however load_checkpoint spells its path (a pathlib.Path, a relative one): compared as text, a
-    # good last.pt was moved aside
-    if os.path.exists(last) and not os.path.samefile(path, last) and get_rank() == 0:
+    # good last.pt was moved aside. Rank 0 alone looks: another rank's look raced with its rename
+    if get_rank() == 0 and os.path.exists(last) and not os.path.samefile(path, last):
         os.replace(last, last + ".corrupt")
     _say_resuming(path, epoch, step, steps_per_epoch, resharding)
     return epoch, step
