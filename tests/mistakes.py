@@ -3937,6 +3937,23 @@ MISTAKES = [
     Mistake("14.2", "fc1-gathers-its-output", "template_sequence_parallel.py",  # was a raw shape error
             "column.from_linear(mlp.fc1, group)", "column.from_linear(mlp.fc1, group, gather_output=True)",
             "shapes do not chain"),
+    # Tasks 10.1, 13.2, 14.2, trial 12 (2026-11-30, the lead): the error's kind, one-shot iterators
+    Mistake("10.1", "asserts-instead-of-raising", "template_pipeline.py",  # the student's own message, nothing more
+            "    if not 1 <= num_stages <= num_layers:\n"
+            "        raise ValueError(f\"cannot split {num_layers} layers into {num_stages} stages: \"\n"
+            "                         \"every stage needs at least one layer\")\n",
+            "    assert num_stages <= num_layers, \"every stage needs at least one layer\"\n",
+            "must raise a ValueError, as the docstring says"),
+    Mistake("10.1", "returns-a-generator", "template_pipeline.py",  # was "your code raised TypeError" (the test's len)
+            "    return range(start, start + base + (1 if stage < extra else 0))",
+            "    return (i for i in range(start, start + base + (1 if stage < extra else 0)))",
+            "returned an iterator (generator)"),
+    Mistake("13.2", "remainder-of-the-count", "template_local_sgd.py",  # passed: lowered from 4 to 2, 4 % 2 == 0
+            "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n",
+            "        if self.local_step % self.sync_every == 0:\n", "nor a remainder, %"),
+    Mistake("13.3", "remainder-of-the-count", "template_local_sgd.py",  # passed, as 13.2's
+            "        if self.local_step < self.sync_every:\n            return loss\n",
+            "        if self.local_step % self.sync_every:\n            return loss\n", "nor a remainder, %"),
 ]
 
 
@@ -5348,6 +5365,31 @@ RIGHT_ANSWERS = [
                 "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n        return total / ctx.tokens\n",
                 "        mean = x.mean(dim=1)\n        dist.all_reduce(mean, group=group)\n"
                 "        return mean / dist.get_world_size(group)\n", ""),)),
+    # Tasks 10.1, 13.2, 14.2, trial 12 (2026-11-30, the lead)
+    RightAnswer("10.1", "tensor-split-of-an-arange", "'a range of layer indices' that Stage reads once: "
+                "torch.tensor_split's first (num_layers % num_stages) pieces are one longer, the balance asked for", (
+        Mistake("10.1", "tensor-split-of-an-arange", "template_pipeline.py",
+                "    base, extra = divmod(num_layers, num_stages)\n    start = stage * base + min(stage, extra)\n"
+                "    return range(start, start + base + (1 if stage < extra else 0))",
+                "    return torch.tensor_split(torch.arange(num_layers), num_stages)[stage]", ""),)),
+    RightAnswer("10.1", "tuple-of-indices", "'a range of layer indices': a tuple of the same indices serves Stage alike", (
+        Mistake("10.1", "tuple-of-indices", "template_pipeline.py",
+                "    return range(start, start + base + (1 if stage < extra else 0))",
+                "    return tuple(range(start, start + base + (1 if stage < extra else 0)))", ""),)),
+    RightAnswer("13.2", "returns-early-between-averages", "'if this was the sync_every-th step since the last "
+                "average': returning the loss until then is the same test the other way round", (
+        Mistake("13.2", "returns-early-between-averages", "template_local_sgd.py",
+                "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n"
+                "            average_parameters(self.model, self.group)\n            self.local_step = 0\n        return loss\n",
+                "        if self.local_step < self.sync_every:\n            return loss\n"
+                "        average_parameters(self.model, self.group)\n        self.local_step = 0\n        return loss\n",
+                ""),)),
+    RightAnswer("13.2", "closure-passed-only-if-given", "'with the closure, if any': step() without an argument is "
+                "step(None)", (
+        Mistake("13.2", "closure-passed-only-if-given", "template_local_sgd.py",
+                "        loss = self.optimizer.step(closure)\n        self.local_step += 1",
+                "        loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()\n"
+                "        self.local_step += 1", ""),)),
 ]
 
 

@@ -884,17 +884,18 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
 
 
 def _lowered_mid_round(rank, world_size, impl, task):
-    """LocalSGD (13.2) or DiLoCo (13.3) with sync_every=4: 3 steps, then sync_every lowered to 2 (below the 3
-    steps counted) for the 4th, then 4 again for 4 more. [(after step s: local_step, collectives sent)]: the
-    values are the other tests' (a wrong value is told there, with its cause)."""
+    """LocalSGD (13.2) or DiLoCo (13.3) with sync_every=5: 4 steps, then sync_every lowered to 3 (below the 4
+    steps counted) for the 5th, then 5 again for 5 more. [(after step s: local_step, collectives sent)]: the
+    values are the other tests' (a wrong value is told there, with its cause). Lowered to 3, not 2: the 5th step's
+    count, 5, is no multiple of it (a trial's `local_step % sync_every == 0` met 4 % 2 and passed)."""
     lib = judging(impl, task)
     model = make(MLP)
     inner = optimizer("sgd", model.parameters())
-    stepper = lib.LocalSGD(model, inner, 4) if task == "13.2" else lib.DiLoCo(model, inner, 4)
+    stepper = lib.LocalSGD(model, inner, 5) if task == "13.2" else lib.DiLoCo(model, inner, 5)
     out = []
     with Wire() as wire:
-        for step in range(8):
-            stepper.sync_every = 2 if step == 3 else 4
+        for step in range(10):
+            stepper.sync_every = 3 if step == 4 else 5
             stepper.zero_grad()
             backward(model, rank, step)
             stepper.step()
@@ -904,24 +905,25 @@ def _lowered_mid_round(rank, world_size, impl, task):
 
 def check_lowered_mid_round(task, results):
     """sync_every lowered below the count: the synchronisation comes at once (>=), and the count starts
-    again; an `==` never meets the lowered value and never synchronises again (Issue 45)."""
+    again; an `==` never meets the lowered value and never synchronises again (Issue 45), and a `%` meets it
+    only where the count happens to be a multiple of it."""
     what = "average" if task == "13.2" else "outer step"
     for rank, out in enumerate(results):
         counts, sent = [count for count, _ in out], [calls for _, calls in out]
-        if counts[3] != 0 and not sent[3]:
-            pytest.fail(f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 after 3 steps were counted: no "
-                        f"{what} came at step 4, and the count went on ({counts}): compare the count with "
-                        "sync_every using >=, not ==: sync_every may be lowered in the middle of a round below the "
-                        "steps already counted (train_ddp.py lowers it at an epoch's end)")
-        if counts == list(range(1, len(counts) + 1)) and sent[3]:
+        if counts[4] != 0 and not sent[4]:
+            pytest.fail(f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5 after 4 steps were counted: no "
+                        f"{what} came at step 5, and the count went on ({counts}): compare the count with "
+                        "sync_every using >=, not == (nor a remainder, %): sync_every may be lowered in the middle "
+                        "of a round below the steps already counted (train_ddp.py lowers it at an epoch's end)")
+        if counts == list(range(1, len(counts) + 1)) and sent[4]:
             pytest.fail(f"{task}: rank {rank}: self.local_step after each step was {counts}, and steps "
                         f"{[i + 1 for i, n in enumerate(sent) if n]} sent something: the count was never set back to "
                         f"0, so once it reached sync_every every step came with an {what}: set self.local_step = 0 "
                         f"at each {what}")
-        assert counts == [1, 2, 3, 0, 1, 2, 3, 0] and [bool(n) for n in sent] == [False] * 3 + [True] + \
-            [False] * 3 + [True], (f"{task}: rank {rank}: sync_every=4, lowered to 2 for step 4 only: self.local_step "
+        assert counts == [1, 2, 3, 4, 0, 1, 2, 3, 4, 0] and [bool(n) for n in sent] == [False] * 4 + [True] + \
+            [False] * 4 + [True], (f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
-                                   f"sent something; expected the {what}s after steps 4 and 8 only")
+                                   f"sent something; expected the {what}s after steps 5 and 10 only")
 
 
 @pytest.mark.task13_2
