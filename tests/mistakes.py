@@ -3954,6 +3954,12 @@ MISTAKES = [
     Mistake("13.3", "remainder-of-the-count", "template_local_sgd.py",  # passed, as 13.2's
             "        if self.local_step < self.sync_every:\n            return loss\n",
             "        if self.local_step % self.sync_every:\n            return loss\n", "nor a remainder, %"),
+    Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
+    Mistake("12.2", "norm-floored-at-epsilon", "template_compression.py",  # passed, as the one above
+            "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
+            "        col /= torch.linalg.vector_norm(col).clamp(min=epsilon)\n", "nor by the norm floored at epsilon"),
 ]
 
 

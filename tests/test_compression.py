@@ -305,6 +305,11 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
     zero = torch.randn(6, 3, generator=g)
     zero[:, 1] = 0
     calls.append((impl, zero, 1e-8))  # an all-zero column: finite with epsilon
+    small = torch.randn(6, 3, generator=g)
+    small[:, 2] *= 1e-6  # a last column whose norm is near epsilon: only norm + epsilon gives PyTorch's (a trial's
+    calls.append((impl, small, 1e-6))  # sqrt(sum of squares + epsilon) passed); the last, where every correct
+    # order of Gram-Schmidt (classical too) agrees to rounding: a small column in the middle would leave the later
+    # ones not quite orthogonal to it, each order in its own way
     results = call_alone(_orthogonalize_alone, calls, T122,
                          lambda args: f"orthogonalize(a {tuple(args[1].shape)} matrix, epsilon={args[2]})")
     for (_, matrix, epsilon), (ours, theirs, _) in zip(calls, results):  # trial 9: was told of an all-zero column
@@ -356,7 +361,10 @@ def test_orthogonalize_is_pytorchs_gram_schmidt_in_place(impl):
                         f"{(gram - torch.eye(matrix.shape[1])).abs().max().item():.3g}): {hint}")
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (
             f"{T122}: {where} differs from PyTorch's Gram-Schmidt by {(ours - theirs).abs().max().item():.3g}: "
-            "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only")
+            + ("every matrix with epsilon=0 was right, so it is epsilon's use: divide by the norm plus epsilon, "
+               "col / (torch.linalg.vector_norm(col) + epsilon), not by sqrt(sum of squares + epsilon), nor by the "
+               "norm floored at epsilon" if epsilon > 0 else
+               "columns in order; divide by the norm (+ epsilon); then subtract from the LATER columns only"))
 
 
 def _gram_schmidt_columns(matrix):
