@@ -5396,6 +5396,32 @@ RIGHT_ANSWERS = [
                 "        loss = self.optimizer.step(closure)\n        self.local_step += 1",
                 "        loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()\n"
                 "        self.local_step += 1", ""),)),
+    RightAnswer("10.6", "losses-stacked-activations-popped", "'the sum of the M scaled losses, a 0-d tensor without "
+                "graph': summed once after the forwards; each (input, output) taken off the list by its backward, "
+                "in the same order 0, 1, ..., M-1", (
+        Mistake("10.6", "losses-stacked-activations-popped", "template_pipeline.py",
+                "        if stage.is_last:\n"
+                "            loss = output.detach() if loss is None else loss + output.detach()\n"
+                "    for i in range(num_microbatches):\n        backward_step(stage, *saved[i])\n"
+                "        saved[i] = None  # its activations are no longer needed\n",
+                "    if stage.is_last:\n        loss = torch.stack([output.detach() for _, output in saved]).sum()\n"
+                "    for i in range(num_microbatches):\n        backward_step(stage, *saved.pop(0))\n", ""),)),
+    RightAnswer("16.4", "experts-deep-copied", "from_moe's 'its local experts ..., the same models.MLP modules or "
+                "copies'", (
+        Mistake("16.4", "experts-deep-copied", "template_experts.py",
+                "        experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]\n",
+                "        import copy\n"
+                "        experts = [copy.deepcopy(moe.experts[e]) for e in local_experts(moe.num_experts, group)]\n", ""),)),
+    RightAnswer("16.4", "replaced-by-qualified-name", "parallelize_moe's 'every models.MoE inside model replaced, in "
+                "place': found by named_modules and set on its parent, get_submodule", (
+        Mistake("16.4", "replaced-by-qualified-name", "template_experts.py",
+                "    for module in list(model.modules()):\n        for name, child in module.named_children():\n"
+                "            if isinstance(child, models.MoE):\n"
+                "                setattr(module, name, ExpertParallelMoE.from_moe(child, ep_group))\n",
+                "    for name, module in list(model.named_modules()):\n        if isinstance(module, models.MoE):\n"
+                "            parent, _, attr = name.rpartition(\".\")\n"
+                "            setattr(model.get_submodule(parent), attr, ExpertParallelMoE.from_moe(module, ep_group))\n",
+                ""),)),
 ]
 
 
