@@ -5422,6 +5422,21 @@ RIGHT_ANSWERS = [
                 "            parent, _, attr = name.rpartition(\".\")\n"
                 "            setattr(model.get_submodule(parent), attr, ExpertParallelMoE.from_moe(module, ep_group))\n",
                 ""),)),
+    RightAnswer("8.4", "parts-copied-into-place", "'glued in the order of their offsets in the parameter': each part "
+                "copied straight to its place (at + its offset in the entry) is that order whatever order they come "
+                "in; the elements counted say whether all were found", (
+        Mistake("8.4", "parts-copied-into-place", "template_checkpoint.py",
+                "            parts = []\n",
+                "            covered = 0\n", ""),
+        Mistake("8.4", "parts-copied-into-place", "template_checkpoint.py",
+                "                        parts.append((low, tensors[key][begin:begin + high - low]))\n"
+                "            parts.sort(key=lambda part: part[0])  # by position in the parameter\n"
+                "            if sum(part.numel() for _, part in parts) != length:\n",
+                "                        flat[at + low - offset:at + high - offset] = tensors[key][begin:begin + high - low]\n"
+                "                        covered += high - low\n"
+                "            if covered != length:\n", ""),
+        Mistake("8.4", "parts-copied-into-place", "template_checkpoint.py",
+                "            flat[at:at + length] = torch.cat([part for _, part in parts])\n", "", ""),)),
 ]
 
 
