@@ -5437,6 +5437,53 @@ RIGHT_ANSWERS = [
                 "            if covered != length:\n", ""),
         Mistake("8.4", "parts-copied-into-place", "template_checkpoint.py",
                 "            flat[at:at + length] = torch.cat([part for _, part in parts])\n", "", ""),)),
+    RightAnswer("11.1", "parallel-variance-of-gathered-stats", "the docstring's first way: 'all-gather each rank's "
+                "(count, mean, M2 = sum of squared deviations) and combine them with the parallel-variance formula "
+                "(PyTorch's way)', gathered in float64 (a count in bfloat16 is not exact past 256)", (
+        Mistake("11.1", "parallel-variance-of-gathered-stats", "template_batchnorm.py",
+                ("    dims = _reduce_dims(x)\n"
+                 "    n = x.numel() // x.shape[1]  # this rank's elements per channel\n"
+                 "    if n > 0:\n"
+                 "        # each rank's own mean and squared deviations, stable in x's dtype (torch.var_mean\n"
+                 "        # never forms E[x^2]); then sums in float64: sum(x^2) = M2 + n * mean^2 is then\n"
+                 "        # exact enough for the subtraction below\n"
+                 "        var, mean = torch.var_mean(x, dim=dims, correction=0)\n"
+                 "        mean, m2 = mean.double(), var.double() * n\n"
+                 "    else:  # nothing here, but this rank must still take part in the all-reduce\n"
+                 "        mean = m2 = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)\n"
+                 "    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n"
+                 "    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)  # the one collective\n"
+                 "    count = packed[0]\n"
+                 "    total, squares = packed[1:].chunk(2)\n"
+                 "    global_mean = total / count\n"
+                 "    global_var = (squares / count - global_mean ** 2).clamp(min=0)\n"
+                 "    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())\n"),
+                ("    dims = _reduce_dims(x)\n"
+                 "    n = x.numel() // x.shape[1]  # this rank's elements per channel\n"
+                 "    channels = x.shape[1]\n"
+                 "    if n > 0:\n"
+                 "        var, mean = torch.var_mean(x, dim=dims, correction=0)\n"
+                 "    else:\n"
+                 "        mean = var = x.new_zeros(channels)\n"
+                 "    # (count, mean, M2) of this rank, in float64: a count in float16 or bfloat16 would not be exact\n"
+                 "    mine = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), mean.double(), var.double() * n])\n"
+                 "    gathered = torch.empty(dist.get_world_size(group) * mine.numel(), dtype=torch.float64, device=x.device)\n"
+                 "    dist.all_gather_into_tensor(gathered, mine, group=group)  # the one collective\n"
+                 "    gathered = gathered.view(-1, mine.numel())\n"
+                 "    count = torch.zeros((), dtype=torch.float64, device=x.device)\n"
+                 "    global_mean = torch.zeros(channels, dtype=torch.float64, device=x.device)\n"
+                 "    m2 = torch.zeros(channels, dtype=torch.float64, device=x.device)\n"
+                 "    for row in gathered:  # Chan et al.'s parallel variance, one rank at a time\n"
+                 "        n_b, mean_b, m2_b = row[0], row[1:1 + channels], row[1 + channels:]\n"
+                 "        if n_b == 0:\n"
+                 "            continue\n"
+                 "        total = count + n_b\n"
+                 "        delta = mean_b - global_mean\n"
+                 "        global_mean = global_mean + delta * n_b / total\n"
+                 "        m2 = m2 + m2_b + delta ** 2 * count * n_b / total\n"
+                 "        count = total\n"
+                 "    global_var = m2 / count\n"
+                 "    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())\n"), ""),)),
 ]
 
 
