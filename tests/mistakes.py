@@ -5484,6 +5484,17 @@ RIGHT_ANSWERS = [
                  "        count = total\n"
                  "    global_var = m2 / count\n"
                  "    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())\n"), ""),)),
+    RightAnswer("14.1", "rows-reordered-in-place", "'a column-parallel layer ... whose weight and bias are the rows "
+                "of rank r's heads in q, then in k, then in v': the whole qkv's rows put in that order in place, then "
+                "Task 9's from_linear of it, splitting them as they lie", (
+        Mistake("14.1", "rows-reordered-in-place", "template_sequence_parallel.py",
+                "    regrouped = nn.Linear(dim, 3 * dim, bias=attn.qkv.bias is not None, device=\"meta\")\n"
+                "    regrouped.weight = nn.Parameter(attn.qkv.weight.detach()[order])\n"
+                "    if attn.qkv.bias is not None:\n        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n"
+                "    attn.qkv = column.from_linear(regrouped, group)\n",
+                "    with torch.no_grad():\n        attn.qkv.weight.copy_(attn.qkv.weight[order])\n"
+                "        if attn.qkv.bias is not None:\n            attn.qkv.bias.copy_(attn.qkv.bias[order])\n"
+                "    attn.qkv = column.from_linear(attn.qkv, group)\n", ""),)),
 ]
 
 
