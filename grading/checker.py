@@ -70,6 +70,11 @@ HINTS = [
     (r"Default process group has not been initialized",
      "A torch.distributed call (a collective, dist.get_rank(), dist.get_world_size()) ran where there is no process "
      "group: before init_process_group, after destroy_process_group, or in a single process that never made one."),
+    # trial 11, Task 5.1: `param in bucket.params` compares the values of tensors, element by element
+    (r"Boolean value of Tensor with more than one (?:value|element) is ambiguous",
+     "A tensor stood where Python wants one True or False: `if t`, `and`/`or`, or `t in a_list` / `a_list.index(t)` / "
+     "`==` between tensors, which compare values element by element. To find a tensor among others, compare identity "
+     "(`any(t is p for p in a_list)`, a set of `id(p)`); to test values, reduce them (`.any()`, `torch.equal`)."),
     (r"connectFullMesh failed|Timed out (?:waiting|after).*(?:store|rendezvous)",
      "The ranks could not connect to each other, which happens on a very busy machine: run the check again."),
     (r"Connection closed by peer|Connection reset by peer",

@@ -208,6 +208,7 @@ def test_points_all_or_nothing_or_in_proportion():
      "[127.0.0.1]:1. This is typically caused by a remote worker crashing. GLHF!", "in training is a hang"),
     ("ValueError", "Cannot use ReduceOp.AVG with Gloo", "divide by the world size"),
     ("ModuleNotFoundError", "No module named 'helpers'", "Only the template_*.py files are used"),
+    ("RuntimeError", "Boolean value of Tensor with more than one value is ambiguous", "compare identity"),
     ("Failed", "Timeout (>60.0s) from pytest-timeout.", "longer than 60 s"),
     ("AssertionError", "Task 3.2 (f.py, ring): every rank sends first.\nranks [0, 1] were still running after 10 s "
      "(ranks [] had finished). This is a hang: ...\n  rank 0 was at:\n      File \"template_f.py\", line 3 in ring",
