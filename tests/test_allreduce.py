@@ -133,25 +133,28 @@ def traffic(where, dtype=None):
             "sent (its receiver then waits forever), and until an irecv's Work completes its buffer holds nothing")
 
 
-def make_input(rank, shape, dtype):
-    """Different numbers on every rank, the same on every run."""
+def make_input(rank, shape, dtype, world_size=2):
+    """Different numbers on every rank, the same on every run. int64 beyond 2**53 where there is a sum to
+    make (a world of one shows a division by the world size, or any float on the way, in its float cases)."""
     g = torch.Generator().manual_seed(1000 * rank + math.prod(shape))
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype == torch.int64 and world_size > 1:  # beyond 2**53, where float64 rounds; four still fit in int64
+        return torch.randint(-2 ** 60, 2 ** 60, shape, generator=g, dtype=dtype)
     return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
 
 
 def all_reduce_cases(rank, world_size, func_name, impl):
-    """On one rank: (input, result, expected, bytes sent, bytes received) for each case."""
+    """On one rank: (input, result, expected, bytes sent, bytes received, memory kept) for each case."""
     all_reduce = getattr(load(impl, "template_allreduce"), func_name)
     results = []
     for shape, dtype in cases(world_size):
-        tensor = make_input(rank, shape, dtype)
-        before, expected = tensor.clone(), tensor.clone()
+        tensor = make_input(rank, shape, dtype, world_size)
+        before, expected, memory = tensor.clone(), tensor.clone(), tensor.data_ptr()
         dist.all_reduce(expected)
         with traffic(WHERE[func_name], tensor.dtype) as counts:
             all_reduce(tensor)
-        results.append((before, tensor, expected, counts["sent"], counts["received"]))
+        results.append((before, tensor, expected, counts["sent"], counts["received"], tensor.data_ptr() == memory))
     return results
 
 
@@ -189,8 +192,9 @@ def as_task_failure(error, func_name, world_size):
             "for the matching receive): post each send together with its receive, as exchange() does. "
             f"Otherwise the ranks disagree about how many messages go where.\n{error}")
     if isinstance(error, RankFailed):
-        tip = (" An error about sizes means the sender and the receiver disagree about which chunk is "
-               "exchanged at some step (chunk bookkeeping)."
+        tip = (" An error about sizes means the sender and the receiver disagree about a message's size: about "
+               "which chunk is exchanged at some step (chunk bookkeeping), or a receive buffer sliced to another "
+               "length than the chunk sent (one kept from an earlier, smaller call must grow)."
                if func_name == "ring_all_reduce" and not any(said in str(error) for said in
                                                              (DTYPE_MISMATCH, NOT_WAITED, "tensor_split(world_size)"))
                else "")
@@ -211,10 +215,16 @@ def check_sums(func_name, world_size, results):
     where = WHERE[func_name]
     for case in range(len(results[0])):
         for rank, rank_results in enumerate(results):
-            before, got, expected, _, _ = rank_results[case]
+            before, got, expected, _, _, kept = rank_results[case]
             what = f"a {tuple(got.shape)} {str(got.dtype)[6:]} tensor on {world_size} ranks, rank {rank}"
             assert got.shape == expected.shape and got.dtype == expected.dtype, (
                 f"{where}: {what} came back as {tuple(got.shape)} {got.dtype}: change the tensor in place")
+            assert kept or got.numel() == 0, (
+                f"{where}: {what} came back in other memory: its data_ptr() changed, so the tensor was pointed "
+                "at a new buffer (tensor.data = ..., tensor.set_(...)) instead of written into. Write the sum into "
+                "the tensor's own memory (tensor.copy_(...), or chunks that are views of it), as dist.all_reduce "
+                "does: any other view of that memory (a gradient inside a flat bucket, a parameter's .grad held "
+                "elsewhere) would keep the old numbers")
             good = close(got, expected).reshape(-1)
             if good.all():
                 continue
@@ -231,8 +241,14 @@ def check_sums(func_name, world_size, results):
 
 
 def diagnose(func_name, world_size, rank, results, case, good):
-    before, got, expected, _, _ = results[rank][case]
+    before, got, expected, _, _, _ = results[rank][case]
     n = got.numel()
+    if not got.dtype.is_floating_point and got.dtype.itemsize == 8:
+        off = (got.double() - expected.double()).abs()
+        if (off <= expected.double().abs() * 2.0 ** -50).all():
+            return (f"The int64 sums, of numbers beyond 2**53, are off by at most a few parts in 2**50: they went "
+                    "through a floating-point tensor (float64 holds integers exactly only up to 2**53, float32 up "
+                    "to 2**24). Keep the sum in the tensor's own dtype (tensor.clone(), torch.zeros_like).")
     if func_name == "naive_all_reduce" and rank != 0 and close(results[0][case][1], expected).all():
         return ("Rank 0 has the sum but this rank does not: rank 0 must send the sum back to every rank, "
                 "and every other rank must receive it into its tensor.")
@@ -278,7 +294,7 @@ def test_naive_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_naive_all_reduce_goes_through_rank_0(impl, world_size):
     where, others = WHERE["naive_all_reduce"], world_size - 1
     for rank, rank_results in enumerate(run("naive_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, received in rank_results:
+        for _, tensor, _, sent, received, _ in rank_results:
             size = tensor.numel() * tensor.element_size()
             if rank == 0:
                 assert (received, sent) == (others * size, others * size), (
@@ -305,7 +321,7 @@ def test_ring_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
     n = world_size
     for rank, rank_results in enumerate(run("ring_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, _ in rank_results:
+        for _, tensor, _, sent, _, _ in rank_results:
             size = tensor.numel() * tensor.element_size()
             limit = 2 * (n - 1) * math.ceil(tensor.numel() / n) * tensor.element_size()  # 2(N-1) chunks
             assert sent <= limit, (
