@@ -245,9 +245,10 @@ def diagnose(func_name, world_size, rank, results, case, good):
     n = got.numel()
     if not got.dtype.is_floating_point and got.dtype.itemsize == 8:
         off = (got.double() - expected.double()).abs()
-        if (off <= expected.double().abs() * 2.0 ** -50).all():
-            return (f"The int64 sums, of numbers beyond 2**53, are off by at most a few parts in 2**50: they went "
-                    "through a floating-point tensor (float64 holds integers exactly only up to 2**53, float32 up "
+        scale = sum(rank_results[case][0].double().abs() for rank_results in results)  # what was added up
+        if (off <= scale * 2.0 ** -50).all():
+            return ("The int64 sums are off by no more than float64's rounding of the numbers added (about 2**60, "
+                    "beyond 2**53): they went through a floating-point tensor (float64 holds integers exactly only up to 2**53, float32 up "
                     "to 2**24). Keep the sum in the tensor's own dtype (tensor.clone(), torch.zeros_like).")
     if func_name == "naive_all_reduce" and rank != 0 and close(results[0][case][1], expected).all():
         return ("Rank 0 has the sum but this rank does not: rank 0 must send the sum back to every rank, "
@@ -262,6 +263,13 @@ def diagnose(func_name, world_size, rank, results, case, good):
     if world_size > 1 and got.dtype.is_floating_point and torch.allclose(got * world_size, expected, rtol=1e-4, atol=1e-4):
         return ("It holds the mean, not the SUM: all-reduce sums, and average_gradients divides by the "
                 "world size afterwards.")
+    if func_name == "naive_all_reduce" and rank == 0 and world_size > 2:
+        for src in range(1, world_size):  # every receive into one buffer, added up after the last one landed
+            if close(got, results[0][case][0] + (world_size - 1) * results[src][case][0]).all():
+                return (f"Rank 0 holds its own tensor plus {world_size - 1} times rank {src}'s: the {world_size - 1} "
+                        "receives all landed in one buffer before it was added to the total (irecvs posted together "
+                        "into the same tensor?). Add each received tensor before the next receive overwrites the "
+                        "buffer, or receive each into a buffer of its own.")
     if func_name == "naive_all_reduce":
         return ("Rank 0 must add up its own tensor and the N-1 it receives, then send that sum to every "
                 "other rank.")

@@ -119,6 +119,10 @@ def test_padding_wraps_around_to_a_multiple(data_loader):
             got = data_loader.pad_or_drop(indices, world_size, drop_last=False)
             total = math.ceil(n / world_size) * world_size
             assert indices == original, f"{T12}: do not change the list you are given; return a new one"
+            assert got is not indices, (
+                f"{T12}: {n} indices on {world_size} ranks, nothing to add: it returned the very list it was given, "
+                "not a new one: whoever changes the result (appends, shuffles) then changes the caller's list too; "
+                "return list(indices)")
             assert not (n % world_size == 0 and len(got) == n + world_size), (
                 f"{T12}: {n} indices on {world_size} ranks are already a multiple of {world_size}, so nothing is "
                 f"to be added, but you returned {len(got)}: a whole round of {world_size} more. The padding is "
