@@ -256,6 +256,78 @@ MISTAKES = [
             "    chunks = tensor.view(-1).tensor_split(world_size)",
             "    chunks = tensor.view(-1).chunk(world_size)",
             "tensor_split(world_size) always makes world_size chunks"),
+    # Tasks 1 and 3, trial 12 (2026-11-30): indices that are not ints, a generator kept between calls, a list
+    # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
+    # rank, memory replaced instead of written, int64 through float64, one receive buffer reused, a cached buffer
+    # never grown
+    Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
+            "return torch.randperm(dataset_len, generator=g).tolist()",
+            "return list(torch.randperm(dataset_len, generator=g))",
+            "list(tensor) gives 0-dim tensors"),
+    Mistake("1.1", "generator-kept-between-calls", "template_data_loader.py",
+            "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n",
+            "    g = ordered_indices.__dict__.setdefault('generators', {}).get(seed + epoch)\n"
+            "    if g is None:  # one generator per seed, made once\n"
+            "        g = ordered_indices.generators[seed + epoch] = torch.Generator()\n"
+            "        g.manual_seed(seed + epoch)\n",
+            "a generator is kept between calls"),
+    Mistake("1.2", "returns-the-same-list", "template_data_loader.py",
+            "    if padding == 0:\n        return list(indices)\n",
+            "    if padding == 0:\n        return indices\n",
+            "the very list it was given"),
+    Mistake("1.4", "pin-if-cuda-available", "template_data_loader.py",
+            "    pin_memory = torch.device(device).type == \"cuda\"",
+            "    pin_memory = torch.cuda.is_available()",
+            "not whether the machine has a GPU"),
+    Mistake("1.4", "pin-if-string-is-cuda", "template_data_loader.py",
+            "    pin_memory = torch.device(device).type == \"cuda\"",
+            "    pin_memory = device == \"cuda\"",
+            "compare the device's type"),
+    Mistake("1.4", "test-sampler-shuffled", "template_data_loader.py",
+            "test_sampler = DistributedSampler(test_set, world_size, rank, shuffle=False, pad=False)",
+            "test_sampler = DistributedSampler(test_set, world_size, rank, shuffle=True, seed=seed, pad=False)",
+            "the test sampler shuffles"),
+    Mistake("1.4", "test-loader-drop-last", "template_data_loader.py",
+            "test_loader = DataLoader(test_set, batch_size=batch_size, sampler=test_sampler,",
+            "test_loader = DataLoader(test_set, batch_size=batch_size, sampler=test_sampler, drop_last=True,",
+            "the test DataLoader has drop_last=True"),
+    Mistake("1.4", "seed-plus-rank", "template_data_loader.py",
+            "shuffle=True, seed=seed, drop_last=True",
+            "shuffle=True, seed=seed + rank, drop_last=True",
+            "every rank must shuffle with the same seed"),
+    Mistake("3.1", "total-rebinds-tensor-data", "template_allreduce.py",
+            "        tensor.copy_(total)",
+            "        tensor.data = total",
+            "came back in other memory"),
+    Mistake("3.1", "float64-total", "template_allreduce.py",
+            "total = tensor.to(\"cpu\", copy=True)",
+            "total = tensor.to(\"cpu\", torch.float64)  # float64: no precision lost",
+            "went through a floating-point tensor"),
+    Mistake("3.1", "irecvs-into-one-buffer", "template_allreduce.py",
+            "        for src in range(1, world_size):\n"
+            "            dist.recv(received, src=src)\n"
+            "            total += received.cpu()\n",
+            "        works = [dist.irecv(received, src=src) for src in range(1, world_size)]  # all at once\n"
+            "        for work in works:\n"
+            "            work.wait()\n"
+            "            total += received.cpu()\n",
+            "landed in one buffer"),
+    Mistake("3.2", "flat-copy-rebound", "template_allreduce.py",
+            "    chunks = tensor.view(-1).tensor_split(world_size)",
+            "    flat = tensor.flatten().clone()\n"
+            "    tensor.data = flat.view(tensor.shape)\n"
+            "    chunks = flat.tensor_split(world_size)",
+            "came back in other memory"),
+    Mistake("3.2", "buffer-never-grown", "template_allreduce.py",
+            "    if key not in buffers or buffers[key].numel() < chunks[0].numel():",
+            "    if key not in buffers:",
+            "must grow"),
+    Mistake("3.2", "all-gather-adds", "template_allreduce.py",
+            "        exchange(chunks[send_index], chunks[recv_index], right, left)\n",
+            "        incoming = received[: chunks[recv_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)\n",
+            "overwriting rather than adding"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",
@@ -4717,6 +4789,51 @@ RIGHT_ANSWERS = [
                 "    while not handle.is_completed():\n"
                 "        time.sleep(0.001)\n"
                 "    return result", ""),)),
+    # Tasks 1 and 3, trial 12 (2026-11-30): right answers written otherwise
+    RightAnswer("1.2", "cycle-islice", "'append indices taken from the front of the list, wrapping around as often "
+                "as needed ... Returns a new list': itertools.cycle cut at the next multiple is that list", (
+        Mistake("1.2", "cycle-islice", "template_data_loader.py",
+                "    repeats = math.ceil(padding / len(indices))\n"
+                "    return indices + (indices * repeats)[:padding]\n",
+                "    import itertools\n"
+                "    return list(itertools.islice(itertools.cycle(indices), len(indices) + padding))\n", ""),)),
+    RightAnswer("1.4", "cuda-in-the-name", "'pin_memory only when the device is a GPU': 'cuda' in str(device) is "
+                "true for 'cuda', 'cuda:0' and torch.device('cuda', 0), false for 'cpu'", (
+        Mistake("1.4", "cuda-in-the-name", "template_data_loader.py",
+                "    pin_memory = torch.device(device).type == \"cuda\"",
+                "    pin_memory = \"cuda\" in str(device)", ""),)),
+    RightAnswer("3.1", "irecv-into-own-buffers", "'Rank 0 receives the N-1 tensors ... into a buffer on the "
+                "tensor's device, adds each to a running total': N-1 irecvs posted together, each into a buffer "
+                "of its own, each waited for and added in rank order", (
+        Mistake("3.1", "irecv-into-own-buffers", "template_allreduce.py",
+                "        received = torch.empty_like(tensor)  # on tensor's device: NCCL only moves GPU tensors\n"
+                "        for src in range(1, world_size):\n"
+                "            dist.recv(received, src=src)\n"
+                "            total += received.cpu()\n",
+                "        buffers = [torch.empty_like(tensor) for _ in range(1, world_size)]\n"
+                "        works = [dist.irecv(buffer, src=src) for src, buffer in enumerate(buffers, start=1)]\n"
+                "        for work, buffer in zip(works, buffers):\n"
+                "            work.wait()\n"
+                "            total += buffer.cpu()\n", ""),)),
+    RightAnswer("3.2", "reshape-flat", "'View the tensor as one flat row of numbers': reshape(-1) of a contiguous "
+                "tensor is a view too", (
+        Mistake("3.2", "reshape-flat", "template_allreduce.py",
+                "    chunks = tensor.view(-1).tensor_split(world_size)",
+                "    chunks = tensor.reshape(-1).tensor_split(world_size)", ""),)),
+    RightAnswer("3.2", "ring-the-other-way", "'the bandwidth-optimal ring': the same ring run leftwards (rank r "
+                "sends to r - 1), its chunk numbers mirrored, sends 2(N-1) chunks and sums each element once", (
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+                "    right, left = (rank - 1) % world_size, (rank + 1) % world_size  # the ring the other way round",
+                ""),
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "        send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size\n"
+                "        incoming",
+                "        send_index, recv_index = (rank + step) % world_size, (rank + step + 1) % world_size\n"
+                "        incoming", ""),
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "        send_index, recv_index = (rank + 1 - step) % world_size, (rank - step) % world_size",
+                "        send_index, recv_index = (rank - 1 + step) % world_size, (rank + step) % world_size", ""),)),
     RightAnswer("5.4", "handles-waited-in-reverse-then-copied",  # trial 6
                 "'for every bucket: wait for its handle, and copy its slice of bucket.buffer back': every handle "
                 "waited for before any slice is read, in any order", (
