@@ -258,8 +258,8 @@ MISTAKES = [
             "tensor_split(world_size) always makes world_size chunks"),
     # Tasks 1 and 3, trial 12 (2026-11-30): indices that are not ints, a generator kept between calls, a list
     # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
-    # rank, memory replaced instead of written, int64 through float64, one receive buffer reused, a cached buffer
-    # never grown
+    # rank, the global RNG seeded, memory replaced instead of written, int64 through float64, one receive buffer
+    # reused, a cached buffer never grown or sliced to the sent chunk, an exchange skipped for an empty chunk
     Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()",
             "return list(torch.randperm(dataset_len, generator=g))",
@@ -328,6 +328,25 @@ MISTAKES = [
             "        exchange(chunks[send_index], incoming, right, left)\n"
             "        chunks[recv_index].add_(incoming)\n",
             "overwriting rather than adding"),
+    Mistake("1.1", "global-manual-seed", "template_data_loader.py",
+            "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n"
+            "    return torch.randperm(dataset_len, generator=g).tolist()\n",
+            "    torch.manual_seed(seed + epoch)\n    return torch.randperm(dataset_len).tolist()\n",
+            "changed PyTorch's global random state"),
+    Mistake("3.2", "receive-sized-by-the-sent-chunk", "template_allreduce.py",
+            "        incoming = received[: chunks[recv_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)",
+            "        incoming = received[: chunks[send_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)",
+            "a receive buffer sliced to another length"),
+    Mistake("3.2", "skips-an-empty-send", "template_allreduce.py",
+            "        exchange(chunks[send_index], incoming, right, left)\n",
+            "        if chunks[send_index].numel() == 0:\n"
+            "            continue  # nothing to send\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n",
+            "an exchange skipped on one side"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",
@@ -4797,6 +4816,15 @@ RIGHT_ANSWERS = [
                 "    return indices + (indices * repeats)[:padding]\n",
                 "    import itertools\n"
                 "    return list(itertools.islice(itertools.cycle(indices), len(indices) + padding))\n", ""),)),
+    RightAnswer("1.1", "fork-rng", "'seeded with seed + epoch' and the global random state left alone: "
+                "torch.manual_seed inside torch.random.fork_rng is restored on the way out, and the default "
+                "generator's randperm is a torch.Generator's", (
+        Mistake("1.1", "fork-rng", "template_data_loader.py",
+                "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n"
+                "    return torch.randperm(dataset_len, generator=g).tolist()\n",
+                "    with torch.random.fork_rng(devices=[]):  # the global state is restored on the way out\n"
+                "        torch.manual_seed(seed + epoch)\n"
+                "        return torch.randperm(dataset_len).tolist()\n", ""),)),
     RightAnswer("1.4", "cuda-in-the-name", "'pin_memory only when the device is a GPU': 'cuda' in str(device) is "
                 "true for 'cuda', 'cuda:0' and torch.device('cuda', 0), false for 'cpu'", (
         Mistake("1.4", "cuda-in-the-name", "template_data_loader.py",
