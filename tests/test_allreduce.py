@@ -249,9 +249,10 @@ def diagnose(func_name, world_size, rank, results, case, good):
         off = (got.double() - expected.double()).abs()
         scale = sum(rank_results[case][0].double().abs() for rank_results in results)  # what was added up
         if (off <= scale * 2.0 ** -20).all():
-            return ("The int64 sums are off by no more than a float's rounding of the numbers added (about 2**60, "
-                    "beyond 2**53): they went through a floating-point tensor (float64 holds integers exactly only up to 2**53, float32 up "
-                    "to 2**24). Keep the sum in the tensor's own dtype (tensor.clone(), torch.zeros_like).")
+            return ("The int64 sums are off by no more than a float's rounding of the numbers added (about "
+                    "2**60, beyond 2**53): they went through a floating-point tensor (float64 holds integers "
+                    "exactly only up to 2**53, float32 up to 2**24). Keep the sum in the tensor's own dtype "
+                    "(tensor.clone(), torch.zeros_like).")
     if func_name == "naive_all_reduce" and rank != 0 and close(results[0][case][1], expected).all():
         return ("Rank 0 has the sum but this rank does not: rank 0 must send the sum back to every rank, "
                 "and every other rank must receive it into its tensor.")
