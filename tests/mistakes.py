@@ -258,8 +258,9 @@ MISTAKES = [
             "tensor_split(world_size) always makes world_size chunks"),
     # Tasks 1 and 3, trial 12 (2026-11-30): indices that are not ints, a generator kept between calls, a list
     # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
-    # rank, the global RNG seeded, memory replaced instead of written, int64 through float64, one receive buffer
-    # reused, a cached buffer never grown or sliced to the sent chunk, an exchange skipped for an empty chunk
+    # rank, the sampler given the per-rank batch, the global RNG seeded, memory replaced instead of written, int64
+    # through a float, one receive buffer reused, a cached buffer never grown or sliced to the sent chunk, an
+    # exchange skipped for an empty chunk
     Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()",
             "return list(torch.randperm(dataset_len, generator=g))",
@@ -347,6 +348,10 @@ MISTAKES = [
             "            continue  # nothing to send\n"
             "        exchange(chunks[send_index], incoming, right, left)\n",
             "an exchange skipped on one side"),
+    Mistake("1.4", "sampler-given-the-per-rank-batch", "template_data_loader.py",
+            "drop_last=True,\n                                       global_batch_size=global_batch_size)",
+            "drop_last=True,\n                                       global_batch_size=batch_size)",
+            "the per-rank batch, and the sampler refused it"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",

@@ -296,8 +296,19 @@ def _indexed(n):
 def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_test=10, epoch=0, seed=1):
     ranks = []
     for rank in range(world_size):
-        train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank, world_size,
-                                                seed=seed)
+        try:
+            train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank,
+                                                    world_size, seed=seed)
+        except ValueError as error:
+            if f"global_batch_size must be a positive multiple of num_replicas ({world_size}), got " \
+                    f"{global_batch // world_size}" not in str(error):
+                raise
+            raise AssertionError(
+                f"{T14}: with a global batch of {global_batch} on {world_size} ranks, build_loaders gave the training "
+                f"sampler global_batch_size={global_batch // world_size}, the per-rank batch, and the sampler "
+                f"refused it ({error}): the sampler cuts every run of global_batch_size indices into the ranks' "
+                "shares itself; pass it global_batch_size=global_batch_size, and the DataLoader the per-rank "
+                "batch_size") from error
         train.sampler.set_epoch(epoch)
         ranks.append(([b[0].tolist() for b in train], [b[0].tolist() for b in test]))
     return ranks
