@@ -260,7 +260,7 @@ MISTAKES = [
     # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
     # rank, the sampler given the per-rank batch, the global RNG seeded, memory replaced instead of written, int64
     # through a float, one receive buffer reused, a cached buffer never grown or sliced to the sent chunk, an
-    # exchange skipped for an empty chunk
+    # exchange skipped for an empty chunk, messages to itself or to a rank past the last, a step too many
     Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()",
             "return list(torch.randperm(dataset_len, generator=g))",
@@ -352,6 +352,23 @@ MISTAKES = [
             "drop_last=True,\n                                       global_batch_size=global_batch_size)",
             "drop_last=True,\n                                       global_batch_size=batch_size)",
             "the per-rank batch, and the sampler refused it"),
+    Mistake("3.1", "receives-from-itself", "template_allreduce.py",
+            "        for src in range(1, world_size):\n            dist.recv(received, src=src)",
+            "        for src in range(world_size):\n            dist.recv(received, src=src)",
+            "received from itself"),
+    Mistake("3.2", "neighbours-not-wrapped", "template_allreduce.py",
+            "    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+            "    right, left = rank + 1, rank - 1",
+            "Neighbours on a ring wrap around"),
+    Mistake("3.2", "all-gather-one-step-too-many", "template_allreduce.py",
+            "    for step in range(world_size - 1):  # all-gather",
+            "    for step in range(world_size):  # all-gather",
+            "sent a message to itself"),
+    Mistake("3.2", "guarded-all-gather-a-step-too-many", "template_allreduce.py",  # right sums, 2N-1 sends
+            "    for step in range(world_size - 1):  # all-gather",
+            "    if world_size == 1:\n        return  # nothing to gather\n"
+            "    for step in range(world_size):  # all-gather",
+            "count the steps of each loop"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",

@@ -30,6 +30,7 @@ DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
 
 DTYPE_MISMATCH = "buffer on the wire"
 NOT_WAITED = "never waited for"
+NO_SUCH_PEER = "which does not exist"  # a rank messaging a rank out of range, or itself (no pair to itself)
 
 
 class Request:
@@ -61,7 +62,7 @@ class Request:
 def traffic(where, dtype=None):
     """Count the bytes this rank sends and receives; make every collective raise. With a dtype (the
     tensor all-reduced): make a message of another dtype raise, before gloo aborts on its size."""
-    counts = {"sent": 0, "received": 0}
+    counts = {"sent": 0, "received": 0, "sends": 0, "receives": 0}
     patched, requests = {}, []
 
     def counting(name, key):
@@ -82,7 +83,21 @@ def traffic(where, dtype=None):
                     f"a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: both ends of a message must agree on its dtype (gloo "
                     "aborts on a size mismatch), and a buffer made without dtype= is float32 (torch.empty(n), "
                     "torch.zeros(shape)): make buffers with torch.empty_like / dtype=tensor.dtype")
+            peer = args[0] if args else kwargs.get("dstRank" if key == "sent" else "srcRank")
+            if name != "recv_anysource" and isinstance(peer, int) and not 0 <= peer < self.size():
+                raise AssertionError(
+                    f"{where}: rank {self.rank()} of {self.size()} {'sent to' if key == 'sent' else 'received from'} "
+                    f"rank {peer}, {NO_SUCH_PEER} (ranks are 0 to {self.size() - 1}): a message to a rank "
+                    "that is not there waits forever. Neighbours on a ring wrap around: right = (rank + 1) % "
+                    "world_size, left = (rank - 1) % world_size")
+            if name != "recv_anysource" and peer == self.rank():
+                raise AssertionError(
+                    f"{where}: rank {peer} of {self.size()} {'sent a message to' if key == 'sent' else 'received from'} "
+                    f"itself, over a connection {NO_SUCH_PEER} (gloo: 'Pair is not connected'): a rank never messages itself, its own tensor is already there. " + (
+                        "Make world_size - 1 steps in each phase of the ring (none in a world of one)"
+                        if "ring" in where else "Loop over the other ranks only: range(1, world_size) on rank 0"))
             counts[key] += sum(t.numel() * t.element_size() for t in tensors)
+            counts["sends" if key == "sent" else "receives"] += 1
             record = {"kind": "isend" if key == "sent" else "irecv", "waited": False}
             requests.append(record)
             return Request(original(self, tensors, *args, **kwargs), record)
@@ -145,7 +160,7 @@ def make_input(rank, shape, dtype, world_size=2):
 
 
 def all_reduce_cases(rank, world_size, func_name, impl):
-    """On one rank: (input, result, expected, bytes sent, bytes received, memory kept) for each case."""
+    """On one rank: (input, result, expected, bytes sent, bytes received, memory kept, sends) for each case."""
     all_reduce = getattr(load(impl, "template_allreduce"), func_name)
     results = []
     for shape, dtype in cases(world_size):
@@ -154,7 +169,8 @@ def all_reduce_cases(rank, world_size, func_name, impl):
         dist.all_reduce(expected)
         with traffic(WHERE[func_name], tensor.dtype) as counts:
             all_reduce(tensor)
-        results.append((before, tensor, expected, counts["sent"], counts["received"], tensor.data_ptr() == memory))
+        results.append((before, tensor, expected, counts["sent"], counts["received"], tensor.data_ptr() == memory,
+                        counts["sends"]))
     return results
 
 
@@ -198,7 +214,8 @@ def as_task_failure(error, func_name, world_size):
                "there is a message at all (an exchange skipped on one side, for an empty chunk say: every rank "
                "makes all 2(N-1) exchanges, empty chunks included)."
                if func_name == "ring_all_reduce" and not any(said in str(error) for said in
-                                                             (DTYPE_MISMATCH, NOT_WAITED, "tensor_split(world_size)"))
+                                                             (DTYPE_MISMATCH, NOT_WAITED, NO_SUCH_PEER,
+                                                              "tensor_split(world_size)"))
                else "")
         return AssertionError(f"{where}: a rank failed on world size {world_size}.{tip}\n{error}")
     return error
@@ -217,7 +234,7 @@ def check_sums(func_name, world_size, results):
     where = WHERE[func_name]
     for case in range(len(results[0])):
         for rank, rank_results in enumerate(results):
-            before, got, expected, _, _, kept = rank_results[case]
+            before, got, expected, _, _, kept, _ = rank_results[case]
             what = f"a {tuple(got.shape)} {str(got.dtype)[6:]} tensor on {world_size} ranks, rank {rank}"
             assert got.shape == expected.shape and got.dtype == expected.dtype, (
                 f"{where}: {what} came back as {tuple(got.shape)} {got.dtype}: change the tensor in place")
@@ -243,7 +260,7 @@ def check_sums(func_name, world_size, results):
 
 
 def diagnose(func_name, world_size, rank, results, case, good):
-    before, got, expected, _, _, _ = results[rank][case]
+    before, got, expected, _, _, _, _ = results[rank][case]
     n = got.numel()
     if not got.dtype.is_floating_point and got.dtype.itemsize == 8:
         off = (got.double() - expected.double()).abs()
@@ -305,7 +322,7 @@ def test_naive_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_naive_all_reduce_goes_through_rank_0(impl, world_size):
     where, others = WHERE["naive_all_reduce"], world_size - 1
     for rank, rank_results in enumerate(run("naive_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, received, _ in rank_results:
+        for _, tensor, _, sent, received, _, _ in rank_results:
             size = tensor.numel() * tensor.element_size()
             if rank == 0:
                 assert (received, sent) == (others * size, others * size), (
@@ -332,9 +349,14 @@ def test_ring_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
     n = world_size
     for rank, rank_results in enumerate(run("ring_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, _, _ in rank_results:
+        for _, tensor, _, sent, _, _, sends in rank_results:
             size = tensor.numel() * tensor.element_size()
             limit = 2 * (n - 1) * math.ceil(tensor.numel() / n) * tensor.element_size()  # 2(N-1) chunks
+            assert sent <= limit or sends <= 2 * (n - 1), (
+                f"{WHERE['ring_all_reduce']}: on {n} ranks rank {rank} made {sends} sends to all-reduce a tensor of "
+                f"{tensor.numel()} elements ({sent} bytes in all, at most {limit} in a ring): a ring makes N-1 "
+                f"reduce-scatter steps and N-1 all-gather steps, one send each, 2(N-1) = {2 * (n - 1)} here; "
+                "count the steps of each loop")
             assert sent <= limit, (
                 f"{WHERE['ring_all_reduce']}: on {n} ranks rank {rank} sent {sent} bytes to all-reduce a "
                 f"tensor of {size} bytes, {sent / size:.2f} times the tensor; a ring sends 2(N-1) chunks of "
