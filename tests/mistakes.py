@@ -260,7 +260,8 @@ MISTAKES = [
     # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
     # rank, the sampler given the per-rank batch, the global RNG seeded, memory replaced instead of written, int64
     # through a float, one receive buffer reused, a cached buffer never grown or sliced to the sent chunk, an
-    # exchange skipped for an empty chunk, messages to itself or to a rank past the last, a step too many
+    # exchange skipped for an empty chunk, messages to itself or to a rank past the last, a step too many, a
+    # buffer cache without the dtype in its key
     Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
             "return torch.randperm(dataset_len, generator=g).tolist()",
             "return list(torch.randperm(dataset_len, generator=g))",
@@ -369,6 +370,10 @@ MISTAKES = [
             "    if world_size == 1:\n        return  # nothing to gather\n"
             "    for step in range(world_size):  # all-gather",
             "count the steps of each loop"),
+    Mistake("3.2", "buffer-cache-keyed-by-device-only", "template_allreduce.py",
+            "    key = (tensor.dtype, tensor.device)",
+            "    key = tensor.device",
+            "keyed by dtype too"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",

@@ -79,10 +79,12 @@ def traffic(where, dtype=None):
             other = next((t.dtype for t in tensors if dtype is not None and t.dtype != dtype), None)
             if other is not None:
                 raise AssertionError(
-                    f"{where}: all-reducing a tensor of dtype {str(dtype)[6:]}, it {'sent' if key == 'sent' else 'received into'} "
-                    f"a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: both ends of a message must agree on its dtype (gloo "
-                    "aborts on a size mismatch), and a buffer made without dtype= is float32 (torch.empty(n), "
-                    "torch.zeros(shape)): make buffers with torch.empty_like / dtype=tensor.dtype")
+                    f"{where}: all-reducing a tensor of dtype {str(dtype)[6:]}, it "
+                    f"{'sent' if key == 'sent' else 'received into'} a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: "
+                    "both ends of a message must agree on its dtype (gloo aborts on a size mismatch). Make every "
+                    "buffer in the tensor's dtype: torch.empty_like or dtype=tensor.dtype (torch.empty(n) and "
+                    "torch.zeros(shape) alone are float32), and a cache of buffers kept between calls keyed by "
+                    "dtype too")
             peer = args[0] if args else kwargs.get("dstRank" if key == "sent" else "srcRank")
             if name != "recv_anysource" and isinstance(peer, int) and not 0 <= peer < self.size():
                 raise AssertionError(
