@@ -4870,6 +4870,19 @@ RIGHT_ANSWERS = [
                 "        for work, buffer in zip(works, buffers):\n"
                 "            work.wait()\n"
                 "            total += buffer.cpu()\n", ""),)),
+    RightAnswer("3.2", "all-gather-through-the-buffer", "'overwrites chunk (r - s) % N with what it receives': "
+                "received into the buffer, then copied into the chunk, is that overwrite", (
+        Mistake("3.2", "all-gather-through-the-buffer", "template_allreduce.py",
+                "        exchange(chunks[send_index], chunks[recv_index], right, left)\n",
+                "        incoming = received[: chunks[recv_index].numel()]\n"
+                "        exchange(chunks[send_index], incoming, right, left)\n"
+                "        chunks[recv_index].copy_(incoming)\n", ""),)),
+    RightAnswer("3.1", "others-receive-then-copy", "'receives the sum back into it': into a buffer first, then "
+                "copied into the tensor's own memory", (
+        Mistake("3.1", "others-receive-then-copy", "template_allreduce.py",
+                "    else:\n        dist.recv(tensor, src=0)\n",
+                "    else:\n        total = torch.empty_like(tensor)\n        dist.recv(total, src=0)\n"
+                "        tensor.copy_(total)\n", ""),)),
     RightAnswer("3.2", "reshape-flat", "'View the tensor as one flat row of numbers': reshape(-1) of a contiguous "
                 "tensor is a view too", (
         Mistake("3.2", "reshape-flat", "template_allreduce.py",
