@@ -256,6 +256,124 @@ MISTAKES = [
             "    chunks = tensor.view(-1).tensor_split(world_size)",
             "    chunks = tensor.view(-1).chunk(world_size)",
             "tensor_split(world_size) always makes world_size chunks"),
+    # Tasks 1 and 3, trial 12 (2026-11-30): indices that are not ints, a generator kept between calls, a list
+    # returned as itself, pin_memory from the machine or a string, the test loader shuffled or dropping, seeds by
+    # rank, the sampler given the per-rank batch, the global RNG seeded, memory replaced instead of written, int64
+    # through a float, one receive buffer reused, a cached buffer never grown or sliced to the sent chunk, an
+    # exchange skipped for an empty chunk, messages to itself or to a rank past the last, a step too many, a
+    # buffer cache without the dtype in its key
+    Mistake("1.1", "list-of-0-dim-tensors", "template_data_loader.py",
+            "return torch.randperm(dataset_len, generator=g).tolist()",
+            "return list(torch.randperm(dataset_len, generator=g))",
+            "list(tensor) gives 0-dim tensors"),
+    Mistake("1.1", "generator-kept-between-calls", "template_data_loader.py",
+            "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n",
+            "    g = ordered_indices.__dict__.setdefault('generators', {}).get(seed + epoch)\n"
+            "    if g is None:  # one generator per seed, made once\n"
+            "        g = ordered_indices.generators[seed + epoch] = torch.Generator()\n"
+            "        g.manual_seed(seed + epoch)\n",
+            "a generator is kept between calls"),
+    Mistake("1.2", "returns-the-same-list", "template_data_loader.py",
+            "    if padding == 0:\n        return list(indices)\n",
+            "    if padding == 0:\n        return indices\n",
+            "the very list it was given"),
+    Mistake("1.4", "pin-if-cuda-available", "template_data_loader.py",
+            "    pin_memory = torch.device(device).type == \"cuda\"",
+            "    pin_memory = torch.cuda.is_available()",
+            "not whether the machine has a GPU"),
+    Mistake("1.4", "pin-if-string-is-cuda", "template_data_loader.py",
+            "    pin_memory = torch.device(device).type == \"cuda\"",
+            "    pin_memory = device == \"cuda\"",
+            "compare the device's type"),
+    Mistake("1.4", "test-sampler-shuffled", "template_data_loader.py",
+            "test_sampler = DistributedSampler(test_set, world_size, rank, shuffle=False, pad=False)",
+            "test_sampler = DistributedSampler(test_set, world_size, rank, shuffle=True, seed=seed, pad=False)",
+            "the test sampler shuffles"),
+    Mistake("1.4", "test-loader-drop-last", "template_data_loader.py",
+            "test_loader = DataLoader(test_set, batch_size=batch_size, sampler=test_sampler,",
+            "test_loader = DataLoader(test_set, batch_size=batch_size, sampler=test_sampler, drop_last=True,",
+            "the test DataLoader has drop_last=True"),
+    Mistake("1.4", "seed-plus-rank", "template_data_loader.py",
+            "shuffle=True, seed=seed, drop_last=True",
+            "shuffle=True, seed=seed + rank, drop_last=True",
+            "every rank must shuffle with the same seed"),
+    Mistake("3.1", "total-rebinds-tensor-data", "template_allreduce.py",
+            "        tensor.copy_(total)",
+            "        tensor.data = total",
+            "came back in other memory"),
+    Mistake("3.1", "float64-total", "template_allreduce.py",
+            "total = tensor.to(\"cpu\", copy=True)",
+            "total = tensor.to(\"cpu\", torch.float64)  # float64: no precision lost",
+            "went through a floating-point tensor"),
+    Mistake("3.1", "irecvs-into-one-buffer", "template_allreduce.py",
+            "        for src in range(1, world_size):\n"
+            "            dist.recv(received, src=src)\n"
+            "            total += received.cpu()\n",
+            "        works = [dist.irecv(received, src=src) for src in range(1, world_size)]  # all at once\n"
+            "        for work in works:\n"
+            "            work.wait()\n"
+            "            total += received.cpu()\n",
+            "landed in one buffer"),
+    Mistake("3.2", "flat-copy-rebound", "template_allreduce.py",
+            "    chunks = tensor.view(-1).tensor_split(world_size)",
+            "    flat = tensor.flatten().clone()\n"
+            "    tensor.data = flat.view(tensor.shape)\n"
+            "    chunks = flat.tensor_split(world_size)",
+            "came back in other memory"),
+    Mistake("3.2", "buffer-never-grown", "template_allreduce.py",
+            "    if key not in buffers or buffers[key].numel() < chunks[0].numel():",
+            "    if key not in buffers:",
+            "must grow"),
+    Mistake("3.2", "all-gather-adds", "template_allreduce.py",
+            "        exchange(chunks[send_index], chunks[recv_index], right, left)\n",
+            "        incoming = received[: chunks[recv_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)\n",
+            "overwriting rather than adding"),
+    Mistake("1.1", "global-manual-seed", "template_data_loader.py",
+            "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n"
+            "    return torch.randperm(dataset_len, generator=g).tolist()\n",
+            "    torch.manual_seed(seed + epoch)\n    return torch.randperm(dataset_len).tolist()\n",
+            "changed PyTorch's global random state"),
+    Mistake("3.2", "receive-sized-by-the-sent-chunk", "template_allreduce.py",
+            "        incoming = received[: chunks[recv_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)",
+            "        incoming = received[: chunks[send_index].numel()]\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n"
+            "        chunks[recv_index].add_(incoming)",
+            "a receive buffer sliced to another length"),
+    Mistake("3.2", "skips-an-empty-send", "template_allreduce.py",
+            "        exchange(chunks[send_index], incoming, right, left)\n",
+            "        if chunks[send_index].numel() == 0:\n"
+            "            continue  # nothing to send\n"
+            "        exchange(chunks[send_index], incoming, right, left)\n",
+            "an exchange skipped on one side"),
+    Mistake("1.4", "sampler-given-the-per-rank-batch", "template_data_loader.py",
+            "drop_last=True,\n                                       global_batch_size=global_batch_size)",
+            "drop_last=True,\n                                       global_batch_size=batch_size)",
+            "the per-rank batch, and the sampler refused it"),
+    Mistake("3.1", "receives-from-itself", "template_allreduce.py",
+            "        for src in range(1, world_size):\n            dist.recv(received, src=src)",
+            "        for src in range(world_size):\n            dist.recv(received, src=src)",
+            "received from itself"),
+    Mistake("3.2", "neighbours-not-wrapped", "template_allreduce.py",
+            "    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+            "    right, left = rank + 1, rank - 1",
+            "Neighbours on a ring wrap around"),
+    Mistake("3.2", "all-gather-one-step-too-many", "template_allreduce.py",
+            "    for step in range(world_size - 1):  # all-gather",
+            "    for step in range(world_size):  # all-gather",
+            "sent a message to itself"),
+    Mistake("3.2", "guarded-all-gather-a-step-too-many", "template_allreduce.py",  # right sums, 2N-1 sends
+            "    for step in range(world_size - 1):  # all-gather",
+            "    if world_size == 1:\n        return  # nothing to gather\n"
+            "    for step in range(world_size):  # all-gather",
+            "count the steps of each loop"),
+    Mistake("3.2", "buffer-cache-keyed-by-device-only", "template_allreduce.py",
+            "    key = (tensor.dtype, tensor.device)",
+            "    key = tensor.device",
+            "keyed by dtype too"),
     # Task 4.1
     Mistake("4.1", "replicas-are-the-master", "template_replicas.py",
             "    return [copy.deepcopy(master).to(device) for device in devices]",
@@ -4740,6 +4858,73 @@ RIGHT_ANSWERS = [
                 "    while not handle.is_completed():\n"
                 "        time.sleep(0.001)\n"
                 "    return result", ""),)),
+    # Tasks 1 and 3, trial 12 (2026-11-30): right answers written otherwise
+    RightAnswer("1.2", "cycle-islice", "'append indices taken from the front of the list, wrapping around as often "
+                "as needed ... Returns a new list': itertools.cycle cut at the next multiple is that list", (
+        Mistake("1.2", "cycle-islice", "template_data_loader.py",
+                "    repeats = math.ceil(padding / len(indices))\n"
+                "    return indices + (indices * repeats)[:padding]\n",
+                "    import itertools\n"
+                "    return list(itertools.islice(itertools.cycle(indices), len(indices) + padding))\n", ""),)),
+    RightAnswer("1.1", "fork-rng", "'seeded with seed + epoch' and the global random state left alone: "
+                "torch.manual_seed inside torch.random.fork_rng is restored on the way out, and the default "
+                "generator's randperm is a torch.Generator's", (
+        Mistake("1.1", "fork-rng", "template_data_loader.py",
+                "    g = torch.Generator()\n    g.manual_seed(seed + epoch)\n"
+                "    return torch.randperm(dataset_len, generator=g).tolist()\n",
+                "    with torch.random.fork_rng(devices=[]):  # the global state is restored on the way out\n"
+                "        torch.manual_seed(seed + epoch)\n"
+                "        return torch.randperm(dataset_len).tolist()\n", ""),)),
+    RightAnswer("1.4", "cuda-in-the-name", "'pin_memory only when the device is a GPU': 'cuda' in str(device) is "
+                "true for 'cuda', 'cuda:0' and torch.device('cuda', 0), false for 'cpu'", (
+        Mistake("1.4", "cuda-in-the-name", "template_data_loader.py",
+                "    pin_memory = torch.device(device).type == \"cuda\"",
+                "    pin_memory = \"cuda\" in str(device)", ""),)),
+    RightAnswer("3.1", "irecv-into-own-buffers", "'Rank 0 receives the N-1 tensors ... into a buffer on the "
+                "tensor's device, adds each to a running total': N-1 irecvs posted together, each into a buffer "
+                "of its own, each waited for and added in rank order", (
+        Mistake("3.1", "irecv-into-own-buffers", "template_allreduce.py",
+                "        received = torch.empty_like(tensor)  # on tensor's device: NCCL only moves GPU tensors\n"
+                "        for src in range(1, world_size):\n"
+                "            dist.recv(received, src=src)\n"
+                "            total += received.cpu()\n",
+                "        buffers = [torch.empty_like(tensor) for _ in range(1, world_size)]\n"
+                "        works = [dist.irecv(buffer, src=src) for src, buffer in enumerate(buffers, start=1)]\n"
+                "        for work, buffer in zip(works, buffers):\n"
+                "            work.wait()\n"
+                "            total += buffer.cpu()\n", ""),)),
+    RightAnswer("3.2", "all-gather-through-the-buffer", "'overwrites chunk (r - s) % N with what it receives': "
+                "received into the buffer, then copied into the chunk, is that overwrite", (
+        Mistake("3.2", "all-gather-through-the-buffer", "template_allreduce.py",
+                "        exchange(chunks[send_index], chunks[recv_index], right, left)\n",
+                "        incoming = received[: chunks[recv_index].numel()]\n"
+                "        exchange(chunks[send_index], incoming, right, left)\n"
+                "        chunks[recv_index].copy_(incoming)\n", ""),)),
+    RightAnswer("3.1", "others-receive-then-copy", "'receives the sum back into it': into a buffer first, then "
+                "copied into the tensor's own memory", (
+        Mistake("3.1", "others-receive-then-copy", "template_allreduce.py",
+                "    else:\n        dist.recv(tensor, src=0)\n",
+                "    else:\n        total = torch.empty_like(tensor)\n        dist.recv(total, src=0)\n"
+                "        tensor.copy_(total)\n", ""),)),
+    RightAnswer("3.2", "reshape-flat", "'View the tensor as one flat row of numbers': reshape(-1) of a contiguous "
+                "tensor is a view too", (
+        Mistake("3.2", "reshape-flat", "template_allreduce.py",
+                "    chunks = tensor.view(-1).tensor_split(world_size)",
+                "    chunks = tensor.reshape(-1).tensor_split(world_size)", ""),)),
+    RightAnswer("3.2", "ring-the-other-way", "'the bandwidth-optimal ring': the same ring run leftwards (rank r "
+                "sends to r - 1), its chunk numbers mirrored, sends 2(N-1) chunks and sums each element once", (
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+                "    right, left = (rank - 1) % world_size, (rank + 1) % world_size  # the ring the other way round",
+                ""),
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "        send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size\n"
+                "        incoming",
+                "        send_index, recv_index = (rank + step) % world_size, (rank + step + 1) % world_size\n"
+                "        incoming", ""),
+        Mistake("3.2", "ring-the-other-way", "template_allreduce.py",
+                "        send_index, recv_index = (rank + 1 - step) % world_size, (rank - step) % world_size",
+                "        send_index, recv_index = (rank - 1 + step) % world_size, (rank + step) % world_size", ""),)),
     RightAnswer("5.4", "handles-waited-in-reverse-then-copied",  # trial 6
                 "'for every bucket: wait for its handle, and copy its slice of bucket.buffer back': every handle "
                 "waited for before any slice is read, in any order", (

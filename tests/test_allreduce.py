@@ -30,6 +30,7 @@ DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
 
 DTYPE_MISMATCH = "buffer on the wire"
 NOT_WAITED = "never waited for"
+NO_SUCH_PEER = "which does not exist"  # a rank messaging a rank out of range, or itself (no pair to itself)
 
 
 class Request:
@@ -61,7 +62,7 @@ class Request:
 def traffic(where, dtype=None):
     """Count the bytes this rank sends and receives; make every collective raise. With a dtype (the
     tensor all-reduced): make a message of another dtype raise, before gloo aborts on its size."""
-    counts = {"sent": 0, "received": 0}
+    counts = {"sent": 0, "received": 0, "sends": 0, "receives": 0}
     patched, requests = {}, []
 
     def counting(name, key):
@@ -78,11 +79,27 @@ def traffic(where, dtype=None):
             other = next((t.dtype for t in tensors if dtype is not None and t.dtype != dtype), None)
             if other is not None:
                 raise AssertionError(
-                    f"{where}: all-reducing a tensor of dtype {str(dtype)[6:]}, it {'sent' if key == 'sent' else 'received into'} "
-                    f"a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: both ends of a message must agree on its dtype (gloo "
-                    "aborts on a size mismatch), and a buffer made without dtype= is float32 (torch.empty(n), "
-                    "torch.zeros(shape)): make buffers with torch.empty_like / dtype=tensor.dtype")
+                    f"{where}: all-reducing a tensor of dtype {str(dtype)[6:]}, it "
+                    f"{'sent' if key == 'sent' else 'received into'} a {DTYPE_MISMATCH} of dtype {str(other)[6:]}: "
+                    "both ends of a message must agree on its dtype (gloo aborts on a size mismatch). Make every "
+                    "buffer in the tensor's dtype: torch.empty_like or dtype=tensor.dtype (torch.empty(n) and "
+                    "torch.zeros(shape) alone are float32), and a cache of buffers kept between calls keyed by "
+                    "dtype too")
+            peer = args[0] if args else kwargs.get("dstRank" if key == "sent" else "srcRank")
+            if name != "recv_anysource" and isinstance(peer, int) and not 0 <= peer < self.size():
+                raise AssertionError(
+                    f"{where}: rank {self.rank()} of {self.size()} {'sent to' if key == 'sent' else 'received from'} "
+                    f"rank {peer}, {NO_SUCH_PEER} (ranks are 0 to {self.size() - 1}): a message to a rank "
+                    "that is not there waits forever. Neighbours on a ring wrap around: right = (rank + 1) % "
+                    "world_size, left = (rank - 1) % world_size")
+            if name != "recv_anysource" and peer == self.rank():
+                raise AssertionError(
+                    f"{where}: rank {peer} of {self.size()} {'sent a message to' if key == 'sent' else 'received from'} "
+                    f"itself, over a connection {NO_SUCH_PEER} (gloo: 'Pair is not connected'): a rank never messages itself, its own tensor is already there. " + (
+                        "Make world_size - 1 steps in each phase of the ring (none in a world of one)"
+                        if "ring" in where else "Loop over the other ranks only: range(1, world_size) on rank 0"))
             counts[key] += sum(t.numel() * t.element_size() for t in tensors)
+            counts["sends" if key == "sent" else "receives"] += 1
             record = {"kind": "isend" if key == "sent" else "irecv", "waited": False}
             requests.append(record)
             return Request(original(self, tensors, *args, **kwargs), record)
@@ -133,25 +150,29 @@ def traffic(where, dtype=None):
             "sent (its receiver then waits forever), and until an irecv's Work completes its buffer holds nothing")
 
 
-def make_input(rank, shape, dtype):
-    """Different numbers on every rank, the same on every run."""
+def make_input(rank, shape, dtype, world_size=2):
+    """Different numbers on every rank, the same on every run. int64 beyond 2**53 where there is a sum to
+    make (a world of one shows a division by the world size, or any float on the way, in its float cases)."""
     g = torch.Generator().manual_seed(1000 * rank + math.prod(shape))
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype == torch.int64 and world_size > 1:  # beyond 2**53, where float64 rounds; four still fit in int64
+        return torch.randint(-2 ** 60, 2 ** 60, shape, generator=g, dtype=dtype)
     return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
 
 
 def all_reduce_cases(rank, world_size, func_name, impl):
-    """On one rank: (input, result, expected, bytes sent, bytes received) for each case."""
+    """On one rank: (input, result, expected, bytes sent, bytes received, memory kept, sends) for each case."""
     all_reduce = getattr(load(impl, "template_allreduce"), func_name)
     results = []
     for shape, dtype in cases(world_size):
-        tensor = make_input(rank, shape, dtype)
-        before, expected = tensor.clone(), tensor.clone()
+        tensor = make_input(rank, shape, dtype, world_size)
+        before, expected, memory = tensor.clone(), tensor.clone(), tensor.data_ptr()
         dist.all_reduce(expected)
         with traffic(WHERE[func_name], tensor.dtype) as counts:
             all_reduce(tensor)
-        results.append((before, tensor, expected, counts["sent"], counts["received"]))
+        results.append((before, tensor, expected, counts["sent"], counts["received"], tensor.data_ptr() == memory,
+                        counts["sends"]))
     return results
 
 
@@ -189,10 +210,14 @@ def as_task_failure(error, func_name, world_size):
             "for the matching receive): post each send together with its receive, as exchange() does. "
             f"Otherwise the ranks disagree about how many messages go where.\n{error}")
     if isinstance(error, RankFailed):
-        tip = (" An error about sizes means the sender and the receiver disagree about which chunk is "
-               "exchanged at some step (chunk bookkeeping)."
+        tip = (" An error about sizes means the sender and the receiver disagree about a message's size: about "
+               "which chunk is exchanged at some step (chunk bookkeeping), about a receive buffer sliced to another "
+               "length than the chunk sent (one kept from an earlier, smaller call must grow), or about whether "
+               "there is a message at all (an exchange skipped on one side, for an empty chunk say: every rank "
+               "makes all 2(N-1) exchanges, empty chunks included)."
                if func_name == "ring_all_reduce" and not any(said in str(error) for said in
-                                                             (DTYPE_MISMATCH, NOT_WAITED, "tensor_split(world_size)"))
+                                                             (DTYPE_MISMATCH, NOT_WAITED, NO_SUCH_PEER,
+                                                              "tensor_split(world_size)"))
                else "")
         return AssertionError(f"{where}: a rank failed on world size {world_size}.{tip}\n{error}")
     return error
@@ -211,10 +236,16 @@ def check_sums(func_name, world_size, results):
     where = WHERE[func_name]
     for case in range(len(results[0])):
         for rank, rank_results in enumerate(results):
-            before, got, expected, _, _ = rank_results[case]
+            before, got, expected, _, _, kept, _ = rank_results[case]
             what = f"a {tuple(got.shape)} {str(got.dtype)[6:]} tensor on {world_size} ranks, rank {rank}"
             assert got.shape == expected.shape and got.dtype == expected.dtype, (
                 f"{where}: {what} came back as {tuple(got.shape)} {got.dtype}: change the tensor in place")
+            assert kept or got.numel() == 0, (
+                f"{where}: {what} came back in other memory: its data_ptr() changed, so the tensor was pointed "
+                "at a new buffer (tensor.data = ..., tensor.set_(...)) instead of written into. Write the sum into "
+                "the tensor's own memory (tensor.copy_(...), or chunks that are views of it), as dist.all_reduce "
+                "does: any other view of that memory (a gradient inside a flat bucket, a parameter's .grad held "
+                "elsewhere) would keep the old numbers")
             good = close(got, expected).reshape(-1)
             if good.all():
                 continue
@@ -231,8 +262,16 @@ def check_sums(func_name, world_size, results):
 
 
 def diagnose(func_name, world_size, rank, results, case, good):
-    before, got, expected, _, _ = results[rank][case]
+    before, got, expected, _, _, _, _ = results[rank][case]
     n = got.numel()
+    if not got.dtype.is_floating_point and got.dtype.itemsize == 8:
+        off = (got.double() - expected.double()).abs()
+        scale = sum(rank_results[case][0].double().abs() for rank_results in results)  # what was added up
+        if (off <= scale * 2.0 ** -20).all():
+            return ("The int64 sums are off by no more than a float's rounding of the numbers added (about "
+                    "2**60, beyond 2**53): they went through a floating-point tensor (float64 holds integers "
+                    "exactly only up to 2**53, float32 up to 2**24). Keep the sum in the tensor's own dtype "
+                    "(tensor.clone(), torch.zeros_like).")
     if func_name == "naive_all_reduce" and rank != 0 and close(results[0][case][1], expected).all():
         return ("Rank 0 has the sum but this rank does not: rank 0 must send the sum back to every rank, "
                 "and every other rank must receive it into its tensor.")
@@ -246,6 +285,13 @@ def diagnose(func_name, world_size, rank, results, case, good):
     if world_size > 1 and got.dtype.is_floating_point and torch.allclose(got * world_size, expected, rtol=1e-4, atol=1e-4):
         return ("It holds the mean, not the SUM: all-reduce sums, and average_gradients divides by the "
                 "world size afterwards.")
+    if func_name == "naive_all_reduce" and rank == 0 and world_size > 2:
+        for src in range(1, world_size):  # every receive into one buffer, added up after the last one landed
+            if close(got, results[0][case][0] + (world_size - 1) * results[src][case][0]).all():
+                return (f"Rank 0 holds its own tensor plus {world_size - 1} times rank {src}'s: the {world_size - 1} "
+                        "receives all landed in one buffer before it was added to the total (irecvs posted together "
+                        "into the same tensor?). Add each received tensor before the next receive overwrites the "
+                        "buffer, or receive each into a buffer of its own.")
     if func_name == "naive_all_reduce":
         return ("Rank 0 must add up its own tensor and the N-1 it receives, then send that sum to every "
                 "other rank.")
@@ -278,7 +324,7 @@ def test_naive_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_naive_all_reduce_goes_through_rank_0(impl, world_size):
     where, others = WHERE["naive_all_reduce"], world_size - 1
     for rank, rank_results in enumerate(run("naive_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, received in rank_results:
+        for _, tensor, _, sent, received, _, _ in rank_results:
             size = tensor.numel() * tensor.element_size()
             if rank == 0:
                 assert (received, sent) == (others * size, others * size), (
@@ -305,9 +351,14 @@ def test_ring_all_reduce_sums_like_dist_all_reduce(impl, world_size):
 def test_ring_all_reduce_sends_2_n_minus_1_over_n(impl, world_size):
     n = world_size
     for rank, rank_results in enumerate(run("ring_all_reduce", world_size, impl)):
-        for _, tensor, _, sent, _ in rank_results:
+        for _, tensor, _, sent, _, _, sends in rank_results:
             size = tensor.numel() * tensor.element_size()
             limit = 2 * (n - 1) * math.ceil(tensor.numel() / n) * tensor.element_size()  # 2(N-1) chunks
+            assert sent <= limit or sends <= 2 * (n - 1), (
+                f"{WHERE['ring_all_reduce']}: on {n} ranks rank {rank} made {sends} sends to all-reduce a tensor of "
+                f"{tensor.numel()} elements ({sent} bytes in all, at most {limit} in a ring): a ring makes N-1 "
+                f"reduce-scatter steps and N-1 all-gather steps, one send each, 2(N-1) = {2 * (n - 1)} here; "
+                "count the steps of each loop")
             assert sent <= limit, (
                 f"{WHERE['ring_all_reduce']}: on {n} ranks rank {rank} sent {sent} bytes to all-reduce a "
                 f"tensor of {size} bytes, {sent / size:.2f} times the tensor; a ring sends 2(N-1) chunks of "

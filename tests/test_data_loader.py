@@ -53,8 +53,24 @@ def test_shuffle_is_randperm_seeded_with_seed_plus_epoch(data_loader):
         for seed, epoch in [(0, 0), (0, 1), (7, 0), (7, 5)]:
             got = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
             assert isinstance(got, list), f"{T11}: return a list of ints (use .tolist()), got {type(got).__name__}"
+            other = next((i for i in got if type(i) is not int), None)
+            assert other is None, (
+                f"{T11}: it returned a list of {type(other).__module__}.{type(other).__name__}, not of Python ints"
+                + (" (list(tensor) gives 0-dim tensors; tensor.tolist() gives ints)" if isinstance(other, torch.Tensor)
+                   else "") + ": the sampler's indices must be ints, as PyTorch's are: a 0-dim tensor hashes by "
+                "identity (in a set or as a dict key two equal indices count as two), and every index is a "
+                "tensor object of its own")
             if got != randperm(n, seed + epoch) and n > 1:
                 again = data_loader.ordered_indices(n, shuffle=True, seed=seed, epoch=epoch)
+                if got != again:
+                    fresh = [data_loader.ordered_indices(50, shuffle=True, seed=12345, epoch=0) for _ in range(2)]
+                    kept = fresh[0] == randperm(50, 12345) and fresh[1] != fresh[0]
+                    assert not kept, (
+                        f"{T11}: two calls with seed={seed} epoch={epoch} gave different orders, and a seed never "
+                        "used before (12345) gave the right order on its first call and another on its second: "
+                        "a generator is kept between calls and drawn from again, so the order depends on how "
+                        "often ordered_indices was called before, the ranks' shards overlap and a resumed run "
+                        "differs: make a new torch.Generator, seeded with seed + epoch, on every call")
                 assert got == again, (
                     f"{T11}: two calls with seed={seed} epoch={epoch} gave different orders: the shuffle is not "
                     "seeded, so every rank draws its own permutation and the ranks' shards overlap (some samples "
@@ -103,6 +119,10 @@ def test_padding_wraps_around_to_a_multiple(data_loader):
             got = data_loader.pad_or_drop(indices, world_size, drop_last=False)
             total = math.ceil(n / world_size) * world_size
             assert indices == original, f"{T12}: do not change the list you are given; return a new one"
+            assert got is not indices, (
+                f"{T12}: {n} indices on {world_size} ranks, nothing to add: it returned the very list it was given, "
+                "not a new one: whoever changes the result (appends, shuffles) then changes the caller's list too; "
+                "return list(indices)")
             assert not (n % world_size == 0 and len(got) == n + world_size), (
                 f"{T12}: {n} indices on {world_size} ranks are already a multiple of {world_size}, so nothing is "
                 f"to be added, but you returned {len(got)}: a whole round of {world_size} more. The padding is "
@@ -276,8 +296,19 @@ def _indexed(n):
 def _loaders_of_every_rank(data_loader, world_size, global_batch, n_train=20, n_test=10, epoch=0, seed=1):
     ranks = []
     for rank in range(world_size):
-        train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank, world_size,
-                                                seed=seed)
+        try:
+            train, test = data_loader.build_loaders(_indexed(n_train), _indexed(n_test), global_batch, rank,
+                                                    world_size, seed=seed)
+        except ValueError as error:
+            if f"global_batch_size must be a positive multiple of num_replicas ({world_size}), got " \
+                    f"{global_batch // world_size}" not in str(error):
+                raise
+            raise AssertionError(
+                f"{T14}: with a global batch of {global_batch} on {world_size} ranks, build_loaders gave the training "
+                f"sampler global_batch_size={global_batch // world_size}, the per-rank batch, and the sampler "
+                f"refused it ({error}): the sampler cuts every run of global_batch_size indices into the ranks' "
+                "shares itself; pass it global_batch_size=global_batch_size, and the DataLoader the per-rank "
+                "batch_size") from error
         train.sampler.set_epoch(epoch)
         ranks.append(([b[0].tolist() for b in train], [b[0].tolist() for b in test]))
     return ranks
@@ -301,6 +332,12 @@ def test_each_rank_loads_its_share_of_the_global_batch(data_loader, monkeypatch)
                 f"holds 6 // {world_size} = {6 // world_size} samples (drop_last=True); rank {rank} got sizes {sizes}")
         counts = [len(train) for train, _ in ranks]
         assert len(set(counts)) == 1, f"{T14}: every rank needs as many training steps, got {counts}"
+        seeds = [getattr(data_loader.build_loaders(_indexed(20), _indexed(10), 6, rank, world_size, seed=1)[0].sampler,
+                         "seed", None) for rank in range(world_size)]
+        assert len(set(seeds)) == 1, (
+            f"{T14}: build_loaders(..., seed=1) on {world_size} ranks gave the training samplers the seeds {seeds}: "
+            "every rank must shuffle with the same seed, or each draws its own order and their shards overlap "
+            "(some samples trained on twice an epoch, others never); pass seed=seed, the same on every rank")
         seen = {i for train, _ in ranks for batch in train for i in batch}
         assert len(seen) >= 18, f"{T14}: the ranks together should cover the training set, saw {sorted(seen)}"
 
@@ -341,12 +378,27 @@ def test_training_shuffles_per_epoch(data_loader, monkeypatch):
 @pytest.mark.task1_4
 def test_every_test_image_is_evaluated_exactly_once(data_loader, monkeypatch):
     use_reference(monkeypatch, data_loader, "ordered_indices", "pad_or_drop", "shard")
+    _, test = data_loader.build_loaders(_indexed(12), _indexed(10), 12, 1, 3)
+    assert not test.drop_last, (
+        f"{T14}: the test DataLoader has drop_last=True: each rank's last, smaller test batch is never evaluated; "
+        "evaluation keeps every image (drop_last only in the training loader)")
     for world_size in [1, 2, 3, 4]:
         ranks = _loaders_of_every_rank(data_loader, world_size, global_batch=12, n_test=10)
         evaluated = sorted(i for _, test in ranks for batch in test for i in batch)
+        missing = sorted(set(range(10)) - set(evaluated))
+        assert not missing or len(evaluated) > len(set(evaluated)), (
+            f"{T14}: over {world_size} ranks test images {missing} are never evaluated, got {evaluated}: the test "
+            "sampler or loader leaves some out (drop_last?); every test image is evaluated exactly once")
         assert evaluated == list(range(10)), (
             f"{T14}: over {world_size} ranks the 10 test images must be evaluated exactly once each; got {evaluated}. "
             "A padded test sampler counts some images twice: use pad=False for evaluation")
+        in_order = [i for _, test in ranks for batch in test for i in batch]
+        assert in_order == list(range(10)), (
+            f"{T14}: over {world_size} ranks, the test images in rank order are {in_order}, not 0-9: "
+            + ("some rank's test images are not in order: the test sampler shuffles; " if any(
+                i >= j for _, test in ranks for b in [[i for batch in test for i in batch]] for i, j in zip(b, b[1:]))
+               else "") + "evaluation uses an unshuffled sampler (shuffle=False), so that rank r evaluates the "
+            "r-th contiguous block of the test set, the same images every epoch")
 
 
 @pytest.mark.task1_4
@@ -365,6 +417,19 @@ def test_loaders_take_the_per_rank_batch_workers_and_pin_memory_as_given(data_lo
         assert not loader.pin_memory, (
             f"{T14}: device='cpu' gave the {name} loader pin_memory=True: pinned memory only speeds up copies "
             "to a GPU, and costs time otherwise; pin_memory only when the device is a GPU")
+    # as on a machine with a GPU, without one: the loaders are built, never iterated
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device, pin in [("cpu", False), ("cuda", True), ("cuda:0", True), (torch.device("cuda", 0), True)]:
+        train, test = data_loader.build_loaders(_indexed(24), _indexed(10), 12, 1, 3, device=device)
+        for name, loader in [("train", train), ("test", test)]:
+            assert loader.pin_memory == pin, (
+                f"{T14}: on a machine with a GPU, device={device!r} gave the {name} loader "
+                f"pin_memory={loader.pin_memory}: " + (
+                    "pin_memory follows the device the batches go to, not whether the machine has a GPU "
+                    "(torch.cuda.is_available()): a run on the CPU gains nothing from pinned memory"
+                    if not pin else "every CUDA device, 'cuda', 'cuda:0' or a torch.device, is a GPU: compare "
+                    "the device's type, torch.device(device).type == 'cuda', not the string"))
 
 
 def test_batch_size_errors_are_clear(data_loader):
