@@ -61,14 +61,27 @@ def _broadcast(rank, world_size, impl, src, device):
     torch.manual_seed(100 + rank)  # every rank starts different, as in real life
     model = nn.Sequential(Awkward(), nn.BatchNorm1d(6)).to(device)
     model[1].running_mean.normal_()  # make the buffers differ between ranks too
+    model[1].num_batches_tracked += rank  # an int64 buffer: trial 12, skipped by is_floating_point() or sent as a copy
     before = _state(model)
     params = list(model.parameters())
-    trainer.broadcast_parameters(model, src=src)
+    sent, broadcast = [], dist.broadcast  # the memory of each tensor broadcast
+
+    def recording(tensor, *args, **kwargs):
+        sent.append(tensor.data_ptr())
+        return broadcast(tensor, *args, **kwargs)
+    dist.broadcast = recording
+    try:
+        trainer.broadcast_parameters(model, src=src)
+    finally:
+        dist.broadcast = broadcast
+    own = {name: t.data_ptr() for name, t in model.state_dict(keep_vars=True).items()}
+    # per tensor: whether dist.broadcast got the model's own tensor, and how many broadcasts there were in all
+    reached = ({name: ptr in sent for name, ptr in own.items()}, len(sent), len(set(own.values())))
     same_objects = all(a is b for a, b in zip(params, model.parameters()))
     still_leaves = all(p.is_leaf for p in model.parameters())
     on_return = _state(model)
     dist.barrier()  # gloo's barrier waits for this rank's earlier collectives: broadcasts still on their way land
-    return before, on_return, same_objects and still_leaves, _state(model)
+    return before, on_return, same_objects and still_leaves, _state(model), reached
 
 
 @pytest.mark.task2_1
@@ -77,7 +90,7 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
     results = run_ranks(_broadcast, world_size, impl, src, device)
     expected = results[src][0]  # rank src's model before the broadcast
     buffers = {"0.scale", "1.running_mean", "1.running_var", "1.num_batches_tracked"}
-    for rank, (_, after, in_place, later) in enumerate(results):
+    for rank, (_, after, in_place, later, (reached, sent, tensors)) in enumerate(results):
         assert in_place, f"{T21}: rank {rank}: copy into the model's own parameters, in place; do not replace them"
         for name, value in expected.items():
             if not torch.equal(after[name], value):
@@ -90,6 +103,14 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
                                 "half-copied weights")
                 hint = ("broadcast the buffers too (model.buffers()): BatchNorm's running statistics are buffers"
                         if kind == "buffer" else f"every rank must call dist.broadcast(tensor, src={src}) for every parameter")
+                if name == "1.num_batches_tracked" and not reached[name]:  # trial 12: skipped, or sent as a copy
+                    hint = ("broadcast every buffer, integer ones too: BatchNorm's num_batches_tracked is an int64 "
+                            "buffer (is_floating_point() is False), the count of steps each rank took")
+                if not reached[name] and sent >= tensors:  # trial 12: as many broadcasts as tensors, not into this one
+                    hint = (f"broadcast_parameters issued {sent} broadcasts for the model's {tensors} tensors, but "
+                            f"none into '{name}' itself: it broadcast a copy of it (.float(), .to(), .clone() and "
+                            "torch.tensor(...) make new memory), and the values never reached the model. Pass the "
+                            "model's own tensor to dist.broadcast, which writes into it in place")
                 if name == "0.frozen":
                     hint = ("a frozen parameter (requires_grad=False) is part of the model too, and each rank "
                             f"initialised it with its own numbers: broadcast every parameter, trainable or not")
