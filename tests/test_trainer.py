@@ -139,9 +139,12 @@ def _known_gradients(rank, world_size, impl):
             param.grad = torch.full_like(param, float(rank + 1))
     model.precise.grad.mul_(FINE)
     reduced, all_reduce = [], dist.all_reduce  # which tensors were all-reduced, by their memory
+    # trial 12: what was reduced instead of a gradient that was only divided: the weight, or a copy of the gradient
+    memory = {name: (p.data_ptr(), None if p.grad is None else p.grad.data_ptr()) for name, p in model.named_parameters()}
 
     def recording(tensor, *args, **kwargs):
         reduced.append(tensor.data_ptr())
+        _same_size_on_every_rank(tensor, [None] * (len(reduced) - 1))
         return all_reduce(tensor, *args, **kwargs)
     dist.all_reduce = recording
     try:
@@ -150,15 +153,18 @@ def _known_gradients(rank, world_size, impl):
         dist.all_reduce = all_reduce
     tied = model.embed.weight.grad.data_ptr()
     grads = {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
-    return grads, reduced.count(tied)
+    instead = {name: ("weights" if weight in reduced else "copy" if grad is not None and grad not in reduced else None)
+               for name, (weight, grad) in memory.items()}
+    return grads, reduced.count(tied), instead
 
 
 @pytest.mark.task2_2
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_gradients_become_the_average_on_every_rank(impl, world_size):
     results = run_ranks(_known_gradients, world_size, impl)
-    tied_reductions = [count for _, count in results]
-    results = [grads for grads, _ in results]
+    tied_reductions = [count for _, count, _ in results]
+    instead = [what for _, _, what in results]
+    results = [grads for grads, _, _ in results]
     mean = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size
     firsts = [{name: g.flatten()[0].item() for name, g in grads.items() if g is not None} for grads in results]
     for rank, grads in enumerate(results):
@@ -173,6 +179,17 @@ def test_gradients_become_the_average_on_every_rank(impl, world_size):
             if abs(value - mean) > 1e-6 and rank > 0 and abs(firsts[0][name] - mean) < 1e-6:
                 pytest.fail(f"{T22}: rank 0 has the average gradient of '{name}' ({mean}) but rank {rank} has "
                             f"{value}: every rank must receive the result (dist.all_reduce, not dist.reduce)")
+            own = (rank + 1) * (FINE if name == "precise" else 1)  # this rank's gradient before the call
+            if abs(value - mean) > 1e-6 and abs(value - own / world_size) < 1e-9 and instead[rank][name]:
+                # trial 12: divided by the world size, never summed: the all_reduce went elsewhere
+                pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is its own gradient divided by the world "
+                            f"size ({own} / {world_size} = {value}), never summed over the ranks: " + (
+                                "average_gradients all-reduced the parameter itself (param or param.data, the "
+                                "WEIGHTS), not its gradient: all_reduce param.grad"
+                                if instead[rank][name] == "weights" else
+                                "the all_reduce never got param.grad itself but a copy of it (.float(), .to(), "
+                                ".clone() and torch.cat make new memory), and its sum went nowhere: all_reduce "
+                                "param.grad in place, or copy the reduced values back into it"))
             assert torch.allclose(grad, torch.full_like(grad, mean)), (
                 f"{T22}: rank {rank}'s gradient of '{name}' should be the average over ranks, {mean}, "
                 f"got values like {value}")
@@ -204,8 +221,31 @@ def _global_batches(steps=4, per_rank=5, world_size=3):
             for _ in range(steps)]
 
 
+def _same_size_on_every_rank(tensor, calls):
+    """Before an all_reduce of `tensor`: fail if another rank's all_reduce at the same point has another size (gloo
+    aborts in C code on it, with no word of the cause). `calls` counts this rank's all_reduces."""
+    calls.append(tensor.numel())
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([tensor.numel()]))
+    sizes = [int(size) for size in sizes]
+    if len(set(sizes)) > 1:
+        raise AssertionError(
+            f"{T22}: at its all_reduce number {len(calls)}, the ranks reduced tensors of {sizes} elements (rank 0, "
+            "1, ...): they went through the gradients in different orders, so each all_reduce would add up "
+            "different parameters' gradients. set(model.parameters()) orders them by memory address, another "
+            "order on every rank: go through model.parameters(), in its order (it lists a tied weight once)")
+
+
 def _average_gradients_of(trainer, model):
-    """average_gradients(model), where Awkward's unused parameter requires grad and has no .grad."""
+    """average_gradients(model), where Awkward's unused parameter requires grad and has no .grad; each all_reduce
+    first checks that every rank reduces a tensor of the same size (trial 12: set(model.parameters()) orders them by
+    memory address, another order on each rank, and gloo crashed in C code on the sizes that differed)."""
+    all_reduce, calls = dist.all_reduce, []
+
+    def same_size_everywhere(tensor, *args, **kwargs):
+        _same_size_on_every_rank(tensor, calls)
+        return all_reduce(tensor, *args, **kwargs)
+    dist.all_reduce = same_size_everywhere
     try:
         trainer.average_gradients(model)
     except (TypeError, AttributeError) as error:
@@ -216,6 +256,8 @@ def _average_gradients_of(trainer, model):
             f"{T22}: average_gradients raised {type(error).__name__}: {error}. The parameter {unused[0]!r} "
             "requires grad but forward never uses it, so its .grad is None after backward: skip the parameters "
             "whose .grad is None (not only those with requires_grad=False)") from error
+    finally:
+        dist.all_reduce = all_reduce
 
 
 def _data_parallel_training(rank, world_size, impl):
@@ -269,7 +311,7 @@ def _cnn_step(rank, world_size, impl, device):
     images, labels = torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
     local = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
     F.cross_entropy(model(images[local].to(device)), labels[local].to(device)).backward()
-    trainer.average_gradients(model)
+    _average_gradients_of(trainer, model)
     return {name: p.grad.cpu() for name, p in model.named_parameters()}
 
 
