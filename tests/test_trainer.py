@@ -7,6 +7,7 @@ rank 0's, against an independent reference: single-process training on the whole
 batch, PyTorch's DistributedDataParallel, or plain sums.
 """
 import copy
+import math
 
 import pytest
 import torch
@@ -356,6 +357,11 @@ def test_every_rank_gets_the_global_sums(impl, device):
         if not right and rank > 0 and results[0][:2] == expected[:2]:
             pytest.fail(f"{T23}: rank 0 got the sums {results[0]} but rank {rank} got {got}: every rank must get "
                         "them (dist.all_reduce; dist.reduce leaves the result on one rank only)")
+        truncated = {math.floor(expected[2]), sum(math.floor(loss) for _, _, loss in COUNTS)}
+        if not right and (correct, total) == expected[:2] and loss_sum in truncated:  # trial 12: an int64 tensor
+            pytest.fail(f"{T23}: rank {rank} got loss_sum {loss_sum!r}, the sum over the ranks {expected[2]} with its "
+                        "fractions cut off: it went through an integer tensor (dtype=torch.int64, or .long() / "
+                        ".int()), which truncates the losses. Reduce loss_sum in a floating-point tensor (float64)")
         assert right, (
             f"{T23}: rank {rank} got {got}, expected the sum over the 3 ranks {expected}: sum the counts "
             "(never average them: the ranks hold different numbers of images)")
