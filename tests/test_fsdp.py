@@ -220,9 +220,18 @@ def _unshard(rank, world_size, impl, compute_dtype):
             try:
                 handle = unit.unshard(async_op=async_op)
             except RuntimeError as error:  # trial 9: gathered into self.full while it held no memory
-                if "out of bounds for storage of size 0" not in str(error) or unit.full.untyped_storage().nbytes():
-                    raise
-                return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                text = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                nbytes = unit.full.untyped_storage().nbytes()
+                if "out of bounds for storage of size 0" in str(error) and not nbytes:
+                    return "freed", text
+                # trial 12: memory given back by the element (numel(), not numel() x element_size())
+                if "out of bounds for storage of size" in str(error) and 0 < nbytes < unit.full.numel() * unit.full.element_size():
+                    return "short", nbytes, unit.full.numel(), unit.full.element_size()
+                # trial 12: the fp32 shard gathered into a bf16 self.full without .to(compute_dtype)
+                mixed = [call.tensors for call in wire.calls if len({dtype for dtype, _ in call.tensors}) > 1]
+                if "invalid tensor type" in str(error) and mixed:
+                    return "dtypes", mixed[0]
+                raise
             dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
             if handle is not None:
                 handle.wait()
@@ -235,9 +244,20 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        if isinstance(results, str):
+        if isinstance(results, tuple) and results[0] == "short":
+            _, nbytes, numel, size = results
+            pytest.fail(f"{T72}: unshard() gave self.full {nbytes} bytes of memory for its {numel} elements of {size} "
+                        f"bytes each ({numel * size} bytes), and the gather into it was refused as out of bounds: "
+                        "untyped_storage().resize_() takes a number of BYTES, numel() x element_size(), not of "
+                        "elements")
+        if isinstance(results, tuple) and results[0] == "dtypes":
+            pytest.fail(f"{T72}: unshard() called all_gather_into_tensor with tensors of different dtypes "
+                        f"{results[1]} (dtype, elements), and gloo refused it (invalid tensor type): the shard is "
+                        f"float32 (the parameters' dtype), self.full {str(compute_dtype).replace('torch.', '')} "
+                        "(compute_dtype): send self.shard.detach().to(self.compute_dtype)")
+        if isinstance(results, tuple):
             pytest.fail(f"{T72}: unshard() gathered into self.full while its memory was still freed (0 bytes, as "
-                        f"reshard() left it), and the collective refused it ({results}): give self.full its memory "
+                        f"reshard() left it), and the collective refused it ({results[1]}): give self.full its memory "
                         "back first, self.full.untyped_storage().resize_(numel() x element_size()), then "
                         "all_gather_into_tensor into it")
         for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
@@ -251,6 +271,12 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
             assert gathered <= 2 * numel, (
                 f"{T72}: unshard() moved {gathered} elements through {[name for name, _ in calls]} to gather a "
                 f"{numel}-element unit: one all_gather_into_tensor(self.full, shard) is all it takes")
+            reducing = sorted({name for name, _ in calls if "reduce" in name})
+            assert not reducing, (  # trial 12: self.full zeroed, this rank's piece copied in, then all_reduce SUM
+                f"{T72}: unshard() gathered the shards with {reducing}: an all-reduce adds up the ranks' tensors "
+                "where each shard is only needed as it is (zeros elsewhere), and moves about twice the bytes of an "
+                "all-gather (a ring all-reduce is a reduce-scatter and then an all-gather of the whole tensor). "
+                "all_gather_into_tensor(self.full, shard) sends each shard once")
             assert not dropped, (
                 f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
                 "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
