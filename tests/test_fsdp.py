@@ -99,7 +99,15 @@ def _tensors(seed=0):
 def _shard_flat(impl, numel, rank, world_size):
     """shard_flat's answer, and whether it shares flat's memory (a view: pickling would hide that)."""
     flat = torch.arange(1.0, numel + 1)
-    shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    # trial 12: memory left uninitialised (new_empty as padding) is NaN here, not the zeros it often happens to hold
+    # (deterministic mode turns on torch.utils.deterministic.fill_uninitialized_memory; torch's own setter, not
+    # torch.use_deterministic_algorithms, whose first call costs seconds of imports in each process)
+    deterministic, turn = torch.are_deterministic_algorithms_enabled(), torch._C._set_deterministic_algorithms
+    turn(True)
+    try:
+        shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    finally:
+        turn(deterministic)
     shares = torch.is_tensor(shard) and shard.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
     return shard, shares
 
@@ -130,7 +138,13 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
             f"the same size, ceil({numel} / {world_size}) = {expected}, for all_gather_into_tensor and "
             "reduce_scatter_tensor; pad flat with zeros at the end to a multiple of the world size")
         padded = torch.cat([flat, torch.zeros(expected * world_size - numel)])
-        assert torch.equal(torch.cat(shards), padded), (
+        joined = torch.cat(shards)
+        if torch.equal(joined[:numel], flat) and joined[numel:].isnan().any():
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks: the shards hold flat, then padding "
+                        f"{joined[numel:].tolist()}, not zeros: the test fills memory that nothing wrote with NaN, so "
+                        "the padding came from uninitialised memory (new_empty, torch.empty), which holds whatever "
+                        "was there before. Pad with zeros (flat.new_zeros(padding))")
+        assert torch.equal(joined, padded), (
             f"{T71}: the shards of ranks 0..{world_size - 1}, concatenated, must give back flat and then the padding "
             f"zeros (that is what all_gather_into_tensor puts together): rank r holds the r-th contiguous piece. "
             f"Got {torch.cat(shards).tolist()} for {padded.tolist()}")
