@@ -133,6 +133,12 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
             f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes[0]} elements, not {expected}: "
             f"{numel} is already a multiple of {world_size}, so the padding must be 0, and it was {world_size} "
             f"zero{'s' if world_size > 1 else ''}, a whole shard's worth: pad by -numel % world_size (0 here), not world_size - numel % world_size")
+        if len(set(sizes)) == 1 and sizes[0] < expected:  # trial 12: round() or // where ceil is needed
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes[0]} elements, and "
+                        f"{world_size} x {sizes[0]} = {world_size * sizes[0]} < {numel}: the shards cannot hold all "
+                        f"of flat. A shard has ceil({numel} / {world_size}) = {expected} elements (-(-numel // "
+                        "world_size), or math.ceil), and flat is padded with zeros to that many times world_size first: "
+                        "numel / world_size rounded down or to the nearest is too few")
         assert sizes == [expected] * world_size, (
             f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes} elements: every shard must have "
             f"the same size, ceil({numel} / {world_size}) = {expected}, for all_gather_into_tensor and "
@@ -230,6 +236,7 @@ def _unshard(rank, world_size, impl, compute_dtype):
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
+        saved = full.view(-1)  # trial 12: a view made while freed, as autograd saves one for backward, must see the gather
         with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
             try:
                 handle = unit.unshard(async_op=async_op)
@@ -249,8 +256,9 @@ def _unshard(rank, world_size, impl, compute_dtype):
             dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
             if handle is not None:
                 handle.wait()
+        refilled = saved.untyped_storage().nbytes() > 0 and torch.equal(saved, unit.full.view(-1))
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes()))
+                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes(), refilled))
     return results
 
 
@@ -274,7 +282,7 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                         f"reshard() left it), and the collective refused it ({results[1]}): give self.full its memory "
                         "back first, self.full.untyped_storage().resize_(numel() x element_size()), then "
                         "all_gather_into_tensor into it")
-        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
+        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes, refilled in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
             assert not sent, (
@@ -303,6 +311,12 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                                  "untyped_storage().resize_, then gather into it): the module's parameters are "
                                  "views of that very tensor")
             assert full.dtype == compute_dtype, f"{T72}: self.full must hold {compute_dtype}, got {full.dtype}"
+            assert refilled or not torch.equal(full, expected), (  # trial 12: self.full.set_(gathered), .data = gathered
+                f"{T72}: self.full holds the gathered shards, but a view of it made before unshard() (as autograd "
+                "saves the parameters for backward, and the module computes with) does not see them: unshard() "
+                "gave self.full other memory (self.full.set_(...), self.full.data = ...) instead of refilling its "
+                "own, so backward would read the freed one. Give back the memory of its own storage, "
+                "self.full.untyped_storage().resize_(numel() x element_size()), and gather into self.full")
             assert torch.equal(full, expected), (
                 f"{T72}: on rank {rank} of {world_size}, unshard(async_op={async_op}) did not leave every rank's "
                 f"shard in rank order in self.full (all_gather_into_tensor(self.full, shard)); first elements "
@@ -386,6 +400,10 @@ def _memory(rank, world_size, impl, prefetch):
     out = fsdp(x)
     after_forward = _unit_bytes(fsdp), _gathered_units(fsdp)
     F.mse_loss(out, torch.zeros_like(out)).backward()
+    # trial 12: reshard() (after each unit's backward) emptied self.reducing; the rest is solutions' code
+    pending = sum(len(unit.reducing) for unit in fsdp.units)
+    if not pending:
+        return "no reduce-scatter pending"
     fsdp.finish_gradient_synchronization()
     optimizer.step()
     persistent = sum(p.numel() * p.element_size() for p in fsdp.parameters())
@@ -401,8 +419,13 @@ def _memory(rank, world_size, impl, prefetch):
 @pytest.mark.task7_3
 @pytest.mark.parametrize("world_size,prefetch", [(2, True), (2, False), slow(4, True)])
 def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size, prefetch):
-    for rank, (during, after_forward, after_step, persistent, unsharded, allowed) in enumerate(
-            run_ranks(_memory, world_size, impl, prefetch)):
+    for rank, result in enumerate(run_ranks(_memory, world_size, impl, prefetch)):
+        assert result != "no reduce-scatter pending", (
+            f"{T73}: after backward, rank {rank}'s units held no reduce-scatter (unit.reducing empty) for "
+            "finish_gradient_synchronization() to wait for, so no gradient reached the shards: reshard() runs after "
+            "each unit's backward, right after its reduce-scatter started; free only self.full's memory there and "
+            "leave self.reducing and self.gathering as they are")
+        during, after_forward, after_step, persistent, unsharded, allowed = result
         assert after_forward[0] == 0, (
             f"{T73}: after forward, rank {rank} still holds the gathered parameters (unit.full) of "
             f"{', '.join(after_forward[1])}: the given hook after each module's forward (FSDP._post_forward) calls "
