@@ -332,6 +332,7 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
 def test_reshard_frees_the_memory_in_place(impl):
     fsdp_lib = judging(impl, "7.3")
     unit, padded = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
+    unit.full.copy_(padded)  # what unshard() left
     full, shard = unit.full, unit.shard
     kept = shard.detach().clone()
     # the gradient of an earlier micro-batch, waiting for the next backward's to be added (accumulation)
@@ -373,6 +374,17 @@ def test_reshard_frees_the_memory_in_place(impl):
         f"{T73}: reshard() {'dropped' if grad is None else 'changed'} self.shard.grad: free only self.full's memory. "
         "reshard() runs after every forward and backward, so the gradient of an earlier micro-batch (two backwards "
         "before one optimizer.step(), as gradient accumulation does) would be lost")
+    # trial 12: this rank's piece of a bf16 self.full copied back into the fp32 shard (in fp32, the same numbers)
+    bf16_unit, bf16_padded = _bare_unit(fsdp_lib, 1, 2, _tensors(), torch.bfloat16, gathered=True)
+    bf16_unit.full.copy_(bf16_padded)  # what unshard() left: every shard, rounded to compute_dtype
+    bf16_kept = bf16_unit.shard.detach().clone()
+    bf16_unit.reshard()
+    if not torch.equal(bf16_unit.shard.detach(), bf16_kept):
+        rounded = torch.equal(bf16_unit.shard.detach(), bf16_kept.bfloat16().float())
+        pytest.fail(f"{T73}: with compute_dtype=bfloat16, reshard() changed self.shard" + (
+            " to this rank's piece of self.full: it copied the gathered bf16 weights back into the fp32 shard, "
+            "rounding the master weights to bf16 at every forward" if rounded else "") + ": keep the shard as "
+            "it is, the only lasting copy of the weights (what the optimizer updates); free only self.full's memory")
 
 
 def _unit_bytes(fsdp):
