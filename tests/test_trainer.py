@@ -127,8 +127,33 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
 
 
 # --------------------------------------------------------------------------- Task 2.2
-# a float64 parameter's gradients, rank + 1 times this: float32 rounds the factor to 1
+# a float64 parameter's gradients, rank + 1 times this: float32 rounds FINE to 1, and the averages (1.25, 1.875 and
+# 2.5 times FINE on 1, 2 and 3 ranks) are no whole numbers, so floor division (//) is told from float32 (trial 12)
 FINE = 1 + 2 ** -40
+PRECISE = 1.25 * FINE
+
+
+class _Watched:
+    """An all_reduce's Work that remembers whether it was waited for (wait(), its Future, is_completed() True)."""
+
+    def __init__(self, work):
+        self.work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self.waited = True
+        return self.work.get_future()
+
+    def is_completed(self):
+        done = self.work.is_completed()
+        self.waited = self.waited or done
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
 
 
 def _known_gradients(rank, world_size, impl):
@@ -138,15 +163,21 @@ def _known_gradients(rank, world_size, impl):
     for param in model.parameters():
         if param.requires_grad:
             param.grad = torch.full_like(param, float(rank + 1))
-    model.precise.grad.mul_(FINE)
+    model.precise.grad.mul_(PRECISE)
     reduced, all_reduce = [], dist.all_reduce  # which tensors were all-reduced, by their memory
     # trial 12: what was reduced instead of a gradient that was only divided: the weight, or a copy of the gradient
     memory = {name: (p.data_ptr(), None if p.grad is None else p.grad.data_ptr()) for name, p in model.named_parameters()}
 
+    started = []  # trial 12: the Work of each all_reduce started with async_op=True, and whether it was waited for
+
     def recording(tensor, *args, **kwargs):
         reduced.append(tensor.data_ptr())
         _same_size_on_every_rank(tensor, [None] * (len(reduced) - 1))
-        return all_reduce(tensor, *args, **kwargs)
+        work = all_reduce(tensor, *args, **kwargs)
+        if work is not None:
+            work = _Watched(work)
+            started.append(work)
+        return work
     dist.all_reduce = recording
     try:
         trainer.average_gradients(model)
@@ -156,6 +187,7 @@ def _known_gradients(rank, world_size, impl):
     grads = {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
     instead = {name: ("weights" if weight in reduced else "copy" if grad is not None and grad not in reduced else None)
                for name, (weight, grad) in memory.items()}
+    instead["never waited"] = sum(not work.waited for work in started)
     return grads, reduced.count(tied), instead
 
 
@@ -166,21 +198,27 @@ def test_gradients_become_the_average_on_every_rank(impl, world_size):
     tied_reductions = [count for _, count, _ in results]
     instead = [what for _, _, what in results]
     results = [grads for grads, _, _ in results]
-    mean = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size
+    average = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size (precise: x PRECISE)
     firsts = [{name: g.flatten()[0].item() for name, g in grads.items() if g is not None} for grads in results]
     for rank, grads in enumerate(results):
         assert grads["frozen"] is None, f"{T22}: the frozen parameter has no gradient; leave its .grad as None"
+        unwaited = instead[rank]["never waited"]
+        assert not unwaited, (
+            f"{T22}: rank {rank} started {unwaited} all_reduce(async_op=True) and returned without waiting for "
+            "their Work, so nothing made sure the sums had arrived before the gradients were divided and returned. Keep "
+            "each handle and "
+            "call handle.wait() before dividing and before returning")
         for name, grad in grads.items():
             if grad is None:
                 continue
-            value = firsts[rank][name]
+            value, mean = firsts[rank][name], average * (PRECISE if name == "precise" else 1)
             if abs(value - mean) > 1e-6 and abs(value - mean * world_size) < 1e-6:
                 pytest.fail(f"{T22}: rank {rank}'s gradients are {world_size}x the average ({value} instead of "
                             f"{mean}): all_reduce SUM gives the sum; divide it by the world size")
             if abs(value - mean) > 1e-6 and rank > 0 and abs(firsts[0][name] - mean) < 1e-6:
                 pytest.fail(f"{T22}: rank 0 has the average gradient of '{name}' ({mean}) but rank {rank} has "
                             f"{value}: every rank must receive the result (dist.all_reduce, not dist.reduce)")
-            own = (rank + 1) * (FINE if name == "precise" else 1)  # this rank's gradient before the call
+            own = (rank + 1) * (PRECISE if name == "precise" else 1)  # this rank's gradient before the call
             if abs(value - mean) > 1e-6 and abs(value - own / world_size) < 1e-9 and instead[rank][name]:
                 # trial 12: divided by the world size, never summed: the all_reduce went elsewhere
                 pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is its own gradient divided by the world "
@@ -191,10 +229,13 @@ def test_gradients_become_the_average_on_every_rank(impl, world_size):
                                 "the all_reduce never got param.grad itself but a copy of it (.float(), .to(), "
                                 ".clone() and torch.cat make new memory), and its sum went nowhere: all_reduce "
                                 "param.grad in place, or copy the reduced values back into it"))
+            if abs(value - mean) > 1e-6 and value == math.floor(mean):  # trial 12: param.grad //= world_size
+                pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is {value}, the average {mean} rounded down "
+                            "to a whole number: // is floor division; divide with / (param.grad /= world_size)")
             assert torch.allclose(grad, torch.full_like(grad, mean)), (
                 f"{T22}: rank {rank}'s gradient of '{name}' should be the average over ranks, {mean}, "
                 f"got values like {value}")
-        precise, exact = grads["precise"], mean * FINE
+        precise, exact = grads["precise"], average * PRECISE
         if precise.dtype != torch.float64 or (precise - exact).abs().max().item() > 1e-14:
             rounded = torch.tensor(exact, dtype=torch.float32).item()
             pytest.fail(f"{T22}: rank {rank}'s gradient of a float64 parameter came back as {precise.dtype} "
