@@ -253,6 +253,14 @@ MISTAKES = [
             'dtype=torch.float64, device=device)',
             'dtype=torch.int64, device=device)',
             'fractions cut off'),
+    Mistake("2.2", "floor-divided", "template_trainer.py",  # was told as float32 rounding
+            '        param.grad /= world_size\n',
+            '        param.grad //= world_size\n',
+            'rounded down to a whole number'),
+    Mistake("2.2", "async-never-waited", "template_trainer.py",  # was a bare difference
+            '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n',
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, async_op=True)  # overlap the parameters' reductions\n",
+            'without waiting for their Work'),
     Mistake("3.1", "float32-total", "template_allreduce.py",
             "total = tensor.to(\"cpu\", copy=True)",
             "total = torch.zeros(tensor.shape); total += tensor.cpu()",
@@ -4774,6 +4782,10 @@ RIGHT_ANSWERS = [
         Mistake("2.3", "all-gather-objects", "template_trainer.py",
                 '    sums = torch.tensor([correct, total, loss_sum], dtype=torch.float64, device=device)\n    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n    correct, total, loss_sum = sums.tolist()\n    return int(correct), int(total), loss_sum\n',
                 '    every = [None] * dist.get_world_size()\n    dist.all_gather_object(every, (correct, total, loss_sum))\n    return sum(c for c, _, _ in every), sum(t for _, t, _ in every), float(sum(l for _, _, l in every))\n', ""),)),
+    RightAnswer("2.2", "async-all-then-waited", "'Replace every parameter's .grad with its mean': every all_reduce started with async_op=True, each waited for before its division", (
+        Mistake("2.2", "async-all-then-waited", "template_trainer.py",
+                '    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= world_size\n',
+                '    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    handles = [dist.all_reduce(g, op=dist.ReduceOp.SUM, async_op=True) for g in grads]  # all in flight at once\n    for g, handle in zip(grads, handles):\n        handle.wait()\n        g /= world_size\n', ""),)),
     RightAnswer("3.1", "isend-to-all-then-wait", "'sends it to every other rank': the N-1 sends started together "
                 "with dist.isend, each Work waited for before returning", (
         Mistake("3.1", "isend-to-all-then-wait", "template_allreduce.py",
