@@ -902,6 +902,10 @@ MISTAKES = [
             '    padding = -flat.numel() % world_size  # the zeros that make the length a multiple of world_size\n    padded = torch.cat([flat, flat.new_zeros(padding)])\n    shard_numel = padded.numel() // world_size\n',
             '    shard_numel = round(flat.numel() / world_size)\n    padded = torch.cat([flat, flat.new_zeros(max(0, shard_numel * world_size - flat.numel()))])\n',
             'cannot hold all of flat'),
+    Mistake("7.1", "padding-in-front", "template_fsdp.py",  # was a bare difference of the concatenated shards
+            'padded = torch.cat([flat, flat.new_zeros(padding)])',
+            'padded = torch.cat([flat.new_zeros(padding), flat])',
+            'pad at the END'),
     Mistake("7.2", "all-reduce-of-zeros", "template_fsdp.py",  # passed
             '        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)',
             '        self.full.zero_()\n        n = self.shard.numel()\n        self.full[self.rank * n:(self.rank + 1) * n] = self.shard.detach()\n        return dist.all_reduce(self.full, async_op=async_op)',
@@ -5070,6 +5074,10 @@ RIGHT_ANSWERS = [
         Mistake("7.3", "storage-freed-through-the-views", "template_fsdp.py",
                 '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
                 '        for view in self.views(self.full):  # every view shares the one storage: freeing it once is enough\n            view.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---', ""),)),
+    RightAnswer("7.3", "frees-only-when-gathered", "'Free the memory of the full flat tensor': a full tensor already freed has nothing to free, so resizing only when is_unsharded() frees the same", (
+        Mistake("7.3", "frees-only-when-gathered", "template_fsdp.py",
+                '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+                '        if self.is_unsharded():  # nothing to free otherwise\n            self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---', ""),)),
     RightAnswer("7.5", "all-gather-a-list-then-cat",
                 "'Gather each unit's shards (all_gather_into_tensor, into fp32)': an all_gather into a list of "
                 "shard-sized tensors, concatenated in rank order, is the same flat tensor, new", (

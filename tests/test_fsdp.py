@@ -150,6 +150,11 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
                         f"{joined[numel:].tolist()}, not zeros: the test fills memory that nothing wrote with NaN, so "
                         "the padding came from uninitialised memory (new_empty, torch.empty), which holds whatever "
                         "was there before. Pad with zeros (flat.new_zeros(padding))")
+        in_front = torch.cat([torch.zeros(expected * world_size - numel), flat])
+        if numel % world_size and torch.equal(joined, in_front):  # trial 12: torch.cat([zeros, flat])
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks: the shards, concatenated, are the padding "
+                        f"zeros and then flat ({joined.tolist()}): pad at the END, torch.cat([flat, padding]), so "
+                        "that flat starts at element 0 of rank 0's shard, where the unit's views look for it")
         assert torch.equal(joined, padded), (
             f"{T71}: the shards of ranks 0..{world_size - 1}, concatenated, must give back flat and then the padding "
             f"zeros (that is what all_gather_into_tensor puts together): rank r holds the r-th contiguous piece. "
