@@ -230,6 +230,37 @@ MISTAKES = [
             "    correct, total, loss_sum = sums.tolist()\n    return int(correct), int(total), loss_sum",
             "    correct, total, loss_sum = sums\n    return int(correct), int(total), loss_sum",
             "as a Python float"),
+    # Task 2, trial 12 (2026-11-30): what goes on the wire (an integer buffer skipped, a copy broadcast, the weights
+    # reduced, a .float() copy reduced), dtypes (a loss sum through int64). Each passed, or was a bare difference
+    # or another cause
+    Mistake("2.1", "float-buffers-only", "template_trainer.py",  # passed: num_batches_tracked was 0 on every rank
+            '            dist.broadcast(tensor, src=src)',
+            '            if tensor.is_floating_point():  # counters need no syncing\n                dist.broadcast(tensor, src=src)',
+            'integer ones too'),
+    Mistake("2.1", "broadcast-a-copy", "template_trainer.py",  # passed: .float() of a float32 tensor is itself
+            '            dist.broadcast(tensor, src=src)',
+            '            dist.broadcast(tensor.float(), src=src)',
+            'broadcast a copy of it'),
+    Mistake("2.2", "reduces-the-weights", "template_trainer.py",  # was a bare 'should be the average'
+            '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)',
+            '        dist.all_reduce(param.data, op=dist.ReduceOp.SUM)',
+            'the WEIGHTS'),
+    Mistake("2.2", "reduces-a-float32-copy", "template_trainer.py",  # was a bare 'should be the average'
+            '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)',
+            '        dist.all_reduce(param.grad.float(), op=dist.ReduceOp.SUM)',
+            'a copy of it'),
+    Mistake("2.3", "loss-truncated", "template_trainer.py",  # was 'never average the counts'
+            'dtype=torch.float64, device=device)',
+            'dtype=torch.int64, device=device)',
+            'fractions cut off'),
+    Mistake("2.2", "floor-divided", "template_trainer.py",  # was told as float32 rounding
+            '        param.grad /= world_size\n',
+            '        param.grad //= world_size\n',
+            'rounded down to a whole number'),
+    Mistake("2.2", "async-never-waited", "template_trainer.py",  # was a bare difference
+            '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n',
+            "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, async_op=True)  # overlap the parameters' reductions\n",
+            'without waiting for their Work'),
     Mistake("3.1", "float32-total", "template_allreduce.py",
             "total = tensor.to(\"cpu\", copy=True)",
             "total = torch.zeros(tensor.shape); total += tensor.cpu()",
@@ -977,6 +1008,50 @@ MISTAKES = [
             "        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---",
             "        self.full.untyped_storage().resize_(0)\n        self.shard.grad = None\n        # --- Task 7.3 end ---",
             "dropped self.shard.grad"),
+    # Task 7, trial 12 (2026-11-30): what goes on the wire (an all-reduce for the all-gather, a shard not cast), memory
+    # (bytes counted in elements, uninitialised padding, a gather into other memory, a resize_ that gives nothing
+    # back, pending reduce-scatters dropped), state (the bf16 piece copied back into the shard), a ceil rounded.
+    # Each passed, or was a raw exception, a bare difference or another cause
+    Mistake("7.1", "empty-padding", "template_fsdp.py",  # passed whenever the memory held zeros
+            'padded = torch.cat([flat, flat.new_zeros(padding)])',
+            'padded = torch.cat([flat, flat.new_empty(padding)])',
+            'uninitialised memory'),
+    Mistake("7.1", "round-not-ceil", "template_fsdp.py",  # was told as shards of unequal sizes
+            '    padding = -flat.numel() % world_size  # the zeros that make the length a multiple of world_size\n    padded = torch.cat([flat, flat.new_zeros(padding)])\n    shard_numel = padded.numel() // world_size\n',
+            '    shard_numel = round(flat.numel() / world_size)\n    padded = torch.cat([flat, flat.new_zeros(max(0, shard_numel * world_size - flat.numel()))])\n',
+            'cannot hold all of flat'),
+    Mistake("7.1", "padding-in-front", "template_fsdp.py",  # was a bare difference of the concatenated shards
+            'padded = torch.cat([flat, flat.new_zeros(padding)])',
+            'padded = torch.cat([flat.new_zeros(padding), flat])',
+            'pad at the END'),
+    Mistake("7.2", "all-reduce-of-zeros", "template_fsdp.py",  # passed
+            '        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)',
+            '        self.full.zero_()\n        n = self.shard.numel()\n        self.full[self.rank * n:(self.rank + 1) * n] = self.shard.detach()\n        return dist.all_reduce(self.full, async_op=async_op)',
+            'twice the bytes of an all-gather'),
+    Mistake("7.2", "storage-in-elements", "template_fsdp.py",  # was a raw setStorage RuntimeError
+            'self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())',
+            'self.full.untyped_storage().resize_(self.full.numel())',
+            'a number of BYTES'),
+    Mistake("7.2", "shard-not-cast", "template_fsdp.py",  # was gloo's raw 'invalid tensor type'
+            'self.shard.detach().to(self.compute_dtype), async_op=async_op)',
+            'self.shard.detach(), async_op=async_op)',
+            'tensors of different dtypes'),
+    Mistake("7.2", "set-to-new-storage", "template_fsdp.py",  # passed
+            '        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())\n        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)',
+            '        gathered = torch.empty(self.full.numel(), dtype=self.compute_dtype, device=self.full.device)\n        handle = dist.all_gather_into_tensor(gathered, self.shard.detach().to(self.compute_dtype), async_op=async_op)\n        self.full.set_(gathered)  # the same tensor object, now with the gathered memory\n        return handle',
+            'gave self.full other memory'),
+    Mistake("7.2", "tensor-resize-same-shape", "template_fsdp.py",  # resize_ to its own shape gives nothing back
+            '        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())\n',
+            '        self.full.resize_(self.full.shape)  # same shape: its storage grows back to numel x element_size\n',
+            'while its memory was still freed'),
+    Mistake("7.3", "drops-pending-reduce-scatters", "template_fsdp.py",  # was the test's own AttributeError
+            '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+            '        self.full.untyped_storage().resize_(0)\n        self.gathering, self.reducing = None, []  # nothing of the full tensor left\n        # --- Task 7.3 end ---',
+            'leave self.reducing'),
+    Mistake("7.3", "copies-its-piece-back", "template_fsdp.py",  # caught by chance: an unfilled self.full
+            '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+            '        if self.is_unsharded():  # keep my piece of the gathered weights in my shard, then free the rest\n            n = self.shard.numel()\n            with torch.no_grad():\n                self.shard.copy_(self.full[self.rank * n:(self.rank + 1) * n])\n        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+            'rounding the master weights to bf16'),
     # Task 7.4
     Mistake("7.4", "averages-twice", "template_fsdp.py",  # blocking, and divided before and after the sum
             "        handle = dist.reduce_scatter_tensor(piece, full_grad / self.world_size, op=dist.ReduceOp.SUM, "
@@ -4830,6 +4905,32 @@ RIGHT_ANSWERS = [
                 "    dist.all_reduce(counts)\n"
                 "    dist.all_reduce(loss)\n"
                 "    return counts[0].item(), counts[1].item(), loss.item()\n", ""),)),
+    # Task 2, trial 12 (2026-11-30): right answers written otherwise (a state_dict sent as an object, the division
+    # before the sum, a new .grad, a reduce then a broadcast, gathered Python numbers): each passes
+    RightAnswer("2.1", "state-dict-as-an-object", "'Make every rank's model an exact copy of rank src's, in place': rank src's state_dict sent by broadcast_object_list and loaded, which copies into the model's own tensors", (
+        Mistake("2.1", "state-dict-as-an-object", "template_trainer.py",
+                '    with torch.no_grad():  # an in-place write into a parameter must not be recorded by autograd\n        for tensor in list(model.parameters()) + list(model.buffers()):\n            dist.broadcast(tensor, src=src)\n',
+                "    state = [model.state_dict() if dist.get_rank() == src else None]\n    dist.broadcast_object_list(state, src=src)\n    model.load_state_dict(state[0])  # copies into the model's own tensors\n", ""),)),
+    RightAnswer("2.2", "divided-before-the-sum", "'its mean over all ranks': each rank's gradient divided by the world size, then summed, is the mean", (
+        Mistake("2.2", "divided-before-the-sum", "template_trainer.py",
+                '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= world_size\n',
+                "        param.grad /= world_size  # each rank's share of the mean, then the sum of the shares\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n", ""),)),
+    RightAnswer("2.2", "grad-replaced-by-the-mean", "'Replace every parameter's .grad with its mean over all ranks': a new .grad holding the mean is what the optimizer reads", (
+        Mistake("2.2", "grad-replaced-by-the-mean", "template_trainer.py",
+                '        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= world_size\n',
+                '        summed = param.grad.clone()\n        dist.all_reduce(summed, op=dist.ReduceOp.SUM)\n        param.grad = summed / world_size\n', ""),)),
+    RightAnswer("2.3", "reduce-then-broadcast", "'returned on every rank': the sums reduced to rank 0, then broadcast from it", (
+        Mistake("2.3", "reduce-then-broadcast", "template_trainer.py",
+                '    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n',
+                '    dist.reduce(sums, dst=0, op=dist.ReduceOp.SUM)\n    dist.broadcast(sums, src=0)\n', ""),)),
+    RightAnswer("2.3", "all-gather-objects", "'The sums over all ranks ... as (int, int, float)': every rank's Python numbers gathered, then summed, exactly", (
+        Mistake("2.3", "all-gather-objects", "template_trainer.py",
+                '    sums = torch.tensor([correct, total, loss_sum], dtype=torch.float64, device=device)\n    dist.all_reduce(sums, op=dist.ReduceOp.SUM)\n    correct, total, loss_sum = sums.tolist()\n    return int(correct), int(total), loss_sum\n',
+                '    every = [None] * dist.get_world_size()\n    dist.all_gather_object(every, (correct, total, loss_sum))\n    return sum(c for c, _, _ in every), sum(t for _, t, _ in every), float(sum(l for _, _, l in every))\n', ""),)),
+    RightAnswer("2.2", "async-all-then-waited", "'Replace every parameter's .grad with its mean': every all_reduce started with async_op=True, each waited for before its division", (
+        Mistake("2.2", "async-all-then-waited", "template_trainer.py",
+                '    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)\n        param.grad /= world_size\n',
+                '    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    handles = [dist.all_reduce(g, op=dist.ReduceOp.SUM, async_op=True) for g in grads]  # all in flight at once\n    for g, handle in zip(grads, handles):\n        handle.wait()\n        g /= world_size\n', ""),)),
     RightAnswer("3.1", "isend-to-all-then-wait", "'sends it to every other rank': the N-1 sends started together "
                 "with dist.isend, each Work waited for before returning", (
         Mistake("3.1", "isend-to-all-then-wait", "template_allreduce.py",
@@ -5167,6 +5268,24 @@ RIGHT_ANSWERS = [
                 "        pieces = list(self.full.chunk(self.world_size))  # views: the gather writes into self.full\n"
                 "        return dist.all_gather(pieces, self.shard.detach().to(self.compute_dtype), "
                 "async_op=async_op)\n", ""),)),
+    # Task 7, trial 12 (2026-11-30): right answers written otherwise (a row of a 2-D view, a blocking gather as an
+    # asynchronous one waited for, each view's storage freed): each passes
+    RightAnswer("7.1", "row-of-a-2d-view", "'cut it into world_size equal contiguous pieces ... as a copy': row rank of padded.view(world_size, -1), cloned", (
+        Mistake("7.1", "row-of-a-2d-view", "template_fsdp.py",
+                '    return padded[rank * shard_numel:(rank + 1) * shard_numel].clone()',
+                '    return padded.view(world_size, shard_numel)[rank].clone()', ""),)),
+    RightAnswer("7.2", "always-async-waited-when-blocking", "'returning None after a blocking gather is correct too': an asynchronous gather waited for at once when async_op=False", (
+        Mistake("7.2", "always-async-waited-when-blocking", "template_fsdp.py",
+                '        return dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)',
+                '        handle = dist.all_gather_into_tensor(self.full, self.shard.detach().to(self.compute_dtype), async_op=True)\n        if not async_op:\n            handle.wait()\n            return None\n        return handle', ""),)),
+    RightAnswer("7.3", "storage-freed-through-the-views", "'Free it in place': every view of self.full shares its one storage, and resizing that storage to 0 frees it", (
+        Mistake("7.3", "storage-freed-through-the-views", "template_fsdp.py",
+                '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+                '        for view in self.views(self.full):  # every view shares the one storage: freeing it once is enough\n            view.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---', ""),)),
+    RightAnswer("7.3", "frees-only-when-gathered", "'Free the memory of the full flat tensor': a full tensor already freed has nothing to free, so resizing only when is_unsharded() frees the same", (
+        Mistake("7.3", "frees-only-when-gathered", "template_fsdp.py",
+                '        self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---',
+                '        if self.is_unsharded():  # nothing to free otherwise\n            self.full.untyped_storage().resize_(0)\n        # --- Task 7.3 end ---', ""),)),
     RightAnswer("7.5", "all-gather-a-list-then-cat",
                 "'Gather each unit's shards (all_gather_into_tensor, into fp32)': an all_gather into a list of "
                 "shard-sized tensors, concatenated in rank order, is the same flat tensor, new", (

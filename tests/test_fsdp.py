@@ -99,7 +99,15 @@ def _tensors(seed=0):
 def _shard_flat(impl, numel, rank, world_size):
     """shard_flat's answer, and whether it shares flat's memory (a view: pickling would hide that)."""
     flat = torch.arange(1.0, numel + 1)
-    shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    # trial 12: memory left uninitialised (new_empty as padding) is NaN here, not the zeros it often happens to hold
+    # (deterministic mode turns on torch.utils.deterministic.fill_uninitialized_memory; torch's own setter, not
+    # torch.use_deterministic_algorithms, whose first call costs seconds of imports in each process)
+    deterministic, turn = torch.are_deterministic_algorithms_enabled(), torch._C._set_deterministic_algorithms
+    turn(True)
+    try:
+        shard = judging(impl, "7.1").shard_flat(flat, rank, world_size)
+    finally:
+        turn(deterministic)
     shares = torch.is_tensor(shard) and shard.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
     return shard, shares
 
@@ -125,12 +133,29 @@ def test_shard_flat_pads_and_takes_this_ranks_piece(impl, numel):
             f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes[0]} elements, not {expected}: "
             f"{numel} is already a multiple of {world_size}, so the padding must be 0, and it was {world_size} "
             f"zero{'s' if world_size > 1 else ''}, a whole shard's worth: pad by -numel % world_size (0 here), not world_size - numel % world_size")
+        if len(set(sizes)) == 1 and sizes[0] < expected:  # trial 12: round() or // where ceil is needed
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes[0]} elements, and "
+                        f"{world_size} x {sizes[0]} = {world_size * sizes[0]} < {numel}: the shards cannot hold all "
+                        f"of flat. A shard has ceil({numel} / {world_size}) = {expected} elements (-(-numel // "
+                        "world_size), or math.ceil), and flat is padded with zeros to that many times world_size first: "
+                        "numel / world_size rounded down or to the nearest is too few")
         assert sizes == [expected] * world_size, (
             f"{T71}: {numel} elements on {world_size} ranks gave shards of {sizes} elements: every shard must have "
             f"the same size, ceil({numel} / {world_size}) = {expected}, for all_gather_into_tensor and "
             "reduce_scatter_tensor; pad flat with zeros at the end to a multiple of the world size")
         padded = torch.cat([flat, torch.zeros(expected * world_size - numel)])
-        assert torch.equal(torch.cat(shards), padded), (
+        joined = torch.cat(shards)
+        if torch.equal(joined[:numel], flat) and joined[numel:].isnan().any():
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks: the shards hold flat, then padding "
+                        f"{joined[numel:].tolist()}, not zeros: the test fills memory that nothing wrote with NaN, so "
+                        "the padding came from uninitialised memory (new_empty, torch.empty), which holds whatever "
+                        "was there before. Pad with zeros (flat.new_zeros(padding))")
+        in_front = torch.cat([torch.zeros(expected * world_size - numel), flat])
+        if numel % world_size and torch.equal(joined, in_front):  # trial 12: torch.cat([zeros, flat])
+            pytest.fail(f"{T71}: {numel} elements on {world_size} ranks: the shards, concatenated, are the padding "
+                        f"zeros and then flat ({joined.tolist()}): pad at the END, torch.cat([flat, padding]), so "
+                        "that flat starts at element 0 of rank 0's shard, where the unit's views look for it")
+        assert torch.equal(joined, padded), (
             f"{T71}: the shards of ranks 0..{world_size - 1}, concatenated, must give back flat and then the padding "
             f"zeros (that is what all_gather_into_tensor puts together): rank r holds the r-th contiguous piece. "
             f"Got {torch.cat(shards).tolist()} for {padded.tolist()}")
@@ -216,18 +241,29 @@ def _unshard(rank, world_size, impl, compute_dtype):
     for async_op in (False, True):  # the hooks gather both ways: now, and ahead of time (prefetch)
         unit, padded = _bare_unit(fsdp_lib, rank, world_size, _tensors(), compute_dtype, gathered=False)
         full = unit.full
+        saved = full.view(-1)  # trial 12: a view made while freed, as autograd saves one for backward, must see the gather
         with Wire(poison=True) as wire:  # an asynchronous gather's outputs NaN until waited for: read early, seen
             try:
                 handle = unit.unshard(async_op=async_op)
             except RuntimeError as error:  # trial 9: gathered into self.full while it held no memory
-                if "out of bounds for storage of size 0" not in str(error) or unit.full.untyped_storage().nbytes():
-                    raise
-                return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                text = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                nbytes = unit.full.untyped_storage().nbytes()
+                if "out of bounds for storage of size 0" in str(error) and not nbytes:
+                    return "freed", text
+                # trial 12: memory given back by the element (numel(), not numel() x element_size())
+                if "out of bounds for storage of size" in str(error) and 0 < nbytes < unit.full.numel() * unit.full.element_size():
+                    return "short", nbytes, unit.full.numel(), unit.full.element_size()
+                # trial 12: the fp32 shard gathered into a bf16 self.full without .to(compute_dtype)
+                mixed = [call.tensors for call in wire.calls if len({dtype for dtype, _ in call.tensors}) > 1]
+                if "invalid tensor type" in str(error) and mixed:
+                    return "dtypes", mixed[0]
+                raise
             dropped = handle is None and _started_asynchronously(wire, "all_gather_into_tensor")
             if handle is not None:
                 handle.wait()
+        refilled = saved.untyped_storage().nbytes() > 0 and torch.equal(saved, unit.full.view(-1))
         results.append((async_op, dropped, unit.full is full, unit.full.clone(), padded.to(compute_dtype),
-                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes()))
+                        _moved(wire), _read_early(wire, unit.full), unit.full.untyped_storage().nbytes(), refilled))
     return results
 
 
@@ -235,12 +271,23 @@ def _unshard(rank, world_size, impl, compute_dtype):
 @pytest.mark.parametrize("world_size,compute_dtype", [(2, torch.float32), slow(3, torch.float32), (2, torch.bfloat16)])
 def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
     for rank, results in enumerate(run_ranks(_unshard, world_size, impl, compute_dtype)):
-        if isinstance(results, str):
+        if isinstance(results, tuple) and results[0] == "short":
+            _, nbytes, numel, size = results
+            pytest.fail(f"{T72}: unshard() gave self.full {nbytes} bytes of memory for its {numel} elements of {size} "
+                        f"bytes each ({numel * size} bytes), and the gather into it was refused as out of bounds: "
+                        "untyped_storage().resize_() takes a number of BYTES, numel() x element_size(), not of "
+                        "elements")
+        if isinstance(results, tuple) and results[0] == "dtypes":
+            pytest.fail(f"{T72}: unshard() called all_gather_into_tensor with tensors of different dtypes "
+                        f"{results[1]} (dtype, elements), and gloo refused it (invalid tensor type): the shard is "
+                        f"float32 (the parameters' dtype), self.full {str(compute_dtype).replace('torch.', '')} "
+                        "(compute_dtype): send self.shard.detach().to(self.compute_dtype)")
+        if isinstance(results, tuple):
             pytest.fail(f"{T72}: unshard() gathered into self.full while its memory was still freed (0 bytes, as "
-                        f"reshard() left it), and the collective refused it ({results}): give self.full its memory "
+                        f"reshard() left it), and the collective refused it ({results[1]}): give self.full its memory "
                         "back first, self.full.untyped_storage().resize_(numel() x element_size()), then "
                         "all_gather_into_tensor into it")
-        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes in results:
+        for async_op, dropped, same_tensor, full, expected, calls, read_early, nbytes, refilled in results:
             dtype, numel = str(compute_dtype).replace("torch.", ""), expected.numel()
             sent = [(name, tensors) for name, tensors in calls if any(d != dtype for d, _ in tensors)]
             assert not sent, (
@@ -251,6 +298,12 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
             assert gathered <= 2 * numel, (
                 f"{T72}: unshard() moved {gathered} elements through {[name for name, _ in calls]} to gather a "
                 f"{numel}-element unit: one all_gather_into_tensor(self.full, shard) is all it takes")
+            reducing = sorted({name for name, _ in calls if "reduce" in name})
+            assert not reducing, (  # trial 12: self.full zeroed, this rank's piece copied in, then all_reduce SUM
+                f"{T72}: unshard() gathered the shards with {reducing}: an all-reduce adds up the ranks' tensors "
+                "where each shard is only needed as it is (zeros elsewhere), and moves about twice the bytes of an "
+                "all-gather (a ring all-reduce is a reduce-scatter and then an all-gather of the whole tensor). "
+                "all_gather_into_tensor(self.full, shard) sends each shard once")
             assert not dropped, (
                 f"{T72}: unshard(async_op=True) started an asynchronous all-gather and returned None: return "
                 "what all_gather_into_tensor returns (its handle), so the caller can wait for the data")
@@ -263,6 +316,12 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
                                  "untyped_storage().resize_, then gather into it): the module's parameters are "
                                  "views of that very tensor")
             assert full.dtype == compute_dtype, f"{T72}: self.full must hold {compute_dtype}, got {full.dtype}"
+            assert refilled or not torch.equal(full, expected), (  # trial 12: self.full.set_(gathered), .data = gathered
+                f"{T72}: self.full holds the gathered shards, but a view of it made before unshard() (as autograd "
+                "saves the parameters for backward, and the module computes with) does not see them: unshard() "
+                "gave self.full other memory (self.full.set_(...), self.full.data = ...) instead of refilling its "
+                "own, so backward would read the freed one. Give back the memory of its own storage, "
+                "self.full.untyped_storage().resize_(numel() x element_size()), and gather into self.full")
             assert torch.equal(full, expected), (
                 f"{T72}: on rank {rank} of {world_size}, unshard(async_op={async_op}) did not leave every rank's "
                 f"shard in rank order in self.full (all_gather_into_tensor(self.full, shard)); first elements "
@@ -278,6 +337,7 @@ def test_unshard_gathers_every_shard_into_full(impl, world_size, compute_dtype):
 def test_reshard_frees_the_memory_in_place(impl):
     fsdp_lib = judging(impl, "7.3")
     unit, padded = _bare_unit(fsdp_lib, 0, 2, _tensors(), torch.float32, gathered=True)
+    unit.full.copy_(padded)  # what unshard() left
     full, shard = unit.full, unit.shard
     kept = shard.detach().clone()
     # the gradient of an earlier micro-batch, waiting for the next backward's to be added (accumulation)
@@ -319,6 +379,17 @@ def test_reshard_frees_the_memory_in_place(impl):
         f"{T73}: reshard() {'dropped' if grad is None else 'changed'} self.shard.grad: free only self.full's memory. "
         "reshard() runs after every forward and backward, so the gradient of an earlier micro-batch (two backwards "
         "before one optimizer.step(), as gradient accumulation does) would be lost")
+    # trial 12: this rank's piece of a bf16 self.full copied back into the fp32 shard (in fp32, the same numbers)
+    bf16_unit, bf16_padded = _bare_unit(fsdp_lib, 1, 2, _tensors(), torch.bfloat16, gathered=True)
+    bf16_unit.full.copy_(bf16_padded)  # what unshard() left: every shard, rounded to compute_dtype
+    bf16_kept = bf16_unit.shard.detach().clone()
+    bf16_unit.reshard()
+    if not torch.equal(bf16_unit.shard.detach(), bf16_kept):
+        rounded = torch.equal(bf16_unit.shard.detach(), bf16_kept.bfloat16().float())
+        pytest.fail(f"{T73}: with compute_dtype=bfloat16, reshard() changed self.shard" + (
+            " to this rank's piece of self.full: it copied the gathered bf16 weights back into the fp32 shard, "
+            "rounding the master weights to bf16 at every forward" if rounded else "") + ": keep the shard as "
+            "it is, the only lasting copy of the weights (what the optimizer updates); free only self.full's memory")
 
 
 def _unit_bytes(fsdp):
@@ -346,6 +417,10 @@ def _memory(rank, world_size, impl, prefetch):
     out = fsdp(x)
     after_forward = _unit_bytes(fsdp), _gathered_units(fsdp)
     F.mse_loss(out, torch.zeros_like(out)).backward()
+    # trial 12: reshard() (after each unit's backward) emptied self.reducing; the rest is solutions' code
+    pending = sum(len(unit.reducing) for unit in fsdp.units)
+    if not pending:
+        return "no reduce-scatter pending"
     fsdp.finish_gradient_synchronization()
     optimizer.step()
     persistent = sum(p.numel() * p.element_size() for p in fsdp.parameters())
@@ -361,8 +436,13 @@ def _memory(rank, world_size, impl, prefetch):
 @pytest.mark.task7_3
 @pytest.mark.parametrize("world_size,prefetch", [(2, True), (2, False), slow(4, True)])
 def test_each_rank_keeps_one_nth_and_gathers_one_unit_at_a_time(impl, world_size, prefetch):
-    for rank, (during, after_forward, after_step, persistent, unsharded, allowed) in enumerate(
-            run_ranks(_memory, world_size, impl, prefetch)):
+    for rank, result in enumerate(run_ranks(_memory, world_size, impl, prefetch)):
+        assert result != "no reduce-scatter pending", (
+            f"{T73}: after backward, rank {rank}'s units held no reduce-scatter (unit.reducing empty) for "
+            "finish_gradient_synchronization() to wait for, so no gradient reached the shards: reshard() runs after "
+            "each unit's backward, right after its reduce-scatter started; free only self.full's memory there and "
+            "leave self.reducing and self.gathering as they are")
+        during, after_forward, after_step, persistent, unsharded, allowed = result
         assert after_forward[0] == 0, (
             f"{T73}: after forward, rank {rank} still holds the gathered parameters (unit.full) of "
             f"{', '.join(after_forward[1])}: the given hook after each module's forward (FSDP._post_forward) calls "

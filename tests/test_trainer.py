@@ -7,6 +7,7 @@ rank 0's, against an independent reference: single-process training on the whole
 batch, PyTorch's DistributedDataParallel, or plain sums.
 """
 import copy
+import math
 
 import pytest
 import torch
@@ -61,14 +62,27 @@ def _broadcast(rank, world_size, impl, src, device):
     torch.manual_seed(100 + rank)  # every rank starts different, as in real life
     model = nn.Sequential(Awkward(), nn.BatchNorm1d(6)).to(device)
     model[1].running_mean.normal_()  # make the buffers differ between ranks too
+    model[1].num_batches_tracked += rank  # an int64 buffer: trial 12, skipped by is_floating_point() or sent as a copy
     before = _state(model)
     params = list(model.parameters())
-    trainer.broadcast_parameters(model, src=src)
+    sent, broadcast = [], dist.broadcast  # the memory of each tensor broadcast
+
+    def recording(tensor, *args, **kwargs):
+        sent.append(tensor.data_ptr())
+        return broadcast(tensor, *args, **kwargs)
+    dist.broadcast = recording
+    try:
+        trainer.broadcast_parameters(model, src=src)
+    finally:
+        dist.broadcast = broadcast
+    own = {name: t.data_ptr() for name, t in model.state_dict(keep_vars=True).items()}
+    # per tensor: whether dist.broadcast got the model's own tensor, and how many broadcasts there were in all
+    reached = ({name: ptr in sent for name, ptr in own.items()}, len(sent), len(set(own.values())))
     same_objects = all(a is b for a, b in zip(params, model.parameters()))
     still_leaves = all(p.is_leaf for p in model.parameters())
     on_return = _state(model)
     dist.barrier()  # gloo's barrier waits for this rank's earlier collectives: broadcasts still on their way land
-    return before, on_return, same_objects and still_leaves, _state(model)
+    return before, on_return, same_objects and still_leaves, _state(model), reached
 
 
 @pytest.mark.task2_1
@@ -77,7 +91,7 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
     results = run_ranks(_broadcast, world_size, impl, src, device)
     expected = results[src][0]  # rank src's model before the broadcast
     buffers = {"0.scale", "1.running_mean", "1.running_var", "1.num_batches_tracked"}
-    for rank, (_, after, in_place, later) in enumerate(results):
+    for rank, (_, after, in_place, later, (reached, sent, tensors)) in enumerate(results):
         assert in_place, f"{T21}: rank {rank}: copy into the model's own parameters, in place; do not replace them"
         for name, value in expected.items():
             if not torch.equal(after[name], value):
@@ -90,6 +104,14 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
                                 "half-copied weights")
                 hint = ("broadcast the buffers too (model.buffers()): BatchNorm's running statistics are buffers"
                         if kind == "buffer" else f"every rank must call dist.broadcast(tensor, src={src}) for every parameter")
+                if name == "1.num_batches_tracked" and not reached[name]:  # trial 12: skipped, or sent as a copy
+                    hint = ("broadcast every buffer, integer ones too: BatchNorm's num_batches_tracked is an int64 "
+                            "buffer (is_floating_point() is False), the count of steps each rank took")
+                if not reached[name] and sent >= tensors:  # trial 12: as many broadcasts as tensors, not into this one
+                    hint = (f"broadcast_parameters issued {sent} broadcasts for the model's {tensors} tensors, but "
+                            f"none into '{name}' itself: it broadcast a copy of it (.float(), .to(), .clone() and "
+                            "torch.tensor(...) make new memory), and the values never reached the model. Pass the "
+                            "model's own tensor to dist.broadcast, which writes into it in place")
                 if name == "0.frozen":
                     hint = ("a frozen parameter (requires_grad=False) is part of the model too, and each rank "
                             f"initialised it with its own numbers: broadcast every parameter, trainable or not")
@@ -105,8 +127,33 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
 
 
 # --------------------------------------------------------------------------- Task 2.2
-# a float64 parameter's gradients, rank + 1 times this: float32 rounds the factor to 1
+# a float64 parameter's gradients, rank + 1 times this: float32 rounds FINE to 1, and the averages (1.25, 1.875 and
+# 2.5 times FINE on 1, 2 and 3 ranks) are no whole numbers, so floor division (//) is told from float32 (trial 12)
 FINE = 1 + 2 ** -40
+PRECISE = 1.25 * FINE
+
+
+class _Watched:
+    """An all_reduce's Work that remembers whether it was waited for (wait(), its Future, is_completed() True)."""
+
+    def __init__(self, work):
+        self.work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self.waited = True
+        return self.work.get_future()
+
+    def is_completed(self):
+        done = self.work.is_completed()
+        self.waited = self.waited or done
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
 
 
 def _known_gradients(rank, world_size, impl):
@@ -116,12 +163,21 @@ def _known_gradients(rank, world_size, impl):
     for param in model.parameters():
         if param.requires_grad:
             param.grad = torch.full_like(param, float(rank + 1))
-    model.precise.grad.mul_(FINE)
+    model.precise.grad.mul_(PRECISE)
     reduced, all_reduce = [], dist.all_reduce  # which tensors were all-reduced, by their memory
+    # trial 12: what was reduced instead of a gradient that was only divided: the weight, or a copy of the gradient
+    memory = {name: (p.data_ptr(), None if p.grad is None else p.grad.data_ptr()) for name, p in model.named_parameters()}
+
+    started = []  # trial 12: the Work of each all_reduce started with async_op=True, and whether it was waited for
 
     def recording(tensor, *args, **kwargs):
         reduced.append(tensor.data_ptr())
-        return all_reduce(tensor, *args, **kwargs)
+        _same_size_on_every_rank(tensor, [None] * (len(reduced) - 1))
+        work = all_reduce(tensor, *args, **kwargs)
+        if work is not None:
+            work = _Watched(work)
+            started.append(work)
+        return work
     dist.all_reduce = recording
     try:
         trainer.average_gradients(model)
@@ -129,33 +185,57 @@ def _known_gradients(rank, world_size, impl):
         dist.all_reduce = all_reduce
     tied = model.embed.weight.grad.data_ptr()
     grads = {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
-    return grads, reduced.count(tied)
+    instead = {name: ("weights" if weight in reduced else "copy" if grad is not None and grad not in reduced else None)
+               for name, (weight, grad) in memory.items()}
+    instead["never waited"] = sum(not work.waited for work in started)
+    return grads, reduced.count(tied), instead
 
 
 @pytest.mark.task2_2
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_gradients_become_the_average_on_every_rank(impl, world_size):
     results = run_ranks(_known_gradients, world_size, impl)
-    tied_reductions = [count for _, count in results]
-    results = [grads for grads, _ in results]
-    mean = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size
+    tied_reductions = [count for _, count, _ in results]
+    instead = [what for _, _, what in results]
+    results = [grads for grads, _, _ in results]
+    average = sum(range(1, world_size + 1)) / world_size  # ranks hold 1, 2, ..., world_size (precise: x PRECISE)
     firsts = [{name: g.flatten()[0].item() for name, g in grads.items() if g is not None} for grads in results]
     for rank, grads in enumerate(results):
         assert grads["frozen"] is None, f"{T22}: the frozen parameter has no gradient; leave its .grad as None"
+        unwaited = instead[rank]["never waited"]
+        assert not unwaited, (
+            f"{T22}: rank {rank} started {unwaited} all_reduce(async_op=True) and returned without waiting for "
+            "their Work, so nothing made sure the sums had arrived before the gradients were divided and returned. Keep "
+            "each handle and "
+            "call handle.wait() before dividing and before returning")
         for name, grad in grads.items():
             if grad is None:
                 continue
-            value = firsts[rank][name]
+            value, mean = firsts[rank][name], average * (PRECISE if name == "precise" else 1)
             if abs(value - mean) > 1e-6 and abs(value - mean * world_size) < 1e-6:
                 pytest.fail(f"{T22}: rank {rank}'s gradients are {world_size}x the average ({value} instead of "
                             f"{mean}): all_reduce SUM gives the sum; divide it by the world size")
             if abs(value - mean) > 1e-6 and rank > 0 and abs(firsts[0][name] - mean) < 1e-6:
                 pytest.fail(f"{T22}: rank 0 has the average gradient of '{name}' ({mean}) but rank {rank} has "
                             f"{value}: every rank must receive the result (dist.all_reduce, not dist.reduce)")
+            own = (rank + 1) * (PRECISE if name == "precise" else 1)  # this rank's gradient before the call
+            if abs(value - mean) > 1e-6 and abs(value - own / world_size) < 1e-9 and instead[rank][name]:
+                # trial 12: divided by the world size, never summed: the all_reduce went elsewhere
+                pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is its own gradient divided by the world "
+                            f"size ({own} / {world_size} = {value}), never summed over the ranks: " + (
+                                "average_gradients all-reduced the parameter itself (param or param.data, the "
+                                "WEIGHTS), not its gradient: all_reduce param.grad"
+                                if instead[rank][name] == "weights" else
+                                "the all_reduce never got param.grad itself but a copy of it (.float(), .to(), "
+                                ".clone() and torch.cat make new memory), and its sum went nowhere: all_reduce "
+                                "param.grad in place, or copy the reduced values back into it"))
+            if abs(value - mean) > 1e-6 and value == math.floor(mean):  # trial 12: param.grad //= world_size
+                pytest.fail(f"{T22}: rank {rank}'s gradient of '{name}' is {value}, the average {mean} rounded down "
+                            "to a whole number: // is floor division; divide with / (param.grad /= world_size)")
             assert torch.allclose(grad, torch.full_like(grad, mean)), (
                 f"{T22}: rank {rank}'s gradient of '{name}' should be the average over ranks, {mean}, "
                 f"got values like {value}")
-        precise, exact = grads["precise"], mean * FINE
+        precise, exact = grads["precise"], average * PRECISE
         if precise.dtype != torch.float64 or (precise - exact).abs().max().item() > 1e-14:
             rounded = torch.tensor(exact, dtype=torch.float32).item()
             pytest.fail(f"{T22}: rank {rank}'s gradient of a float64 parameter came back as {precise.dtype} "
@@ -183,8 +263,31 @@ def _global_batches(steps=4, per_rank=5, world_size=3):
             for _ in range(steps)]
 
 
+def _same_size_on_every_rank(tensor, calls):
+    """Before an all_reduce of `tensor`: fail if another rank's all_reduce at the same point has another size (gloo
+    aborts in C code on it, with no word of the cause). `calls` counts this rank's all_reduces."""
+    calls.append(tensor.numel())
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([tensor.numel()]))
+    sizes = [int(size) for size in sizes]
+    if len(set(sizes)) > 1:
+        raise AssertionError(
+            f"{T22}: at its all_reduce number {len(calls)}, the ranks reduced tensors of {sizes} elements (rank 0, "
+            "1, ...): they went through the gradients in different orders, so each all_reduce would add up "
+            "different parameters' gradients. set(model.parameters()) orders them by memory address, another "
+            "order on every rank: go through model.parameters(), in its order (it lists a tied weight once)")
+
+
 def _average_gradients_of(trainer, model):
-    """average_gradients(model), where Awkward's unused parameter requires grad and has no .grad."""
+    """average_gradients(model), where Awkward's unused parameter requires grad and has no .grad; each all_reduce
+    first checks that every rank reduces a tensor of the same size (trial 12: set(model.parameters()) orders them by
+    memory address, another order on each rank, and gloo crashed in C code on the sizes that differed)."""
+    all_reduce, calls = dist.all_reduce, []
+
+    def same_size_everywhere(tensor, *args, **kwargs):
+        _same_size_on_every_rank(tensor, calls)
+        return all_reduce(tensor, *args, **kwargs)
+    dist.all_reduce = same_size_everywhere
     try:
         trainer.average_gradients(model)
     except (TypeError, AttributeError) as error:
@@ -195,6 +298,8 @@ def _average_gradients_of(trainer, model):
             f"{T22}: average_gradients raised {type(error).__name__}: {error}. The parameter {unused[0]!r} "
             "requires grad but forward never uses it, so its .grad is None after backward: skip the parameters "
             "whose .grad is None (not only those with requires_grad=False)") from error
+    finally:
+        dist.all_reduce = all_reduce
 
 
 def _data_parallel_training(rank, world_size, impl):
@@ -248,7 +353,7 @@ def _cnn_step(rank, world_size, impl, device):
     images, labels = torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
     local = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
     F.cross_entropy(model(images[local].to(device)), labels[local].to(device)).backward()
-    trainer.average_gradients(model)
+    _average_gradients_of(trainer, model)
     return {name: p.grad.cpu() for name, p in model.named_parameters()}
 
 
@@ -293,6 +398,11 @@ def test_every_rank_gets_the_global_sums(impl, device):
         if not right and rank > 0 and results[0][:2] == expected[:2]:
             pytest.fail(f"{T23}: rank 0 got the sums {results[0]} but rank {rank} got {got}: every rank must get "
                         "them (dist.all_reduce; dist.reduce leaves the result on one rank only)")
+        truncated = {math.floor(expected[2]), sum(math.floor(loss) for _, _, loss in COUNTS)}
+        if not right and (correct, total) == expected[:2] and loss_sum in truncated:  # trial 12: an int64 tensor
+            pytest.fail(f"{T23}: rank {rank} got loss_sum {loss_sum!r}, the sum over the ranks {expected[2]} with its "
+                        "fractions cut off: it went through an integer tensor (dtype=torch.int64, or .long() / "
+                        ".int()), which truncates the losses. Reduce loss_sum in a floating-point tensor (float64)")
         assert right, (
             f"{T23}: rank {rank} got {got}, expected the sum over the 3 ranks {expected}: sum the counts "
             "(never average them: the ranks hold different numbers of images)")
