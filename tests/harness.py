@@ -224,6 +224,10 @@ def start_forkserver(dynamo=True, symbolic_shapes=True):
     # optimizer in pytest's process); and without it at all, where no test needs it: 0.3 10.5 -> 6.1 s (3 runs
     # each, alternating, 2026-11-29 17:14, `import torch` 4.8-5.6 s and with torch._dynamo 8.3-9.2 s).
     if dynamo:
+        # torch._dynamo imports triton, where it is installed (torch's CUDA wheels bring it), only to know that it is
+        # there: 0.35-0.6 s of a check (8.4 and 12.3 alternating, 2026-11-30), and no test compiles anything. Marked
+        # missing here, for this process and the ranks forked from it; a fresh Python (train_ddp.py) sees it as ever.
+        sys.modules.setdefault("triton", None)
         import torch._dynamo  # noqa: F401
     else:
         _context.set_forkserver_preload(["torch", "torch.distributed", *([SYMBOLIC_SHAPES] if symbolic_shapes else [])])
