@@ -5799,6 +5799,23 @@ RIGHT_ANSWERS = [
                 "    with torch.no_grad():\n        attn.qkv.weight.copy_(attn.qkv.weight[order])\n"
                 "        if attn.qkv.bias is not None:\n            attn.qkv.bias.copy_(attn.qkv.bias[order])\n"
                 "    attn.qkv = column.from_linear(attn.qkv, group)\n", ""),)),
+    RightAnswer("16.2", "sorted-by-one-key", "'ordered by expert ..., and within an expert in token order': one "
+                "key, expert * T + token, sorts the kept pairs so (a token picks an expert once: no ties)", (
+        Mistake("16.2", "sorted-by-one-key", "template_experts.py",
+                "    order = torch.argsort(expert, stable=True)  # by expert; within one, token order stays\n",
+                "    order = torch.argsort(expert * routing.kept.shape[0] + token)  # one key: expert, then token\n",
+                ""),)),
+    RightAnswer("16.2", "counts-from-one-hot", "'the number of pairs per expert': the one-hot rows of the "
+                "experts summed are those counts, int64 as bincount's (and E zeros where T is 0)", (
+        Mistake("16.2", "counts-from-one-hot", "template_experts.py",
+                "    counts = torch.bincount(expert, minlength=num_experts)  # pairs this rank sends to each expert\n",
+                "    counts = torch.nn.functional.one_hot(expert, num_experts).sum(dim=0)\n", ""),)),
+    RightAnswer("16.3", "index-put-accumulated", "'y[t] = the sum over token t's kept choices': index_put with "
+                "accumulate=True adds each weighted row at its token, as index_add does (differentiable alike)", (
+        Mistake("16.3", "index-put-accumulated", "template_experts.py",
+                "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
+                "    return back.new_zeros((tokens, back.shape[-1])).index_put((plan.token,), gate * back, "
+                "accumulate=True)\n", ""),)),
 ]
 
 
