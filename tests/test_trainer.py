@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import load
 from harness import run_ranks
+from wire import Wire
 from models import CNN
 
 T21 = "Task 2.1 (template_trainer.py, broadcast_parameters)"
@@ -114,7 +115,7 @@ def test_broadcast_makes_every_rank_a_copy_of_src(impl, world_size, src, device)
                             "model's own tensor to dist.broadcast, which writes into it in place")
                 if name == "0.frozen":
                     hint = ("a frozen parameter (requires_grad=False) is part of the model too, and each rank "
-                            f"initialised it with its own numbers: broadcast every parameter, trainable or not")
+                            "initialised it with its own numbers: broadcast every parameter, trainable or not")
                 # every rank holds one other rank's values: that rank was the source, not src
                 fixed = [r for r in range(world_size) if r != src and all(
                     torch.equal(results[k][1][name], results[r][0][name]) for k in range(world_size))]
@@ -133,29 +134,6 @@ FINE = 1 + 2 ** -40
 PRECISE = 1.25 * FINE
 
 
-class _Watched:
-    """An all_reduce's Work that remembers whether it was waited for (wait(), its Future, is_completed() True)."""
-
-    def __init__(self, work):
-        self.work, self.waited = work, False
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        return self.work.wait(*args, **kwargs)
-
-    def get_future(self):
-        self.waited = True
-        return self.work.get_future()
-
-    def is_completed(self):
-        done = self.work.is_completed()
-        self.waited = self.waited or done
-        return done
-
-    def __getattr__(self, name):
-        return getattr(self.work, name)
-
-
 def _known_gradients(rank, world_size, impl):
     trainer = load(impl, "template_trainer")
     model = Awkward()
@@ -164,30 +142,26 @@ def _known_gradients(rank, world_size, impl):
         if param.requires_grad:
             param.grad = torch.full_like(param, float(rank + 1))
     model.precise.grad.mul_(PRECISE)
-    reduced, all_reduce = [], dist.all_reduce  # which tensors were all-reduced, by their memory
+    reduced = []  # which tensors were all-reduced, by their memory
     # trial 12: what was reduced instead of a gradient that was only divided: the weight, or a copy of the gradient
     memory = {name: (p.data_ptr(), None if p.grad is None else p.grad.data_ptr()) for name, p in model.named_parameters()}
+    with Wire(kinds=("all_reduce",)) as wire:  # trial 12: and whether each one started async_op=True was waited for
+        all_reduce = dist.all_reduce  # the wire's
 
-    started = []  # trial 12: the Work of each all_reduce started with async_op=True, and whether it was waited for
-
-    def recording(tensor, *args, **kwargs):
-        reduced.append(tensor.data_ptr())
-        _same_size_on_every_rank(tensor, [None] * (len(reduced) - 1))
-        work = all_reduce(tensor, *args, **kwargs)
-        if work is not None:
-            work = _Watched(work)
-            started.append(work)
-        return work
-    dist.all_reduce = recording
-    try:
-        trainer.average_gradients(model)
-    finally:
-        dist.all_reduce = all_reduce
+        def recording(tensor, *args, **kwargs):
+            reduced.append(tensor.data_ptr())
+            _same_size_on_every_rank(tensor, [None] * (len(reduced) - 1))
+            return all_reduce(tensor, *args, **kwargs)
+        dist.all_reduce = recording
+        try:
+            trainer.average_gradients(model)
+        finally:
+            dist.all_reduce = all_reduce
     tied = model.embed.weight.grad.data_ptr()
     grads = {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
     instead = {name: ("weights" if weight in reduced else "copy" if grad is not None and grad not in reduced else None)
                for name, (weight, grad) in memory.items()}
-    instead["never waited"] = sum(not work.waited for work in started)
+    instead["never waited"] = sum(not call.waited for call in wire.calls)
     return grads, reduced.count(tied), instead
 
 
