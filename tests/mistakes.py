@@ -7,6 +7,7 @@ wrong answer that the tests let through.
 """
 import dataclasses
 import os
+import shutil
 
 from grading.course import copy_course
 
@@ -5826,6 +5827,7 @@ def make_submission(dest, mistakes=(), repo=REPO):
     The tests in the copy are this repository's, so `pytest --impl template` there checks
     the wrong answers."""
     copy_course(dest, repo)
+    _copy_compiled_files(repo, dest)
     for name in os.listdir(os.path.join(repo, "solutions")):
         if name.startswith("template_") and name.endswith(".py"):
             with open(os.path.join(repo, "solutions", name)) as f:
@@ -5836,3 +5838,13 @@ def make_submission(dest, mistakes=(), repo=REPO):
             with open(os.path.join(dest, name), "w") as f:
                 f.write(text)
     return dest
+
+
+def _copy_compiled_files(repo, dest):
+    """The course's __pycache__ folders, where the copy has the folder: Python and pytest take a compiled file
+    only while its source has the size and mtime it was compiled from (copy_course keeps both), so each copy's
+    pytest and ranks no longer compile the tests, solutions/ and support/ again (the templates, rewritten, are)."""
+    for folder, subfolders, _ in os.walk(dest):
+        cache = os.path.join(repo, os.path.relpath(folder, dest), "__pycache__")
+        if os.path.isdir(cache) and "__pycache__" not in subfolders:
+            shutil.copytree(cache, os.path.join(folder, "__pycache__"))

@@ -13,6 +13,7 @@ the failure must say what is likely wrong (the mistake's hint).
 """
 import os
 import re
+import shutil
 import signal
 import time
 import xml.etree.ElementTree as ElementTree
@@ -87,6 +88,7 @@ def test_the_tests_catch_this_mistake(mistake, request, tmp_path_factory, warm, 
     # and that message names the task (issue 32): the test's own words, or conftest.py's (harness.named_failure)
     assert re.search(rf"\bTasks? (?:[\d.]+, )*{re.escape(mistake.task)}\b", messages[0]), (
         f"the failure does not name Task {mistake.task}: {messages[0]}")
+    shutil.rmtree(report.parent)  # its copy of the course, as pytest removes a passing test's tmp_path (pytest.ini)
 
 
 @pytest.mark.slow
@@ -210,6 +212,22 @@ def test_the_warm_server_leaves_no_rank_behind(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the warm server's group outlived it: {left}"
+
+
+@pytest.mark.slow
+def test_a_warm_run_leaves_no_temporary_folder_behind(tmp_path):
+    """Each run writes its tmp_path under its own --basetemp, removed once its result is read. pytest's default
+    folder in /tmp/pytest-of-USER stayed locked by a child that ends with os._exit, so none was ever cleaned."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_where.py").write_text(
+        f"def test_where(tmp_path):\n    (tmp_path / 'x').write_text('x')\n"
+        f"    open({str(tmp_path / 'where.txt')!r}, 'w').write(str(tmp_path))\n")
+    with WarmPytest() as warm:
+        returncode, out = warm.run(["-q", "-p", "no:cacheprovider", "tests/test_where.py"], cwd=tmp_path, timeout=60)
+        assert returncode == 0, out
+        used = (tmp_path / "where.txt").read_text()
+        assert used.startswith(warm._folder.name + os.sep), f"the run's tmp_path was {used}"
+        assert not os.path.exists(used), f"{used} is left after the run's result was read"
 
 
 def _processes_in(group):
