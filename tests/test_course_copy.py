@@ -67,8 +67,12 @@ def test_a_copy_holds_what_git_tracks_with_the_untouched_templates(clone, tmp_pa
 
 
 def test_prepared_submissions_and_grading_copies_leave_the_venv_out(clone, tmp_path):
+    _write(clone, "tests/__pycache__/test_a.cpython-311.pyc", "compiled")  # Python's, of the course's files
+    _write(clone, "data/__pycache__/x.cpython-311.pyc", "compiled")
     submission = make_submission(str(tmp_path / "submission"), repo=clone)
     assert ".venv" not in os.listdir(submission) and "data" not in os.listdir(submission)
+    assert _read(submission, "tests/__pycache__/test_a.cpython-311.pyc") == "compiled", (
+        "a prepared submission takes the compiled files of the course's folders (no copy compiles them again)")
     assert _read(submission, "template_a.py") == FILLED  # the solutions, as make_submission promises
     graded = str(tmp_path / "graded")
     make_grading_copy({}, graded, {os.path.realpath(os.path.join(clone, "tests"))}, repo=clone)
