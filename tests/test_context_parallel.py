@@ -471,6 +471,11 @@ class Recorder:
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
 
+    def not_waited(self):
+        """(receives, sends) of the ring posted and never waited for, so far: a receive's Work still unwaited, a
+        send's Work unwaited or let go of unwaited."""
+        return len(self.unwaited_recvs), len(self.unwaited) + len(self.dropped)
+
     def take(self):
         """What happened since the last take: (messages, collectives, events, blocks, alive peak)."""
         calls = self.wire.calls[getattr(self, "_taken", 0):]
@@ -548,6 +553,10 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
     with Recorder(cp, k, v, size, layout, 2 * k_l.numel(), {"15.2": T152, "15.3": T153}.get(task, T154)) as rec:
         out = cp.ring_attention(q_l, k_l, v_l, None, causal, layout)
         forward = rec.take()
+        forward.update(alive_after=rec.alive(), not_waited=rec.not_waited(), on_ctx=[  # what the forward left behind
+            f"{name} (a {type(value).__name__} of tensors)" for name, value in vars(out.grad_fn).items()
+            if isinstance(value, (list, tuple, dict))
+            and any(torch.is_tensor(t) for t in (value.values() if isinstance(value, dict) else value))])
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         saved_lse = out.grad_fn.saved_tensors[4].detach().clone() if len(saved) == 5 else None
         saved_out = out.grad_fn.saved_tensors[3].detach().clone() if len(saved) == 5 else None
@@ -584,6 +593,8 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
                    else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
                 "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
+        if back is not None:
+            back["not_waited"] = rec.not_waited()
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
                 saved_lse=saved_lse, saved_out=saved_out,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
@@ -676,6 +687,7 @@ def _check_forward(rank, size, got, causal, layout, shape):
     fwd, kv_numel = got["forward"], 2 * out.numel()
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
     own = token_chunks_of(rank, size, out.shape[2], layout)
+    _check_all_waited(T152, rank, "forward", fwd.get("not_waited"))
     if not _close(got["out"], out):
         other_dtypes = sorted({m[1] for m in fwd["messages"]} - {"float64"})
         if other_dtypes:
@@ -744,6 +756,13 @@ def _check_forward(rank, size, got, causal, layout, shape):
         f"({size - 1} x {kv_numel} float64 elements: k and v of its {out.shape[2]} tokens, N - 1 times)")
     assert all(m[3] == (rank + 1) % size for m in sends), (
         f"{T152}: rank {rank} sent to ranks {sorted({m[3] for m in sends})}: the ring sends to r + 1 only")
+    if fwd.get("alive_after"):  # measured once forward returned: nothing of the ring is needed any more
+        on_ctx = fwd.get("on_ctx")
+        pytest.fail(f"{T152}: rank {rank}'s RingAttention.forward returned with {fwd['alive_after']:g} other ranks' K/V "
+                    "blocks still alive" + (f", held by ctx.{on_ctx[0]}" if on_ctx else "") +
+                    ": every received block must be let go of once its step is done; backward sends the blocks round "
+                    "again and needs only q, k, v, out and lse (save_for_backward), so a block kept for it stays in "
+                    "memory from the forward to the backward (N - 1 blocks: the whole K and V on every rank)")
     assert fwd["alive_peak"] <= 2 + 1e-9, (
         f"{T152}: rank {rank} held {fwd['alive_peak']:g} other ranks' K/V blocks at once: at most 2 (the one being "
         f"computed and the one arriving); let each go once the next has arrived{WORK_KEEPS_ITS_TENSOR}")
@@ -769,6 +788,19 @@ def _check_forward(rank, size, got, causal, layout, shape):
                        "named out, reused in the loop?); save the merged out, the one it returns" if alone is not None
                        else f" (it differs by {(saved_out - out).abs().max():.3g})")
                     + ": the backward's D = rowsum(dout * out) needs the whole attention's output")
+
+
+def _check_all_waited(name, rank, when, not_waited):
+    """Said before the values, which a receive not waited for may or may not spoil (gloo writes its buffer when the
+    message arrives): a Work of the ring that the forward or backward returned without waiting for."""
+    receives, sends = not_waited or (0, 0)
+    if receives or sends:
+        pytest.fail(f"{name}: rank {rank}'s RingAttention.{when} returned without waiting for "
+                    + " and ".join(f"{n} {what}{'s' if n > 1 else ''}" for n, what in (
+                        (receives, "dist.irecv"), (sends, "dist.isend")) if n)
+                    + " that it posted: wait for every Work once, the last step's too (until a receive's wait() "
+                    "returns, its buffer may hold anything: what it returns from it is then right or not by chance; "
+                    "on gloo a send whose Work is dropped unfinished is cancelled)")
 
 
 def _check_block_pairs(cp):
@@ -1007,6 +1039,7 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
     back, kv_numel = got["backward"], 2 * grads[1].numel()
     sends = [m for m in back["messages"] if m[0] in ("send", "isend")]
     sent = sum(m[2] for m in sends)
+    _check_all_waited(name, rank, "backward", back.get("not_waited"))
     for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
         if not _close(g, e):
             why = ""
@@ -1017,6 +1050,11 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
+            elif g.shape == e.shape and torch.equal(g, g.float().double()) and not torch.equal(e, e.float().double()):
+                why = (f": every value of it is a float32 number, though q, k, v and the output gradient are float64: "
+                       f"{what} was accumulated or returned in float32 (a buffer made with dtype=torch.float32, or "
+                       "with torch.zeros(shape), torch's default dtype; or a .float()), and autograd cast it back to "
+                       "q's dtype; keep the inputs' dtype (torch.zeros_like)")
             elif (outside := _outside_the_sequence(back["blocks"], shape[2])) is not None:
                 why = f": rank {rank}'s backward computed a block {_outside_said(outside, shape[2])}"
             elif wrong_way:
@@ -1580,7 +1618,7 @@ def _vit_step(rank, size, impl, cp_size, attention):
     group = None if cp_size == size else [dist.new_group(list(range(g, g + cp_size)))
                                           for g in range(0, size, cp_size)][rank // cp_size]
     pooling = _pooling(rank, size, impl, group)
-    if "grad_error" in pooling:
+    if "grad_error" in pooling or pooling["y"].dtype != torch.float64:  # said by the test: the ViT would raise
         return pooling, None, None
     vit = _tiny_vit()
     model = cp.ContextParallelViT(vit, group, attention)
@@ -1604,6 +1642,16 @@ def _vit_step(rank, size, impl, cp_size, attention):
         except (AttributeError, TypeError) as error:
             grads["frozen"] = one_line(error)
     grads["frozen_sent"] = [c.sent for c in frozen_wire.calls]
+    if size == 3:  # with group=, in the groups [0] and [1, 2] (one replica each, cp_size 1 and 2): a module of two
+        groups = [dist.new_group([0]), dist.new_group([1, 2])]  # parameters, .grad = rank + 1 (a few ms)
+        small = torch.nn.Module()
+        small.body, small.head = torch.nn.Linear(2, 1, bias=False).double(), torch.nn.Linear(1, 1, bias=False).double()
+        for p in small.parameters():
+            p.grad = torch.full_like(p, rank + 1.0)
+        with Wire() as group_wire:
+            cp.average_context_parallel_gradients(small, 1 if rank == 0 else 2, groups[min(rank, 1)])
+        grads["in_group"] = ({name: p.grad.flatten()[0].item() for name, p in small.named_parameters()},
+                             sorted({c.group_size for c in group_wire.calls}))
     return pooling, grads, [c.sent for c in wire.calls]
 
 
@@ -1623,6 +1671,11 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     expected = _single_process_grads()
     results = run_ranks(_vit_step, size, impl, cp_size, attention)
     for rank, (pooling, _, _) in enumerate(results):
+        assert pooling.get("grad_error") or pooling["y"].dtype == torch.float64, (
+            f"{T156}: sequence_mean on rank {rank} returned {str(pooling['y'].dtype).replace('torch.', '')} for a "
+            "float64 x: the token sum was made or all-reduced in another dtype (a buffer made with torch.zeros(shape) "
+            "is torch's default, float32; or a .float()), and the head, float64, cannot take it; keep x's dtype "
+            "(x.sum(dim=1) is a new tensor already)")
         assert "grad_error" not in pooling, (
             f"{T156}: sequence_mean's backward on rank {rank} returned a gradient of the wrong shape for x (B, S / N, "
             f"dim) = (2, 3, 4) ({pooling.get('grad_error')}): the gradient of x has x's shape: each of this rank's "
@@ -1650,6 +1703,22 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
         frozen, frozen_sent = grads.pop("frozen"), grads.pop("frozen_sent")
+        in_group = grads.pop("in_group", None)
+        if in_group is not None:
+            members = [0] if rank == 0 else [1, 2]
+            expected_small = dict(zip(("body.weight", "head.weight"), (1.0, 1.0) if rank == 0 else (5.0, 2.5)))
+            where = (f"{T156}: rank {rank}'s average_context_parallel_gradients(model, cp_size={len(members)}, group) "
+                     f"in the group {members} of 3 ranks (one replica of {len(members)} rank"
+                     f"{'s' if len(members) > 1 else ''})")
+            assert in_group[1] in ([], [len(members)]), (
+                f"{where} ran its all-reduce over {', '.join(map(str, in_group[1]))} ranks, not over the {len(members)} of the group it was "
+                "given: pass group=group to the collective (the default group is all 3)")
+            by_the_world = dict(zip(("body.weight", "head.weight"), (1 / 3, 1 / 3) if rank == 0 else (5.0, 5 / 3)))
+            assert in_group[0] == expected_small, (
+                f"{where}: a module whose .grads are rank + 1 got {in_group[0]}, expected {expected_small}"
+                + (": divided by the world's 3 ranks, not the group's: the ranks and the replicas are those of `group`, "
+                   "dist.get_world_size(group)" if all(abs(in_group[0][n] - by_the_world[n]) < 1e-12 for n in by_the_world)
+                   else ""))
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
         kinds = sorted({dtype for _, dtype, _ in sent})
         assert kinds in ([], ["float64"]), (
