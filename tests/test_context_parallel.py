@@ -167,6 +167,34 @@ def test_merge_is_the_attention_over_both_blocks(impl, case):
         assert torch.allclose(got_out, expected, rtol=1e-9, atol=1e-12), f"{T151}: not SDPA's result ({case})"
 
 
+@pytest.mark.task15_1
+def test_merge_of_bfloat16_blocks_is_bfloat16(impl):
+    """bfloat16 blocks (rows masked in one side and in both): the merge returns bfloat16 out and lse, computed in
+    bfloat16 or in float32 and cast back, within bfloat16's rounding of the float64 merge of the same blocks."""
+    cp = judging(impl, "15.1")
+    q, k_a, v_a, k_b, v_b, causal, q_pos, a_pos, b_pos = _blocks("some rows masked in both")
+    out_a, lse_a = cp.attention_block(*(t.bfloat16() for t in (q, k_a, v_a)), causal, q_pos, a_pos)
+    out_b, lse_b = cp.attention_block(*(t.bfloat16() for t in (q, k_b, v_b)), causal, q_pos, b_pos)
+    got_out, got_lse = cp.merge_attention(out_a, lse_a, out_b, lse_b)
+    assert got_out.dtype == got_lse.dtype == torch.bfloat16, (
+        f"{T151}: merge_attention of bfloat16 blocks returned out in {str(got_out.dtype).replace('torch.', '')} and "
+        f"lse in {str(got_lse.dtype).replace('torch.', '')}: a tensor made in torch's default dtype (torch.zeros(shape), "
+        "torch.full(shape, ...)) or a .float() promoted the merge to float32; return the inputs' dtype, as "
+        "attention_block over both blocks would (computing in float32 inside is fine: cast back)")
+    if torch.isnan(got_out).any() or torch.isnan(got_lse).any():
+        pytest.fail(f"{T151}: NaN in the merge of bfloat16 blocks (float64 ones gave none): where both sides are -inf, "
+                    "lse - lse is exp(-inf - -inf) = NaN in any dtype; guard those rows")
+    la, lb, oa, ob = (t.double() for t in (lse_a, lse_b, out_a, out_b))  # the merge of the same blocks, in float64
+    lse = torch.logaddexp(la, lb)
+    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    out = torch.exp(la - shift).unsqueeze(-1) * oa + torch.exp(lb - shift).unsqueeze(-1) * ob
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(lse)) and torch.allclose(
+        got_lse.double()[~torch.isinf(lse)], lse[~torch.isinf(lse)], rtol=2e-2, atol=2e-2) and torch.allclose(
+        got_out.double(), out, rtol=2e-2, atol=2e-2), (
+        f"{T151}: merge_attention of bfloat16 blocks differs from the float64 merge of the same blocks by up to "
+        f"{(got_out.double() - out).abs().max():.3g} (out), beyond bfloat16's rounding (2e-2)")
+
+
 def _name_a_wrong_merge(cp, got_out, out, out_a, lse_a, out_b, lse_b, lse, case):
     """A merged output that differs, said with its cause where the output is one that a known wrong weighting gives
     (computed here from the blocks' out and lse); the merged lse is right by then."""
