@@ -464,6 +464,15 @@ class Recorder:
             storages = {t.untyped_storage().data_ptr() for t in (k, v)}
             for ref in self.unwaited_recvs.values():
                 buffer = ref()
+                if buffer is not None and buffer.untyped_storage().data_ptr() in storages and any(
+                        (sent := tensor()) is not None and sent.untyped_storage().data_ptr() in storages
+                        for tensor, _, _ in self.in_flight.values()):
+                    raise AssertionError(
+                        f"{self.name}: RingAttention posted a dist.irecv into the very buffer that holds the block it "
+                        "sends and computes with at that step: the block arriving overwrites the one held while it is "
+                        "being sent and used (one receive buffer made once, before the loop?); receive each step into "
+                        "another tensor (torch.empty_like, or two buffers swapped), free again once its send is waited "
+                        "for")
                 if buffer is not None and buffer.untyped_storage().data_ptr() in storages:
                     raise AssertionError(
                         f"{self.name}: RingAttention computed with a block whose dist.irecv had not been waited for: "
@@ -598,6 +607,10 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             # where it raised, said too: a backward that sends its dK/dV later in a step and fails elsewhere before
             # that send leaves the same log as one that never sends them
             place = _student_frame(error)
+            if "incorrect number of gradients" in str(error):
+                raise AssertionError(
+                    f"{rec.name}: RingAttention.backward: {error}: backward returns one value per input of forward "
+                    "(q, k, v, group, causal, layout): dq, dk, dv, then None for each of the other three") from None
             raised = (f"{rec.name}: RingAttention.backward raised {type(error).__name__}"
                       f"{f' at {place}' if place else ''}: {error}")
             if owner is None and gradients_never_sent(rec.log):
@@ -691,7 +704,8 @@ def token_chunks_of(rank, size, tokens, layout):
 # A block that the code dropped can still be held: a finished Work keeps its tensor alive, and after
 # `for work in works: work.wait()` the loop variable holds the last Work (a send of the old block, where the
 # receive was posted first; measured with gloo, torch 2.14.1)
-WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a view of it, such as its k and v pieces from split or "
+WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a list or dict that each received block is added to; a "
+                         "view of it, such as its k and v pieces from split or "
                          "indexing kept in a variable past the step; a finished Work, which keeps its tensor alive, "
                          "also the last one that the loop variable of `for work in works: work.wait()` still holds)")
 
@@ -1399,7 +1413,9 @@ def _ulysses(rank, size, impl, heads, causal):
                                                slow(4, 8, True)])
 def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
     judging(impl, "15.5")
-    for rank, (got, refused) in enumerate(run_ranks(_ulysses_and_refused, size, impl, heads, causal)):
+    results = run_ranks(_ulysses_and_refused, size, impl, heads, causal)
+    refusing = [rank for rank, (_, refused) in enumerate(results) if refused["refused"] is not None]
+    for rank, (got, refused) in enumerate(results):
         if "a2a_error" in got and "incorrect number of gradients" in got["a2a_error"]:
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
                         f"{got['a2a_error']}: _AllToAll.backward returns one gradient per input of forward (x, group, "
@@ -1408,7 +1424,7 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
                         f"{got['a2a_error']}: its backward is the reverse all-to-all, the same one with scatter_dim and "
                         "gather_dim swapped (the gradient's pieces go back along the dim they came in by)")
-        _check_refused(rank, refused)
+        _check_refused(rank, refused, refusing)
         assert got["refused"] is None, (
             f"{T155}: rank {rank}'s ulysses_attention with {heads} heads on {size} ranks (they divide) raised "
             f"ValueError: {got['refused']}; calls before it: {got['calls']}"
@@ -1548,20 +1564,24 @@ def _ulysses_and_refused(rank, size, impl, heads, causal):
 @pytest.mark.slow
 def test_ulysses_refuses_heads_that_do_not_divide(impl):
     judging(impl, "15.5")
-    for rank, got in enumerate(run_ranks(_refused, 3, impl)):
-        _check_refused(rank, got)
+    results = run_ranks(_refused, 3, impl)
+    for rank, got in enumerate(results):
+        _check_refused(rank, got, [r for r, theirs in enumerate(results) if theirs["refused"] is not None])
 
 
 def _refused(rank, size, impl):
     return _ulysses(rank, size, impl, 4, False)
 
 
-def _check_refused(rank, got):
+def _check_refused(rank, got, refusing=()):
     assert got["refused"] is not None and got["calls"] == [], (
         f"{T155}: rank {rank}: ulysses_attention with heads that do not divide by the ranks must raise ValueError "
         f"(one line, saying that the heads must divide by the ranks) before any collective; got "
         + (f"no ValueError: it went on and raised {got['raised']}" if got.get("raised") else
-           f"{got.get('refused')!r}") + f", calls {got.get('calls')}")
+           f"{got.get('refused')!r}") + f", calls {got.get('calls')}"
+        + (f" (rank{'s' if len(refusing) > 1 else ''} {', '.join(map(str, refusing))} refused: the refusal depends on "
+           "nothing but H and N, the same on every rank: refuse on every rank alike, not on some)"
+           if got["refused"] is None and refusing else ""))
 
 
 # --------------------------------------------------------------------------- Task 15.6
@@ -1592,7 +1612,7 @@ def _pooling(rank, size, impl, group=None):
         backward = list(wire.calls)
     kept = keeps_its_input(lambda t: cp.sequence_mean(t, group), x)  # one more all-reduce, on every rank alike
     return dict(y=y.detach(), grad=grad, changed=changed, kept=kept, forward=[(*c.sent, c.op) for c in forward],
-                backward=[(*c.sent, c.op) for c in backward])
+                backward=[(*c.sent, c.op) for c in backward], not_waited=[c.kind for c in forward if not c.waited])
 
 
 def _check_pooling(results):
@@ -1600,6 +1620,10 @@ def _check_pooling(results):
     xs = [(torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * r).double() for r in range(size)]
     whole = torch.cat(xs, dim=1).mean(dim=1)
     for rank, got in enumerate(results):
+        if got.get("not_waited"):
+            pytest.fail(f"{T156}: sequence_mean's forward on rank {rank} called {got['not_waited'][0]}(async_op=True) and "
+                        "never waited for its Work: what it returned was read from the buffer before (or while) the "
+                        "sum arrived; wait for it (work.wait()) before using the buffer, or call it blocking")
         if not torch.allclose(got["y"], whole):
             pytest.fail(f"{T156}: sequence_mean on rank {rank} is not the mean over every rank's tokens"
                         + (": the pooled feature was not reduced over the context group (each rank pooled its own "
@@ -1658,6 +1682,7 @@ def _vit_step(rank, size, impl, cp_size, attention):
     with Wire() as wire:
         cp.average_context_parallel_gradients(model, cp_size)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grads["not_waited"] = [c.kind for c in wire.calls if not c.waited]
     # again with pos_embed frozen: its .grad stays None, every other gradient as before (a few ms)
     frozen = _tiny_vit()
     frozen.pos_embed.requires_grad_(False)
@@ -1731,7 +1756,12 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
         frozen, frozen_sent = grads.pop("frozen"), grads.pop("frozen_sent")
-        in_group = grads.pop("in_group", None)
+        in_group, not_waited = grads.pop("in_group", None), grads.pop("not_waited")
+        assert not not_waited, (
+            f"{T156}: rank {rank}'s average_context_parallel_gradients called {not_waited[0]}(async_op=True) and never "
+            "waited for its Work: the gradients were copied out of the flat buffer before (or while) the sum arrived, "
+            "so ranks read it at different moments; wait for it (work.wait()) before reading the buffer, or call it "
+            "blocking")
         if in_group is not None:
             members = [0] if rank == 0 else [1, 2]
             expected_small = dict(zip(("body.weight", "head.weight"), (1.0, 1.0) if rank == 0 else (5.0, 2.5)))
