@@ -3547,7 +3547,7 @@ MISTAKES = [
     Mistake("15.2", "single-receive-buffer", "template_context_parallel.py",  # trial 13: told as a receive not waited for
             '        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n',
             '        kv = torch.stack([k, v])  # one message a step\n        incoming = torch.empty_like(kv)  # one buffer, made once\n        for step in range(size):\n            if step < size - 1:\n',
-            'into the very buffer that holds the block it sends'),
+            'into the very buffer of a dist.isend still in flight'),
     Mistake("15.3", "last-gradients-not-waited", "template_context_parallel.py",  # trial 13: a bare difference (or right by chance)
             '        if size > 1:\n            for work in grad_works:\n                work.wait()\n            dkv = grad_incoming\n',
             '        if size > 1:\n            dkv = grad_incoming\n',

@@ -367,6 +367,14 @@ class Recorder:
                     "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
             tag = _tag(args, kwargs)
             buffer = tensors[0]
+            if any((sent := tensor()) is not None and sent.untyped_storage().data_ptr() ==
+                   buffer.untyped_storage().data_ptr() for tensor, _, _ in self.in_flight.values()):
+                raise AssertionError(  # said where it is posted: what arrives would overwrite what is being sent
+                    f"{self.name}: RingAttention posted a dist.irecv into the very buffer of a dist.isend still in "
+                    "flight (the block this step sends on, and computes with): the block arriving overwrites the one "
+                    "being sent and used (one receive buffer made once, before the loop?); receive each step into "
+                    "another tensor (torch.empty_like, or two buffers swapped), free again once its send is waited "
+                    "for")
             self.receives.setdefault(tag, []).append(
                 (tuple(buffer.shape), buffer.element_size(), buffer.dtype, dist.get_global_rank(group, src)))
             check_sizes(tag, len(self.receives[tag]) - 1)
@@ -464,15 +472,6 @@ class Recorder:
             storages = {t.untyped_storage().data_ptr() for t in (k, v)}
             for ref in self.unwaited_recvs.values():
                 buffer = ref()
-                if buffer is not None and buffer.untyped_storage().data_ptr() in storages and any(
-                        (sent := tensor()) is not None and sent.untyped_storage().data_ptr() in storages
-                        for tensor, _, _ in self.in_flight.values()):
-                    raise AssertionError(
-                        f"{self.name}: RingAttention posted a dist.irecv into the very buffer that holds the block it "
-                        "sends and computes with at that step: the block arriving overwrites the one held while it is "
-                        "being sent and used (one receive buffer made once, before the loop?); receive each step into "
-                        "another tensor (torch.empty_like, or two buffers swapped), free again once its send is waited "
-                        "for")
                 if buffer is not None and buffer.untyped_storage().data_ptr() in storages:
                     raise AssertionError(
                         f"{self.name}: RingAttention computed with a block whose dist.irecv had not been waited for: "
@@ -729,7 +728,9 @@ def _check_forward(rank, size, got, causal, layout, shape):
     fwd, kv_numel = got["forward"], 2 * out.numel()
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
     own = token_chunks_of(rank, size, out.shape[2], layout)
-    _check_all_waited(T152, rank, "forward", fwd.get("not_waited"))
+    sends = [m for m in fwd["messages"] if m[0] in ("send", "isend")]
+    if sum(m[2] for m in sends) == (size - 1) * kv_numel:  # else the count is said below: one block more, never waited
+        _check_all_waited(T152, rank, "forward", fwd.get("not_waited"))
     if not _close(got["out"], out):
         other_dtypes = sorted({m[1] for m in fwd["messages"]} - {"float64"})
         if other_dtypes:
@@ -792,7 +793,6 @@ def _check_forward(rank, size, got, causal, layout, shape):
     assert not fwd["collectives"], (
         f"{T152}: rank {rank}'s ring forward called {fwd['collectives']}: ring attention sends K/V blocks point to "
         "point (dist.isend / dist.irecv), never a collective over the whole K or V")
-    sends = [m for m in fwd["messages"] if m[0] in ("send", "isend")]
     assert sum(m[2] for m in sends) == (size - 1) * kv_numel and all(m[1] == "float64" for m in sends), (
         f"{T152}: rank {rank} sent {[(m[1], m[2]) for m in sends]} in forward; expected {size - 1} K/V blocks "
         f"({size - 1} x {kv_numel} float64 elements: k and v of its {out.shape[2]} tokens, N - 1 times)")
@@ -1092,7 +1092,8 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
-            elif g.shape == e.shape and torch.equal(g, g.float().double()) and not torch.equal(e, e.float().double()):
+            elif (g.shape == e.shape and g.abs().max() > 0 and torch.equal(g, g.float().double())
+                  and not torch.equal(e, e.float().double()) and torch.allclose(g, e, rtol=1e-5, atol=1e-6)):
                 why = (f": every value of it is a float32 number, though q, k, v and the output gradient are float64: "
                        f"{what} was accumulated or returned in float32 (a buffer made with dtype=torch.float32, or "
                        "with torch.zeros(shape), torch's default dtype; or a .float()), and autograd cast it back to "
@@ -1414,7 +1415,7 @@ def _ulysses(rank, size, impl, heads, causal):
 def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
     judging(impl, "15.5")
     results = run_ranks(_ulysses_and_refused, size, impl, heads, causal)
-    refusing = [rank for rank, (_, refused) in enumerate(results) if refused["refused"] is not None]
+    refusing = [rank for rank, (_, refused) in enumerate(results) if refused.get("refused") is not None]
     for rank, (got, refused) in enumerate(results):
         if "a2a_error" in got and "incorrect number of gradients" in got["a2a_error"]:
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
@@ -1566,7 +1567,7 @@ def test_ulysses_refuses_heads_that_do_not_divide(impl):
     judging(impl, "15.5")
     results = run_ranks(_refused, 3, impl)
     for rank, got in enumerate(results):
-        _check_refused(rank, got, [r for r, theirs in enumerate(results) if theirs["refused"] is not None])
+        _check_refused(rank, got, [r for r, theirs in enumerate(results) if theirs.get("refused") is not None])
 
 
 def _refused(rank, size, impl):
@@ -1581,7 +1582,7 @@ def _check_refused(rank, got, refusing=()):
            f"{got.get('refused')!r}") + f", calls {got.get('calls')}"
         + (f" (rank{'s' if len(refusing) > 1 else ''} {', '.join(map(str, refusing))} refused: the refusal depends on "
            "nothing but H and N, the same on every rank: refuse on every rank alike, not on some)"
-           if got["refused"] is None and refusing else ""))
+           if got.get("refused") is None and refusing else ""))
 
 
 # --------------------------------------------------------------------------- Task 15.6
