@@ -49,7 +49,8 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     log-sum-exp of each query's scores over that block (attention_block's). Returns (out, lse) exactly
     as attention_block over the concatenated keys and values would. A side with lse = -inf (a query
     that sees no key of that block) contributes nothing; both -inf gives lse = -inf and out = 0. No
-    NaN, and no overflow for scores near 1e4. New tensors: the inputs are left unchanged."""
+    NaN, and no overflow for scores near 1e4. New tensors in the inputs' dtype (computed in it; bfloat16 may be
+    computed in float32 and cast back): the inputs are left unchanged."""
     # --- Task 15.1 begin ---
     # TODO Task 15.1: the union's lse from the two, and each side's output weighted by its share of the union's softmax; -inf sides weigh 0, never NaN
     raise NotImplementedError("Task 15.1: merge_attention in template_context_parallel.py is not done yet (docs/task15-context-parallel.md)")

@@ -3529,6 +3529,65 @@ MISTAKES = [
             "    @staticmethod\n    def backward(ctx, grad):\n        # --- Task 15.6 begin ---\n        x, = ctx.saved_tensors\n"
             "        return (grad / ctx.tokens).unsqueeze(1).expand_as(x).contiguous(), None",
             "keeps its input x alive after the forward"),
+    # Task 15, trial 13 (2026-11-30): other dtypes (a bfloat16 merge, a float32 dq or pooled sum), what stays alive
+    # (blocks kept on ctx or in a list, one receive buffer), every Work waited (the last dK/dV, async all-reduces),
+    # sub-groups (the gradients' all-reduce and divisor with group=), a refusal on one rank, backward's arity
+    Mistake("15.1", "merge-zeros-default-dtype", "template_context_parallel.py",  # trial 13: passed: float64 only; a bfloat16 merge came out float32
+            '    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # both -inf: weights 0, not NaN',
+            '    finite = torch.where(torch.isinf(lse), torch.zeros(lse.shape), lse)  # both -inf: weights 0, not NaN',
+            'merge_attention of bfloat16 blocks returned out in float32'),
+    Mistake("15.1", "merge-float32-for-bf16", "template_context_parallel.py",  # trial 13: passed: float64 only
+            '    lse = torch.logaddexp(lse_a, lse_b)\n',
+            '    out_a, lse_a, out_b, lse_b = (t if t.dtype == torch.float64 else t.float() for t in (out_a, lse_a, out_b, lse_b))\n    lse = torch.logaddexp(lse_a, lse_b)\n',
+            'returned out in float32 and lse in float32'),
+    Mistake("15.2", "blocks-kept-on-ctx", "template_context_parallel.py",  # trial 13: told as views or Works holding 3 blocks
+            '        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n',
+            '        kv = torch.stack([k, v])  # one message a step\n        ctx.blocks = []  # every block received, for the backward\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n                ctx.blocks.append(incoming)\n',
+            'held by ctx.blocks'),
+    Mistake("15.2", "single-receive-buffer", "template_context_parallel.py",  # trial 13: told as a receive not waited for
+            '        kv = torch.stack([k, v])  # one message a step\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n',
+            '        kv = torch.stack([k, v])  # one message a step\n        incoming = torch.empty_like(kv)  # one buffer, made once\n        for step in range(size):\n            if step < size - 1:\n',
+            'into the very buffer of a dist.isend still in flight'),
+    Mistake("15.3", "last-gradients-not-waited", "template_context_parallel.py",  # trial 13: a bare difference (or right by chance)
+            '        if size > 1:\n            for work in grad_works:\n                work.wait()\n            dkv = grad_incoming\n',
+            '        if size > 1:\n            dkv = grad_incoming\n',
+            'returned without waiting for 1 dist.irecv and 1 dist.isend'),
+    Mistake("15.3", "dq-in-float32", "template_context_parallel.py",  # trial 13: a bare difference of 5e-8
+            '        dq = torch.zeros_like(q)\n',
+            '        dq = torch.zeros_like(q, dtype=torch.float32)\n',
+            'every value of it is a float32 number'),
+    Mistake("15.3", "backward-keeps-every-block", "template_context_parallel.py",  # trial 13: the list was not among the holders named
+            '        kv = torch.stack([k, v])\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n',
+            '        kv = torch.stack([k, v])\n        blocks = [kv]  # every block met\n        for step in range(size):\n            if step < size - 1:\n                incoming = torch.empty_like(kv)\n                blocks.append(incoming)\n',
+            'a list or dict that each received block is added to'),
+    Mistake("15.3", "backward-returns-three", "template_context_parallel.py",  # trial 13: torch's count alone
+            '        return dq, dkv[0], dkv[1], None, None, None\n',
+            '        return dq, dkv[0], dkv[1]\n',
+            'then None for each of the other three'),
+    Mistake("15.5", "refused-on-rank-0-only", "template_context_parallel.py",  # trial 13: rank 1's shape error, rank 0's refusal unsaid
+            '    if heads % size:\n        raise ValueError(',
+            '    if heads % size and dist.get_rank(group) == 0:\n        raise ValueError(',
+            'refuse on every rank alike'),
+    Mistake("15.6", "pooled-sum-float32", "template_context_parallel.py",  # trial 13: a raw dtype error from the head
+            '        total = x.sum(dim=1)\n',
+            '        total = torch.zeros(x.shape[0], x.shape[2])\n        total += x.sum(dim=1)\n',
+            'returned float32 for a float64 x'),
+    Mistake("15.6", "mean-async-not-waited", "template_context_parallel.py",  # trial 13: told as a mean not reduced
+            '        dist.all_reduce(total, group=group)\n',
+            '        dist.all_reduce(total, group=group, async_op=True)\n',
+            'called all_reduce(async_op=True) and never waited for its Work: what it returned'),
+    Mistake("15.6", "acpg-async-not-waited", "template_context_parallel.py",  # trial 13: told as a set's order
+            '    dist.all_reduce(flat, group=group)\n',
+            '    dist.all_reduce(flat, group=group, async_op=True)\n',
+            'called all_reduce(async_op=True) and never waited for its Work: the gradients'),
+    Mistake("15.6", "acpg-over-the-default-group", "template_context_parallel.py",  # trial 13: passed: no test gave group=
+            '    dist.all_reduce(flat, group=group)\n',
+            '    dist.all_reduce(flat)\n',
+            'ran its all-reduce over 3 ranks'),
+    Mistake("15.6", "acpg-size-of-the-world", "template_context_parallel.py",  # trial 13: passed: no test gave group=
+            '    world = dist.get_world_size(group)\n    head = {id(param)',
+            '    world = dist.get_world_size()\n    head = {id(param)',
+            "divided by the world's 3 ranks, not the group's"),
     # Task 16.1 (expert parallelism)
     Mistake("16.1", "backward-with-the-forwards-splits", "template_experts.py",
             "ctx.input_splits, ctx.output_splits, group=ctx.group)",
@@ -5676,6 +5735,50 @@ RIGHT_ANSWERS = [
                 "        total = x.sum(dim=1)\n        dist.all_reduce(total, group=group)\n        return total / ctx.tokens\n",
                 "        mean = x.mean(dim=1)\n        dist.all_reduce(mean, group=group)\n"
                 "        return mean / dist.get_world_size(group)\n", ""),)),
+    # Task 15, trial 13 (2026-11-30): a merge in float32 for bfloat16, k and v concatenated, dq in parts, unshard into
+    # places, an expanded gradient
+    RightAnswer("15.1", "merge-in-at-least-float32",  # trial 13
+                "merge_attention's 'New tensors in the inputs' dtype (computed in it; bfloat16 may be computed in float32 and cast back)': float64 merged in float64, bfloat16 in float32 and cast back", (
+        Mistake("15.1", "merge-in-at-least-float32", "template_context_parallel.py",
+                '    lse = torch.logaddexp(lse_a, lse_b)\n',
+                '    dtype = out_a.dtype\n    work = torch.promote_types(dtype, torch.float32)  # bfloat16 merged in float32\n    out_a, lse_a, out_b, lse_b = (t.to(work) for t in (out_a, lse_a, out_b, lse_b))\n    lse = torch.logaddexp(lse_a, lse_b)\n', ""),
+        Mistake("15.1", "merge-in-at-least-float32", "template_context_parallel.py",
+                '    return weight_a * out_a + weight_b * out_b, lse',
+                '    return (weight_a * out_a + weight_b * out_b).to(dtype), lse.to(dtype)', ""),
+    )),
+    RightAnswer("15.2", "k-and-v-concatenated-along-d",  # trial 13
+                "'the K/V block sent whole each step (k and v stacked in one message, as the solution does, or in two)': k and v concatenated along the head width are one message of the same bytes", (
+        Mistake("15.2", "k-and-v-concatenated-along-d", "template_context_parallel.py",
+                '        kv = torch.stack([k, v])  # one message a step\n',
+                '        kv = torch.cat([k, v], dim=-1)  # one message a step\n', ""),
+        Mistake("15.2", "k-and-v-concatenated-along-d", "template_context_parallel.py",
+                '                out, lse = attention_block(q_pieces[i], _pieces(kv[0], k_chunks)[j], _pieces(kv[1], k_chunks)[j],\n',
+                '                d = kv.shape[-1] // 2\n                out, lse = attention_block(q_pieces[i], _pieces(kv[..., :d], k_chunks)[j], _pieces(kv[..., d:], k_chunks)[j],\n', ""),
+    )),
+    RightAnswer("15.3", "dq-parts-concatenated",  # trial 13
+                "'dq of this rank's queries': one sum per query chunk, concatenated once the ring is done, is the same dq", (
+        Mistake("15.3", "dq-parts-concatenated", "template_context_parallel.py",
+                '        dq = torch.zeros_like(q)\n        dq_pieces = _pieces(dq, q_chunks)\n',
+                '        dq_parts = [torch.zeros_like(piece) for piece in q_pieces]  # one per query chunk, concatenated at the end\n', ""),
+        Mistake("15.3", "dq-parts-concatenated", "template_context_parallel.py",
+                '                dq_pieces[i].add_(dq_b)\n',
+                '                dq_parts[i] = dq_parts[i] + dq_b\n', ""),
+        Mistake("15.3", "dq-parts-concatenated", "template_context_parallel.py",
+                '        return dq, dkv[0], dkv[1], None, None, None\n',
+                '        return torch.cat(dq_parts, dim=2), dkv[0], dkv[1], None, None, None\n', ""),
+    )),
+    RightAnswer("15.4", "unshard-into-narrowed-places",  # trial 13
+                "'The whole sequence, in order': each gathered chunk copied to its place in one tensor is the same sequence", (
+        Mistake("15.4", "unshard-into-narrowed-places", "template_context_parallel.py",
+                '    chunks = [None] * (2 * size)\n    for rank, part in enumerate(parts):\n        chunks[rank], chunks[2 * size - 1 - rank] = part.chunk(2, dim=dim)\n    return torch.cat(chunks, dim=dim)\n',
+                '    half = x.shape[dim] // 2\n    shape = list(x.shape)\n    shape[dim] = 2 * size * half\n    whole = x.new_empty(shape)\n    for rank, part in enumerate(parts):  # chunk r to place r, chunk 2N - 1 - r to its place\n        whole.narrow(dim, rank * half, half).copy_(part.narrow(dim, 0, half))\n        whole.narrow(dim, (2 * size - 1 - rank) * half, half).copy_(part.narrow(dim, half, half))\n    return whole\n', ""),
+    )),
+    RightAnswer("15.6", "mean-backward-an-expanded-view",  # trial 13
+                "'each of its tokens gets grad / S': an expanded view of grad / S is that gradient, without a copy", (
+        Mistake("15.6", "mean-backward-an-expanded-view", "template_context_parallel.py",
+                '        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1).contiguous(), None',
+                '        return (grad / ctx.tokens).unsqueeze(1).expand(-1, ctx.local, -1), None', ""),
+    )),
     # Tasks 10.1, 13.2, 14.2, trial 12 (2026-11-30, the lead)
     RightAnswer("10.1", "tensor-split-of-an-arange", "'a range of layer indices' that Stage reads once: "
                 "torch.tensor_split's first (num_layers % num_stages) pieces are one longer, the balance asked for", (

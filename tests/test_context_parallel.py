@@ -167,6 +167,34 @@ def test_merge_is_the_attention_over_both_blocks(impl, case):
         assert torch.allclose(got_out, expected, rtol=1e-9, atol=1e-12), f"{T151}: not SDPA's result ({case})"
 
 
+@pytest.mark.task15_1
+def test_merge_of_bfloat16_blocks_is_bfloat16(impl):
+    """bfloat16 blocks (rows masked in one side and in both): the merge returns bfloat16 out and lse, computed in
+    bfloat16 or in float32 and cast back, within bfloat16's rounding of the float64 merge of the same blocks."""
+    cp = judging(impl, "15.1")
+    q, k_a, v_a, k_b, v_b, causal, q_pos, a_pos, b_pos = _blocks("some rows masked in both")
+    out_a, lse_a = cp.attention_block(*(t.bfloat16() for t in (q, k_a, v_a)), causal, q_pos, a_pos)
+    out_b, lse_b = cp.attention_block(*(t.bfloat16() for t in (q, k_b, v_b)), causal, q_pos, b_pos)
+    got_out, got_lse = cp.merge_attention(out_a, lse_a, out_b, lse_b)
+    assert got_out.dtype == got_lse.dtype == torch.bfloat16, (
+        f"{T151}: merge_attention of bfloat16 blocks returned out in {str(got_out.dtype).replace('torch.', '')} and "
+        f"lse in {str(got_lse.dtype).replace('torch.', '')}: a tensor made in torch's default dtype (torch.zeros(shape), "
+        "torch.full(shape, ...)) or a .float() promoted the merge to float32; return the inputs' dtype, as "
+        "attention_block over both blocks would (computing in float32 inside is fine: cast back)")
+    if torch.isnan(got_out).any() or torch.isnan(got_lse).any():
+        pytest.fail(f"{T151}: NaN in the merge of bfloat16 blocks (float64 ones gave none): where both sides are -inf, "
+                    "lse - lse is exp(-inf - -inf) = NaN in any dtype; guard those rows")
+    la, lb, oa, ob = (t.double() for t in (lse_a, lse_b, out_a, out_b))  # the merge of the same blocks, in float64
+    lse = torch.logaddexp(la, lb)
+    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    out = torch.exp(la - shift).unsqueeze(-1) * oa + torch.exp(lb - shift).unsqueeze(-1) * ob
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(lse)) and torch.allclose(
+        got_lse.double()[~torch.isinf(lse)], lse[~torch.isinf(lse)], rtol=2e-2, atol=2e-2) and torch.allclose(
+        got_out.double(), out, rtol=2e-2, atol=2e-2), (
+        f"{T151}: merge_attention of bfloat16 blocks differs from the float64 merge of the same blocks by up to "
+        f"{(got_out.double() - out).abs().max():.3g} (out), beyond bfloat16's rounding (2e-2)")
+
+
 def _name_a_wrong_merge(cp, got_out, out, out_a, lse_a, out_b, lse_b, lse, case):
     """A merged output that differs, said with its cause where the output is one that a known wrong weighting gives
     (computed here from the blocks' out and lse); the merged lse is right by then."""
@@ -339,6 +367,14 @@ class Recorder:
                     "(torch.empty_like, not torch.empty(shape), which makes torch's default dtype)")
             tag = _tag(args, kwargs)
             buffer = tensors[0]
+            if any((sent := tensor()) is not None and sent.untyped_storage().data_ptr() ==
+                   buffer.untyped_storage().data_ptr() for tensor, _, _ in self.in_flight.values()):
+                raise AssertionError(  # said where it is posted: what arrives would overwrite what is being sent
+                    f"{self.name}: RingAttention posted a dist.irecv into the very buffer of a dist.isend still in "
+                    "flight (the block this step sends on, and computes with): the block arriving overwrites the one "
+                    "being sent and used (one receive buffer made once, before the loop?); receive each step into "
+                    "another tensor (torch.empty_like, or two buffers swapped), free again once its send is waited "
+                    "for")
             self.receives.setdefault(tag, []).append(
                 (tuple(buffer.shape), buffer.element_size(), buffer.dtype, dist.get_global_rank(group, src)))
             check_sizes(tag, len(self.receives[tag]) - 1)
@@ -471,6 +507,11 @@ class Recorder:
             module.attention_block, module.attention_block_backward = block, block_backward
         self.wire.__exit__(*exc)  # after: it puts back the ProcessGroup.recv that it found
 
+    def not_waited(self):
+        """(receives, sends) of the ring posted and never waited for, so far: a receive's Work still unwaited, a
+        send's Work unwaited or let go of unwaited."""
+        return len(self.unwaited_recvs), len(self.unwaited) + len(self.dropped)
+
     def take(self):
         """What happened since the last take: (messages, collectives, events, blocks, alive peak)."""
         calls = self.wire.calls[getattr(self, "_taken", 0):]
@@ -548,6 +589,10 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
     with Recorder(cp, k, v, size, layout, 2 * k_l.numel(), {"15.2": T152, "15.3": T153}.get(task, T154)) as rec:
         out = cp.ring_attention(q_l, k_l, v_l, None, causal, layout)
         forward = rec.take()
+        forward.update(alive_after=rec.alive(), not_waited=rec.not_waited(), on_ctx=[  # what the forward left behind
+            f"{name} (a {type(value).__name__} of tensors)" for name, value in vars(out.grad_fn).items()
+            if isinstance(value, (list, tuple, dict))
+            and any(torch.is_tensor(t) for t in (value.values() if isinstance(value, dict) else value))])
         saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
         saved_lse = out.grad_fn.saved_tensors[4].detach().clone() if len(saved) == 5 else None
         saved_out = out.grad_fn.saved_tensors[3].detach().clone() if len(saved) == 5 else None
@@ -561,6 +606,10 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
             # where it raised, said too: a backward that sends its dK/dV later in a step and fails elsewhere before
             # that send leaves the same log as one that never sends them
             place = _student_frame(error)
+            if "incorrect number of gradients" in str(error):
+                raise AssertionError(
+                    f"{rec.name}: RingAttention.backward: {error}: backward returns one value per input of forward "
+                    "(q, k, v, group, causal, layout): dq, dk, dv, then None for each of the other three") from None
             raised = (f"{rec.name}: RingAttention.backward raised {type(error).__name__}"
                       f"{f' at {place}' if place else ''}: {error}")
             if owner is None and gradients_never_sent(rec.log):
@@ -584,6 +633,8 @@ def _ring(rank, size, impl, task, causal, layout, backward, shape):
                    else "") + " and passed the block on without its dK/dV: the gradients go on with their block at EVERY step, also "
                 "one where this rank adds nothing to them") from None
         back = rec.take() if backward else None
+        if back is not None:
+            back["not_waited"] = rec.not_waited()
     return dict(out=out.detach(), grads=grads, forward=forward, backward=back, saved=saved, extra=extra,
                 saved_lse=saved_lse, saved_out=saved_out,
                 shapes=dict(q=tuple(q_l.shape), lse=tuple(q_l.shape[:3])))
@@ -652,7 +703,8 @@ def token_chunks_of(rank, size, tokens, layout):
 # A block that the code dropped can still be held: a finished Work keeps its tensor alive, and after
 # `for work in works: work.wait()` the loop variable holds the last Work (a send of the old block, where the
 # receive was posted first; measured with gloo, torch 2.14.1)
-WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a view of it, such as its k and v pieces from split or "
+WORK_KEEPS_ITS_TENSOR = (" (what still holds an old block: a list or dict that each received block is added to; a "
+                         "view of it, such as its k and v pieces from split or "
                          "indexing kept in a variable past the step; a finished Work, which keeps its tensor alive, "
                          "also the last one that the loop variable of `for work in works: work.wait()` still holds)")
 
@@ -676,6 +728,9 @@ def _check_forward(rank, size, got, causal, layout, shape):
     fwd, kv_numel = got["forward"], 2 * out.numel()
     wrong_way = [(p, w) for _, p, w in fwd["blocks"] if p is not None and w is not None and p != w]
     own = token_chunks_of(rank, size, out.shape[2], layout)
+    sends = [m for m in fwd["messages"] if m[0] in ("send", "isend")]
+    if sum(m[2] for m in sends) == (size - 1) * kv_numel:  # else the count is said below: one block more, never waited
+        _check_all_waited(T152, rank, "forward", fwd.get("not_waited"))
     if not _close(got["out"], out):
         other_dtypes = sorted({m[1] for m in fwd["messages"]} - {"float64"})
         if other_dtypes:
@@ -738,12 +793,18 @@ def _check_forward(rank, size, got, causal, layout, shape):
     assert not fwd["collectives"], (
         f"{T152}: rank {rank}'s ring forward called {fwd['collectives']}: ring attention sends K/V blocks point to "
         "point (dist.isend / dist.irecv), never a collective over the whole K or V")
-    sends = [m for m in fwd["messages"] if m[0] in ("send", "isend")]
     assert sum(m[2] for m in sends) == (size - 1) * kv_numel and all(m[1] == "float64" for m in sends), (
         f"{T152}: rank {rank} sent {[(m[1], m[2]) for m in sends]} in forward; expected {size - 1} K/V blocks "
         f"({size - 1} x {kv_numel} float64 elements: k and v of its {out.shape[2]} tokens, N - 1 times)")
     assert all(m[3] == (rank + 1) % size for m in sends), (
         f"{T152}: rank {rank} sent to ranks {sorted({m[3] for m in sends})}: the ring sends to r + 1 only")
+    if fwd.get("alive_after"):  # measured once forward returned: nothing of the ring is needed any more
+        on_ctx = fwd.get("on_ctx")
+        pytest.fail(f"{T152}: rank {rank}'s RingAttention.forward returned with {fwd['alive_after']:g} other ranks' K/V "
+                    "blocks still alive" + (f", held by ctx.{on_ctx[0]}" if on_ctx else "") +
+                    ": every received block must be let go of once its step is done; backward sends the blocks round "
+                    "again and needs only q, k, v, out and lse (save_for_backward), so a block kept for it stays in "
+                    "memory from the forward to the backward (N - 1 blocks: the whole K and V on every rank)")
     assert fwd["alive_peak"] <= 2 + 1e-9, (
         f"{T152}: rank {rank} held {fwd['alive_peak']:g} other ranks' K/V blocks at once: at most 2 (the one being "
         f"computed and the one arriving); let each go once the next has arrived{WORK_KEEPS_ITS_TENSOR}")
@@ -769,6 +830,19 @@ def _check_forward(rank, size, got, causal, layout, shape):
                        "named out, reused in the loop?); save the merged out, the one it returns" if alone is not None
                        else f" (it differs by {(saved_out - out).abs().max():.3g})")
                     + ": the backward's D = rowsum(dout * out) needs the whole attention's output")
+
+
+def _check_all_waited(name, rank, when, not_waited):
+    """Said before the values, which a receive not waited for may or may not spoil (gloo writes its buffer when the
+    message arrives): a Work of the ring that the forward or backward returned without waiting for."""
+    receives, sends = not_waited or (0, 0)
+    if receives or sends:
+        pytest.fail(f"{name}: rank {rank}'s RingAttention.{when} returned without waiting for "
+                    + " and ".join(f"{n} {what}{'s' if n > 1 else ''}" for n, what in (
+                        (receives, "dist.irecv"), (sends, "dist.isend")) if n)
+                    + " that it posted: wait for every Work once, the last step's too (until a receive's wait() "
+                    "returns, its buffer may hold anything: what it returns from it is then right or not by chance; "
+                    "on gloo a send whose Work is dropped unfinished is cancelled)")
 
 
 def _check_block_pairs(cp):
@@ -1007,6 +1081,7 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
     back, kv_numel = got["backward"], 2 * grads[1].numel()
     sends = [m for m in back["messages"] if m[0] in ("send", "isend")]
     sent = sum(m[2] for m in sends)
+    _check_all_waited(name, rank, "backward", back.get("not_waited"))
     for what, g, e in zip(("dq", "dk", "dv"), got["grads"], grads):
         if not _close(g, e):
             why = ""
@@ -1017,6 +1092,12 @@ def _check_backward(rank, size, got, causal, layout, shape, task):
                 why = (f": rank {rank} sent {other_dtypes[0]} messages in backward, though q, k, v and the output "
                        "gradient are float64: the gradients lose precision on the way (a buffer made in another "
                        "dtype, or a .float()); keep the inputs' dtype")
+            elif (g.shape == e.shape and g.abs().max() > 0 and torch.equal(g, g.float().double())
+                  and not torch.equal(e, e.float().double()) and torch.allclose(g, e, rtol=1e-5, atol=1e-6)):
+                why = (f": every value of it is a float32 number, though q, k, v and the output gradient are float64: "
+                       f"{what} was accumulated or returned in float32 (a buffer made with dtype=torch.float32, or "
+                       "with torch.zeros(shape), torch's default dtype; or a .float()), and autograd cast it back to "
+                       "q's dtype; keep the inputs' dtype (torch.zeros_like)")
             elif (outside := _outside_the_sequence(back["blocks"], shape[2])) is not None:
                 why = f": rank {rank}'s backward computed a block {_outside_said(outside, shape[2])}"
             elif wrong_way:
@@ -1333,7 +1414,9 @@ def _ulysses(rank, size, impl, heads, causal):
                                                slow(4, 8, True)])
 def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal):
     judging(impl, "15.5")
-    for rank, (got, refused) in enumerate(run_ranks(_ulysses_and_refused, size, impl, heads, causal)):
+    results = run_ranks(_ulysses_and_refused, size, impl, heads, causal)
+    refusing = [rank for rank, (_, refused) in enumerate(results) if refused.get("refused") is not None]
+    for rank, (got, refused) in enumerate(results):
         if "a2a_error" in got and "incorrect number of gradients" in got["a2a_error"]:
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
                         f"{got['a2a_error']}: _AllToAll.backward returns one gradient per input of forward (x, group, "
@@ -1342,7 +1425,7 @@ def test_ulysses_is_attention_over_the_whole_sequence(impl, size, heads, causal)
             pytest.fail(f"{T155}: the backward of all_to_all(x, scatter_dim=1, gather_dim=2) on rank {rank} failed: "
                         f"{got['a2a_error']}: its backward is the reverse all-to-all, the same one with scatter_dim and "
                         "gather_dim swapped (the gradient's pieces go back along the dim they came in by)")
-        _check_refused(rank, refused)
+        _check_refused(rank, refused, refusing)
         assert got["refused"] is None, (
             f"{T155}: rank {rank}'s ulysses_attention with {heads} heads on {size} ranks (they divide) raised "
             f"ValueError: {got['refused']}; calls before it: {got['calls']}"
@@ -1482,20 +1565,24 @@ def _ulysses_and_refused(rank, size, impl, heads, causal):
 @pytest.mark.slow
 def test_ulysses_refuses_heads_that_do_not_divide(impl):
     judging(impl, "15.5")
-    for rank, got in enumerate(run_ranks(_refused, 3, impl)):
-        _check_refused(rank, got)
+    results = run_ranks(_refused, 3, impl)
+    for rank, got in enumerate(results):
+        _check_refused(rank, got, [r for r, theirs in enumerate(results) if theirs.get("refused") is not None])
 
 
 def _refused(rank, size, impl):
     return _ulysses(rank, size, impl, 4, False)
 
 
-def _check_refused(rank, got):
+def _check_refused(rank, got, refusing=()):
     assert got["refused"] is not None and got["calls"] == [], (
         f"{T155}: rank {rank}: ulysses_attention with heads that do not divide by the ranks must raise ValueError "
         f"(one line, saying that the heads must divide by the ranks) before any collective; got "
         + (f"no ValueError: it went on and raised {got['raised']}" if got.get("raised") else
-           f"{got.get('refused')!r}") + f", calls {got.get('calls')}")
+           f"{got.get('refused')!r}") + f", calls {got.get('calls')}"
+        + (f" (rank{'s' if len(refusing) > 1 else ''} {', '.join(map(str, refusing))} refused: the refusal depends on "
+           "nothing but H and N, the same on every rank: refuse on every rank alike, not on some)"
+           if got.get("refused") is None and refusing else ""))
 
 
 # --------------------------------------------------------------------------- Task 15.6
@@ -1526,7 +1613,7 @@ def _pooling(rank, size, impl, group=None):
         backward = list(wire.calls)
     kept = keeps_its_input(lambda t: cp.sequence_mean(t, group), x)  # one more all-reduce, on every rank alike
     return dict(y=y.detach(), grad=grad, changed=changed, kept=kept, forward=[(*c.sent, c.op) for c in forward],
-                backward=[(*c.sent, c.op) for c in backward])
+                backward=[(*c.sent, c.op) for c in backward], not_waited=[c.kind for c in forward if not c.waited])
 
 
 def _check_pooling(results):
@@ -1534,6 +1621,10 @@ def _check_pooling(results):
     xs = [(torch.arange(2.0 * 3 * 4).view(2, 3, 4) + 100 * r).double() for r in range(size)]
     whole = torch.cat(xs, dim=1).mean(dim=1)
     for rank, got in enumerate(results):
+        if got.get("not_waited"):
+            pytest.fail(f"{T156}: sequence_mean's forward on rank {rank} called {got['not_waited'][0]}(async_op=True) and "
+                        "never waited for its Work: what it returned was read from the buffer before (or while) the "
+                        "sum arrived; wait for it (work.wait()) before using the buffer, or call it blocking")
         if not torch.allclose(got["y"], whole):
             pytest.fail(f"{T156}: sequence_mean on rank {rank} is not the mean over every rank's tokens"
                         + (": the pooled feature was not reduced over the context group (each rank pooled its own "
@@ -1580,7 +1671,7 @@ def _vit_step(rank, size, impl, cp_size, attention):
     group = None if cp_size == size else [dist.new_group(list(range(g, g + cp_size)))
                                           for g in range(0, size, cp_size)][rank // cp_size]
     pooling = _pooling(rank, size, impl, group)
-    if "grad_error" in pooling:
+    if "grad_error" in pooling or pooling["y"].dtype != torch.float64:  # said by the test: the ViT would raise
         return pooling, None, None
     vit = _tiny_vit()
     model = cp.ContextParallelViT(vit, group, attention)
@@ -1592,6 +1683,7 @@ def _vit_step(rank, size, impl, cp_size, attention):
     with Wire() as wire:
         cp.average_context_parallel_gradients(model, cp_size)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grads["not_waited"] = [c.kind for c in wire.calls if not c.waited]
     # again with pos_embed frozen: its .grad stays None, every other gradient as before (a few ms)
     frozen = _tiny_vit()
     frozen.pos_embed.requires_grad_(False)
@@ -1604,6 +1696,16 @@ def _vit_step(rank, size, impl, cp_size, attention):
         except (AttributeError, TypeError) as error:
             grads["frozen"] = one_line(error)
     grads["frozen_sent"] = [c.sent for c in frozen_wire.calls]
+    if size == 3:  # with group=, in the groups [0] and [1, 2] (one replica each, cp_size 1 and 2): a module of two
+        groups = [dist.new_group([0]), dist.new_group([1, 2])]  # parameters, .grad = rank + 1 (a few ms)
+        small = torch.nn.Module()
+        small.body, small.head = torch.nn.Linear(2, 1, bias=False).double(), torch.nn.Linear(1, 1, bias=False).double()
+        for p in small.parameters():
+            p.grad = torch.full_like(p, rank + 1.0)
+        with Wire() as group_wire:
+            cp.average_context_parallel_gradients(small, 1 if rank == 0 else 2, groups[min(rank, 1)])
+        grads["in_group"] = ({name: p.grad.flatten()[0].item() for name, p in small.named_parameters()},
+                             sorted({c.group_size for c in group_wire.calls}))
     return pooling, grads, [c.sent for c in wire.calls]
 
 
@@ -1623,6 +1725,11 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     expected = _single_process_grads()
     results = run_ranks(_vit_step, size, impl, cp_size, attention)
     for rank, (pooling, _, _) in enumerate(results):
+        assert pooling.get("grad_error") or pooling["y"].dtype == torch.float64, (
+            f"{T156}: sequence_mean on rank {rank} returned {str(pooling['y'].dtype).replace('torch.', '')} for a "
+            "float64 x: the token sum was made or all-reduced in another dtype (a buffer made with torch.zeros(shape) "
+            "is torch's default, float32; or a .float()), and the head, float64, cannot take it; keep x's dtype "
+            "(x.sum(dim=1) is a new tensor already)")
         assert "grad_error" not in pooling, (
             f"{T156}: sequence_mean's backward on rank {rank} returned a gradient of the wrong shape for x (B, S / N, "
             f"dim) = (2, 3, 4) ({pooling.get('grad_error')}): the gradient of x has x's shape: each of this rank's "
@@ -1650,6 +1757,27 @@ def test_every_parameter_gets_its_single_process_gradient(impl, size, cp_size, a
     replicas = size // cp_size
     for rank, (_, grads, sent) in enumerate(results):
         frozen, frozen_sent = grads.pop("frozen"), grads.pop("frozen_sent")
+        in_group, not_waited = grads.pop("in_group", None), grads.pop("not_waited")
+        assert not not_waited, (
+            f"{T156}: rank {rank}'s average_context_parallel_gradients called {not_waited[0]}(async_op=True) and never "
+            "waited for its Work: the gradients were copied out of the flat buffer before (or while) the sum arrived, "
+            "so ranks read it at different moments; wait for it (work.wait()) before reading the buffer, or call it "
+            "blocking")
+        if in_group is not None:
+            members = [0] if rank == 0 else [1, 2]
+            expected_small = dict(zip(("body.weight", "head.weight"), (1.0, 1.0) if rank == 0 else (5.0, 2.5)))
+            where = (f"{T156}: rank {rank}'s average_context_parallel_gradients(model, cp_size={len(members)}, group) "
+                     f"in the group {members} of 3 ranks (one replica of {len(members)} rank"
+                     f"{'s' if len(members) > 1 else ''})")
+            assert in_group[1] in ([], [len(members)]), (
+                f"{where} ran its all-reduce over {', '.join(map(str, in_group[1]))} ranks, not over the {len(members)} of the group it was "
+                "given: pass group=group to the collective (the default group is all 3)")
+            by_the_world = dict(zip(("body.weight", "head.weight"), (1 / 3, 1 / 3) if rank == 0 else (5.0, 5 / 3)))
+            assert in_group[0] == expected_small, (
+                f"{where}: a module whose .grads are rank + 1 got {in_group[0]}, expected {expected_small}"
+                + (": divided by the world's 3 ranks, not the group's: the ranks and the replicas are those of `group`, "
+                   "dist.get_world_size(group)" if all(abs(in_group[0][n] - by_the_world[n]) < 1e-12 for n in by_the_world)
+                   else ""))
         assert sorted(grads) == sorted(expected), f"{T156}: parameter names {sorted(grads)} are not the ViT's"
         kinds = sorted({dtype for _, dtype, _ in sent})
         assert kinds in ([], ["float64"]), (
