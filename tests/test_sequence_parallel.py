@@ -235,6 +235,11 @@ def _check_operator(name, rank, size, got):
             hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
                     "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
                     "collective: every rank already holds the whole gradient")
+        elif "outputShape[0] * worldSize == inputShape[0]" in got["error"]:  # gloo's own check, whole
+            hint = (": reduce_scatter_tensor cuts its input along dim 0, here the batch, into N pieces, and wants an "
+                    "output of input.shape[0] / N rows; the tokens lie along dim 1: bring them to dim 0 first "
+                    "(x.transpose(0, 1).contiguous(), the result transposed back), or reduce_scatter the list "
+                    "x.chunk(N, dim=1)")
         elif NO_FUTURE in got["error"]:  # only a reduce-scatter's Work lacks one among the collectives here
             hint = f": {gloo_wait_only('reduce_scatter')}: wait for it with work.wait(), or use the blocking call"
         elif "incorrect number of gradients" in got["error"]:
@@ -272,8 +277,23 @@ def _check_operator(name, rank, size, got):
         if torch.equal(y, sum(wholes)):
             pytest.fail(f"{where} returned the whole summed sequence: each rank keeps only its S / N tokens (a "
                         "reduce-scatter, not an all-reduce)")
+        if y.shape == y_expected.shape and torch.equal(y, sum(wholes).reshape(-1).chunk(size)[rank].view_as(y)):
+            pytest.fail(f"{where} gave rank {rank} the {rank}-th of {size} pieces of the sequence's memory, not its "
+                        "tokens: reduce_scatter_tensor cuts its (flattened) input along dim 0, the batch, and x is "
+                        "(B, S, dim) with the tokens along dim 1; bring them to dim 0 first (x.transpose(0, 1)"
+                        ".contiguous(), the result transposed back), or reduce_scatter the list x.chunk(N, dim=1)")
     elif not torch.equal(y, y_expected):
         xs = [_rank_valued(r, (2, 3, 2)) for r in range(size)]
+        repeated = [r for r in range(size) if torch.equal(y, xs[r].repeat(1, size, 1))]
+        if repeated and size > 1:
+            pytest.fail(f"{where}: every one of the {size} shards it returned is rank {repeated[0]}'s, as when the "
+                        "pieces given to all_gather are ONE tensor ([buf] * N is N references to one tensor: each "
+                        "rank's shard overwrites the last): make N tensors ([torch.empty_like(x) for _ in range(N)])")
+        if y.shape == y_expected.shape and torch.equal(y, torch.cat(xs, dim=0).reshape(y.shape)):
+            pytest.fail(f"{where} put the ranks' shards one after another in memory, along dim 0 (the batch), and "
+                        "read that as (B, S, dim): all_gather_into_tensor concatenates along dim 0, and the tokens "
+                        "lie along dim 1; gather into (N, B, S / N, dim) and bring the ranks to dim 1 "
+                        "(.transpose(0, 1).reshape(B, S, dim)), or all_gather into a list and torch.cat(pieces, dim=1)")
         if torch.equal(y, torch.cat(xs[::-1], dim=1)) or torch.equal(y, torch.stack(xs, dim=2).flatten(1, 2)):
             pytest.fail(f"{where} put the shards together in the wrong order: concatenate them along dim 1 in "
                         "group-rank order, rank r's tokens at [r * S / N, (r + 1) * S / N) (contiguous shards)")
@@ -295,6 +315,13 @@ def _check_operator(name, rank, size, got):
             pytest.fail(f"{where}'s backward averaged the ranks' gradients: the reduce-scatter SUMS them")
     if name == "reduce_scatter" and not torch.equal(grad_x, grad_expected):
         own = _rank_valued(rank, (2, 3, 2), 0.5)
+        others = [r for r in range(size) if r != rank
+                  and torch.equal(grad_x, _rank_valued(r, (2, 3, 2), 0.5).repeat(1, size, 1))]
+        if others:
+            pytest.fail(f"{where}'s backward gave every one of the {size} places rank {others[0]}'s gradient, as when "
+                        "the pieces given to all_gather are ONE tensor ([buf] * N is N references to one tensor: "
+                        "each rank's gradient overwrites the last): make N tensors "
+                        "([torch.empty_like(grad) for _ in range(N)])")
         if torch.equal(grad_x, own.repeat(1, size, 1)) or torch.equal(grad_x, own.repeat_interleave(size, dim=1)):
             pytest.fail(f"{where}'s backward repeated this rank's own gradient {size} times: the whole sequence's "
                         "gradient is every rank's (B, S / N, dim) gradient, all-gathered along dim 1 in group-rank order")
@@ -391,13 +418,16 @@ def _layer_kinds(module):
 
 def _record_tokens(module):
     """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention, MLP and
-    Block receives (after any gather of the split's): [(name, tokens, is a Block)]."""
-    seen = []
+    Block receives (after any gather of the split's): [(name, tokens, is a Block)]; and each LayerNorm, in
+    module.norms_seen: [(name, tokens)]."""
+    seen, norms = [], []
     for name, child in module.named_modules():
         if isinstance(child, (Attention, MLP, Block)):
             child.register_forward_pre_hook(
                 lambda m, args, name=name: seen.append((name, args[0].shape[1], isinstance(m, Block))))
-    return seen
+        elif isinstance(child, nn.LayerNorm):
+            child.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, args[0].shape[1])))
+    return seen, norms
 
 
 def _run_split(rank, world_size, impl, task, kind, cases):
@@ -418,7 +448,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
         (y_ref * grad_out).sum().backward()
         full = dict(reference.named_parameters())
         split, returned = _split(sp, kind, module, sequence_parallel)
-        kinds, tokens_seen = _layer_kinds(split), _record_tokens(split)
+        kinds, (tokens_seen, norms_seen) = _layer_kinds(split), _record_tokens(split)
         xi = (_shard(x, rank, world_size) if sequence_parallel else x).clone().requires_grad_()
         upstream = _shard(grad_out, rank, world_size) if sequence_parallel else grad_out
         y = torch.full_like(upstream, float("nan"))
@@ -438,7 +468,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
         out.append(dict(
             depth=depth, sp=sequence_parallel, error=error, returned=returned, heads_total=heads_total,
             y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
-            tokens_seen=tokens_seen,
+            tokens_seen=tokens_seen, norms_seen=norms_seen,
             grad_x=xi.grad, grad_x_ref=xr.grad, forward=forward, backward=backward, heads=heads,
             params={n: p.detach().clone() for n, p in split.named_parameters()},
             grads={n: None if p.grad is None else p.grad.clone() for n, p in split.named_parameters()},
@@ -562,6 +592,16 @@ def _check_split(task_name, results, world_size, kind):
                                "mlp, not of the block (parallelize_block)" if got["sp"] else
                                "without sequence parallelism nothing is gathered: each rank gets the whole sequence "
                                "already (gather_sequence only with sequence_parallel=True, parallelize_block)"))
+            shard = TOKENS // (world_size if got["sp"] else 1)
+            norms = [(name, n) for name, n in got["norms_seen"] if n != shard]
+            if norms and got["sp"] and norms[0][1] == TOKENS:  # the values are right: a gather before the norm
+                pytest.fail(f"{where}: {norms[0][0]} received the whole sequence ({TOKENS} tokens), not this rank's "
+                            f"{shard}: with sequence parallelism the LayerNorms run on this rank's tokens, as the "
+                            "residual additions do (their activations are what sequence parallelism splits); a gather "
+                            "BEFORE the norm runs it on every token on every rank, T times the work and the memory: "
+                            "gather after it, at the input of attn and of mlp (parallelize_block)")
+            assert not norms, (f"{where}: {norms[0][0]} received {norms[0][1]} tokens, expected {shard}"
+                               if norms else "")
             if not got["sp"]:
                 gathered = [(name, n) for name, n, block in got["tokens_seen"] if n != TOKENS]
                 if gathered:
