@@ -610,6 +610,14 @@ def _check_split(task_name, results, world_size, kind):
                                 "is gathered (gather_sequence only with sequence_parallel=True, parallelize_block)")
             if got["sp"]:
                 gathered = [(name, n) for name, n, block in got["tokens_seen"] if not block and n != TOKENS]
+                if gathered and gathered[0][1] == world_size * TOKENS:
+                    function = {"attn": "parallelize_attention", "mlp": "parallelize_mlp"}.get(kind, "parallelize_block")
+                    pytest.fail(f"{where}: {gathered[0][0] or kind} received {gathered[0][1]} tokens, {world_size} times "
+                                f"the whole sequence ({TOKENS}): the sequence was gathered twice, once more than "
+                                f"the one gather at the module's input that parallelize_block adds (Task 14.4): "
+                                + ("the split functions only replace the layers (Tasks 14.1 and 14.2)"
+                                   if kind in ("attn", "mlp") else f"{function} adds it once")
+                                + ", and the layers themselves gather nothing")
                 if gathered:
                     pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the whole sequence "
                                 f"({TOKENS}): with sequence parallelism attn and mlp EACH get the whole sequence from "
@@ -802,7 +810,8 @@ def _layers_alone(rank, world_size, impl):
     layer = sp.SequenceParallelColumnLinear.from_linear(column, None)
     xi = _shard(x, rank, world_size).clone().requires_grad_()
     y = layer(sp.gather_sequence(xi, None))
-    (y * up_column.chunk(world_size, dim=-1)[rank]).sum().backward()
+    if y.shape == up_column.chunk(world_size, dim=-1)[rank].shape:  # else said by the test, with the shape
+        (y * up_column.chunk(world_size, dim=-1)[rank]).sum().backward()
     out["column_out"] = (y.detach(), xi.grad)
     layer = sp.SequenceParallelRowLinear.from_linear(row, None)
     hi = h.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
@@ -827,6 +836,14 @@ def _check_layers_alone(rank, world_size, got):
     (y * got["up_column"]).sum().backward()
     y_col, grad_col = got["column_out"]
     where = f"{T144}: SequenceParallelColumnLinear after gather_sequence, rank {rank} of {world_size}"
+    if y_col.dim() == 3 and y_col.shape[1] == world_size * y.shape[1]:
+        pytest.fail(f"{where}: given the whole sequence ({y.shape[1]} tokens), it returned {y_col.shape[1]}: it "
+                    "gathered again; its input is already the whole sequence, gathered at the input of the module "
+                    "that holds it (parallelize_block's pre-hook on attn and mlp: Attention.forward reads the token "
+                    "count from its input), so the layer itself only multiplies: F.linear(x, weight, bias)")
+    assert y_col.shape == y.detach().chunk(world_size, dim=-1)[rank].shape, (
+        f"{where}: the output has shape {tuple(y_col.shape)}, expected {tuple(y.detach().chunk(world_size, dim=-1)[rank].shape)} "
+        "(the whole sequence, this rank's slice of the output features)")
     assert _close(y_col, y.detach().chunk(world_size, dim=-1)[rank]), f"{where}: the output differs from nn.Linear's"
     expected = _shard(x.grad, rank, world_size)
     if grad_col is not None and _close(grad_col, world_size * expected):
