@@ -156,6 +156,7 @@ def _operators(rank, world_size, impl, sub=False):
             try:
                 y = op(x)
                 forward = wire.take()
+                on_ctx = _tensors_on_ctx(y)
                 (grad_x,) = torch.autograd.grad(y, x, grad_out)
                 backward = wire.take()
             except NotImplementedError:
@@ -171,7 +172,7 @@ def _operators(rank, world_size, impl, sub=False):
                                  wrong_group=wrong)
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
-                         kept_input=keeps_its_input(op, before),
+                         kept_input=keeps_its_input(op, before), on_ctx=on_ctx,
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
                          unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
@@ -182,6 +183,17 @@ def _operators(rank, world_size, impl, sub=False):
     except Exception as error:  # noqa: BLE001 (which exception is the test's to judge)
         out["uneven"] = f"{type(error).__name__}: {error}"
     return (rank, world_size, out) if sub else out
+
+
+def _tensors_on_ctx(y):
+    """The attributes of y's autograd node (an autograd Function's ctx) that hold tensors of more than one element,
+    alone or in a list, tuple or dict: what the forward keeps alive until the backward, beside what it saves."""
+    held = []
+    for key, value in vars(y.grad_fn).items() if y.grad_fn is not None and hasattr(y.grad_fn, "__dict__") else ():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, torch.Tensor) and v.numel() > 1 for v in values):
+            held.append(f"ctx.{key}")
+    return held
 
 
 def _unwaited(wire):
@@ -344,6 +356,11 @@ def _check_operator(name, rank, size, got):
                         f"reduce-scatter (dist.reduce_scatter_tensor) delivers each rank only its own {shard} "
                         "(sequence parallelism exists to keep only S / N tokens a rank)")
         assert ok, f"{where}'s {when} should send {wanted}; it sent {calls}"
+    if got["on_ctx"] and not got["kept_input"]:
+        pytest.fail(f"{where} keeps {', '.join(got['on_ctx'])} on ctx: tensors made in the forward stay alive until "
+                    "the backward runs (or the output is freed), memory that sequence parallelism exists to save"
+                    "; the backward needs none of them (it makes its own buffers, freed when it ends): keep only "
+                    "the group (and the flag) on ctx")
     assert not got["kept_input"], (
         f"{where} keeps its input alive after the forward (ctx.save_for_backward(x), or x on ctx), while its backward "
         f"needs none of it (it {'all-gathers' if name == 'reduce_scatter' else 'reduce-scatters or slices'} the "
@@ -535,6 +552,12 @@ def _check_split(task_name, results, world_size, kind):
                             f"module in place and return it (parallelize_block calls {function} for its effect on "
                             "block.attn / block.mlp and ignores what it returns)")
             _check_layer_kinds(where, got)
+            extra = [name for name in got["params"] if name not in got["full"]]
+            if extra:
+                pytest.fail(f"{where}: after the split the module holds parameters the unsplit one has not: {extra} "
+                            f"({sum(got['stored'][name] for name in extra)} bytes): a whole layer kept as an attribute "
+                            "(a submodule) keeps all its memory on every rank, and is trained, saved and synchronised "
+                            "as a parameter; keep only this rank's part (the split layers replace the unsplit ones)")
             for name, full in got["full"].items():
                 local = got["params"].get(name)
                 expected = _local(name, full, rank, world_size)
