@@ -1313,8 +1313,8 @@ def test_the_split_in_each_group_of_a_2d_grid_equals_the_unsplit_module_on_its_d
     for rank, out in enumerate(run_ranks(_in_a_grid, 4, impl, task, timeout=60)):
         where = (f"{name}: {what} split over the tensor-parallel group {[rank // 2 * 2, rank // 2 * 2 + 1]} of 4 "
                  f"ranks, rank {rank}, on its group's data")
-        hint = ("; every size, gather and split must be the group's it is given (dist.get_world_size(group), "
-                "group=group), not the default group's: the world here is 4 ranks, the group 2")
+        hint = ("; every rank, size, gather and split must be the group's it is given (dist.get_rank(group), "
+                "dist.get_world_size(group), group=group), not the default group's: the world here is 4 ranks, the group 2")
         if out.get("outside"):
             pytest.fail(f"{where}: it ran a collective ({out['error']}, stopped by the test) not over the 2 of the group "
                         f"it was given{hint}")
