@@ -2935,6 +2935,14 @@ MISTAKES = [
             "    mlp.fc1 = column(mlp.fc1.weight.detach().chunk(size)[rank].clone(),\n"
             "                     mlp.fc1.bias.detach().chunk(size)[rank].clone(), mlp.fc1.in_features, mlp.fc1.out_features, group)\n",
             "dist.get_rank(group)"),
+    Mistake("14.3", "reduce-scatter-out-in-float64", "template_sequence_parallel.py",  # trial 13: passed (every case was float64)
+            "        out = torch.empty_like(pieces[0])\n        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
+            "        out = torch.empty(pieces[0].shape, dtype=torch.float64)\n        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
+            "a dtype written out"),
+    Mistake("14.3", "gather-cat-in-float64", "template_sequence_parallel.py",  # trial 13: passed (every case was float64)
+            "        return torch.cat(pieces, dim=1)\n        # --- Task 14.3 end ---\n",
+            "        return torch.cat(pieces, dim=1).to(torch.float64)\n        # --- Task 14.3 end ---\n",
+            "not float32"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"

@@ -176,6 +176,19 @@ def _operators(rank, world_size, impl, sub=False):
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
                          unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
+    # the same in float32 (integers: exact there too): a buffer made in a dtype written out (float64, as every case
+    # above) passed them all
+    for name, op, shape, grad_shape in cases:
+        x = _rank_valued(rank, shape).float().requires_grad_()
+        try:
+            y = op(x)
+            (grad_x,) = torch.autograd.grad(y, x, _rank_valued(rank, grad_shape, offset=0.5).float())
+            out[f"{name}_float32"] = dict(error=None, dtypes=(y.dtype, grad_x.dtype), y=y.detach().double(),
+                                          grad_x=grad_x.double())
+        except NotImplementedError:
+            raise
+        except (RuntimeError, ValueError, TypeError) as error:
+            out[f"{name}_float32"] = dict(error=one_line(error))
     try:  # tokens that do not divide: refused on every rank alike, before any collective (uneven ones hang on gloo)
         with Wire(check=_no_collective):
             sp.reduce_scatter_sequence(torch.zeros(2, 2 * world_size + 1, 2, dtype=torch.float64))
@@ -215,6 +228,25 @@ def _expected_operator(name, rank, size):
     wholes = [_rank_valued(r, (2, 3 * size, 2)) for r in range(size)]
     grads = [_rank_valued(r, (2, 3, 2), 0.5) for r in range(size)]
     return sum(w[:, 3 * rank:3 * (rank + 1)] for w in wholes), torch.cat(grads, dim=1)
+
+
+def _check_float32(name, rank, size, got):
+    """The operator on float32 inputs: float32 out and back, the same (exact) values."""
+    call = {"gather": "gather_sequence(x)", "gather_keep": "gather_sequence(x, tensor_parallel_output_grad=False)",
+            "reduce_scatter": "reduce_scatter_sequence(x)"}[name]
+    where = f"{T143}: {call} on rank {rank} of {size}, x float32 (the cases before were float64)"
+    written = ("a buffer or a result made in a dtype written out (dtype=torch.float64: right for the float64 cases "
+               "only) or converted: make every buffer like its input (torch.empty_like(x), x.new_empty(...)) and "
+               "return the input's dtype")
+    if got["error"] is not None:
+        pytest.fail(f"{where} failed: {got['error']}" + (f": {written}" if "dtype" in got["error"] else ""))
+    if got["dtypes"] != (torch.float32, torch.float32):
+        pytest.fail(f"{where} returned {str(got['dtypes'][0]).replace('torch.', '')} in forward and "
+                    f"{str(got['dtypes'][1]).replace('torch.', '')} in backward, not float32: {written}")
+    y_expected, grad_expected = _expected_operator(name, rank, size)
+    assert torch.equal(got["y"], y_expected) and torch.equal(got["grad_x"], grad_expected), (
+        f"{where}: the {'forward' if not torch.equal(got['y'], y_expected) else 'backward'} differs from the "
+        "float64 case's values (integers, exact in float32 too)")
 
 
 def _check_operator(name, rank, size, got):
@@ -376,6 +408,8 @@ def test_sequence_operators_give_exact_values_and_gradients(impl, world_size):
     for rank, out in enumerate(run_ranks(_operators, world_size, impl)):
         for name in ("gather", "gather_keep", "reduce_scatter"):
             _check_operator(name, rank, world_size, out[name])
+        for name in ("gather", "gather_keep", "reduce_scatter"):
+            _check_float32(name, rank, world_size, out[f"{name}_float32"])
         refused = out["uneven"]
         assert refused is not None and refused.startswith("ValueError") and "token" in refused, (
             f"{T143}: reduce_scatter_sequence of {2 * world_size + 1} tokens on {world_size} ranks should raise a "
