@@ -2943,6 +2943,21 @@ MISTAKES = [
             "        return torch.cat(pieces, dim=1)\n        # --- Task 14.3 end ---\n",
             "        return torch.cat(pieces, dim=1).to(torch.float64)\n        # --- Task 14.3 end ---\n",
             "not float32"),
+    Mistake("14.5", "blocks-among-the-children", "template_sequence_parallel.py",  # trial 13: was told to sum them, which it did, one level up
+            "    for block in model.modules():\n        if not getattr(block, \"sequence_parallel\", False):",
+            "    for block in model.children():\n        if not getattr(block, \"sequence_parallel\", False):",
+            "at any depth, not model.children()"),
+    Mistake("14.5", "only-the-last-handle-waited", "template_sequence_parallel.py",  # trial 13: caught and named already; kept so
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "    work = None\n"
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        if work is not None:\n"
+            "            work.wait()\n"
+            "        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)\n",
+            "never waited on its Work"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"
