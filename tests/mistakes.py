@@ -2958,6 +2958,14 @@ MISTAKES = [
             "            work.wait()\n"
             "        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)\n",
             "never waited on its Work"),
+    Mistake("16.5", "sent-in-float32", "template_experts.py",  # trial 13: was a bare "differ, ratio [1.0000000007]"
+            "            flat = torch.cat([g.reshape(-1) for g in grads])\n",
+            "            flat = torch.cat([g.reshape(-1) for g in grads]).float()  # half the bytes on the wire\n",
+            "to float32's precision only"),
+    Mistake("14.5", "sync-sent-in-float32", "template_sequence_parallel.py",  # trial 13: caught and named already; kept so
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n",
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same]).float()  # half the bytes on the wire\n",
+            "sent the float64 gradients as float32"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"

@@ -1152,6 +1152,15 @@ def _check_vit(task, rank, world_size, ep_size, got):
             ratio[name] = (have @ want / (want @ want)).item()
     experts = [name for name in wrong if ".experts." in name]
     dense = [name for name in wrong if ".experts." not in name]
+    rounded = [name for name in wrong if got["got"][name] is not None and got["got"][name].dtype == torch.float64
+               and got["got"][name].shape == got["expected"][name].shape
+               and (got["got"][name] - got["expected"][name]).abs().max() <= 1e-6 * got["expected"][name].abs().max()]
+    if wrong and rounded == wrong:  # float64 gradients right to float32's precision only, not to float64's
+        narrowed = [call for call in got["wire"] if call[1] != "float64" and call[2] != 10]  # 10: head.bias, float32
+        pytest.fail(f"{T}: {where}: the gradients {wrong[:2]} equal one process's to float32's precision only (within "
+                    "1e-6, not 1e-10): the float64 gradients were rounded on the way, a buffer made or converted "
+                    "in a narrower dtype" + (f" (it sent {narrowed})" if narrowed else "") + ": keep each dtype's "
+                    "flat buffer, and its all-reduce, in that dtype")
     if wrong and got.get("unwaited"):  # the values below would say "not averaged", which the code meant to do
         pytest.fail(f"{T}: {where}: the gradients differ from one process's ({wrong[:2]}), and {got['unwaited']} "
                     "all-reduce(s) started with async_op=True were never waited for (wait()): the sum may not have "
