@@ -178,17 +178,20 @@ def _operators(rank, world_size, impl, sub=False):
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
     # the same in float32 (integers: exact there too): a buffer made in a dtype written out (float64, as every case
     # above) passed them all
-    for name, op, shape, grad_shape in cases:
+    for name, op, shape, grad_shape in cases if not sub else ():  # the groups' test reads the float64 cases only
+        if out[name]["error"] is not None:  # said by the float64 case
+            continue
         x = _rank_valued(rank, shape).float().requires_grad_()
-        try:
-            y = op(x)
-            (grad_x,) = torch.autograd.grad(y, x, _rank_valued(rank, grad_shape, offset=0.5).float())
-            out[f"{name}_float32"] = dict(error=None, dtypes=(y.dtype, grad_x.dtype), y=y.detach().double(),
-                                          grad_x=grad_x.double())
-        except NotImplementedError:
-            raise
-        except (RuntimeError, ValueError, TypeError) as error:
-            out[f"{name}_float32"] = dict(error=one_line(error))
+        with Wire():  # as above: a Work polled forever stops with the wire's own sentence
+            try:
+                y = op(x)
+                (grad_x,) = torch.autograd.grad(y, x, _rank_valued(rank, grad_shape, offset=0.5).float())
+                out[f"{name}_float32"] = dict(error=None, dtypes=(y.dtype, grad_x.dtype), y=y.detach().double(),
+                                              grad_x=grad_x.double())
+            except NotImplementedError:
+                raise
+            except (RuntimeError, IndexError, ValueError, TypeError) as error:
+                out[f"{name}_float32"] = dict(error=one_line(error))
     try:  # tokens that do not divide: refused on every rank alike, before any collective (uneven ones hang on gloo)
         with Wire(check=_no_collective):
             sp.reduce_scatter_sequence(torch.zeros(2, 2 * world_size + 1, 2, dtype=torch.float64))
@@ -408,7 +411,7 @@ def test_sequence_operators_give_exact_values_and_gradients(impl, world_size):
     for rank, out in enumerate(run_ranks(_operators, world_size, impl)):
         for name in ("gather", "gather_keep", "reduce_scatter"):
             _check_operator(name, rank, world_size, out[name])
-        for name in ("gather", "gather_keep", "reduce_scatter"):
+        for name in ("gather", "gather_keep", "reduce_scatter"):  # after every float64 case passed: all ran
             _check_float32(name, rank, world_size, out[f"{name}_float32"])
         refused = out["uneven"]
         assert refused is not None and refused.startswith("ValueError") and "token" in refused, (
