@@ -2966,6 +2966,10 @@ MISTAKES = [
             "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n",
             "        flat = torch.cat([param.grad.reshape(-1) for param in same]).float()  # half the bytes on the wire\n",
             "sent the float64 gradients as float32"),
+    Mistake("14.4", "row-bias-through-f", "template_sequence_parallel.py",  # trial 13: was told the bias went before the reduce-scatter
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        return y if self.bias is None else y + copy_to_tp(self.bias, self.group)  # its gradient summed over the ranks\n",
+            "summed over the ranks inside the layer"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"

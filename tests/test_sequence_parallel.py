@@ -850,6 +850,8 @@ def test_blocks_equal_the_unsplit_blocks(impl, world_size, cases):
     runs = run_ranks(_layers_and_blocks, world_size, impl, cases)
     for rank, (layers, _) in enumerate(runs):  # first: the layers alone say best what is wrong in them
         _check_layers_alone(rank, world_size, layers)
+    for rank, (layers, _) in enumerate(runs):  # after every rank's: a bias used on one rank only is said above
+        _check_row_bias_gradient(rank, world_size, layers)
     results = [result for _, result in runs]
     _check_split(T144, results, world_size, "block")
     for rank, result in enumerate(results):
@@ -950,6 +952,19 @@ def _check_layers_alone(rank, world_size, got):
         "forward (added on another rank only, before the reduce-scatter, which then sums it once into every token; "
         "or detached): with sequence parallelism each rank adds the bias to its own tokens after the reduce-scatter, "
         "so that each rank's bias gradient covers its tokens (Task 14.5 sums them over the ranks)")
+
+
+def _check_row_bias_gradient(rank, world_size, got):
+    """SequenceParallelRowLinear alone: its bias's gradient covers this rank's tokens, not yet summed (Task 14.5's)."""
+    where = f"{T144}: SequenceParallelRowLinear, rank {rank} of {world_size}"
+    up, grad_bias = got["up_row"], got["row_out"][2]
+    whole, own = up.sum(dim=(0, 1)), _shard(up, rank, world_size).sum(dim=(0, 1))
+    if _close(grad_bias, whole) and not _close(whole, own):
+        pytest.fail(f"{where}: the output is right and the bias's gradient is already the whole sequence's, summed "
+                    "over the ranks inside the layer (copy_to_tp on the bias, or a hook): Task 14.5's sync sums it "
+                    f"over the group again, {world_size} times the right one; in the layer each rank's bias gradient "
+                    "covers its own tokens (y + self.bias after the reduce-scatter), and the sync alone sums them")
+    assert _close(grad_bias, own), f"{where}: the bias's gradient differs from nn.Linear's on this rank's tokens"
 
 
 # --------------------------------------------------------------------------- PyTorch's own plan
