@@ -2970,6 +2970,11 @@ MISTAKES = [
             "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
             "        return y if self.bias is None else y + copy_to_tp(self.bias, self.group)  # its gradient summed over the ranks\n",
             "summed over the ranks inside the layer"),
+    Mistake("14.1", "proj-bias-divided", "template_sequence_parallel.py",  # trial 13: was told it was never copied (random initialisation)
+            "    attn.proj = row.from_linear(attn.proj, group)\n",
+            "    attn.proj = row(attn.proj.weight.detach().chunk(size, dim=1)[rank].clone(), attn.proj.bias.detach() / size,\n"
+            "                    dim, dim, group)  # the bias summed over the ranks: each adds its share\n",
+            "adds its bias once, after the all-reduce"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"

@@ -614,6 +614,13 @@ def _check_split(task_name, results, world_size, kind):
                                     f"{3 * DIM - 1}); rank {rank} holds heads {rank * heads_total // world_size}..."
                                     f"{(rank + 1) * heads_total // world_size - 1}, whole heads of {DIM // heads_total} features "
                                     f"each: rows {_ranges(_rows_held(expected, full))} (parallelize_attention, Task 14.1)")
+                if local is not None and local.shape == expected.shape and not torch.equal(local, expected) and \
+                        torch.allclose(local * world_size, expected, rtol=1e-6, atol=0):
+                    pytest.fail(f"{where}: {name} holds its part of the unsplit parameter divided by {world_size}"
+                                + (": the row-parallel layer adds its bias once, after the all-reduce (Task 9's "
+                                   "RowParallelLinear), not a share of it on every rank before: keep it whole, as "
+                                   "from_linear does" if name.endswith(("proj.bias", "fc2.bias")) else
+                                   ": keep the unsplit values (this rank's rows or columns of them, as they are)"))
                 if local is not None and local.shape == expected.shape and not torch.equal(local, expected):
                     strangers = sum(not bool((full == value).any()) for value in local.reshape(-1))
                     pytest.fail(f"{where}: {name} holds the right shape {tuple(local.shape)} but other values than its "
