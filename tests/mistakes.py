@@ -2975,6 +2975,10 @@ MISTAKES = [
             "    attn.proj = row(attn.proj.weight.detach().chunk(size, dim=1)[rank].clone(), attn.proj.bias.detach() / size,\n"
             "                    dim, dim, group)  # the bias summed over the ranks: each adds its share\n",
             "adds its bias once, after the all-reduce"),
+    Mistake("16.5", "divided-twice", "template_experts.py",  # trial 13: was told it averaged over the ep group, which it did not
+            "                grad.copy_(mean.view_as(grad))\n",
+            "                grad.copy_(mean.view_as(grad) / divisor)\n",
+            "once more than the rule asks"),
     Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
             "    size = dist.get_world_size(ep_group)\n",
             "    size = dist.get_world_size(ep_group)\n"

@@ -1178,9 +1178,10 @@ def _check_vit(task, rank, world_size, ep_size, got):
                     + (f" and by the {copies} copies of expert_dp_group it is summed over (here both are {ep_size}: "
                        f"the divisor is N * copies = {ep_size * copies})" if copies == ep_size else ""))
         elif all(abs(x - 1 / ep_size) < 1e-6 for x in r):
-            hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
-                    "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
-                    "divide by N and average over expert_dp_group only")
+            hint = (f": {ep_size} times too small: divided by N = {ep_size} once more than the rule asks (as if the "
+                    "experts were averaged over the ep group like data-parallel gradients, or divided twice): the "
+                    "all-to-all's backward summed the ep group's tokens into the expert, so divide by N once, and "
+                    f"average over expert_dp_group only: one division by N * copies = {ep_size * got['copies']}")
         else:
             mixed = [ranks for (_, _, numel, _), ranks in zip(got["wire"], got["members"])
                      if numel == got["expert_numel"] and ranks != got["expert_dp"]]
