@@ -2863,6 +2863,133 @@ MISTAKES = [
             "            return pieces[rank], None, None",
             "            return pieces[rank], None",
             "one value per input of its forward"),
+    # Task 14, 16.5, trial 13 (2026-11-30): what stays alive (ctx, a kept layer), the into-tensor collectives on (B, S, dim), aliased buffers, the gather's place, the router
+    Mistake("14.4", "gather-before-the-norms", "template_sequence_parallel.py",  # trial 13: passed (right values, the norms on every token)
+            "        for module in (block.attn, block.mlp):\n",
+            "        for module in (block.norm1, block.norm2):\n",
+            "received the whole sequence"),
+    Mistake("14.3", "gather-pieces-one-buffer-repeated", "template_sequence_parallel.py",  # trial 13: was a bare difference
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]\n",
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format)] * dist.get_world_size(group)\n",
+            "the pieces given to all_gather are ONE tensor"),
+    Mistake("14.3", "rs-backward-pieces-one-buffer-repeated", "template_sequence_parallel.py",  # trial 13: was a bare difference
+            "        pieces = [torch.empty_like(grad, memory_format=torch.contiguous_format) for _ in range(size)]\n",
+            "        pieces = [torch.empty_like(grad, memory_format=torch.contiguous_format)] * size\n",
+            "the pieces given to all_gather are ONE tensor"),
+    Mistake("14.3", "reduce-scatter-tensor-flat", "template_sequence_parallel.py",  # trial 13: was a bare difference
+            "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n"
+            "        out = torch.empty_like(pieces[0])\n"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n"
+            "        return out\n",
+            "        out = x.new_empty((x.shape[0], x.shape[1] // size, *x.shape[2:]))\n"
+            "        dist.reduce_scatter_tensor(out.view(-1), x.contiguous().view(-1), op=dist.ReduceOp.SUM, group=group)\n"
+            "        return out\n",
+            "pieces of the sequence's memory, not its tokens"),
+    Mistake("14.3", "reduce-scatter-tensor-along-the-batch", "template_sequence_parallel.py",  # trial 13: was gloo's raw check
+            "        pieces = [piece.contiguous() for piece in x.chunk(size, dim=1)]\n"
+            "        out = torch.empty_like(pieces[0])\n"
+            "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n"
+            "        return out\n",
+            "        out = x.new_empty((x.shape[0], x.shape[1] // size, *x.shape[2:]))\n"
+            "        dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)\n"
+            "        return out\n",
+            "reduce_scatter_tensor cuts its input along dim 0"),
+    Mistake("14.3", "gather-into-tensor-flat", "template_sequence_parallel.py",  # trial 13: was a bare difference
+            "        pieces = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]\n"
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n"
+            "        return torch.cat(pieces, dim=1)\n",
+            "        size = dist.get_world_size(group)\n"
+            "        out = x.new_empty((x.shape[0], x.shape[1] * size, *x.shape[2:]))\n"
+            "        dist.all_gather_into_tensor(out.view(-1), x.contiguous().view(-1), group=group)\n"
+            "        return out\n",
+            "all_gather_into_tensor concatenates along dim 0"),
+    Mistake("14.3", "gather-pieces-kept-on-ctx", "template_sequence_parallel.py",  # trial 13: passed (only the input was looked for)
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n        return torch.cat(pieces, dim=1)\n",
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n"
+            "        ctx.pieces = pieces  # the backward's buffers, made once\n"
+            "        return torch.cat(pieces, dim=1)\n",
+            "keeps ctx.pieces on ctx"),
+    Mistake("14.1", "attn-gathers-its-own-input", "template_sequence_parallel.py",  # trial 13: was told to gather at attn's input, which it did
+            "    attn.heads //= size\n    return attn\n",
+            "    attn.heads //= size\n"
+            "    if sequence_parallel:  # the column-parallel layer needs the whole sequence\n"
+            "        attn.register_forward_pre_hook(lambda module, args: (gather_sequence(args[0], group),))\n"
+            "    return attn\n",
+            "the sequence was gathered twice"),
+    Mistake("14.4", "gather-inside-the-column-layer", "template_sequence_parallel.py",  # trial 13: was a raw size mismatch
+            "        return F.linear(x, self.weight, self.bias)  # no f: the gather's backward already sums x's gradient\n",
+            "        return F.linear(gather_sequence(x, self.group), self.weight, self.bias)\n",
+            "it gathered again"),
+    Mistake("14.1", "whole-qkv-kept-as-an-attribute", "template_sequence_parallel.py",  # trial 13: passed (only the unsplit names were compared)
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "    attn.unsplit_qkv = attn.qkv  # to put the rows back together later\n"
+            "    attn.qkv = column.from_linear(regrouped, group)\n",
+            "holds parameters the unsplit one has not"),
+    Mistake("14.1", "qkv-bias-split-as-it-lies", "template_sequence_parallel.py",  # trial 13: caught and named already; kept so
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach()[order])\n",
+            "        regrouped.bias = nn.Parameter(attn.qkv.bias.detach().clone())\n",
+            "the bias regrouped as the weight"),
+    Mistake("14.2", "fc1-sliced-by-global-rank", "template_sequence_parallel.py",  # trial 13: caught (slow grid test); the hint now names get_rank(group)
+            "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n",
+            "    rank, size = dist.get_rank(), dist.get_world_size(group)\n"
+            "    mlp.fc1 = column(mlp.fc1.weight.detach().chunk(size)[rank].clone(),\n"
+            "                     mlp.fc1.bias.detach().chunk(size)[rank].clone(), mlp.fc1.in_features, mlp.fc1.out_features, group)\n",
+            "dist.get_rank(group)"),
+    Mistake("14.3", "reduce-scatter-out-in-float64", "template_sequence_parallel.py",  # trial 13: passed (every case was float64)
+            "        out = torch.empty_like(pieces[0])\n        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
+            "        out = torch.empty(pieces[0].shape, dtype=torch.float64)\n        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=group)\n",
+            "a dtype written out"),
+    Mistake("14.3", "gather-cat-in-float64", "template_sequence_parallel.py",  # trial 13: passed (every case was float64)
+            "        return torch.cat(pieces, dim=1)\n        # --- Task 14.3 end ---\n",
+            "        return torch.cat(pieces, dim=1).to(torch.float64)\n        # --- Task 14.3 end ---\n",
+            "not float32"),
+    Mistake("14.5", "blocks-among-the-children", "template_sequence_parallel.py",  # trial 13: was told to sum them, which it did, one level up
+            "    for block in model.modules():\n        if not getattr(block, \"sequence_parallel\", False):",
+            "    for block in model.children():\n        if not getattr(block, \"sequence_parallel\", False):",
+            "at any depth, not model.children()"),
+    Mistake("14.5", "only-the-last-handle-waited", "template_sequence_parallel.py",  # trial 13: caught and named already; kept so
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)\n",
+            "    work = None\n"
+            "    for same in by_dtype.values():\n"
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n"
+            "        if work is not None:\n"
+            "            work.wait()\n"
+            "        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)\n",
+            "never waited on its Work"),
+    Mistake("16.5", "sent-in-float32", "template_experts.py",  # trial 13: was a bare "differ, ratio [1.0000000007]"
+            "            flat = torch.cat([g.reshape(-1) for g in grads])\n",
+            "            flat = torch.cat([g.reshape(-1) for g in grads]).float()  # half the bytes on the wire\n",
+            "to float32's precision only"),
+    Mistake("14.5", "sync-sent-in-float32", "template_sequence_parallel.py",  # trial 13: caught and named already; kept so
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same])\n",
+            "        flat = torch.cat([param.grad.reshape(-1) for param in same]).float()  # half the bytes on the wire\n",
+            "sent the float64 gradients as float32"),
+    Mistake("14.4", "row-bias-through-f", "template_sequence_parallel.py",  # trial 13: was told the bias went before the reduce-scatter
+            "        return y if self.bias is None else y + self.bias  # after the sum, on this rank's tokens: once\n",
+            "        return y if self.bias is None else y + copy_to_tp(self.bias, self.group)  # its gradient summed over the ranks\n",
+            "summed over the ranks inside the layer"),
+    Mistake("14.1", "proj-bias-divided", "template_sequence_parallel.py",  # trial 13: was told it was never copied (random initialisation)
+            "    attn.proj = row.from_linear(attn.proj, group)\n",
+            "    attn.proj = row(attn.proj.weight.detach().chunk(size, dim=1)[rank].clone(), attn.proj.bias.detach() / size,\n"
+            "                    dim, dim, group)  # the bias summed over the ranks: each adds its share\n",
+            "adds its bias once, after the all-reduce"),
+    Mistake("16.5", "divided-twice", "template_experts.py",  # trial 13: was told it averaged over the ep group, which it did not
+            "                grad.copy_(mean.view_as(grad))\n",
+            "                grad.copy_(mean.view_as(grad) / divisor)\n",
+            "once more than the rule asks"),
+    Mistake("16.5", "router-counted-as-an-expert", "template_experts.py",  # trial 13: was told to divide by the world size
+            "    size = dist.get_world_size(ep_group)\n",
+            "    size = dist.get_world_size(ep_group)\n"
+            "    experts = {id(p) for module in model.modules() if getattr(module, \"expert_parallel\", False) for p in module.parameters()}\n",
+            "they belong to the expert-parallel layer but not"),
+    Mistake("16.5", "one-flat-for-every-dtype", "template_experts.py",  # trial 13: caught and named already; kept so
+            "        for dtype in sorted({p.grad.dtype for p in params}, key=str):  # one flat buffer per dtype\n"
+            "            grads = [p.grad for p in params if p.grad.dtype == dtype]\n",
+            "        for dtype in [None] if params else []:\n"
+            "            grads = [p.grad for p in params]\n",
+            "one collective per group and dtype"),
     # Task 15
     Mistake("15.1", "outputs-averaged", "template_context_parallel.py",
             "    return weight_a * out_a + weight_b * out_b, lse", "    return (out_a + out_b) / 2, lse",
@@ -4591,6 +4718,49 @@ RIGHT_ANSWERS = [
         Mistake("14.4", "pre-hook-returns-the-tensor", "template_sequence_parallel.py",
                 "(gather_sequence(args[0], group), *args[1:])",
                 "gather_sequence(args[0], group)", ""),)),
+    # Task 14, 16.5, trial 13 (2026-11-30): constructors, a post-hook for the last gather, grads rebound, another divisor
+    RightAnswer("14.2", "own-slices-into-the-constructors",
+                "'fc1 becomes the column-parallel layer ... (rank r: hidden features [r * hidden / N, (r + 1) * "
+                "hidden / N)), fc2 the row-parallel one': the layers' own constructors take those slices", (
+        Mistake("14.2", "own-slices-into-the-constructors", "template_sequence_parallel.py",
+                "    mlp.fc1 = column.from_linear(mlp.fc1, group)\n"
+                "    mlp.fc2 = row.from_linear(mlp.fc2, group)\n",
+                "    rank, size = dist.get_rank(group), dist.get_world_size(group)\n"
+                "    fc1, fc2 = mlp.fc1, mlp.fc2\n"
+                "    mlp.fc1 = column(fc1.weight.detach().chunk(size, dim=0)[rank].clone(), fc1.bias.detach().chunk(size)[rank].clone(),\n"
+                "                     fc1.in_features, fc1.out_features, group)\n"
+                "    mlp.fc2 = row(fc2.weight.detach().chunk(size, dim=1)[rank].clone(), fc2.bias.detach().clone(),\n"
+                "                  fc2.in_features, fc2.out_features, group)\n", ""),)),
+    RightAnswer("14.5", "last-gather-after-the-last-block",
+                "'the tokens are gathered back before the final norm': a forward hook on the last block gathers "
+                "the same tensor at the same place as a pre-hook on the norm", (
+        Mistake("14.5", "last-gather-after-the-last-block", "template_sequence_parallel.py",
+                "        model.norm.register_forward_pre_hook(\n"
+                "            lambda module, args: (gather_sequence(args[0], tp_group, tensor_parallel_output_grad=False),))\n",
+                "        model.blocks[-1].register_forward_hook(\n"
+                "            lambda module, args, out: gather_sequence(out, tp_group, tensor_parallel_output_grad=False))\n", ""),)),
+    RightAnswer("14.5", "grads-rebound-to-the-flat-buffer",
+                "'Sum over group the gradients ..., in place': each .grad made a view of the summed buffer holds "
+                "the sum, as one copied into holds it", (
+        Mistake("14.5", "grads-rebound-to-the-flat-buffer", "template_sequence_parallel.py",
+                "            param.grad.copy_(summed.view_as(param.grad))\n",
+                "            param.grad = summed.view_as(param.grad)\n", ""),)),
+    RightAnswer("14.3", "gather-backward-into-tensor-transposed",
+                "'the reduce-scatter (SUM) of the gradient along dim 1': the tokens brought to dim 0, "
+                "reduce_scatter_tensor cuts them there, and the result transposed back", (
+        Mistake("14.3", "gather-backward-into-tensor-transposed", "template_sequence_parallel.py",
+                "        out = torch.empty_like(pieces[rank])\n"
+                "        dist.reduce_scatter(out, pieces, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+                "        return out, None, None\n",
+                "        tokens_first = grad.transpose(0, 1).contiguous()  # (S, B, dim): rank j's tokens j-th along dim 0\n"
+                "        out = tokens_first.new_empty((tokens_first.shape[0] // size, *tokens_first.shape[1:]))\n"
+                "        dist.reduce_scatter_tensor(out, tokens_first, group=ctx.group)\n"
+                "        return out.transpose(0, 1), None, None\n", ""),)),
+    RightAnswer("16.5", "experts-divided-by-the-world-size",
+                "'divided by N, and averaged over expert_dp_group': N times the copies is the world size, "
+                "W = N * (W / N)", (
+        Mistake("16.5", "experts-divided-by-the-world-size", "template_experts.py",
+                "expert_dp_group, size * copies)", "expert_dp_group, dist.get_world_size())", ""),)),
     RightAnswer("15.1", "max-then-log-sum-exp",
                 "'(out, lse) exactly as attention_block over the concatenated keys ... no overflow': max + "
                 "log(sum of exp(lse - max)) is the log-sum-exp, each side weighted by its share", (

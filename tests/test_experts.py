@@ -1083,12 +1083,16 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
         expected["pos_embed"] = None
     copies = world_size // ep_size
     expert_numel = sum(p.numel() for name, p in vit.named_parameters() if ".experts." in name)
+    expert_ids = ep.expert_parameters(vit)  # given code: the experts' parameters, not the rest of their layer
+    layer_own = {f"{prefix}.{name}" if prefix else name: p.numel() for prefix, m in vit.named_modules()
+                 if getattr(m, "expert_parallel", False) for name, p in m.named_parameters() if id(p) not in expert_ids}
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
                 crashed=crashed, frozen_numel=vit.pos_embed.numel() if task == "16.5" else 0,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 unwaited=sum(not c.waited for c in wire.calls),
                 dense_numel=sum(p.numel() for p in vit.parameters()) - expert_numel, expert_numel=expert_numel,
+                layer_own=layer_own,
                 converted=sum(getattr(m, "expert_parallel", False) for m in vit.modules()), left=left,
                 top_level=top_level, stray=stray, returned_the_model=returned is vit,
                 returned="None" if returned is None else type(returned).__name__)
@@ -1148,6 +1152,15 @@ def _check_vit(task, rank, world_size, ep_size, got):
             ratio[name] = (have @ want / (want @ want)).item()
     experts = [name for name in wrong if ".experts." in name]
     dense = [name for name in wrong if ".experts." not in name]
+    rounded = [name for name in wrong if got["got"][name] is not None and got["got"][name].dtype == torch.float64
+               and got["got"][name].shape == got["expected"][name].shape
+               and (got["got"][name] - got["expected"][name]).abs().max() <= 1e-6 * got["expected"][name].abs().max()]
+    if wrong and rounded == wrong:  # float64 gradients right to float32's precision only, not to float64's
+        narrowed = [call for call in got["wire"] if call[1] != "float64" and call[2] != 10]  # 10: head.bias, float32
+        pytest.fail(f"{T}: {where}: the gradients {wrong[:2]} equal one process's to float32's precision only (within "
+                    "1e-6, not 1e-10): the float64 gradients were rounded on the way, a buffer made or converted "
+                    "in a narrower dtype" + (f" (it sent {narrowed})" if narrowed else "") + ": keep each dtype's "
+                    "flat buffer, and its all-reduce, in that dtype")
     if wrong and got.get("unwaited"):  # the values below would say "not averaged", which the code meant to do
         pytest.fail(f"{T}: {where}: the gradients differ from one process's ({wrong[:2]}), and {got['unwaited']} "
                     "all-reduce(s) started with async_op=True were never waited for (wait()): the sum may not have "
@@ -1165,9 +1178,10 @@ def _check_vit(task, rank, world_size, ep_size, got):
                     + (f" and by the {copies} copies of expert_dp_group it is summed over (here both are {ep_size}: "
                        f"the divisor is N * copies = {ep_size * copies})" if copies == ep_size else ""))
         elif all(abs(x - 1 / ep_size) < 1e-6 for x in r):
-            hint = (f": {ep_size} times too small: averaged over the expert-parallel group like data-parallel gradients; "
-                    "the ep group's ranks hold different experts and the all-to-all's backward already summed its tokens: "
-                    "divide by N and average over expert_dp_group only")
+            hint = (f": {ep_size} times too small: divided by N = {ep_size} once more than the rule asks (as if the "
+                    "experts were averaged over the ep group like data-parallel gradients, or divided twice): the "
+                    "all-to-all's backward summed the ep group's tokens into the expert, so divide by N once, and "
+                    f"average over expert_dp_group only: one division by N * copies = {ep_size * got['copies']}")
         else:
             mixed = [ranks for (_, _, numel, _), ranks in zip(got["wire"], got["members"])
                      if numel == got["expert_numel"] and ranks != got["expert_dp"]]
@@ -1178,6 +1192,14 @@ def _check_vit(task, rank, world_size, ep_size, got):
                         "same experts" + (" (here one copy: no collective for them)" if got["copies"] == 1 else ""))
         pytest.fail(f"{T}: {where}: the experts' gradients differ from one process's ({experts[:2]}, ratio {r[:2]}){hint}")
     if dense:
+        router = got.get("layer_own", {})
+        without = got["dense_numel"] - 10 - got["frozen_numel"] - sum(router.values())  # 10: head.bias, float32
+        if set(dense) <= set(router) and ("all_reduce", "float64", without, world_size) in got["wire"]:
+            pytest.fail(f"{T}: {where}: the gradients of {sorted(router)} differ from one process's, and they were "
+                        "left out of the all-reduce over all ranks: they belong to the expert-parallel layer but not "
+                        "to its experts (the router is replicated, the same on every rank: data parallel, averaged "
+                        "over all ranks); the experts are exactly expert_parameters(model), the parameters of each "
+                        "layer's `experts`, not every parameter of the layer")
         r = [ratio.get(name, float("nan")) for name in dense]
         same = all(abs(x - r[0]) < 1e-6 for x in r) and r[0] > 0
         fewer = sorted({size for kind, _, numel, size in got["wire"]

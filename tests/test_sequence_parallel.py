@@ -156,6 +156,7 @@ def _operators(rank, world_size, impl, sub=False):
             try:
                 y = op(x)
                 forward = wire.take()
+                on_ctx = _tensors_on_ctx(y)
                 (grad_x,) = torch.autograd.grad(y, x, grad_out)
                 backward = wire.take()
             except NotImplementedError:
@@ -171,10 +172,26 @@ def _operators(rank, world_size, impl, sub=False):
                                  wrong_group=wrong)
                 continue
         out[name] = dict(error=None, y=y.detach().clone(), grad_x=grad_x, forward=forward, backward=backward,
-                         kept_input=keeps_its_input(op, before),
+                         kept_input=keeps_its_input(op, before), on_ctx=on_ctx,
                          same=torch.equal(x.detach(), before) and torch.equal(grad_out, grad_before),
                          unwaited=_unwaited(wire), async_kinds=sorted({c.kind for c in wire.calls if c.async_op}),
                          read_early=[when for when, t in (("forward", y), ("backward", grad_x)) if torch.isnan(t).any()])
+    # the same in float32 (integers: exact there too): a buffer made in a dtype written out (float64, as every case
+    # above) passed them all
+    for name, op, shape, grad_shape in cases if not sub else ():  # the groups' test reads the float64 cases only
+        if out[name]["error"] is not None:  # said by the float64 case
+            continue
+        x = _rank_valued(rank, shape).float().requires_grad_()
+        with Wire():  # as above: a Work polled forever stops with the wire's own sentence
+            try:
+                y = op(x)
+                (grad_x,) = torch.autograd.grad(y, x, _rank_valued(rank, grad_shape, offset=0.5).float())
+                out[f"{name}_float32"] = dict(error=None, dtypes=(y.dtype, grad_x.dtype), y=y.detach().double(),
+                                              grad_x=grad_x.double())
+            except NotImplementedError:
+                raise
+            except (RuntimeError, IndexError, ValueError, TypeError) as error:
+                out[f"{name}_float32"] = dict(error=one_line(error))
     try:  # tokens that do not divide: refused on every rank alike, before any collective (uneven ones hang on gloo)
         with Wire(check=_no_collective):
             sp.reduce_scatter_sequence(torch.zeros(2, 2 * world_size + 1, 2, dtype=torch.float64))
@@ -182,6 +199,17 @@ def _operators(rank, world_size, impl, sub=False):
     except Exception as error:  # noqa: BLE001 (which exception is the test's to judge)
         out["uneven"] = f"{type(error).__name__}: {error}"
     return (rank, world_size, out) if sub else out
+
+
+def _tensors_on_ctx(y):
+    """The attributes of y's autograd node (an autograd Function's ctx) that hold tensors of more than one element,
+    alone or in a list, tuple or dict: what the forward keeps alive until the backward, beside what it saves."""
+    held = []
+    for key, value in vars(y.grad_fn).items() if y.grad_fn is not None and hasattr(y.grad_fn, "__dict__") else ():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, torch.Tensor) and v.numel() > 1 for v in values):
+            held.append(f"ctx.{key}")
+    return held
 
 
 def _unwaited(wire):
@@ -203,6 +231,25 @@ def _expected_operator(name, rank, size):
     wholes = [_rank_valued(r, (2, 3 * size, 2)) for r in range(size)]
     grads = [_rank_valued(r, (2, 3, 2), 0.5) for r in range(size)]
     return sum(w[:, 3 * rank:3 * (rank + 1)] for w in wholes), torch.cat(grads, dim=1)
+
+
+def _check_float32(name, rank, size, got):
+    """The operator on float32 inputs: float32 out and back, the same (exact) values."""
+    call = {"gather": "gather_sequence(x)", "gather_keep": "gather_sequence(x, tensor_parallel_output_grad=False)",
+            "reduce_scatter": "reduce_scatter_sequence(x)"}[name]
+    where = f"{T143}: {call} on rank {rank} of {size}, x float32 (the cases before were float64)"
+    written = ("a buffer or a result made in a dtype written out (dtype=torch.float64: right for the float64 cases "
+               "only) or converted: make every buffer like its input (torch.empty_like(x), x.new_empty(...)) and "
+               "return the input's dtype")
+    if got["error"] is not None:
+        pytest.fail(f"{where} failed: {got['error']}" + (f": {written}" if "dtype" in got["error"] else ""))
+    if got["dtypes"] != (torch.float32, torch.float32):
+        pytest.fail(f"{where} returned {str(got['dtypes'][0]).replace('torch.', '')} in forward and "
+                    f"{str(got['dtypes'][1]).replace('torch.', '')} in backward, not float32: {written}")
+    y_expected, grad_expected = _expected_operator(name, rank, size)
+    assert torch.equal(got["y"], y_expected) and torch.equal(got["grad_x"], grad_expected), (
+        f"{where}: the {'forward' if not torch.equal(got['y'], y_expected) else 'backward'} differs from the "
+        "float64 case's values (integers, exact in float32 too)")
 
 
 def _check_operator(name, rank, size, got):
@@ -235,6 +282,11 @@ def _check_operator(name, rank, size, got):
             hint = (": its backward returned a gradient of the wrong shape; with tensor_parallel_output_grad=False it "
                     "returns this rank's slice of the incoming gradient, its S / N tokens (B, S / N, dim), with no "
                     "collective: every rank already holds the whole gradient")
+        elif "outputShape[0] * worldSize == inputShape[0]" in got["error"]:  # gloo's own check, whole
+            hint = (": reduce_scatter_tensor cuts its input along dim 0, here the batch, into N pieces, and wants an "
+                    "output of input.shape[0] / N rows; the tokens lie along dim 1: bring them to dim 0 first "
+                    "(x.transpose(0, 1).contiguous(), the result transposed back), or reduce_scatter the list "
+                    "x.chunk(N, dim=1)")
         elif NO_FUTURE in got["error"]:  # only a reduce-scatter's Work lacks one among the collectives here
             hint = f": {gloo_wait_only('reduce_scatter')}: wait for it with work.wait(), or use the blocking call"
         elif "incorrect number of gradients" in got["error"]:
@@ -272,8 +324,23 @@ def _check_operator(name, rank, size, got):
         if torch.equal(y, sum(wholes)):
             pytest.fail(f"{where} returned the whole summed sequence: each rank keeps only its S / N tokens (a "
                         "reduce-scatter, not an all-reduce)")
+        if y.shape == y_expected.shape and torch.equal(y, sum(wholes).reshape(-1).chunk(size)[rank].view_as(y)):
+            pytest.fail(f"{where} gave rank {rank} the {rank}-th of {size} pieces of the sequence's memory, not its "
+                        "tokens: reduce_scatter_tensor cuts its (flattened) input along dim 0, the batch, and x is "
+                        "(B, S, dim) with the tokens along dim 1; bring them to dim 0 first (x.transpose(0, 1)"
+                        ".contiguous(), the result transposed back), or reduce_scatter the list x.chunk(N, dim=1)")
     elif not torch.equal(y, y_expected):
         xs = [_rank_valued(r, (2, 3, 2)) for r in range(size)]
+        repeated = [r for r in range(size) if torch.equal(y, xs[r].repeat(1, size, 1))]
+        if repeated and size > 1:
+            pytest.fail(f"{where}: every one of the {size} shards it returned is rank {repeated[0]}'s, as when the "
+                        "pieces given to all_gather are ONE tensor ([buf] * N is N references to one tensor: each "
+                        "rank's shard overwrites the last): make N tensors ([torch.empty_like(x) for _ in range(N)])")
+        if y.shape == y_expected.shape and torch.equal(y, torch.cat(xs, dim=0).reshape(y.shape)):
+            pytest.fail(f"{where} put the ranks' shards one after another in memory, along dim 0 (the batch), and "
+                        "read that as (B, S, dim): all_gather_into_tensor concatenates along dim 0, and the tokens "
+                        "lie along dim 1; gather into (N, B, S / N, dim) and bring the ranks to dim 1 "
+                        "(.transpose(0, 1).reshape(B, S, dim)), or all_gather into a list and torch.cat(pieces, dim=1)")
         if torch.equal(y, torch.cat(xs[::-1], dim=1)) or torch.equal(y, torch.stack(xs, dim=2).flatten(1, 2)):
             pytest.fail(f"{where} put the shards together in the wrong order: concatenate them along dim 1 in "
                         "group-rank order, rank r's tokens at [r * S / N, (r + 1) * S / N) (contiguous shards)")
@@ -295,6 +362,13 @@ def _check_operator(name, rank, size, got):
             pytest.fail(f"{where}'s backward averaged the ranks' gradients: the reduce-scatter SUMS them")
     if name == "reduce_scatter" and not torch.equal(grad_x, grad_expected):
         own = _rank_valued(rank, (2, 3, 2), 0.5)
+        others = [r for r in range(size) if r != rank
+                  and torch.equal(grad_x, _rank_valued(r, (2, 3, 2), 0.5).repeat(1, size, 1))]
+        if others:
+            pytest.fail(f"{where}'s backward gave every one of the {size} places rank {others[0]}'s gradient, as when "
+                        "the pieces given to all_gather are ONE tensor ([buf] * N is N references to one tensor: "
+                        "each rank's gradient overwrites the last): make N tensors "
+                        "([torch.empty_like(grad) for _ in range(N)])")
         if torch.equal(grad_x, own.repeat(1, size, 1)) or torch.equal(grad_x, own.repeat_interleave(size, dim=1)):
             pytest.fail(f"{where}'s backward repeated this rank's own gradient {size} times: the whole sequence's "
                         "gradient is every rank's (B, S / N, dim) gradient, all-gathered along dim 1 in group-rank order")
@@ -317,6 +391,11 @@ def _check_operator(name, rank, size, got):
                         f"reduce-scatter (dist.reduce_scatter_tensor) delivers each rank only its own {shard} "
                         "(sequence parallelism exists to keep only S / N tokens a rank)")
         assert ok, f"{where}'s {when} should send {wanted}; it sent {calls}"
+    if got["on_ctx"] and not got["kept_input"]:
+        pytest.fail(f"{where} keeps {', '.join(got['on_ctx'])} on ctx: tensors made in the forward stay alive until "
+                    "the backward runs (or the output is freed), memory that sequence parallelism exists to save"
+                    "; the backward needs none of them (it makes its own buffers, freed when it ends): keep only "
+                    "the group (and the flag) on ctx")
     assert not got["kept_input"], (
         f"{where} keeps its input alive after the forward (ctx.save_for_backward(x), or x on ctx), while its backward "
         f"needs none of it (it {'all-gathers' if name == 'reduce_scatter' else 'reduce-scatters or slices'} the "
@@ -332,6 +411,8 @@ def test_sequence_operators_give_exact_values_and_gradients(impl, world_size):
     for rank, out in enumerate(run_ranks(_operators, world_size, impl)):
         for name in ("gather", "gather_keep", "reduce_scatter"):
             _check_operator(name, rank, world_size, out[name])
+        for name in ("gather", "gather_keep", "reduce_scatter"):  # after every float64 case passed: all ran
+            _check_float32(name, rank, world_size, out[f"{name}_float32"])
         refused = out["uneven"]
         assert refused is not None and refused.startswith("ValueError") and "token" in refused, (
             f"{T143}: reduce_scatter_sequence of {2 * world_size + 1} tokens on {world_size} ranks should raise a "
@@ -391,13 +472,16 @@ def _layer_kinds(module):
 
 def _record_tokens(module):
     """Forward pre-hooks, registered after the split's own, that record how many tokens each Attention, MLP and
-    Block receives (after any gather of the split's): [(name, tokens, is a Block)]."""
-    seen = []
+    Block receives (after any gather of the split's): [(name, tokens, is a Block)]; and each LayerNorm, in
+    module.norms_seen: [(name, tokens)]."""
+    seen, norms = [], []
     for name, child in module.named_modules():
         if isinstance(child, (Attention, MLP, Block)):
             child.register_forward_pre_hook(
                 lambda m, args, name=name: seen.append((name, args[0].shape[1], isinstance(m, Block))))
-    return seen
+        elif isinstance(child, nn.LayerNorm):
+            child.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, args[0].shape[1])))
+    return seen, norms
 
 
 def _run_split(rank, world_size, impl, task, kind, cases):
@@ -418,7 +502,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
         (y_ref * grad_out).sum().backward()
         full = dict(reference.named_parameters())
         split, returned = _split(sp, kind, module, sequence_parallel)
-        kinds, tokens_seen = _layer_kinds(split), _record_tokens(split)
+        kinds, (tokens_seen, norms_seen) = _layer_kinds(split), _record_tokens(split)
         xi = (_shard(x, rank, world_size) if sequence_parallel else x).clone().requires_grad_()
         upstream = _shard(grad_out, rank, world_size) if sequence_parallel else grad_out
         y = torch.full_like(upstream, float("nan"))
@@ -438,7 +522,7 @@ def _run_split(rank, world_size, impl, task, kind, cases):
         out.append(dict(
             depth=depth, sp=sequence_parallel, error=error, returned=returned, heads_total=heads_total,
             y=y.detach(), y_ref=y_ref.detach(), kinds=kinds,
-            tokens_seen=tokens_seen,
+            tokens_seen=tokens_seen, norms_seen=norms_seen,
             grad_x=xi.grad, grad_x_ref=xr.grad, forward=forward, backward=backward, heads=heads,
             params={n: p.detach().clone() for n, p in split.named_parameters()},
             grads={n: None if p.grad is None else p.grad.clone() for n, p in split.named_parameters()},
@@ -505,6 +589,12 @@ def _check_split(task_name, results, world_size, kind):
                             f"module in place and return it (parallelize_block calls {function} for its effect on "
                             "block.attn / block.mlp and ignores what it returns)")
             _check_layer_kinds(where, got)
+            extra = [name for name in got["params"] if name not in got["full"]]
+            if extra:
+                pytest.fail(f"{where}: after the split the module holds parameters the unsplit one has not: {extra} "
+                            f"({sum(got['stored'][name] for name in extra)} bytes): a whole layer kept as an attribute "
+                            "(a submodule) keeps all its memory on every rank, and is trained, saved and synchronised "
+                            "as a parameter; keep only this rank's part (the split layers replace the unsplit ones)")
             for name, full in got["full"].items():
                 local = got["params"].get(name)
                 expected = _local(name, full, rank, world_size)
@@ -524,6 +614,13 @@ def _check_split(task_name, results, world_size, kind):
                                     f"{3 * DIM - 1}); rank {rank} holds heads {rank * heads_total // world_size}..."
                                     f"{(rank + 1) * heads_total // world_size - 1}, whole heads of {DIM // heads_total} features "
                                     f"each: rows {_ranges(_rows_held(expected, full))} (parallelize_attention, Task 14.1)")
+                if local is not None and local.shape == expected.shape and not torch.equal(local, expected) and \
+                        torch.allclose(local * world_size, expected, rtol=1e-6, atol=0):
+                    pytest.fail(f"{where}: {name} holds its part of the unsplit parameter divided by {world_size}"
+                                + (": the row-parallel layer adds its bias once, after the all-reduce (Task 9's "
+                                   "RowParallelLinear), not a share of it on every rank before: keep it whole, as "
+                                   "from_linear does" if name.endswith(("proj.bias", "fc2.bias")) else
+                                   ": keep the unsplit values (this rank's rows or columns of them, as they are)"))
                 if local is not None and local.shape == expected.shape and not torch.equal(local, expected):
                     strangers = sum(not bool((full == value).any()) for value in local.reshape(-1))
                     pytest.fail(f"{where}: {name} holds the right shape {tuple(local.shape)} but other values than its "
@@ -562,6 +659,16 @@ def _check_split(task_name, results, world_size, kind):
                                "mlp, not of the block (parallelize_block)" if got["sp"] else
                                "without sequence parallelism nothing is gathered: each rank gets the whole sequence "
                                "already (gather_sequence only with sequence_parallel=True, parallelize_block)"))
+            shard = TOKENS // (world_size if got["sp"] else 1)
+            norms = [(name, n) for name, n in got["norms_seen"] if n != shard]
+            if norms and got["sp"] and norms[0][1] == TOKENS:  # the values are right: a gather before the norm
+                pytest.fail(f"{where}: {norms[0][0]} received the whole sequence ({TOKENS} tokens), not this rank's "
+                            f"{shard}: with sequence parallelism the LayerNorms run on this rank's tokens, as the "
+                            "residual additions do (their activations are what sequence parallelism splits); a gather "
+                            "BEFORE the norm runs it on every token on every rank, T times the work and the memory: "
+                            "gather after it, at the input of attn and of mlp (parallelize_block)")
+            assert not norms, (f"{where}: {norms[0][0]} received {norms[0][1]} tokens, expected {shard}"
+                               if norms else "")
             if not got["sp"]:
                 gathered = [(name, n) for name, n, block in got["tokens_seen"] if n != TOKENS]
                 if gathered:
@@ -570,6 +677,14 @@ def _check_split(task_name, results, world_size, kind):
                                 "is gathered (gather_sequence only with sequence_parallel=True, parallelize_block)")
             if got["sp"]:
                 gathered = [(name, n) for name, n, block in got["tokens_seen"] if not block and n != TOKENS]
+                if gathered and gathered[0][1] == world_size * TOKENS:
+                    function = {"attn": "parallelize_attention", "mlp": "parallelize_mlp"}.get(kind, "parallelize_block")
+                    pytest.fail(f"{where}: {gathered[0][0] or kind} received {gathered[0][1]} tokens, {world_size} times "
+                                f"the whole sequence ({TOKENS}): the sequence was gathered twice, once more than "
+                                f"the one gather at the module's input that parallelize_block adds (Task 14.4): "
+                                + ("the split functions only replace the layers (Tasks 14.1 and 14.2)"
+                                   if kind in ("attn", "mlp") else f"{function} adds it once")
+                                + ", and the layers themselves gather nothing")
                 if gathered:
                     pytest.fail(f"{where}: {gathered[0][0]} received {gathered[0][1]} tokens, not the whole sequence "
                                 f"({TOKENS}): with sequence parallelism attn and mlp EACH get the whole sequence from "
@@ -742,6 +857,8 @@ def test_blocks_equal_the_unsplit_blocks(impl, world_size, cases):
     runs = run_ranks(_layers_and_blocks, world_size, impl, cases)
     for rank, (layers, _) in enumerate(runs):  # first: the layers alone say best what is wrong in them
         _check_layers_alone(rank, world_size, layers)
+    for rank, (layers, _) in enumerate(runs):  # after every rank's: a bias used on one rank only is said above
+        _check_row_bias_gradient(rank, world_size, layers)
     results = [result for _, result in runs]
     _check_split(T144, results, world_size, "block")
     for rank, result in enumerate(results):
@@ -762,7 +879,8 @@ def _layers_alone(rank, world_size, impl):
     layer = sp.SequenceParallelColumnLinear.from_linear(column, None)
     xi = _shard(x, rank, world_size).clone().requires_grad_()
     y = layer(sp.gather_sequence(xi, None))
-    (y * up_column.chunk(world_size, dim=-1)[rank]).sum().backward()
+    if y.shape == up_column.chunk(world_size, dim=-1)[rank].shape:  # else said by the test, with the shape
+        (y * up_column.chunk(world_size, dim=-1)[rank]).sum().backward()
     out["column_out"] = (y.detach(), xi.grad)
     layer = sp.SequenceParallelRowLinear.from_linear(row, None)
     hi = h.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
@@ -787,6 +905,14 @@ def _check_layers_alone(rank, world_size, got):
     (y * got["up_column"]).sum().backward()
     y_col, grad_col = got["column_out"]
     where = f"{T144}: SequenceParallelColumnLinear after gather_sequence, rank {rank} of {world_size}"
+    if y_col.dim() == 3 and y_col.shape[1] == world_size * y.shape[1]:
+        pytest.fail(f"{where}: given the whole sequence ({y.shape[1]} tokens), it returned {y_col.shape[1]}: it "
+                    "gathered again; its input is already the whole sequence, gathered at the input of the module "
+                    "that holds it (parallelize_block's pre-hook on attn and mlp: Attention.forward reads the token "
+                    "count from its input), so the layer itself only multiplies: F.linear(x, weight, bias)")
+    assert y_col.shape == y.detach().chunk(world_size, dim=-1)[rank].shape, (
+        f"{where}: the output has shape {tuple(y_col.shape)}, expected {tuple(y.detach().chunk(world_size, dim=-1)[rank].shape)} "
+        "(the whole sequence, this rank's slice of the output features)")
     assert _close(y_col, y.detach().chunk(world_size, dim=-1)[rank]), f"{where}: the output differs from nn.Linear's"
     expected = _shard(x.grad, rank, world_size)
     if grad_col is not None and _close(grad_col, world_size * expected):
@@ -833,6 +959,19 @@ def _check_layers_alone(rank, world_size, got):
         "forward (added on another rank only, before the reduce-scatter, which then sums it once into every token; "
         "or detached): with sequence parallelism each rank adds the bias to its own tokens after the reduce-scatter, "
         "so that each rank's bias gradient covers its tokens (Task 14.5 sums them over the ranks)")
+
+
+def _check_row_bias_gradient(rank, world_size, got):
+    """SequenceParallelRowLinear alone: its bias's gradient covers this rank's tokens, not yet summed (Task 14.5's)."""
+    where = f"{T144}: SequenceParallelRowLinear, rank {rank} of {world_size}"
+    up, grad_bias = got["up_row"], got["row_out"][2]
+    whole, own = up.sum(dim=(0, 1)), _shard(up, rank, world_size).sum(dim=(0, 1))
+    if _close(grad_bias, whole) and not _close(whole, own):
+        pytest.fail(f"{where}: the output is right and the bias's gradient is already the whole sequence's, summed "
+                    "over the ranks inside the layer (copy_to_tp on the bias, or a hook): Task 14.5's sync sums it "
+                    f"over the group again, {world_size} times the right one; in the layer each rank's bias gradient "
+                    "covers its own tokens (y + self.bias after the reduce-scatter), and the sync alone sums them")
+    assert _close(grad_bias, own), f"{where}: the bias's gradient differs from nn.Linear's on this rank's tokens"
 
 
 # --------------------------------------------------------------------------- PyTorch's own plan
@@ -1131,6 +1270,14 @@ def test_sync_and_the_vit_training_as_one_process(impl, world_size, sequence_par
             assert _close(got, expected), f"{where}: the first step's {name} gradient differs from one process's"
         for name, expected in ref["first"].items():
             got = ours["first"][name]
+            if sequence_parallel and _partial_under_sp(name) and not _close(got, expected) and _close(
+                    sum(run[1]["ours"]["first"][name] for run in runs), expected):
+                # the sync above summed the same gradients in a ModuleDict of blocks (its direct children)
+                pytest.fail(f"{where}: the first step's {name} gradient was left as it was, this rank's tokens' part "
+                            "(the ranks' gradients sum to one process's), while the sync summed the same gradients "
+                            "in the test's nn.ModuleDict, whose blocks are its direct children: the ViT holds its "
+                            "blocks one level deeper, in model.blocks (an nn.ModuleList); look for the blocks among "
+                            "model.modules(), at any depth, not model.children()")
             assert _close(got, _local(name, expected, rank, world_size)), (
                 f"{where}: the first step's {name} gradient differs from one process's"
                 + (": the LayerNorms' and row-parallel biases' gradients must be summed over the group "
@@ -1233,8 +1380,8 @@ def test_the_split_in_each_group_of_a_2d_grid_equals_the_unsplit_module_on_its_d
     for rank, out in enumerate(run_ranks(_in_a_grid, 4, impl, task, timeout=60)):
         where = (f"{name}: {what} split over the tensor-parallel group {[rank // 2 * 2, rank // 2 * 2 + 1]} of 4 "
                  f"ranks, rank {rank}, on its group's data")
-        hint = ("; every size, gather and split must be the group's it is given (dist.get_world_size(group), "
-                "group=group), not the default group's: the world here is 4 ranks, the group 2")
+        hint = ("; every rank, size, gather and split must be the group's it is given (dist.get_rank(group), "
+                "dist.get_world_size(group), group=group), not the default group's: the world here is 4 ranks, the group 2")
         if out.get("outside"):
             pytest.fail(f"{where}: it ran a collective ({out['error']}, stopped by the test) not over the 2 of the group "
                         f"it was given{hint}")
