@@ -47,14 +47,22 @@ def _start(warm, mistake, folder):
     return run, report
 
 
-def _next_mistakes(request, count):
-    """The mistakes of the next `count` tests pytest will run, as far as they are tests of this function."""
+def _start_right(warm, right, folder):
+    """The right answer's task tests started in a fresh copy of the course with it planted: (its run, the folder)."""
+    repo = make_submission(str(folder / "repo"), list(right.edits))
+    return warm.start(["--impl", "template", "-m", right.marker, "-q", "-p", "no:cacheprovider",
+                       *files_with(right.marker)], cwd=repo, timeout=110), folder
+
+
+def _next_params(request, count, name):
+    """The parameter `name` (a mistake, a right answer) of the next `count` tests pytest will run, as far as they
+    are tests of this function."""
     items = request.session.items
     following = []
     for item in items[items.index(request.node) + 1:][:count]:
         if getattr(item, "originalname", None) != request.node.originalname:
             break
-        following.append(item.callspec.params["mistake"])
+        following.append(item.callspec.params[name])
     return following
 
 
@@ -65,8 +73,8 @@ AHEAD = 1
 
 @pytest.fixture(scope="module")
 def started_ahead():
-    """{mistake: its run}, started while the test before it read its own: two runs at once keep both cores
-    busy where one run's pytest waits on its ranks or its ranks on it (the catalogue's CI time, issue 45)."""
+    """{mistake or right answer: its run}, started while the test before it read its own: two runs at once keep
+    both cores busy where one run's pytest waits on its ranks or its ranks on it (the catalogue's CI time, issue 45)."""
     return {}
 
 
@@ -74,7 +82,7 @@ def started_ahead():
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.task}-{m.name}")
 def test_the_tests_catch_this_mistake(mistake, request, tmp_path_factory, warm, started_ahead):
     run, report = started_ahead.pop(mistake, None) or _start(warm, mistake, tmp_path_factory.mktemp("mistake"))
-    for following in _next_mistakes(request, AHEAD):
+    for following in _next_params(request, AHEAD, "mistake"):
         if following not in started_ahead:
             started_ahead[following] = _start(warm, following, tmp_path_factory.mktemp("mistake"))
     returncode, out = warm.result(run)
@@ -93,13 +101,16 @@ def test_the_tests_catch_this_mistake(mistake, request, tmp_path_factory, warm, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("right", RIGHT_ANSWERS, ids=lambda r: f"{r.task}-{r.name}")
-def test_the_tests_pass_this_right_answer(right, tmp_path, warm):
+def test_the_tests_pass_this_right_answer(right, request, tmp_path_factory, warm, started_ahead):
     """A right answer written otherwise than the solution, which its docstring accepts on purpose (Issue 45:
     a P divided by N before it is orthogonalised; the steps counted right after the comparison)."""
-    repo = make_submission(str(tmp_path / "repo"), list(right.edits))
-    returncode, out = warm.run(["--impl", "template", "-m", right.marker, "-q", "-p", "no:cacheprovider",
-                                *files_with(right.marker)], cwd=repo, timeout=110)
+    run, folder = started_ahead.pop(right, None) or _start_right(warm, right, tmp_path_factory.mktemp("right"))
+    for following in _next_params(request, AHEAD, "right"):  # two at once, as the mistakes
+        if following not in started_ahead:
+            started_ahead[following] = _start_right(warm, following, tmp_path_factory.mktemp("right"))
+    returncode, out = warm.result(run)
     assert returncode == 0, f"the Task {right.task} tests fail '{right.name}' ({right.why}):\n{out[-3000:]}"
+    shutil.rmtree(folder)
 
 
 @pytest.mark.slow
