@@ -1088,6 +1088,7 @@ def _vit(rank, world_size, impl, task, ep_size, num_experts, top_k, capacity_fac
                  if getattr(m, "expert_parallel", False) for name, p in m.named_parameters() if id(p) not in expert_ids}
     return dict(loss=loss.item(), ref_loss=losses[rank], aux=aux, ref_aux=auxes[rank], got=got, expected=expected,
                 crashed=crashed, frozen_numel=vit.pos_embed.numel() if task == "16.5" else 0,
+                float32_numel=vit.head.bias.numel() if task == "16.5" else 0,
                 wire=[(c.kind, dtype_name(c.dtype), c.numel, c.group_size) for c in wire.calls], copies=copies,
                 members=[sorted(ranks) for ranks in members], expert_dp=list(range(rank % ep_size, world_size, ep_size)),
                 unwaited=sum(not c.waited for c in wire.calls),
@@ -1156,7 +1157,7 @@ def _check_vit(task, rank, world_size, ep_size, got):
                and got["got"][name].shape == got["expected"][name].shape
                and (got["got"][name] - got["expected"][name]).abs().max() <= 1e-6 * got["expected"][name].abs().max()]
     if wrong and rounded == wrong:  # float64 gradients right to float32's precision only, not to float64's
-        narrowed = [call for call in got["wire"] if call[1] != "float64" and call[2] != 10]  # 10: head.bias, float32
+        narrowed = [call for call in got["wire"] if call[1] != "float64" and call[2] != got["float32_numel"]]
         pytest.fail(f"{T}: {where}: the gradients {wrong[:2]} equal one process's to float32's precision only (within "
                     "1e-6, not 1e-10): the float64 gradients were rounded on the way, a buffer made or converted "
                     "in a narrower dtype" + (f" (it sent {narrowed})" if narrowed else "") + ": keep each dtype's "
@@ -1193,7 +1194,7 @@ def _check_vit(task, rank, world_size, ep_size, got):
         pytest.fail(f"{T}: {where}: the experts' gradients differ from one process's ({experts[:2]}, ratio {r[:2]}){hint}")
     if dense:
         router = got.get("layer_own", {})
-        without = got["dense_numel"] - 10 - got["frozen_numel"] - sum(router.values())  # 10: head.bias, float32
+        without = got["dense_numel"] - got["float32_numel"] - got["frozen_numel"] - sum(router.values())
         if set(dense) <= set(router) and ("all_reduce", "float64", without, world_size) in got["wire"]:
             pytest.fail(f"{T}: {where}: the gradients of {sorted(router)} differ from one process's, and they were "
                         "left out of the all-reduce over all ranks: they belong to the expert-parallel layer but not "
@@ -1216,7 +1217,7 @@ def _check_vit(task, rank, world_size, ep_size, got):
                 "mean over all ranks (all-reduce, divide by the world size)")
         pytest.fail(f"{T}: {where}: the gradients outside the experts differ from one process's ({dense[:3]}){hint}")
     wire = got["wire"]
-    head = 10  # head.bias, float32
+    head = got["float32_numel"]  # head.bias, made float32
     dense = got["dense_numel"] - head - got["frozen_numel"]
     expected = [("all_reduce", "float64", dense, world_size), ("all_reduce", "float32", head, world_size)]
     expected += [("all_reduce", "float64", got["expert_numel"], got["copies"])] if got["copies"] > 1 else []
