@@ -398,6 +398,7 @@ def _layers(rank, world_size, impl, sub, bias):
         results[("column", gather_output)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            features=(getattr(layer, "in_features", None), getattr(layer, "out_features", None)),
             grad_x=None if xi.grad is None else xi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -410,6 +411,7 @@ def _layers(rank, world_size, impl, sub, bias):
         results[("row", input_is_parallel)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            features=(getattr(layer, "in_features", None), getattr(layer, "out_features", None)),
             grad_x=None if hi.grad is None else hi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -474,6 +476,18 @@ def _close(a, b):
     return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def _check_features(where, got, ref, split, gsize):
+    """layer.in_features and layer.out_features: the whole layer's, as nn.Linear's (trial 14: this rank's passed)."""
+    out_features, in_features = ref["weight"].shape
+    if got["features"] == (in_features, out_features):
+        return
+    local = (in_features, out_features // gsize) if split == "out" else (in_features // gsize, out_features)
+    pytest.fail(f"{where} has (in_features, out_features) = {got['features']}, expected {(in_features, out_features)}, "
+                "the nn.Linear's: they are the whole layer's sizes, as nn.Linear's (the docstring), not this rank's"
+                + (f" {local}; the slice's size is in the weight's shape" if got["features"] == local else "")
+                + ": pass linear.in_features and linear.out_features to cls(...)")
+
+
 def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     where = f"ColumnParallelLinear (gather_output={gather_output}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[0] // gsize
@@ -520,6 +534,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
         f"{T92}: {where}'s forward should send {'one all-gather' if gather_output else 'nothing'}, it sent {got['forward']}")
     assert got["backward"] == [("all_reduce", "float32", ref["grad_x"].numel())], (
         f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
+    _check_features(f"{T92}: {where}", got, ref, "out", gsize)
 
 
 def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True, world_size=None):
@@ -572,6 +587,14 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
                         f"{cols.start}..{cols.stop - 1} and zero elsewhere: the slice was taken without f before it, "
                         "so no rank gets the other ranks' parts of x's gradient. Take it with _split_last_dim "
                         "(copy_to_tp, then the slice), whose backward all-reduces them")
+        # trial 14: f after the slice: its all-reduce sums the ranks' gradients of DIFFERENT columns into this rank's
+        summed = torch.zeros_like(ref["grad_x"])
+        summed[:, cols] = sum(ref["grad_x"].chunk(gsize, dim=-1))
+        if _close(got["grad_x"], summed):
+            pytest.fail(f"{T92}: {where}: the input's gradient is zero outside this rank's columns {cols.start}.."
+                        f"{cols.stop - 1}, and in them the SUM of every rank's columns of nn.Linear's gradient: f "
+                        "(copy_to_tp) was applied after the slice, so its all-reduce adds up gradients of different "
+                        "columns. Apply f to the whole x first, then slice (_split_last_dim does both, in that order)")
     assert _close(got["grad_x"], grad_x_expected), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's"
         + ("" if input_is_parallel else ": without input_is_parallel, every rank gets x's whole gradient"))
@@ -602,12 +625,18 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
     expected_backward = [] if input_is_parallel else [("all_reduce", "float32", ref["grad_x"].numel())]
     assert got["backward"] == expected_backward, (
         f"{T92}: {where}'s backward should send {expected_backward or 'nothing'}, it sent {got['backward']}")
+    _check_features(f"{T92}: {where}", got, ref, "in", gsize)
 
 
 def _check_copies(rank, name, got, group=""):
     """from_linear's tensors are the slice's own memory: a view (chunk, narrow, [rows] without .clone()) keeps
     the whole nn.Linear alive, and the optimizer's steps on the slice change the nn.Linear too."""
     for param, (storage, own) in got["stored"].items():
+        if storage != own and param not in got["changed"]:  # trial 14: told 'shares its memory' when it did not
+            pytest.fail(f"{T92}: {name}.from_linear on rank {rank}{group}: layer.{param} is {own} bytes but its storage "
+                        f"holds {storage}: it is a slice of a copy of the nn.Linear's whole {param} (.clone() before "
+                        "slicing copies all of it, and the slice keeps that whole copy alive on every rank): slice "
+                        "first, then .clone() the slice")
         assert storage == own, (
             f"{T92}: {name}.from_linear on rank {rank}{group}: layer.{param} is {own} bytes but its storage holds {storage}: "
             f"it is a view of the nn.Linear's whole {param} (slicing, torch.chunk and narrow make views), which keeps "
@@ -816,11 +845,33 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     if task == "9.3":  # the groups first, here: wrong ones would hang in g's all-reduce, far from the cause
         _check_groups(T93, rank, world_size, dp_size, tp_size, groups)
     torch.manual_seed(0)  # every rank builds the same whole model before splitting (or: broadcast it)
-    model = tp.parallelize_classifier(CNN(), tp_group)
+    try:
+        model = tp.parallelize_classifier(CNN(), tp_group)
+    except AttributeError as error:  # trial 14: was a raw "'Flatten' object has no attribute 'out_features'"
+        given = re.search(r"'(Flatten|ReLU)' object has no attribute '(in|out)_features'", str(error))
+        if task != "9.3" or not given:
+            raise
+        raise AssertionError(f"{T93}: parallelize_classifier gave from_linear the {given.group(1)} layer ({error}): "
+                             "model.classifier is Flatten, Linear, ReLU, Linear, so the two nn.Linear layers are "
+                             "classifier[1] and classifier[3] (index 0 is the Flatten)") from None
     if model is None:
         raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
                              "returns it (return model), as the docstring says")
     column, row = model.classifier[1], model.classifier[3]
+    kinds = {i: type(model.classifier[i]).__name__ for i in (1, 3)}
+    if task == "9.3" and kinds != {1: "ColumnParallelLinear", 3: "RowParallelLinear"}:
+        # trial 14: classifier[3] left whole was told "gather_full_params (given code) differs from the test's gather"
+        raise AssertionError(f"{T93}: after parallelize_classifier, classifier[1] is a {kinds[1]} and classifier[3] a "
+                             f"{kinds[3]}: replace BOTH, classifier[1] by ColumnParallelLinear.from_linear(..., tp_group) "
+                             "and classifier[3] by RowParallelLinear.from_linear(..., tp_group); the pair needs one "
+                             "all-reduce each way, where a column-parallel layer alone needs an all-gather of its "
+                             "output and leaves the next layer replicated")
+    if task == "9.3" and getattr(column, "gather_output", None) is True and getattr(row, "input_is_parallel", None) is True:
+        # trial 14: was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
+        raise AssertionError(f"{T93}: parallelize_classifier made classifier[1] with gather_output=True before "
+                             "classifier[3] with input_is_parallel=True: the row-parallel layer then gets the whole "
+                             "hidden features where it expects this rank's slice (a shape error in forward): keep "
+                             "gather_output=False, so that each rank's ReLU and row-parallel layer work on its slice")
     if task == "9.3" and getattr(column, "gather_output", None) is False and getattr(row, "input_is_parallel", None) is False:
         # was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
         raise AssertionError(f"{T93}: parallelize_classifier made classifier[3] with input_is_parallel=False after "
@@ -1044,6 +1095,9 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
             "the same position on different ranks get the same name and meet in the same store keys: they may "
             "connect to each other's ranks, or hang")
     for rank, (dp_ranks, tp_ranks, _) in enumerate(results):
+        # None is the default group, every rank: right where the group is all of them (dp 1: the tp group), as
+        # _check_groups has it (trial 14: was rejected as 'tp group is None, expected [0, 1, 2, 3]')
+        dp_ranks, tp_ranks = (list(range(dp_size * tp_size)) if ranks is None else ranks for ranks in (dp_ranks, tp_ranks))
         row, column = rank // tp_size, rank % tp_size
         expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
         expected_dp = list(range(column, dp_size * tp_size, tp_size))
@@ -1176,16 +1230,25 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
         assert bias_grad is None, f"{T94}: a parameter without .grad must be skipped, and keep None"
         assert [kind for kind, _, _ in calls] == ["all_reduce"], (
             f"{T94}: one all_reduce per gradient over the dp group, got {calls}")
-        expected = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
+        expected64 = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
         where = f"{T94}: rank {rank}, a float64 model's gradients"
         assert double.dtype == torch.float64, f"{where} became {double.dtype}: keep each gradient's dtype"
-        if not torch.allclose(double, expected, rtol=1e-12, atol=0) and torch.allclose(double, expected, rtol=1e-6):
+        if not torch.allclose(double, expected64, rtol=1e-12, atol=0) and torch.allclose(double, expected64, rtol=1e-6):
             pytest.fail(f"{where} equal their mean over the dp group to float32's precision only (off by "
-                        f"{(double - expected).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
+                        f"{(double - expected64).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
                         "and torch.empty(n) are torch's default dtype, float32): make a flat buffer in the gradients' "
                         "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
-        assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
-            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
+        assert torch.allclose(double, expected64, rtol=1e-12, atol=0), (
+            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected64[0, 0].item()}")
+        # trial 14: some averaged and some left as they were (an early return in the loop, a filter by shape or name)
+        if kept and any(averaged.values()):
+            left = sorted(kept)
+            done = sorted(n for n, ok in averaged.items() if ok)
+            pytest.fail(f"{T94}: rank {rank} (dp peers {peers}), in a Sequential of a ColumnParallelLinear and an "
+                        f"nn.Linear (parameters {sorted(split)}): average_gradients_over_dp averaged {done} but left "
+                        f"{left} as they were ({rank + 1}, this rank's own, expected the mean {expected}): average EVERY "
+                        "parameter that has a .grad (no return inside the loop, no filter by shape or name: a bias "
+                        "differs between the dp peers as much as a weight)")
         assert all(averaged.values()), (
             f"{T94}: rank {rank} (dp peers {peers}), a Sequential of a ColumnParallelLinear and an nn.Linear: gradients "
             f"{ {n: g.flatten()[0].item() for n, g in split.items()} }, expected the mean over the dp group, {expected}, "
