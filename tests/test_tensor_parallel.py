@@ -189,6 +189,12 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"shape {dims}: it kept the whole last dimension and sliced dimension {' and '.join(sliced)}; gather's "
                         "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
                         "(grad.chunk(size, dim=-1)[rank])")
+        # trial 14: torch.split(grad, size) cuts pieces of `size` elements (was torch's raw "invalid gradient")
+        if got_dims[:-1] == dims[:-1] and got_dims[-1] == gsize != dims[-1]:
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims} for x of shape {dims}: its "
+                        f"slice of the last dimension is {gsize} wide, the group's size, not x's width {dims[-1]}: "
+                        "torch.split(grad, n, dim=-1) cuts pieces n elements LONG (chunk(n) cuts n pieces): take "
+                        "grad.chunk(size, dim=-1)[rank], or grad.split(k, dim=-1)[rank] with k = x's width")
         # the shape of the whole incoming gradient (forward's output): nothing was sliced at all
         if got_dims == dims[:-1] + [dims[-1] * gsize]:
             pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims}, the shape of the whole "
@@ -279,10 +285,21 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
         assert kinds and kinds <= {"all_gather", "all_gather_into_tensor"} and sent == numel, (
             f"{T91}: {where}'s forward should send one all-gather of x ({numel} elements); it sent {got['forward']}")
     else:
+        _check_wire_dtype(where, "forward", got["forward"], forward_wire)
         assert got["forward"] == forward_wire, (
             f"{T91}: {where}'s forward should send {forward_wire or 'nothing'}; it sent {got['forward']}")
+    _check_wire_dtype(where, "backward", got["backward"], backward_wire)
     assert got["backward"] == backward_wire, (
         f"{T91}: {where}'s backward should send {backward_wire or 'nothing'}; it sent {got['backward']}")
+
+
+def _check_wire_dtype(where, when, sent, expected):
+    """The right collectives of the right sizes in another dtype: a copy (x.double(), .float()) went on the wire."""
+    if expected and len(sent) == len(expected) and all((k, n) == (k2, n2) and d != d2 for (k, d, n), (k2, d2, n2) in zip(sent, expected)):
+        pytest.fail(f"{T91}: {where}'s {when} sent {sent}, where {expected} was expected: the right collective of a "
+                    f"{sent[0][1]} copy of the {expected[0][1]} tensor ({'twice' if sent[0][1] == 'float64' else 'other'} "
+                    "the bytes, and a conversion each way): all-reduce the tensor in its own dtype, "
+                    "x.clone() or grad.clone(), not x.double() or .to(another dtype)")
 
 
 @pytest.mark.task9_1
@@ -368,6 +385,14 @@ def _from_linear(cls, linear, group, rank, grank, gsize, **flags):
     empty slice, torch.chunk an IndexError, narrow a RuntimeError or IndexError) explained whatever the slicing."""
     try:
         return cls.from_linear(linear, group, **flags)
+    except ValueError as error:  # trial 14: the other dimension checked; was the answer's own ValueError, raw
+        split, other = ("out_features", "in_features") if cls.__name__ == "ColumnParallelLinear" else ("in_features", "out_features")
+        if getattr(linear, split) % gsize:
+            raise
+        raise AssertionError(
+            f"{T92}: {cls.__name__}.from_linear refused an nn.Linear({linear.in_features}, {linear.out_features}) on "
+            f"{gsize} ranks, whose {split} ({getattr(linear, split)}) divide by {gsize}: {error}. It splits {split} only; {other} may be anything "
+            f"(refuse {split} that do not divide by the group's size, nothing else)") from None
     except (IndexError, RuntimeError) as error:
         if rank == grank:
             raise
