@@ -398,9 +398,10 @@ def check_counts(task, rank, counts, sync_every, what):
         "(0 after it); train_ddp.py reads it, and lowers sync_every for one step to end a round at an epoch's end")
 
 
-def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
+def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None, alone_ok=False):
     """One all-reduce per dtype (sizes: [(dtype, numel)]) after each step in sync_steps, over the group
-    (group_size ranks, if given), nothing else, ever. A failure says which of those went wrong."""
+    (group_size ranks, if given), nothing else, ever. A failure says which of those went wrong. alone_ok: whether
+    all_reduce_mean called alone sent one all-reduce per dtype (then a split is average_parameters' own)."""
     expected = [(step, "all_reduce", dtype, numel) for step in sync_steps for dtype, numel in sizes]
     got = [call[:4] for call in calls]
     if group_size is not None and any(c[4] != group_size for c in calls):
@@ -434,11 +435,24 @@ def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
             pytest.fail(f"{task}: rank {rank} all-reduced the dtypes in the order {[c[1] for c in mine]}; the tensors "
                         f"give them in the order {[d for d, _ in sizes]}: one all-reduce per dtype, in the order the "
                         "dtypes first appear in the list (a set has no such order), so that every rank matches")
+        if len(mine) == len(per_dtype) and [(k, n) for k, _, n in mine] == [(k, n) for k, _, n in per_dtype]:
+            # trial 14: a float64 copy of the float32 tensors sent was told the two lists only
+            other = next((c, w) for c, w in zip(mine, per_dtype) if c != w)
+            pytest.fail(f"{task}: rank {rank} all-reduced {other[0][2]} elements as {other[0][1]} where the tensors "
+                        f"are {other[1][1]} ({mine}): a copy in another dtype went on the wire (.double(), .float(), "
+                        "a buffer made with another dtype). Keep each dtype's own flat buffer: torch.cat of tensors "
+                        "of one dtype is of that dtype")
         if len(sizes) > 1 and len(mine) == 1 and mine[0][2] == sum(want.values()):
             pytest.fail(f"{task}: rank {rank} all-reduced one {mine[0][1]} buffer of {mine[0][2]} elements where the "
                         f"tensors have {len(sizes)} dtypes ({', '.join(f'{n} {d}' for d, n in sizes)}): torch.cat "
                         "converted them; make one flat buffer per dtype")
         if sent == want and all(kind == "all_reduce" for kind, _, _ in mine):
+            if task == T131 and alone_ok:  # trial 14: was told to make one flat buffer, which all_reduce_mean did
+                pytest.fail(f"{task}: rank {rank}: average_parameters sent {len(mine)} all-reduces where {len(per_dtype)} "
+                            f"do ({', '.join(f'{n} {d}' for d, n in sizes)} elements), while all_reduce_mean called alone "
+                            "sends one per dtype: average_parameters called it (or dist.all_reduce) more than once. "
+                            "Pass the parameters and the floating-point buffers together to ONE all_reduce_mean call. "
+                            f"Sent: {mine[:6]}")
             if task == T131:
                 pytest.fail(f"{task}: rank {rank} sent {len(mine)} all-reduces where {len(per_dtype)} do "
                             f"({', '.join(f'{n} {d}' for d, n in sizes)} elements): put every tensor of a dtype into "
@@ -697,7 +711,9 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
         n64 = sum(v.numel() for k, v in own.items() if v.dtype == torch.float64)
         n32 = sum(v.numel() for v in own.values() if v.dtype == torch.float32)
         calls = [c for c in out["calls"] if c[0] is None]
-        check_wire(T131, calls, [None], [("float64", n64), ("float32", n32)], rank, "average_parameters")
+        alone = [c[1:4] for c in out["calls"] if c[0] == "all_reduce_mean"]
+        check_wire(T131, calls, [None], [("float64", n64), ("float32", n32)], rank, "average_parameters",
+                   alone_ok=alone == [("all_reduce", "float32", 2), ("all_reduce", "float64", 14)])
         assert calls[0][4] == len(members), (
             f"{T131}: {where}: the all-reduce went over {calls[0][4]} ranks, the group has {len(members)}: "
             "pass group=group to dist.all_reduce")
