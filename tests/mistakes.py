@@ -4388,6 +4388,28 @@ MISTAKES = [
     Mistake("13.3", "remainder-of-the-count", "template_local_sgd.py",  # passed, as 13.2's
             "        if self.local_step < self.sync_every:\n            return loss\n",
             "        if self.local_step % self.sync_every:\n            return loss\n", "nor a remainder, %"),
+    # Task 13, trial 14 (b): storage replaced, a count of tensors as divisor, two calls, a float64 copy sent,
+    # the count carried over
+    Mistake("13.1", "assigns-data", "template_local_sgd.py",  # trial 14 (b): passed: the values were right
+            '                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))',
+            '                tensor.data = flat[offset:offset + tensor.numel()].view_as(tensor)',
+            'now live in other memory (data_ptr() changed)'),
+    Mistake("13.1", "divide-by-len", "template_local_sgd.py",  # trial 14 (b): was told the offset did not advance
+            '            flat /= size',
+            '            flat /= len(same)',
+            'a count of tensors, len(...), is no divisor'),
+    Mistake("13.1", "average-with-buffers-separately", "template_local_sgd.py",  # trial 14 (b): was told to make one flat buffer, which all_reduce_mean did
+            '    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n    all_reduce_mean(list(model.parameters()) + buffers, group)',
+            '    all_reduce_mean(list(model.parameters()), group)\n    all_reduce_mean([buffer for buffer in model.buffers() if buffer.is_floating_point()], group)',
+            'average_parameters called it (or dist.all_reduce) more than once'),
+    Mistake("13.1", "flat-float64-always", "template_local_sgd.py",  # trial 14 (b): was told the two lists of the wire only
+            '            flat = torch.cat([tensor.reshape(-1) for tensor in same])',
+            '            flat = torch.cat([tensor.reshape(-1) for tensor in same]).double()',
+            'a copy in another dtype went on the wire'),
+    Mistake("13.2", "subtracts-sync-every", "template_local_sgd.py",  # trial 14 (b): was told the counts only, and 'outer steps'
+            '            self.local_step = 0\n        return loss',
+            '            self.local_step -= self.sync_every\n        return loss',
+            'the 5 steps counted minus sync_every, not 0'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -5832,6 +5854,25 @@ RIGHT_ANSWERS = [
         Mistake("9.4", "divide-first", "template_tensor_parallel.py",
                 "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
                 "        param.grad /= dp_size\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
+                ""),)),
+    # Task 13, trial 14 (b): right answers written otherwise
+    RightAnswer("13.1", "copied-back-by-foreach",  # trial 14 (b)
+                "'copy each slice back into its tensor': torch._foreach_copy_ of the slices does that copy for every tensor at once", (
+        Mistake("13.1", "copied-back-by-foreach", "template_local_sgd.py",
+                '            offset = 0\n            for tensor in same:\n                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))\n                offset += tensor.numel()',
+                '            torch._foreach_copy_(same, [piece.view_as(t) for piece, t in zip(flat.split([t.numel() for t in same]), same)])',
+                ""),)),
+    RightAnswer("13.1", "dtypes-in-a-list",  # trial 14 (b)
+                "'in the order the dtypes first appear in `tensors`': a list appended with each new dtype is that order", (
+        Mistake("13.1", "dtypes-in-a-list", "template_local_sgd.py",
+                '        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):  # dicts keep the order of first appearance',
+                '        dtypes = []\n        for tensor in tensors:\n            if tensor.dtype not in dtypes:\n                dtypes.append(tensor.dtype)\n        for dtype in dtypes:',
+                ""),)),
+    RightAnswer("13.1", "named-parameters-and-buffers",  # trial 14 (b)
+                "'in the order model.parameters() and model.buffers() give them': named_parameters() and named_buffers() give them in that order", (
+        Mistake("13.1", "named-parameters-and-buffers", "template_local_sgd.py",
+                '    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n    all_reduce_mean(list(model.parameters()) + buffers, group)',
+                '    params = [p for _, p in model.named_parameters()]\n    buffers = [b for _, b in model.named_buffers() if b.dtype.is_floating_point]\n    all_reduce_mean(params + buffers, group)',
                 ""),)),
     # Task 9, trial 14 (b): right answers written otherwise
     RightAnswer("9.3", "tp-group-none-for-every-rank",  # trial 14 (b)
