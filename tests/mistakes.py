@@ -1942,6 +1942,14 @@ MISTAKES = [
             '        if param.grad is None:\n            continue',
             '        if param.grad is None or param.dim() < 2:\n            continue  # biases are tiny',
             "but left ['0.bias', '1.bias'] as they were"),
+    Mistake("9.1", "f-keeps-args", "template_tensor_parallel.py",  # trial 14 (b): passed: x in a tuple on ctx
+            '        ctx.group = group\n        return x\n',
+            '        ctx.group = group\n        ctx.args = (x, group)  # for debugging\n        return x\n',
+            'ctx.args, a tuple holding x'),
+    Mistake("9.1", "gather-keeps-pieces", "template_tensor_parallel.py",  # trial 14 (b): passed: tensors in a list on ctx
+            '        dist.all_gather(pieces, x.contiguous(), group=group)\n',
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n        ctx.pieces = pieces  # for the backward's shapes\n",
+            'keeps tensors of its forward on ctx (ctx.pieces'),
     Mistake("10.5", "sends-before-backward", "template_pipeline.py",  # caught
             "    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
@@ -4410,6 +4418,10 @@ MISTAKES = [
             '            self.local_step = 0\n        return loss',
             '            self.local_step -= self.sync_every\n        return loss',
             'the 5 steps counted minus sync_every, not 0'),
+    Mistake("13.1", "slice-assign-copy-back", "template_local_sgd.py",  # trial 14 (b): passed: no 0-dim tensor
+            '                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))',
+            '                tensor[:] = flat[offset:offset + tensor.numel()].view_as(tensor)',
+            'which has no slice to assign into'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),

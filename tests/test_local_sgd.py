@@ -475,7 +475,7 @@ def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None, alon
 # --------------------------------------------------------------------------- Task 13.1
 class Mixed(nn.Module):
     """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers; a frozen parameter
-    (requires_grad=False: averaged too); a floating-point buffer that is not BatchNorm's (`ema`: averaged too, so
+    (requires_grad=False: averaged too); a 0-dim parameter (`tensor[:] = ...` cannot write into it); a floating-point buffer that is not BatchNorm's (`ema`: averaged too, so
     an answer that picks BatchNorm's running statistics by name shows)."""
 
     def __init__(self):
@@ -485,6 +485,7 @@ class Mixed(nn.Module):
         self.b = nn.Linear(4, 3)  # float32
         self.c = nn.Linear(3, 2).double()
         self.frozen = nn.Parameter(torch.zeros(3, dtype=torch.float64), requires_grad=False)
+        self.scale = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))  # 0-dim, as a temperature (trial 14)
         self.register_buffer("ema", torch.zeros(2, dtype=torch.float64))
 
 
@@ -511,7 +512,8 @@ def _average(rank, world_size, impl, sub):
             lib.average_parameters(model, group)
         except NotImplementedError:  # a RuntimeError too: an unfilled TODO is "not started", said by conftest.py
             raise
-        except RuntimeError as raised:  # said by the test with what went to the wire (an integer buffer, say)
+        except (RuntimeError, IndexError) as raised:  # said by the test with what went to the wire (an integer buffer,
+            # say); IndexError: a slice assignment into the 0-dim parameter
             averaging_error = f"{type(raised).__name__}: {raised}"
         # all_reduce_mean alone: float32 first this time (the model gives float64 first: the order of first
         # appearance, not a fixed or a set's order), a transposed (non-contiguous) tensor, and an empty list
@@ -614,7 +616,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         "only the floating-point ones (buffer.is_floating_point())"
                         + (f" (then it raised {out['averaging_error']})" if out["averaging_error"] else ""))
         if out["averaging_error"]:
-            pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}")
+            pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}"
+                        + (": the model has a 0-dim parameter (a scalar, as a temperature), which has no slice to "
+                           "assign into: write with tensor.copy_(...), which takes any shape"
+                           if "0-dim" in out["averaging_error"] else ""))
         if out["unwaited"]:
             pytest.fail(f"{T131}: {where}: {out['unwaited']} all-reduce(s) started with async_op=True were never waited "
                         "for: the buffer was read (divided, copied back) before the sum had arrived. Call work.wait() "

@@ -143,9 +143,18 @@ def _kept(tp, name, group):
     ctx = y.grad_fn
     held = [f"ctx.save_for_backward ({len(ctx.saved_tensors)} tensors)"] if ctx is not None and ctx.saved_tensors else []
     held += [f"ctx.{key}" for key, value in (vars(ctx).items() if ctx is not None else ()) if torch.is_tensor(value)]
+    # trial 14: tensors in a list, tuple or dict on ctx passed (ctx.args = (x, group), ctx.pieces = pieces)
+    other = []
+    for key, value in (vars(ctx).items() if ctx is not None else ()):
+        inside = [v for v in (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))
+                              else ()) if torch.is_tensor(v)]
+        if any(v is x for v in inside):
+            held.append(f"ctx.{key}, a {type(value).__name__} holding x")
+        elif inside:
+            other.append(f"ctx.{key}, a {type(value).__name__} of {len(inside)} tensor(s)")
     del x, y, ctx
     alive = name != "copy_to_tp" and keeps_its_input(lambda t: getattr(tp, name)(t, group), _rank_valued(0, (2, 3)))
-    return dict(held=held, alive=alive)
+    return dict(held=held, alive=alive, other=other)
 
 
 # (label, operator, x's shape): gather_from_tp also on a 3-D x (batch, sequence, features), as the docstrings allow
@@ -318,6 +327,10 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
                 f"{where} keeps its input for backward ({', '.join(kept['held']) or 'x stays alive while the output does'}),"
                 " which its backward does not need: keep no tensor of forward's (the docstring), only the group "
                 "(and sizes, as ints), or every layer's input stays in memory until backward")
+            assert not kept.get("other"), (
+                f"{where} keeps tensors of its forward on ctx ({', '.join(kept['other'])}), which its backward does "
+                "not need: they stay in memory until backward runs, every layer. Keep no tensor on ctx, only the "
+                "group and ints (the rank, the size, the width)")
 
 
 def _check_float64(name, rank, grank, gsize, got):
