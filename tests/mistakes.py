@@ -1950,6 +1950,14 @@ MISTAKES = [
             '        dist.all_gather(pieces, x.contiguous(), group=group)\n',
             "        dist.all_gather(pieces, x.contiguous(), group=group)\n        ctx.pieces = pieces  # for the backward's shapes\n",
             'keeps tensors of its forward on ctx (ctx.pieces'),
+    Mistake("9.2", "column-f-without-group", "template_tensor_parallel.py",  # trial 14 (b): was told f was missing before the product
+            '        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)',
+            '        y = F.linear(copy_to_tp(x), self.weight, self.bias)',
+            "f's backward summed it over all 4 ranks"),
+    Mistake("9.2", "row-split-f-without-group", "template_tensor_parallel.py",  # trial 14 (b): was told only that the gradient differs
+            '            x = _split_last_dim(x, self.group)',
+            '            r, k = dist.get_rank(self.group), x.shape[-1] // dist.get_world_size(self.group)\n            x = copy_to_tp(x)[..., r * k:(r + 1) * k]',
+            'the f before the slice summed it over all 4 ranks'),
     Mistake("10.5", "sends-before-backward", "template_pipeline.py",  # caught
             "    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n",

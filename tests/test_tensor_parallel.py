@@ -553,6 +553,12 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     assert _close(got["y"], y_expected), (
         f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
         + ("whole output: gather_from_tp the slices" if gather_output else f"columns {rows.start}..{rows.stop - 1}"))
+    copies = (world_size or gsize) // gsize  # the groups hold the same layer and data: the world sums each term that often
+    if copies > 1 and got["grad_x"] is not None and _close(got["grad_x"], copies * ref["grad_x"]):
+        # trial 14: f over the default group was told "copy_to_tp (f) before the product sums it"
+        pytest.fail(f"{T92}: {where}: the input's gradient is {copies} times nn.Linear's: f's backward summed it over "
+                    f"all {world_size} ranks, the default group, not over the layer's group of {gsize}: pass "
+                    "self.group to copy_to_tp")
     assert _close(got["grad_x"], ref["grad_x"]), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's: copy_to_tp (f) before the product sums it "
         "over the ranks in backward")
@@ -625,6 +631,10 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
                         f"{cols.start}..{cols.stop - 1} and zero elsewhere: the slice was taken without f before it, "
                         "so no rank gets the other ranks' parts of x's gradient. Take it with _split_last_dim "
                         "(copy_to_tp, then the slice), whose backward all-reduces them")
+        if copies > 1 and _close(got["grad_x"], copies * grad_x_expected):  # trial 14: was told 'differs'
+            pytest.fail(f"{T92}: {where}: the input's gradient is {copies} times nn.Linear's: the f before the slice "
+                        f"summed it over all {world_size} ranks, the default group, not over the layer's group of "
+                        f"{gsize}: pass self.group to copy_to_tp (_split_last_dim(x, self.group) does)")
         # trial 14: f after the slice: its all-reduce sums the ranks' gradients of DIFFERENT columns into this rank's
         summed = torch.zeros_like(ref["grad_x"])
         summed[:, cols] = sum(ref["grad_x"].chunk(gsize, dim=-1))
