@@ -4430,6 +4430,10 @@ MISTAKES = [
             '                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))',
             '                tensor[:] = flat[offset:offset + tensor.numel()].view_as(tensor)',
             'which has no slice to assign into'),
+    Mistake("13.2", "closure-called-by-hand", "template_local_sgd.py",  # trial 14 (b): passed: SGD takes step() alike
+            '        loss = self.optimizer.step(closure)',
+            '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.optimizer.step()',
+            'the inner optimizer\'s step got the closure'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),

@@ -871,17 +871,28 @@ def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     lib = judging(impl, "13.2")
     group, members = groups_of(rank, world_size, sub)
     model = make(Net)
+    inner = optimizer(name, model.parameters())
+    given, inner_step = [], inner.step
+
+    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
+        given.append(closure is not None)
+        return inner_step(closure)
+
+    inner.step = recording
     with Wire() as wire:
-        local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
+        local_sgd = lib.LocalSGD(model, inner, sync_every, group=group)
         built = calls_of(wire)
-        history, counts, closures = [], [], []
+        history, counts, closures, passed = [], [], [], []
         for step in range(steps):
             wire.step = step + 1
+            given.clear()
             take_step(local_sgd, model, rank, step, closures)
+            if step + 1 in CLOSURE_STEPS:
+                passed.append(given == [True])
             history.append(averaged(model))
             counts.append(local_sgd.local_step)
     return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
-                tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures)
+                tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures, passed=passed)
 
 
 @pytest.mark.task13_2
@@ -894,6 +905,12 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
     for rank, out in enumerate(results):
         assert not out["built"], f"{T132}: LocalSGD(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T132, rank, out["closures"], "LocalSGD")  # a closure never run leaves no forward pass either
+        if not all(out["passed"]):  # trial 14: the closure run by hand, the inner step without it, passed
+            pytest.fail(f"{T132}: rank {rank}: LocalSGD.step(closure) ran the closure and returned its loss, but the "
+                        f"inner optimizer's step got the closure at steps {list(CLOSURE_STEPS)}: {out['passed']}: an "
+                        "optimizer that needs it (torch.optim.LBFGS evaluates the loss several times in one step) "
+                        "gets None. Pass the closure to the inner optimizer's step, self.optimizer.step(closure), "
+                        "and return what it returns")
         assert out["tracked"] == steps, (
             f"{T132}: rank {rank}: BatchNorm's num_batches_tracked is {out['tracked']} after {steps} steps: "
             "integer buffers are left as they are")
