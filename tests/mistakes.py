@@ -1888,6 +1888,76 @@ MISTAKES = [
             "    return rank // tp_size, world_size // tp_size\n",
             "    return rank % tp_size, world_size // tp_size\n",
             "read different slices ({0: 0, 1: 1})"),
+    # Task 9, trial 14 (b): sizes of the whole layer, f after the slice, split by size, a float64 copy sent, the pair
+    # half done, an index off by one, a loop that returns early or filters by shape
+    Mistake("9.1", "gather-backward-split-by-size", "template_tensor_parallel.py",  # trial 14 (b): was torch's raw 'invalid gradient at index 0'
+            '        return grad.chunk(size, dim=-1)[rank].contiguous(), None',
+            '        return grad.split(size, dim=-1)[rank].contiguous(), None',
+            'cuts pieces n elements LONG'),
+    Mistake("9.1", "f-backward-via-float64", "template_tensor_parallel.py",  # trial 14 (b): was a bare difference of the wire's dtype
+            "        grad = grad.clone(memory_format=torch.contiguous_format)  # a new tensor: autograd's is not ours\n        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n        return grad, None",
+            '        total = grad.double()  # sum in float64: no rounding\n        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n        return total.to(grad.dtype), None',
+            'the right collective of a float64 copy'),
+    Mistake("9.2", "column-out-features-local", "template_tensor_parallel.py",  # trial 14 (b): passed: nothing read the sizes
+            '        return cls(weight, bias, linear.in_features, linear.out_features, group, gather_output)',
+            '        return cls(weight, bias, linear.in_features, k, group, gather_output)',
+            "they are the whole layer's sizes"),
+    Mistake("9.2", "row-in-features-local", "template_tensor_parallel.py",  # trial 14 (b): passed
+            '        return cls(weight, bias, linear.in_features, linear.out_features, group, input_is_parallel)',
+            '        return cls(weight, bias, k, linear.out_features, group, input_is_parallel)',
+            "not this rank's (6, 7)"),
+    Mistake("9.2", "row-f-after-the-slice", "template_tensor_parallel.py",  # trial 14 (b): was told only that the gradient differs
+            '            x = _split_last_dim(x, self.group)',
+            '            r, k = dist.get_rank(self.group), x.shape[-1] // dist.get_world_size(self.group)\n            x = copy_to_tp(x[..., r * k:(r + 1) * k], self.group)',
+            'f (copy_to_tp) was applied after the slice'),
+    Mistake("9.2", "clone-then-slice", "template_tensor_parallel.py",  # trial 14 (b): was told it shares the nn.Linear's memory, which it does not
+            '        weight = linear.weight.detach()[rows].clone()',
+            '        weight = linear.weight.detach().clone()[rows]',
+            "a slice of a copy of the nn.Linear's whole weight"),
+    Mistake("9.2", "column-refuses-by-in-features", "template_tensor_parallel.py",  # trial 14 (b): was its own ValueError, raw
+            '_refuse_uneven("ColumnParallelLinear", "out_features", linear.out_features, size)',
+            '_refuse_uneven("ColumnParallelLinear", "in_features", linear.in_features, size)',
+            'It splits out_features only; in_features may be anything'),
+    Mistake("9.2", "row-refuses-by-out-features", "template_tensor_parallel.py",  # trial 14 (b): was its own ValueError, raw
+            '_refuse_uneven("RowParallelLinear", "in_features", linear.in_features, size)',
+            '_refuse_uneven("RowParallelLinear", "out_features", linear.out_features, size)',
+            'It splits in_features only; out_features may be anything'),
+    Mistake("9.3", "row-not-split", "template_tensor_parallel.py",  # trial 14 (b): was told that gather_full_params (given code) differs
+            '    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)',
+            '    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group, gather_output=True)',
+            'replace BOTH'),
+    Mistake("9.3", "column-gathers-row-expects-slice", "template_tensor_parallel.py",  # trial 14 (b): was a raw 'mat1 and mat2 shapes cannot be multiplied'
+            '    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)',
+            '    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group, gather_output=True)',
+            'gather_output=True before classifier[3] with input_is_parallel=True'),
+    Mistake("9.3", "classifier-off-by-one", "template_tensor_parallel.py",  # trial 14 (b): was a raw AttributeError of the Flatten
+            '    model.classifier[1] = ColumnParallelLinear.from_linear(model.classifier[1], tp_group)\n    model.classifier[3] = RowParallelLinear.from_linear(model.classifier[3], tp_group)',
+            '    model.classifier[0] = ColumnParallelLinear.from_linear(model.classifier[0], tp_group)\n    model.classifier[2] = RowParallelLinear.from_linear(model.classifier[2], tp_group)',
+            'index 0 is the Flatten'),
+    Mistake("9.4", "return-after-first", "template_tensor_parallel.py",  # trial 14 (b): was told 'expected' a float64 tensor of another case
+            '        param.grad /= dp_size\n    # --- Task 9.4 end ---',
+            '        param.grad /= dp_size\n        return\n    # --- Task 9.4 end ---',
+            'average EVERY parameter that has a .grad (no return inside the loop'),
+    Mistake("9.4", "average-only-weights", "template_tensor_parallel.py",  # trial 14 (b): was told 'expected' a float64 tensor of another case
+            '        if param.grad is None:\n            continue',
+            '        if param.grad is None or param.dim() < 2:\n            continue  # biases are tiny',
+            "but left ['0.bias', '1.bias'] as they were"),
+    Mistake("9.1", "f-keeps-args", "template_tensor_parallel.py",  # trial 14 (b): passed: x in a tuple on ctx
+            '        ctx.group = group\n        return x\n',
+            '        ctx.group = group\n        ctx.args = (x, group)  # for debugging\n        return x\n',
+            'ctx.args, a tuple holding x'),
+    Mistake("9.1", "gather-keeps-pieces", "template_tensor_parallel.py",  # trial 14 (b): passed: tensors in a list on ctx
+            '        dist.all_gather(pieces, x.contiguous(), group=group)\n',
+            "        dist.all_gather(pieces, x.contiguous(), group=group)\n        ctx.pieces = pieces  # for the backward's shapes\n",
+            'keeps tensors of its forward on ctx (ctx.pieces'),
+    Mistake("9.2", "column-f-without-group", "template_tensor_parallel.py",  # trial 14 (b): was told f was missing before the product
+            '        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)',
+            '        y = F.linear(copy_to_tp(x), self.weight, self.bias)',
+            "f's backward summed it over all 4 ranks"),
+    Mistake("9.2", "row-split-f-without-group", "template_tensor_parallel.py",  # trial 14 (b): was told only that the gradient differs
+            '            x = _split_last_dim(x, self.group)',
+            '            r, k = dist.get_rank(self.group), x.shape[-1] // dist.get_world_size(self.group)\n            x = copy_to_tp(x)[..., r * k:(r + 1) * k]',
+            'the f before the slice summed it over all 4 ranks'),
     Mistake("10.5", "sends-before-backward", "template_pipeline.py",  # caught
             "    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
             "    if not stage.is_first:\n        stage.send_backward(input.grad)\n    if stage.is_last:\n        output.backward()\n    else:\n        output.backward(stage.recv_backward(output.shape, output.dtype))\n",
@@ -4334,6 +4404,36 @@ MISTAKES = [
     Mistake("13.3", "remainder-of-the-count", "template_local_sgd.py",  # passed, as 13.2's
             "        if self.local_step < self.sync_every:\n            return loss\n",
             "        if self.local_step % self.sync_every:\n            return loss\n", "nor a remainder, %"),
+    # Task 13, trial 14 (b): storage replaced, a count of tensors as divisor, two calls, a float64 copy sent,
+    # the count carried over
+    Mistake("13.1", "assigns-data", "template_local_sgd.py",  # trial 14 (b): passed: the values were right
+            '                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))',
+            '                tensor.data = flat[offset:offset + tensor.numel()].view_as(tensor)',
+            'now live in other memory (data_ptr() changed)'),
+    Mistake("13.1", "divide-by-len", "template_local_sgd.py",  # trial 14 (b): was told the offset did not advance
+            '            flat /= size',
+            '            flat /= len(same)',
+            'a count of tensors, len(...), is no divisor'),
+    Mistake("13.1", "average-with-buffers-separately", "template_local_sgd.py",  # trial 14 (b): was told to make one flat buffer, which all_reduce_mean did
+            '    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n    all_reduce_mean(list(model.parameters()) + buffers, group)',
+            '    all_reduce_mean(list(model.parameters()), group)\n    all_reduce_mean([buffer for buffer in model.buffers() if buffer.is_floating_point()], group)',
+            'average_parameters called it (or dist.all_reduce) more than once'),
+    Mistake("13.1", "flat-float64-always", "template_local_sgd.py",  # trial 14 (b): was told the two lists of the wire only
+            '            flat = torch.cat([tensor.reshape(-1) for tensor in same])',
+            '            flat = torch.cat([tensor.reshape(-1) for tensor in same]).double()',
+            'a copy in another dtype went on the wire'),
+    Mistake("13.2", "subtracts-sync-every", "template_local_sgd.py",  # trial 14 (b): was told the counts only, and 'outer steps'
+            '            self.local_step = 0\n        return loss',
+            '            self.local_step -= self.sync_every\n        return loss',
+            'the 5 steps counted minus sync_every, not 0'),
+    Mistake("13.1", "slice-assign-copy-back", "template_local_sgd.py",  # trial 14 (b): passed: no 0-dim tensor
+            '                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))',
+            '                tensor[:] = flat[offset:offset + tensor.numel()].view_as(tensor)',
+            'which has no slice to assign into'),
+    Mistake("13.2", "closure-called-by-hand", "template_local_sgd.py",  # trial 14 (b): passed: SGD takes step() alike
+            '        loss = self.optimizer.step(closure)',
+            '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.optimizer.step()',
+            'the inner optimizer\'s step got the closure'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -5778,6 +5878,56 @@ RIGHT_ANSWERS = [
         Mistake("9.4", "divide-first", "template_tensor_parallel.py",
                 "        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size\n",
                 "        param.grad /= dp_size\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n",
+                ""),)),
+    # Task 13, trial 14 (b): right answers written otherwise
+    RightAnswer("13.1", "copied-back-by-foreach",  # trial 14 (b)
+                "'copy each slice back into its tensor': torch._foreach_copy_ of the slices does that copy for every tensor at once", (
+        Mistake("13.1", "copied-back-by-foreach", "template_local_sgd.py",
+                '            offset = 0\n            for tensor in same:\n                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))\n                offset += tensor.numel()',
+                '            torch._foreach_copy_(same, [piece.view_as(t) for piece, t in zip(flat.split([t.numel() for t in same]), same)])',
+                ""),)),
+    RightAnswer("13.1", "dtypes-in-a-list",  # trial 14 (b)
+                "'in the order the dtypes first appear in `tensors`': a list appended with each new dtype is that order", (
+        Mistake("13.1", "dtypes-in-a-list", "template_local_sgd.py",
+                '        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):  # dicts keep the order of first appearance',
+                '        dtypes = []\n        for tensor in tensors:\n            if tensor.dtype not in dtypes:\n                dtypes.append(tensor.dtype)\n        for dtype in dtypes:',
+                ""),)),
+    RightAnswer("13.1", "named-parameters-and-buffers",  # trial 14 (b)
+                "'in the order model.parameters() and model.buffers() give them': named_parameters() and named_buffers() give them in that order", (
+        Mistake("13.1", "named-parameters-and-buffers", "template_local_sgd.py",
+                '    buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]\n    all_reduce_mean(list(model.parameters()) + buffers, group)',
+                '    params = [p for _, p in model.named_parameters()]\n    buffers = [b for _, b in model.named_buffers() if b.dtype.is_floating_point]\n    all_reduce_mean(params + buffers, group)',
+                ""),)),
+    # Task 9, trial 14 (b): right answers written otherwise
+    RightAnswer("9.3", "tp-group-none-for-every-rank",  # trial 14 (b)
+                "'tp_group = None  # tensor parallel over every rank' (the module docstring): with dp_size 1 the tp group is every rank, the default group, which None stands for in every collective", (
+        Mistake("9.3", "tp-group-none-for-every-rank", "template_tensor_parallel.py",
+                '    for d in range(dp_size):\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            tp_group = group\n',
+                '    for d in range(dp_size if dp_size > 1 else 0):  # dp 1: the tp group is every rank, the default group (None)\n        ranks = list(range(d * tp_size, (d + 1) * tp_size))\n        group = dist.new_group(ranks)\n        if rank in ranks:\n            tp_group = group\n',
+                ""),)),
+    RightAnswer("9.2", "column-bias-added-separately",  # trial 14 (b)
+                "'computes y_r = f(x) W_r^T + b_r ... With gather_output=True the slices are all-gathered': each rank adds its own slice of the bias before the gather, so the gathered output holds the whole bias", (
+        Mistake("9.2", "column-bias-added-separately", "template_tensor_parallel.py",
+                '        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)\n        return gather_from_tp(y, self.group) if self.gather_output else y',
+                '        y = F.linear(copy_to_tp(x, self.group), self.weight)\n        if self.gather_output:\n            return gather_from_tp(y if self.bias is None else y + self.bias, self.group)\n        return y if self.bias is None else y + self.bias',
+                ""),)),
+    RightAnswer("9.2", "row-split-by-chunk-after-f",  # trial 14 (b)
+                "'take this rank's slice of it (_split_last_dim, whose backward gives every rank x's whole gradient)': f on the whole x, then chunk(N)[r], is _split_last_dim written out", (
+        Mistake("9.2", "row-split-by-chunk-after-f", "template_tensor_parallel.py",
+                '            x = _split_last_dim(x, self.group)',
+                '            x = copy_to_tp(x, self.group).chunk(dist.get_world_size(self.group), dim=-1)[dist.get_rank(self.group)]',
+                ""),)),
+    RightAnswer("9.4", "one-flat-buffer",  # trial 14 (b)
+                "'replace every .grad of model with its mean over dp_group, in place': one all-reduce of the gradients concatenated (in their dtype) and copied back is that mean", (
+        Mistake("9.4", "one-flat-buffer", "template_tensor_parallel.py",
+                '    for param in model.parameters():\n        if param.grad is None:\n            continue\n        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=dp_group)\n        param.grad /= dp_size',
+                '    grads = [p.grad for p in model.parameters() if p.grad is not None]\n    if not grads:\n        return\n    flat = torch.cat([g.reshape(-1) for g in grads])\n    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)\n    flat /= dp_size\n    for g, piece in zip(grads, flat.split([g.numel() for g in grads])):\n        g.copy_(piece.view_as(g))',
+                ""),)),
+    RightAnswer("9.4", "nothing-to-do-on-one-rank",  # trial 14 (b)
+                "'its mean over dp_group': over a group of one rank the mean is the gradient itself, so returning at once is that mean", (
+        Mistake("9.4", "nothing-to-do-on-one-rank", "template_tensor_parallel.py",
+                '    dp_size = dist.get_world_size(dp_group)\n',
+                '    dp_size = dist.get_world_size(dp_group)\n    if dp_size == 1:\n        return  # nothing to average\n',
                 ""),)),
     RightAnswer("10.1", "list-not-range",
                 "'a range of layer indices': a list of the same consecutive indices serves Stage alike", (

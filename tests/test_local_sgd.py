@@ -398,9 +398,10 @@ def check_counts(task, rank, counts, sync_every, what):
         "(0 after it); train_ddp.py reads it, and lowers sync_every for one step to end a round at an epoch's end")
 
 
-def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
+def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None, alone_ok=False):
     """One all-reduce per dtype (sizes: [(dtype, numel)]) after each step in sync_steps, over the group
-    (group_size ranks, if given), nothing else, ever. A failure says which of those went wrong."""
+    (group_size ranks, if given), nothing else, ever. A failure says which of those went wrong. alone_ok: whether
+    all_reduce_mean called alone sent one all-reduce per dtype (then a split is average_parameters' own)."""
     expected = [(step, "all_reduce", dtype, numel) for step in sync_steps for dtype, numel in sizes]
     got = [call[:4] for call in calls]
     if group_size is not None and any(c[4] != group_size for c in calls):
@@ -434,11 +435,24 @@ def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
             pytest.fail(f"{task}: rank {rank} all-reduced the dtypes in the order {[c[1] for c in mine]}; the tensors "
                         f"give them in the order {[d for d, _ in sizes]}: one all-reduce per dtype, in the order the "
                         "dtypes first appear in the list (a set has no such order), so that every rank matches")
+        if len(mine) == len(per_dtype) and [(k, n) for k, _, n in mine] == [(k, n) for k, _, n in per_dtype]:
+            # trial 14: a float64 copy of the float32 tensors sent was told the two lists only
+            other = next((c, w) for c, w in zip(mine, per_dtype) if c != w)
+            pytest.fail(f"{task}: rank {rank} all-reduced {other[0][2]} elements as {other[0][1]} where the tensors "
+                        f"are {other[1][1]} ({mine}): a copy in another dtype went on the wire (.double(), .float(), "
+                        "a buffer made with another dtype). Keep each dtype's own flat buffer: torch.cat of tensors "
+                        "of one dtype is of that dtype")
         if len(sizes) > 1 and len(mine) == 1 and mine[0][2] == sum(want.values()):
             pytest.fail(f"{task}: rank {rank} all-reduced one {mine[0][1]} buffer of {mine[0][2]} elements where the "
                         f"tensors have {len(sizes)} dtypes ({', '.join(f'{n} {d}' for d, n in sizes)}): torch.cat "
                         "converted them; make one flat buffer per dtype")
         if sent == want and all(kind == "all_reduce" for kind, _, _ in mine):
+            if task == T131 and alone_ok:  # trial 14: was told to make one flat buffer, which all_reduce_mean did
+                pytest.fail(f"{task}: rank {rank}: average_parameters sent {len(mine)} all-reduces where {len(per_dtype)} "
+                            f"do ({', '.join(f'{n} {d}' for d, n in sizes)} elements), while all_reduce_mean called alone "
+                            "sends one per dtype: average_parameters called it (or dist.all_reduce) more than once. "
+                            "Pass the parameters and the floating-point buffers together to ONE all_reduce_mean call. "
+                            f"Sent: {mine[:6]}")
             if task == T131:
                 pytest.fail(f"{task}: rank {rank} sent {len(mine)} all-reduces where {len(per_dtype)} do "
                             f"({', '.join(f'{n} {d}' for d, n in sizes)} elements): put every tensor of a dtype into "
@@ -461,7 +475,7 @@ def check_wire(task, calls, sync_steps, sizes, rank, what, group_size=None):
 # --------------------------------------------------------------------------- Task 13.1
 class Mixed(nn.Module):
     """float64 layers and BatchNorm, one float32 layer: two dtypes, so two flat buffers; a frozen parameter
-    (requires_grad=False: averaged too); a floating-point buffer that is not BatchNorm's (`ema`: averaged too, so
+    (requires_grad=False: averaged too); a 0-dim parameter (`tensor[:] = ...` cannot write into it); a floating-point buffer that is not BatchNorm's (`ema`: averaged too, so
     an answer that picks BatchNorm's running statistics by name shows)."""
 
     def __init__(self):
@@ -471,6 +485,7 @@ class Mixed(nn.Module):
         self.b = nn.Linear(4, 3)  # float32
         self.c = nn.Linear(3, 2).double()
         self.frozen = nn.Parameter(torch.zeros(3, dtype=torch.float64), requires_grad=False)
+        self.scale = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))  # 0-dim, as a temperature (trial 14)
         self.register_buffer("ema", torch.zeros(2, dtype=torch.float64))
 
 
@@ -497,7 +512,8 @@ def _average(rank, world_size, impl, sub):
             lib.average_parameters(model, group)
         except NotImplementedError:  # a RuntimeError too: an unfilled TODO is "not started", said by conftest.py
             raise
-        except RuntimeError as raised:  # said by the test with what went to the wire (an integer buffer, say)
+        except (RuntimeError, IndexError) as raised:  # said by the test with what went to the wire (an integer buffer,
+            # say); IndexError: a slice assignment into the 0-dim parameter
             averaging_error = f"{type(raised).__name__}: {raised}"
         # all_reduce_mean alone: float32 first this time (the model gives float64 first: the order of first
         # appearance, not a fixed or a set's order), a transposed (non-contiguous) tensor, and an empty list
@@ -506,6 +522,7 @@ def _average(rank, world_size, impl, sub):
         loose = [torch.randn(2, generator=g), torch.randn(4, 3, generator=g, dtype=torch.float64).t(),
                  torch.randn(2, generator=g, dtype=torch.float64)]
         before = [t.clone() for t in loose]
+        storages = [t.data_ptr() for t in loose]  # in place: the same memory afterwards (trial 14: `t.data = ...` passed)
         error = empty_error = None
         try:
             lib.all_reduce_mean(loose, group)
@@ -523,7 +540,8 @@ def _average(rank, world_size, impl, sub):
                 empty_error = f"{type(raised).__name__}: {' '.join(str(raised).split())[:200]}"
     state = {k: v.clone() for k, v in model.state_dict().items()}
     return dict(state=state, members=members, loose=loose, before=before, calls=calls_of(wire), error=error,
-                averaging_error=averaging_error, unwaited=sum(unwaited), empty_error=empty_error)
+                averaging_error=averaging_error, unwaited=sum(unwaited), empty_error=empty_error,
+                moved=[i for i, (t, ptr) in enumerate(zip(loose, storages)) if t.data_ptr() != ptr])
 
 
 def _count_unwaited_all_reduces():
@@ -598,7 +616,10 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                         "only the floating-point ones (buffer.is_floating_point())"
                         + (f" (then it raised {out['averaging_error']})" if out["averaging_error"] else ""))
         if out["averaging_error"]:
-            pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}")
+            pytest.fail(f"{T131}: {where}: average_parameters(model, group) raised {out['averaging_error']}"
+                        + (": the model has a 0-dim parameter (a scalar, as a temperature), which has no slice to "
+                           "assign into: write with tensor.copy_(...), which takes any shape"
+                           if "0-dim" in out["averaging_error"] else ""))
         if out["unwaited"]:
             pytest.fail(f"{T131}: {where}: {out['unwaited']} all-reduce(s) started with async_op=True were never waited "
                         "for: the buffer was read (divided, copied back) before the sum had arrived. Call work.wait() "
@@ -640,11 +661,16 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
             if torch.allclose(value.double(), total / world_size, rtol=1e-5, atol=1e-5) and sub:
                 pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by the world's size: divide by the "
                             "group's size, dist.get_world_size(group)")
-            divisor = next((k for k in range(2, 9) if k != len(members) and torch.allclose(
+            # up to 16: the number of tensors of a dtype (10 float64 ones in Mixed) as well (trial 14: was told 'offset')
+            divisor = next((k for k in range(2, 17) if k != len(members) and torch.allclose(
                 value.double(), total / k, rtol=1e-5, atol=1e-5)), None)
             if divisor is not None and bool((total != 0).any()):
+                count = sum(1 for v in own.values() if v.is_floating_point() and v.dtype == value.dtype)
                 pytest.fail(f"{T131}: {where}: {key} is the group's sum divided by {divisor}, where the group has "
-                            f"{len(members)} rank(s): divide by the group's size, dist.get_world_size(group)")
+                            f"{len(members)} rank(s)"
+                            + (f" ({divisor} is the number of {str(value.dtype).replace('torch.', '')} tensors averaged: "
+                               "a count of tensors, len(...), is no divisor of a mean over ranks)" if divisor == count else "")
+                            + ": divide by the group's size, dist.get_world_size(group)")
             if sub:
                 everyone = _expected_mean(rank, list(range(world_size)))[key]
                 over_world = torch.allclose(value.double(), everyone.double(), rtol=1e-6, atol=1e-6) or torch.allclose(
@@ -690,7 +716,9 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
         n64 = sum(v.numel() for k, v in own.items() if v.dtype == torch.float64)
         n32 = sum(v.numel() for v in own.values() if v.dtype == torch.float32)
         calls = [c for c in out["calls"] if c[0] is None]
-        check_wire(T131, calls, [None], [("float64", n64), ("float32", n32)], rank, "average_parameters")
+        alone = [c[1:4] for c in out["calls"] if c[0] == "all_reduce_mean"]
+        check_wire(T131, calls, [None], [("float64", n64), ("float32", n32)], rank, "average_parameters",
+                   alone_ok=alone == [("all_reduce", "float32", 2), ("all_reduce", "float64", 14)])
         assert calls[0][4] == len(members), (
             f"{T131}: {where}: the all-reduce went over {calls[0][4]} ranks, the group has {len(members)}: "
             "pass group=group to dist.all_reduce")
@@ -707,6 +735,12 @@ def test_average_parameters_is_the_mean_over_the_group_in_one_all_reduce_per_dty
                 f"{(got.double() - want).abs().max().item():.3g}")
         check_wire(T131, [c for c in out["calls"] if c[0] == "all_reduce_mean"], ["all_reduce_mean"],
                    [("float32", 2), ("float64", 14)], rank, "all_reduce_mean")
+        assert not out["moved"], (
+            f"{T131}: {where}: all_reduce_mean left the right means in the float32 vector, the transposed tensor and "
+            f"the vector, but tensor(s) {out['moved']} now live in other memory (data_ptr() changed): their storage "
+            "was replaced (tensor.data = ..., or tensor.set_(...)), not written into. In place is "
+            "tensor.copy_(its slice of the flat buffer): a view of the tensor, or the tensor it is a view of (the "
+            "transposed one's base, a flat parameter buffer), sees only a write")
         assert out["empty_error"] is None, (
             f"{T131}: {where}: all_reduce_mean([], group) raised {out['empty_error']}: with no tensor there is "
             "nothing to average: send nothing and return (a loop over the dtypes present does nothing; tensors[0] "
@@ -837,17 +871,28 @@ def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     lib = judging(impl, "13.2")
     group, members = groups_of(rank, world_size, sub)
     model = make(Net)
+    inner = optimizer(name, model.parameters())
+    given, inner_step = [], inner.step
+
+    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
+        given.append(closure is not None)
+        return inner_step(closure)
+
+    inner.step = recording
     with Wire() as wire:
-        local_sgd = lib.LocalSGD(model, optimizer(name, model.parameters()), sync_every, group=group)
+        local_sgd = lib.LocalSGD(model, inner, sync_every, group=group)
         built = calls_of(wire)
-        history, counts, closures = [], [], []
+        history, counts, closures, passed = [], [], [], []
         for step in range(steps):
             wire.step = step + 1
+            given.clear()
             take_step(local_sgd, model, rank, step, closures)
+            if step + 1 in CLOSURE_STEPS:
+                passed.append(given == [True])
             history.append(averaged(model))
             counts.append(local_sgd.local_step)
     return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
-                tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures)
+                tracked=model.norm.num_batches_tracked.item(), counts=counts, closures=closures, passed=passed)
 
 
 @pytest.mark.task13_2
@@ -860,6 +905,12 @@ def test_local_sgd_averages_parameters_and_buffers_after_every_hth_step_only(imp
     for rank, out in enumerate(results):
         assert not out["built"], f"{T132}: LocalSGD(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T132, rank, out["closures"], "LocalSGD")  # a closure never run leaves no forward pass either
+        if not all(out["passed"]):  # trial 14: the closure run by hand, the inner step without it, passed
+            pytest.fail(f"{T132}: rank {rank}: LocalSGD.step(closure) ran the closure and returned its loss, but the "
+                        f"inner optimizer's step got the closure at steps {list(CLOSURE_STEPS)}: {out['passed']}: an "
+                        "optimizer that needs it (torch.optim.LBFGS evaluates the loss several times in one step) "
+                        "gets None. Pass the closure to the inner optimizer's step, self.optimizer.step(closure), "
+                        "and return what it returns")
         assert out["tracked"] == steps, (
             f"{T132}: rank {rank}: BatchNorm's num_batches_tracked is {out['tracked']} after {steps} steps: "
             "integer buffers are left as they are")
@@ -907,7 +958,7 @@ def check_lowered_mid_round(task, results):
     """sync_every lowered below the count: the synchronisation comes at once (>=), and the count starts
     again; an `==` never meets the lowered value and never synchronises again (Issue 45), and a `%` meets it
     only where the count happens to be a multiple of it."""
-    what = "average" if task == "13.2" else "outer step"
+    what = "average" if task == T132 else "outer step"  # trial 14: was `task == "13.2"`, never true: 13.2 was told "outer step"
     for rank, out in enumerate(results):
         counts, sent = [count for count, _ in out], [calls for _, calls in out]
         if counts[4] != 0 and not sent[4]:
@@ -920,6 +971,11 @@ def check_lowered_mid_round(task, results):
                         f"{[i + 1 for i, n in enumerate(sent) if n]} sent something: the count was never set back to "
                         f"0, so once it reached sync_every every step came with an {what}: set self.local_step = 0 "
                         f"at each {what}")
+        if sent[4] and counts[4] == 5 - 3:  # trial 14: was told the counts only
+            pytest.fail(f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5: the {what} came at step 5, but "
+                        f"the count after it was {counts[4]}, the 5 steps counted minus sync_every, not 0 (counts "
+                        f"after each step: {counts}; steps {[i + 1 for i, n in enumerate(sent) if n]} sent something): "
+                        f"set self.local_step = 0 at each {what}, whatever sync_every is: the next round starts afresh")
         assert counts == [1, 2, 3, 4, 0, 1, 2, 3, 4, 0] and [bool(n) for n in sent] == [False] * 4 + [True] + \
             [False] * 4 + [True], (f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "

@@ -143,9 +143,18 @@ def _kept(tp, name, group):
     ctx = y.grad_fn
     held = [f"ctx.save_for_backward ({len(ctx.saved_tensors)} tensors)"] if ctx is not None and ctx.saved_tensors else []
     held += [f"ctx.{key}" for key, value in (vars(ctx).items() if ctx is not None else ()) if torch.is_tensor(value)]
+    # trial 14: tensors in a list, tuple or dict on ctx passed (ctx.args = (x, group), ctx.pieces = pieces)
+    other = []
+    for key, value in (vars(ctx).items() if ctx is not None else ()):
+        inside = [v for v in (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))
+                              else ()) if torch.is_tensor(v)]
+        if any(v is x for v in inside):
+            held.append(f"ctx.{key}, a {type(value).__name__} holding x")
+        elif inside:
+            other.append(f"ctx.{key}, a {type(value).__name__} of {len(inside)} tensor(s)")
     del x, y, ctx
     alive = name != "copy_to_tp" and keeps_its_input(lambda t: getattr(tp, name)(t, group), _rank_valued(0, (2, 3)))
-    return dict(held=held, alive=alive)
+    return dict(held=held, alive=alive, other=other)
 
 
 # (label, operator, x's shape): gather_from_tp also on a 3-D x (batch, sequence, features), as the docstrings allow
@@ -189,6 +198,12 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
                         f"shape {dims}: it kept the whole last dimension and sliced dimension {' and '.join(sliced)}; gather's "
                         "backward takes this rank's slice of the LAST dimension, the one forward concatenated along "
                         "(grad.chunk(size, dim=-1)[rank])")
+        # trial 14: torch.split(grad, size) cuts pieces of `size` elements (was torch's raw "invalid gradient")
+        if got_dims[:-1] == dims[:-1] and got_dims[-1] == gsize != dims[-1]:
+            pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims} for x of shape {dims}: its "
+                        f"slice of the last dimension is {gsize} wide, the group's size, not x's width {dims[-1]}: "
+                        "torch.split(grad, n, dim=-1) cuts pieces n elements LONG (chunk(n) cuts n pieces): take "
+                        "grad.chunk(size, dim=-1)[rank], or grad.split(k, dim=-1)[rank] with k = x's width")
         # the shape of the whole incoming gradient (forward's output): nothing was sliced at all
         if got_dims == dims[:-1] + [dims[-1] * gsize]:
             pytest.fail(f"{T91}: {where}'s backward returned a gradient of shape {got_dims}, the shape of the whole "
@@ -279,10 +294,21 @@ def _check_operator(label, rank, world_size, grank, gsize, got):
         assert kinds and kinds <= {"all_gather", "all_gather_into_tensor"} and sent == numel, (
             f"{T91}: {where}'s forward should send one all-gather of x ({numel} elements); it sent {got['forward']}")
     else:
+        _check_wire_dtype(where, "forward", got["forward"], forward_wire)
         assert got["forward"] == forward_wire, (
             f"{T91}: {where}'s forward should send {forward_wire or 'nothing'}; it sent {got['forward']}")
+    _check_wire_dtype(where, "backward", got["backward"], backward_wire)
     assert got["backward"] == backward_wire, (
         f"{T91}: {where}'s backward should send {backward_wire or 'nothing'}; it sent {got['backward']}")
+
+
+def _check_wire_dtype(where, when, sent, expected):
+    """The right collectives of the right sizes in another dtype: a copy (x.double(), .float()) went on the wire."""
+    if expected and len(sent) == len(expected) and all((k, n) == (k2, n2) and d != d2 for (k, d, n), (k2, d2, n2) in zip(sent, expected)):
+        pytest.fail(f"{T91}: {where}'s {when} sent {sent}, where {expected} was expected: the right collective of a "
+                    f"{sent[0][1]} copy of the {expected[0][1]} tensor ({'twice' if sent[0][1] == 'float64' else 'other'} "
+                    "the bytes, and a conversion each way): all-reduce the tensor in its own dtype, "
+                    "x.clone() or grad.clone(), not x.double() or .to(another dtype)")
 
 
 @pytest.mark.task9_1
@@ -301,6 +327,10 @@ def test_operators_give_exact_values_and_gradients(impl, world_size, sub):
                 f"{where} keeps its input for backward ({', '.join(kept['held']) or 'x stays alive while the output does'}),"
                 " which its backward does not need: keep no tensor of forward's (the docstring), only the group "
                 "(and sizes, as ints), or every layer's input stays in memory until backward")
+            assert not kept.get("other"), (
+                f"{where} keeps tensors of its forward on ctx ({', '.join(kept['other'])}), which its backward does "
+                "not need: they stay in memory until backward runs, every layer. Keep no tensor on ctx, only the "
+                "group and ints (the rank, the size, the width)")
 
 
 def _check_float64(name, rank, grank, gsize, got):
@@ -368,6 +398,14 @@ def _from_linear(cls, linear, group, rank, grank, gsize, **flags):
     empty slice, torch.chunk an IndexError, narrow a RuntimeError or IndexError) explained whatever the slicing."""
     try:
         return cls.from_linear(linear, group, **flags)
+    except ValueError as error:  # trial 14: the other dimension checked; was the answer's own ValueError, raw
+        split, other = ("out_features", "in_features") if cls.__name__ == "ColumnParallelLinear" else ("in_features", "out_features")
+        if getattr(linear, split) % gsize:
+            raise
+        raise AssertionError(
+            f"{T92}: {cls.__name__}.from_linear refused an nn.Linear({linear.in_features}, {linear.out_features}) on "
+            f"{gsize} ranks, whose {split} ({getattr(linear, split)}) divide by {gsize}: {error}. It splits {split} only; {other} may be anything "
+            f"(refuse {split} that do not divide by the group's size, nothing else)") from None
     except (IndexError, RuntimeError) as error:
         if rank == grank:
             raise
@@ -398,6 +436,7 @@ def _layers(rank, world_size, impl, sub, bias):
         results[("column", gather_output)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            features=(getattr(layer, "in_features", None), getattr(layer, "out_features", None)),
             grad_x=None if xi.grad is None else xi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -410,6 +449,7 @@ def _layers(rank, world_size, impl, sub, bias):
         results[("row", input_is_parallel)] = dict(
             weight=layer.weight.detach().clone(), bias=None if layer.bias is None else layer.bias.detach().clone(),
             weight_param=isinstance(layer.weight, nn.Parameter), y=y, error=error,
+            features=(getattr(layer, "in_features", None), getattr(layer, "out_features", None)),
             grad_x=None if hi.grad is None else hi.grad.clone(),
             grad_weight=None if layer.weight.grad is None else layer.weight.grad.clone(),
             grad_bias=None if layer.bias is None or layer.bias.grad is None else layer.bias.grad.clone(),
@@ -474,6 +514,18 @@ def _close(a, b):
     return a is not None and b is not None and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def _check_features(where, got, ref, split, gsize):
+    """layer.in_features and layer.out_features: the whole layer's, as nn.Linear's (trial 14: this rank's passed)."""
+    out_features, in_features = ref["weight"].shape
+    if got["features"] == (in_features, out_features):
+        return
+    local = (in_features, out_features // gsize) if split == "out" else (in_features // gsize, out_features)
+    pytest.fail(f"{where} has (in_features, out_features) = {got['features']}, expected {(in_features, out_features)}, "
+                "the nn.Linear's: they are the whole layer's sizes, as nn.Linear's (the docstring), not this rank's"
+                + (f" {local}; the slice's size is in the weight's shape" if got["features"] == local else "")
+                + ": pass linear.in_features and linear.out_features to cls(...)")
+
+
 def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     where = f"ColumnParallelLinear (gather_output={gather_output}) on rank {rank} (group rank {grank} of {gsize})"
     k = ref["weight"].shape[0] // gsize
@@ -501,6 +553,12 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
     assert _close(got["y"], y_expected), (
         f"{T92}: {where}'s output (shape {tuple(got['y'].shape)}) differs from nn.Linear's "
         + ("whole output: gather_from_tp the slices" if gather_output else f"columns {rows.start}..{rows.stop - 1}"))
+    copies = (world_size or gsize) // gsize  # the groups hold the same layer and data: the world sums each term that often
+    if copies > 1 and got["grad_x"] is not None and _close(got["grad_x"], copies * ref["grad_x"]):
+        # trial 14: f over the default group was told "copy_to_tp (f) before the product sums it"
+        pytest.fail(f"{T92}: {where}: the input's gradient is {copies} times nn.Linear's: f's backward summed it over "
+                    f"all {world_size} ranks, the default group, not over the layer's group of {gsize}: pass "
+                    "self.group to copy_to_tp")
     assert _close(got["grad_x"], ref["grad_x"]), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's: copy_to_tp (f) before the product sums it "
         "over the ranks in backward")
@@ -520,6 +578,7 @@ def _check_column(rank, grank, gsize, got, ref, gather_output, world_size=None):
         f"{T92}: {where}'s forward should send {'one all-gather' if gather_output else 'nothing'}, it sent {got['forward']}")
     assert got["backward"] == [("all_reduce", "float32", ref["grad_x"].numel())], (
         f"{T92}: {where}'s backward should send one all-reduce of the input's gradient (f's), it sent {got['backward']}")
+    _check_features(f"{T92}: {where}", got, ref, "out", gsize)
 
 
 def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhere=True, world_size=None):
@@ -572,6 +631,18 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
                         f"{cols.start}..{cols.stop - 1} and zero elsewhere: the slice was taken without f before it, "
                         "so no rank gets the other ranks' parts of x's gradient. Take it with _split_last_dim "
                         "(copy_to_tp, then the slice), whose backward all-reduces them")
+        if copies > 1 and _close(got["grad_x"], copies * grad_x_expected):  # trial 14: was told 'differs'
+            pytest.fail(f"{T92}: {where}: the input's gradient is {copies} times nn.Linear's: the f before the slice "
+                        f"summed it over all {world_size} ranks, the default group, not over the layer's group of "
+                        f"{gsize}: pass self.group to copy_to_tp (_split_last_dim(x, self.group) does)")
+        # trial 14: f after the slice: its all-reduce sums the ranks' gradients of DIFFERENT columns into this rank's
+        summed = torch.zeros_like(ref["grad_x"])
+        summed[:, cols] = sum(ref["grad_x"].chunk(gsize, dim=-1))
+        if _close(got["grad_x"], summed):
+            pytest.fail(f"{T92}: {where}: the input's gradient is zero outside this rank's columns {cols.start}.."
+                        f"{cols.stop - 1}, and in them the SUM of every rank's columns of nn.Linear's gradient: f "
+                        "(copy_to_tp) was applied after the slice, so its all-reduce adds up gradients of different "
+                        "columns. Apply f to the whole x first, then slice (_split_last_dim does both, in that order)")
     assert _close(got["grad_x"], grad_x_expected), (
         f"{T92}: {where}: the input's gradient differs from nn.Linear's"
         + ("" if input_is_parallel else ": without input_is_parallel, every rank gets x's whole gradient"))
@@ -602,12 +673,18 @@ def _check_row(rank, grank, gsize, got, ref, input_is_parallel, bias_grad_anywhe
     expected_backward = [] if input_is_parallel else [("all_reduce", "float32", ref["grad_x"].numel())]
     assert got["backward"] == expected_backward, (
         f"{T92}: {where}'s backward should send {expected_backward or 'nothing'}, it sent {got['backward']}")
+    _check_features(f"{T92}: {where}", got, ref, "in", gsize)
 
 
 def _check_copies(rank, name, got, group=""):
     """from_linear's tensors are the slice's own memory: a view (chunk, narrow, [rows] without .clone()) keeps
     the whole nn.Linear alive, and the optimizer's steps on the slice change the nn.Linear too."""
     for param, (storage, own) in got["stored"].items():
+        if storage != own and param not in got["changed"]:  # trial 14: told 'shares its memory' when it did not
+            pytest.fail(f"{T92}: {name}.from_linear on rank {rank}{group}: layer.{param} is {own} bytes but its storage "
+                        f"holds {storage}: it is a slice of a copy of the nn.Linear's whole {param} (.clone() before "
+                        "slicing copies all of it, and the slice keeps that whole copy alive on every rank): slice "
+                        "first, then .clone() the slice")
         assert storage == own, (
             f"{T92}: {name}.from_linear on rank {rank}{group}: layer.{param} is {own} bytes but its storage holds {storage}: "
             f"it is a view of the nn.Linear's whole {param} (slicing, torch.chunk and narrow make views), which keeps "
@@ -816,11 +893,33 @@ def _train_ours(rank, world_size, impl, task, dp_size, tp_size):
     if task == "9.3":  # the groups first, here: wrong ones would hang in g's all-reduce, far from the cause
         _check_groups(T93, rank, world_size, dp_size, tp_size, groups)
     torch.manual_seed(0)  # every rank builds the same whole model before splitting (or: broadcast it)
-    model = tp.parallelize_classifier(CNN(), tp_group)
+    try:
+        model = tp.parallelize_classifier(CNN(), tp_group)
+    except AttributeError as error:  # trial 14: was a raw "'Flatten' object has no attribute 'out_features'"
+        given = re.search(r"'(Flatten|ReLU)' object has no attribute '(in|out)_features'", str(error))
+        if task != "9.3" or not given:
+            raise
+        raise AssertionError(f"{T93}: parallelize_classifier gave from_linear the {given.group(1)} layer ({error}): "
+                             "model.classifier is Flatten, Linear, ReLU, Linear, so the two nn.Linear layers are "
+                             "classifier[1] and classifier[3] (index 0 is the Flatten)") from None
     if model is None:
         raise AssertionError(f"{T93}: parallelize_classifier returned None: it changes the model in place AND "
                              "returns it (return model), as the docstring says")
     column, row = model.classifier[1], model.classifier[3]
+    kinds = {i: type(model.classifier[i]).__name__ for i in (1, 3)}
+    if task == "9.3" and kinds != {1: "ColumnParallelLinear", 3: "RowParallelLinear"}:
+        # trial 14: classifier[3] left whole was told "gather_full_params (given code) differs from the test's gather"
+        raise AssertionError(f"{T93}: after parallelize_classifier, classifier[1] is a {kinds[1]} and classifier[3] a "
+                             f"{kinds[3]}: replace BOTH, classifier[1] by ColumnParallelLinear.from_linear(..., tp_group) "
+                             "and classifier[3] by RowParallelLinear.from_linear(..., tp_group); the pair needs one "
+                             "all-reduce each way, where a column-parallel layer alone needs an all-gather of its "
+                             "output and leaves the next layer replicated")
+    if task == "9.3" and getattr(column, "gather_output", None) is True and getattr(row, "input_is_parallel", None) is True:
+        # trial 14: was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
+        raise AssertionError(f"{T93}: parallelize_classifier made classifier[1] with gather_output=True before "
+                             "classifier[3] with input_is_parallel=True: the row-parallel layer then gets the whole "
+                             "hidden features where it expects this rank's slice (a shape error in forward): keep "
+                             "gather_output=False, so that each rank's ReLU and row-parallel layer work on its slice")
     if task == "9.3" and getattr(column, "gather_output", None) is False and getattr(row, "input_is_parallel", None) is False:
         # was a raw "mat1 and mat2 shapes cannot be multiplied" from the row layer's forward
         raise AssertionError(f"{T93}: parallelize_classifier made classifier[3] with input_is_parallel=False after "
@@ -1044,6 +1143,9 @@ def test_make_2d_groups_puts_tp_peers_on_consecutive_ranks(impl, dp_size, tp_siz
             "the same position on different ranks get the same name and meet in the same store keys: they may "
             "connect to each other's ranks, or hang")
     for rank, (dp_ranks, tp_ranks, _) in enumerate(results):
+        # None is the default group, every rank: right where the group is all of them (dp 1: the tp group), as
+        # _check_groups has it (trial 14: was rejected as 'tp group is None, expected [0, 1, 2, 3]')
+        dp_ranks, tp_ranks = (list(range(dp_size * tp_size)) if ranks is None else ranks for ranks in (dp_ranks, tp_ranks))
         row, column = rank // tp_size, rank % tp_size
         expected_tp = list(range(row * tp_size, (row + 1) * tp_size))
         expected_dp = list(range(column, dp_size * tp_size, tp_size))
@@ -1176,16 +1278,25 @@ def test_average_gradients_over_dp_averages_over_the_dp_group_only(impl):
         assert bias_grad is None, f"{T94}: a parameter without .grad must be skipped, and keep None"
         assert [kind for kind, _, _ in calls] == ["all_reduce"], (
             f"{T94}: one all_reduce per gradient over the dp group, got {calls}")
-        expected = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
+        expected64 = torch.full((2, 3), sum((r + 1) / 3 for r in peers) / dp_size, dtype=torch.float64)
         where = f"{T94}: rank {rank}, a float64 model's gradients"
         assert double.dtype == torch.float64, f"{where} became {double.dtype}: keep each gradient's dtype"
-        if not torch.allclose(double, expected, rtol=1e-12, atol=0) and torch.allclose(double, expected, rtol=1e-6):
+        if not torch.allclose(double, expected64, rtol=1e-12, atol=0) and torch.allclose(double, expected64, rtol=1e-6):
             pytest.fail(f"{where} equal their mean over the dp group to float32's precision only (off by "
-                        f"{(double - expected).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
+                        f"{(double - expected64).abs().max():.1e}): they went through a float32 tensor (torch.zeros(n) "
                         "and torch.empty(n) are torch's default dtype, float32): make a flat buffer in the gradients' "
                         "dtype (torch.cat of them, or dtype=grad.dtype), or all-reduce each .grad itself")
-        assert torch.allclose(double, expected, rtol=1e-12, atol=0), (
-            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected[0, 0].item()}")
+        assert torch.allclose(double, expected64, rtol=1e-12, atol=0), (
+            f"{where}: {double.flatten().tolist()}, expected their mean over the dp group, {expected64[0, 0].item()}")
+        # trial 14: some averaged and some left as they were (an early return in the loop, a filter by shape or name)
+        if kept and any(averaged.values()):
+            left = sorted(kept)
+            done = sorted(n for n, ok in averaged.items() if ok)
+            pytest.fail(f"{T94}: rank {rank} (dp peers {peers}), in a Sequential of a ColumnParallelLinear and an "
+                        f"nn.Linear (parameters {sorted(split)}): average_gradients_over_dp averaged {done} but left "
+                        f"{left} as they were ({rank + 1}, this rank's own, expected the mean {expected}): average EVERY "
+                        "parameter that has a .grad (no return inside the loop, no filter by shape or name: a bias "
+                        "differs between the dp peers as much as a weight)")
         assert all(averaged.values()), (
             f"{T94}: rank {rank} (dp peers {peers}), a Sequential of a ColumnParallelLinear and an nn.Linear: gradients "
             f"{ {n: g.flatten()[0].item() for n, g in split.items()} }, expected the mean over the dp group, {expected}, "
