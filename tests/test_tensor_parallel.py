@@ -306,8 +306,8 @@ def _check_wire_dtype(where, when, sent, expected):
     """The right collectives of the right sizes in another dtype: a copy (x.double(), .float()) went on the wire."""
     if expected and len(sent) == len(expected) and all((k, n) == (k2, n2) and d != d2 for (k, d, n), (k2, d2, n2) in zip(sent, expected)):
         pytest.fail(f"{T91}: {where}'s {when} sent {sent}, where {expected} was expected: the right collective of a "
-                    f"{sent[0][1]} copy of the {expected[0][1]} tensor ({'twice' if sent[0][1] == 'float64' else 'other'} "
-                    "the bytes, and a conversion each way): all-reduce the tensor in its own dtype, "
+                    f"{sent[0][1]} copy of the {expected[0][1]} tensor ({'twice the bytes and ' if sent[0][1] == 'float64' else ''}"
+                    "a conversion each way): all-reduce the tensor in its own dtype, "
                     "x.clone() or grad.clone(), not x.double() or .to(another dtype)")
 
 
