@@ -1005,15 +1005,19 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
     where = WHERE[task]
     on_group = ranks is not None
     ranks = list(range(world_size)) if ranks is None else ranks
+
+    def described(rank, m):
+        what = f"{world_size} stages, M = {m}, stage {rank}"
+        if on_group:
+            what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
+        return what
+
     for case in range(len(results[0])):
         m = results[0][case]["m"]
         ref_loss, ref_grads = reference_gradients(*batch())
         shapes = activation_shapes(world_size, BATCH // m)
         for rank, runs in enumerate(results):
-            r = runs[case]
-            what = f"{world_size} stages, M = {m}, stage {rank}"
-            if on_group:
-                what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
+            r, what = runs[case], described(rank, m)
             if r["echoed"] is not None:
                 raise AssertionError(
                     f"{where}: {what}: the gradient stage {rank} received from stage {rank + 1} for micro-batch "
@@ -1044,6 +1048,10 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     "micro-batch's activations, as GPipe does: 1F1B's memory saving is lost")
             else:
                 assert peak == m, f"{where}: {what}: GPipe stores all M = {m} micro-batches, the trace shows {peak}"
+        # trial 14: the loss before any gradient: a loss computed wrong in forward_step (a sum over the
+        # micro-batch, the logits scaled) is told by the loss, where stage 0's gradients only differ
+        for rank, runs in enumerate(results):
+            r, what = runs[case], described(rank, m)
             if rank == world_size - 1:
                 assert r["loss"] is not None and r["loss"].numel() == 1, (
                     f"{where}: {what}: the last stage returned the loss {r['loss']}: the batch's mean loss, one number")
@@ -1058,11 +1066,13 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 r["loss"] = r["loss"].item()
                 assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
-                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m, world_size))
+                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m, world_size, task))
             else:
                 assert r["loss"] is None, (
                     f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage "
                     "computes the loss, the other stages return None")
+        for rank, runs in enumerate(results):
+            r, what = runs[case], described(rank, m)
             for i in r["layers"]:
                 theirs_all = (r["torch_grads"] or {}).get(i, ref_grads[i])  # M < p with 1F1B: PyTorch refuses
                 for j, (got, want, theirs) in enumerate(zip(r["grads"][i], ref_grads[i], theirs_all)):
@@ -1151,14 +1161,36 @@ def one_micro_batch_hint(got, layer, index, m):
     return ""
 
 
-def loss_hint(loss, ref_loss, m, num_stages=None):
+def loss_hint(loss, ref_loss, m, num_stages=None, task=None):
     """Why the last stage's loss is off, only where the numbers show that cause: M times too large (no
-    1/M), M times too small (a mean of losses already scaled by 1/M)."""
+    1/M), M times too small (a mean of losses already scaled by 1/M); with forward_step judged (10.4), a
+    sum over the micro-batch, a division by its size, the logits scaled instead of the loss."""
     if m > 1 and math.isclose(loss, ref_loss * m, rel_tol=1e-4):
         return f" ({loss / ref_loss:.2f}x: scale each micro-batch's loss by 1/num_microbatches)"
+    size = BATCH // m  # the micro-batch's
+    if task == "10.4" and size > 1 and math.isclose(loss, ref_loss * size, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x, the micro-batch's size {size}: forward_step summed the micro-batch's "
+                "losses (reduction='sum'?) where loss_fn's default takes their mean: loss_fn(stage.module(input), "
+                "target) / num_microbatches)")
+    if task == "10.4" and size not in (m, m * m) and math.isclose(loss * size, ref_loss * m, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x = M / {size}: forward_step divided the micro-batch's loss by its size, "
+                f"len(target) = {size}, where loss_fn's mean already has; divide by num_microbatches = {m} instead)")
+    if task == "10.4" and m > 1:
+        inputs, targets = batch()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            logits = load("solutions", "template_pipeline").flat_cnn()(inputs)
+        scaled = sum(F.cross_entropy(z / m, y).item() for z, y in zip(logits.split(size), targets.split(size)))
+        if math.isclose(loss, scaled, rel_tol=1e-4):
+            return (" (the sum of loss_fn(logits / M, target) over the micro-batches: forward_step divided the "
+                    "layers' output by M before loss_fn, not the loss after it: loss_fn(stage.module(input), "
+                    "target) / num_microbatches)")
     if m > 1 and math.isclose(loss * m, ref_loss, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum them; their mean divides by "
-                "M a second time)")
+                "M a second time)" if task != "10.4" else  # the schedule is solutions' there: it sums them
+                f" ({loss / ref_loss:.2f}x: forward_step scaled the micro-batch's loss by 1/M twice"
+                + (f", or by 1/len(target) (the micro-batch's size, {size} = M**2 here)" if size == m * m else "")
+                + ": loss_fn(stage.module(input), target) / num_microbatches, once)")
     if num_stages and m != num_stages and math.isclose(loss * num_stages, ref_loss * m, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x = M / num_stages: scale each micro-batch's loss by 1/num_microbatches, "
                 "not 1/num_stages)")
