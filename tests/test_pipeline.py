@@ -496,7 +496,14 @@ def raised_hint(task, text):
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
     if "raised WrongShape" in text:
         said = re.search(r"raised WrongShape: ([^\n]*)", text).group(1)
-        fix = ("receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
+        got = re.search(r"of shape (\([\d, ]*\)) from", said)
+        fix = (f"forward_step's output has the shape {got.group(1) if got else '(?)'} (the reference backward_step "
+               "receives the gradient in output.shape), not that of this stage's layers' output, which the next "
+               "stage receives: output = stage.module(input), this stage's layers only"
+               + (" (the CNN's whole output, the logits: stage.whole is every stage's layers)"
+                  if re.search(r"of shape \(\d+, 10\) from", said) else "")
+               if "recv_backward" in said and task == "10.4" else
+               "receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
                "output.dtype)" if "recv_backward" in said else
                "receive the activation in the shape learn_shapes found: stage.recv_forward(stage.input_shape, "
                "stage.input_dtype)" if "recv_forward" in said else "receive in the shape the neighbour sends")
