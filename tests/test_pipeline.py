@@ -182,6 +182,10 @@ class AnySource(RuntimeError):
     """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
 
 
+class XNotTheInput(RuntimeError):
+    """A later stage's forward_step that computed with x and never received its input (said by that stage)."""
+
+
 class WrongShape(RuntimeError):
     """A receive into a buffer of another shape than the message's (refused before gloo sees it: gloo aborts)."""
 
@@ -1352,7 +1356,20 @@ def _float64_step(rank, world_size, impl, task="10.5"):
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
     stage = lib.Stage(model, rank, world_size)
     stage.learn_shapes(x, 1)
-    input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
+    received, recv = [], stage._recv  # trial 14: x given to every stage, as a caller may: counted after learn_shapes
+
+    def counted_recv(*args, **kwargs):
+        received.append(True)
+        return recv(*args, **kwargs)
+    stage._recv = counted_recv  # recv_forward's, or the student's own call of it
+    try:
+        input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
+    except Exception as error:
+        if task == "10.4" and rank > 0 and not received:
+            raise XNotTheInput(f"{type(error).__name__}: {error}") from error
+        raise
+    if task == "10.4" and rank > 0 and not received:
+        raise XNotTheInput("no error, but stage 1 never received its input")
     lib.backward_step(stage, input, output)
     stage.wait_sends()
     return {i: [p.grad for p in layer.parameters()] for i, layer in enumerate(model) if layer in list(stage.module)}
@@ -1368,6 +1385,14 @@ def test_a_step_of_a_float64_model_equals_one_process(impl, task):
     try:
         results = run_ranks(_float64_step, 2, impl, task, timeout=25)
     except (RankTimeout, RankFailed) as error:
+        said = re.search(r"raised XNotTheInput: ([^\n]*)", str(error))
+        if said:
+            raise AssertionError(
+                f"{T104}: a float64 model over 2 stages, the batch given to forward_step on both: stage 1 received "
+                f"nothing from stage 0 (no stage.recv_forward): it computed with x, not with stage 0's activation ("
+                f"{said.group(1)}). On every stage but the first the input is stage.recv_forward(stage.input_shape, "
+                "stage.input_dtype), whatever x is: choose by stage.is_first, not by x (a caller may give the batch "
+                "to every stage)") from None
         raise AssertionError(
             f"{WHERE[task]}: a float64 model over 2 stages: {one_line(error)}. " + (
                 "The activation is received in the shape AND dtype learn_shapes found (stage.recv_forward("
