@@ -182,6 +182,10 @@ class AnySource(RuntimeError):
     """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
 
 
+class TooManyForwards(RuntimeError):
+    """A schedule's forward started after all M had run (said by that stage, before it waits in vain)."""
+
+
 class XNotTheInput(RuntimeError):
     """A later stage's forward_step that computed with x and never received its input (said by that stage)."""
 
@@ -445,7 +449,7 @@ def as_task_failure(error, task, what):
     said = raised_hint(task, text)  # Issue 45: raw exceptions, each told by the cause the traceback proves
     head, _, trace = text.partition("\n\n--- rank")  # a RankFailed's: the rank's words, then its traceback
     if isinstance(error, RankFailed) and said:
-        if re.search(r"raised (?:AnySource|WrongShape): ", head):  # the rank's own finding is in `said`: not twice
+        if re.search(r"raised (?:AnySource|WrongShape|TooManyForwards): ", head):  # the rank's own finding is in `said`: not twice
             return AssertionError(f"{where}: {said} ({what}).\n\n--- rank{trace}")
         return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
@@ -495,6 +499,8 @@ def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
     if NO_FUTURE in text:  # trial 6: the raw RuntimeError said nothing of why
         return WAIT_ONLY
+    if "raised TooManyForwards" in text:
+        return re.search(r"raised TooManyForwards: ([^\n]*)", text).group(1)
     if "raised AnySource" in text:
         said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
@@ -855,6 +861,15 @@ class Alive:
             gc.collect()  # only reference cycles would need it: counted again when it matters
             count = sum(ref() is not None for ref in self.outputs)
             self.most = max(self.most, (count, len(self.outputs)))
+        if PROGRESS and PROGRESS["forwards"] >= PROGRESS["m"]:  # trial 14: said at once, not as the hang it becomes
+            p = PROGRESS
+            warmup = min(p["num_stages"] - p["stage"] - 1, p["m"])
+            raise TooManyForwards(
+                f"stage {p['stage']} of {p['num_stages']} started a forward after all M = {p['m']} had run "
+                f"({p['backwards']} backwards started)" + (": its previous stage sends only M activations, so this "
+                "receive would wait for ever" if p["stage"] else "") + ". A step runs M forwards in all: the "
+                f"warm-up's min(num_stages - stage_index - 1, M) = {warmup}, then one in each of the steady state's "
+                f"M - {warmup} steps; a warm-up below 0 (range(-1, M) runs M + 1) or a steady state past M runs more")
         if PROGRESS:
             PROGRESS["forwards"] += 1
         input, output = self.forward_step(*args, **kwargs)
