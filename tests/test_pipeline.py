@@ -732,8 +732,50 @@ def _round_trip(rank, world_size, impl, task, send=None):
             got["strided"] = strided
         if sent.item():
             stage.wait_sends()
+    if world_size == 4:
+        got.update(_in_a_group(lib, rank))
     lib.Stage.wait_sends = wait_sends
     return got, expected_activation, records_of(wire), len(pending), done, stage.pending_sends == [], waited_in_send
+
+
+def _in_a_group(lib, rank):
+    """Trial 14: where an activation goes in a pipeline of its own group, global ranks [0, 1] and [2, 3]: `peer` is
+    a global rank, which group_dst= / group_src= would take as the group's own (right on [0, 1] only). Dry: each
+    point-to-point call is recorded as (kind, global peer) and completes at once, and nothing moves, so the check
+    takes no side on which group carries the message (its own or the default one, both right) and cannot hang."""
+    from torch._C._distributed_c10d import ProcessGroup
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both, in the same order
+    piece = lib.Stage(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)), rank % 2, 2, group=groups[rank // 2])
+    calls, saved = [], {name: vars(ProcessGroup)[name] for name in ("send", "recv")}
+
+    class Done:  # a Work already completed (what each caller does with one: wait(), is_completed())
+        def wait(self, *args, **kwargs):
+            return True
+
+        def is_completed(self):
+            return True
+
+    def dry(kind):
+        def call(group, tensors, peer, *args, **kwargs):
+            try:
+                calls.append((kind, dist.get_global_rank(group, peer)))
+            except (ValueError, RuntimeError):  # a group rank the group does not have
+                calls.append((kind, f"group rank {peer}, which a group of {group.size()} ranks does not have"))
+            return Done()
+        return call
+    ProcessGroup.send, ProcessGroup.recv = dry("send"), dry("recv")
+    try:
+        if piece.is_first:
+            piece.send_forward(torch.full((2, 3), 1.0))
+        else:
+            piece.recv_forward((2, 3), torch.float32)
+        piece.wait_sends()
+    except Exception as error:  # noqa: BLE001 (told in the test's words; after a bad peer, its consequence)
+        if all(isinstance(peer, int) for _, peer in calls):
+            calls.append(("raised", one_line(error)))
+    finally:
+        ProcessGroup.send, ProcessGroup.recv = saved["send"], saved["recv"]
+    return {"group_calls": calls}
 
 
 @pytest.mark.parametrize("task", [pytest.param("10.2", marks=pytest.mark.task10_2),
@@ -805,6 +847,17 @@ def check_round_trip(results, task, world_size):
             assert wide_dtype == torch.float64 and torch.equal(wide_value, want), (
                 f"{where}: rank {rank} received a float64 activation as {wide_dtype} {wide_value.tolist()}: "
                 f"{converted if task == '10.3' and wide_dtype != torch.float64 else fix}")
+        if world_size == 4:
+            want = [("send", rank + 1)] if rank % 2 == 0 else [("recv", rank - 1)]
+            way = {"send": "send to", "recv": "recv from"}
+            made = ", ".join(f"{way[kind]} {peer}" if kind in way else peer for kind, peer in got["group_calls"])
+            assert got["group_calls"] == want, (
+                f"{where}: in a pipeline of its own group, global ranks {[0, 1] if rank < 2 else [2, 3]} (stage "
+                f"{rank % 2} is global rank {rank}), rank {rank}'s {'send' if rank % 2 == 0 else 'recv'}_forward "
+                f"called {made or 'no send or recv'}, not {way[want[0][0]]} global rank {want[0][1]}: `peer` is a "
+                "global rank (stage.next_rank, stage.prev_rank): dist.isend(tensor, peer) / dist.recv(tensor, peer), "
+                "with or without group=; group_dst= and group_src= take the group's own rank (0 or 1 here), which "
+                "equals the global rank only in a group of ranks [0, 1]")
         strided = got.get("strided")
         assert not isinstance(strided, str), (
             f"{where}: rank {rank}'s _send of a non-contiguous tensor (a strided view, x.t(): a stage's output may be "
