@@ -182,6 +182,10 @@ class AnySource(RuntimeError):
     """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
 
 
+class WrongOutput(RuntimeError):
+    """A stage's output sent in another shape than its layers give (said by the sender, before it sends)."""
+
+
 class TooManyForwards(RuntimeError):
     """A schedule's forward started after all M had run (said by that stage, before it waits in vain)."""
 
@@ -449,7 +453,7 @@ def as_task_failure(error, task, what):
     said = raised_hint(task, text)  # Issue 45: raw exceptions, each told by the cause the traceback proves
     head, _, trace = text.partition("\n\n--- rank")  # a RankFailed's: the rank's words, then its traceback
     if isinstance(error, RankFailed) and said:
-        if re.search(r"raised (?:AnySource|WrongShape|TooManyForwards): ", head):  # the rank's own finding is in `said`: not twice
+        if re.search(r"raised (?:AnySource|WrongShape|TooManyForwards|WrongOutput): ", head):  # the rank's own finding is in `said`: not twice
             return AssertionError(f"{where}: {said} ({what}).\n\n--- rank{trace}")
         return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
@@ -499,8 +503,9 @@ def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
     if NO_FUTURE in text:  # trial 6: the raw RuntimeError said nothing of why
         return WAIT_ONLY
-    if "raised TooManyForwards" in text:
-        return re.search(r"raised TooManyForwards: ([^\n]*)", text).group(1)
+    said = re.search(r"raised (?:TooManyForwards|WrongOutput): ([^\n]*)", text)
+    if said:
+        return said.group(1)
     if "raised AnySource" in text:
         said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
@@ -987,6 +992,16 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
             return backward_step(*args, **kwargs)
 
         def kept_send_forward(self, activation):
+            # trial 14: an output of another shape than this stage's layers give, said by the sender before it
+            # sends (else the next stage's layers fail on it, or this stage's receive of its gradient: a race)
+            if torch.is_tensor(activation) and activation.numel() != math.prod(shapes.get(stage_index + 1, ())):
+                # by the size: a flat view of the right output is the same message
+                raise WrongOutput(
+                    f"stage {stage_index}'s forward_step sent an output of shape {tuple(activation.shape)}, where "
+                    f"this stage's layers give {shapes.get(stage_index + 1)} (what the next stage receives): output "
+                    "= stage.module(input), this stage's layers only"
+                    + (" (this is the CNN's whole output, the logits: stage.whole is every stage's layers)"
+                       if tuple(activation.shape) == (BATCH // m, 10) else ""))
             sent.append(activation.detach().clone())
             return send_forward(self, activation)
 
