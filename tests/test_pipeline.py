@@ -994,7 +994,8 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
         def kept_send_forward(self, activation):
             # trial 14: an output of another shape than this stage's layers give, said by the sender before it
             # sends (else the next stage's layers fail on it, or this stage's receive of its gradient: a race)
-            if torch.is_tensor(activation) and activation.numel() != math.prod(shapes.get(stage_index + 1, ())):
+            if stage_index + 1 in shapes and torch.is_tensor(activation) and activation.numel() != math.prod(
+                    shapes[stage_index + 1]):  # (the last stage has no next one: told where its send fails)
                 # by the size: a flat view of the right output is the same message
                 raise WrongOutput(
                     f"stage {stage_index}'s forward_step sent an output of shape {tuple(activation.shape)}, where "
