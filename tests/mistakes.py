@@ -4365,6 +4365,14 @@ MISTAKES = [
             "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
             "    warmup = min(stage.num_stages - stage.stage_index - 2, num_microbatches)\n",
             "started a forward after all M = "),
+    Mistake("10.6", "learn-shapes-at-the-first-step-only", "template_pipeline.py",  # trial 14 (a): passed (a Stage each M)
+            "    # --- Task 10.6 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.6 begin ---\n    if stage.input_shape is None:  # learnt at the first step\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "not only the first"),
+    Mistake("10.7", "learn-shapes-at-the-first-step-only", "template_pipeline.py",  # trial 14 (a): passed, as 10.6's
+            "    # --- Task 10.7 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.7 begin ---\n    if stage.input_shape is None:  # learnt at the first step\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "not only the first"),
     Mistake("13.2", "remainder-of-the-count", "template_local_sgd.py",  # passed: lowered from 4 to 2, 4 % 2 == 0
             "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n",
             "        if self.local_step % self.sync_every == 0:\n", "nor a remainder, %"),

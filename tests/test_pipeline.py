@@ -511,6 +511,8 @@ def raised_hint(task, text):
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
     if "raised WrongShape" in text:
         said = re.search(r"raised WrongShape: ([^\n]*)", text).group(1)
+        if "every step starts with stage.learn_shapes" in said:  # _schedule_run's finding: the cause said
+            return f"a receive of the wrong shape: {said}"
         got = re.search(r"of shape (\([\d, ]*\)) from", said)
         fix = (f"forward_step's output has the shape {got.group(1) if got else '(?)'} (the reference backward_step "
                "receives the gradient in output.shape), not that of this stage's layers' output, which the next "
@@ -976,10 +978,14 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
     backward_step, send_forward, recv_backward = lib.backward_step, lib.Stage.send_forward, lib.Stage.recv_backward
     send_backward, wait_sends = lib.Stage.send_backward, lib.Stage.wait_sends
     learn_shapes = lib.Stage.learn_shapes
-    for m in microbatch_counts:
-        torch.manual_seed(0)
-        model = lib.flat_cnn()
-        stage = lib.Stage(model, stage_index, num_stages, group=group)
+    # one Stage for every M, as a training run keeps it from step to step (trial 14: learn_shapes called at the first
+    # step only passed, each M having had a Stage of its own); no optimizer step, so its weights stay the same
+    torch.manual_seed(0)
+    model = lib.flat_cnn()
+    stage = lib.Stage(model, stage_index, num_stages, group=group)
+    for step_number, m in enumerate(microbatch_counts):
+        for param in model.parameters():
+            param.grad = None  # each M's gradients on their own
         alive = Alive(lib.forward_step)
         PROGRESS.clear()  # counted where the schedule under test is the student's (10.6, 10.7)
         if task in ("10.6", "10.7"):
@@ -1049,6 +1055,14 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
                     if not PROGRESS:
                         raise
                     raise IndexError(f"{error} [{progress()}]") from error
+                except (SentBeforeShapes, WrongShape) as error:  # a send, or a receive in last step's shape
+                    if not step_number or learned or task not in ("10.6", "10.7"):
+                        raise
+                    raise type(error)(
+                        f"{error}. This was the stage's step {step_number + 1} (M = {m}; the step before had M = "
+                        f"{microbatch_counts[step_number - 1]}): every step starts with stage.learn_shapes(inputs, M), "
+                        "not only the first: M, and so the shapes of the activations, may change from step to step"
+                    ) from None
                 # the micro-batches' outputs the step still keeps, once it has returned (weakrefs; counted again
                 # after a collection only when some are: reference cycles)
                 kept_after = sum(ref() is not None for ref in alive.outputs)
