@@ -6045,6 +6045,13 @@ RIGHT_ANSWERS = [
                 "            loss = output.detach() if loss is None else loss + output.detach()\n",
                 "            if loss is None:\n                loss = output.detach()\n            else:\n"
                 "                loss += output.detach()\n", ""),)),
+    RightAnswer("10.7", "cool-down-counted-by-the-warm-up",  # trial 14 (a)
+                "'Cool-down: the remaining backwards': after the steady state they are the warm-up's, so "
+                "range(warmup) backwards are all of them", (
+        Mistake("10.7", "cool-down-counted-by-the-warm-up", "template_pipeline.py",
+                "    while next_backward < num_microbatches:\n        backward()\n",
+                "    for _ in range(warmup):  # the warm-up's forwards still wait for their backwards\n        backward()\n",
+                ""),)),
     RightAnswer("10.6", "loss-stacked-and-summed",  # trial 14 (a)
                 "'the sum of the M scaled losses, a 0-d tensor without graph': torch.stack(...).sum() of the "
                 "detached losses is that sum", (

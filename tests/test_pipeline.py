@@ -423,18 +423,20 @@ def as_task_failure(error, task, what):
         return AssertionError(f"{where}: {own.group(1)} ({what}).\n\n--- rank{trace}")
     if isinstance(error, RankTimeout):
         return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
+    # trial 14: these two keep the rank's traceback only, not send_backward's own message, which lists every cause
+    # of a None gradient where the head names the one proven
     if "stage 0: send_backward(grad) got None" in text and task == "10.5":  # Issue 45: was told about output.grad
         return AssertionError(
             f"{where}: the first stage called send_backward ({what}): stage 0 has no previous stage, and its input "
             "(the batch) has no gradient: backward_step sends input.grad on every stage but the first (if not "
-            f"stage.is_first).\n{error}")
+            f"stage.is_first).\n\n--- rank{text.partition(chr(10) * 2 + '--- rank')[2]}")
     if "send_backward(grad) got None" in text and task == "10.4":  # 10.3's _recv is solutions': it requires grad
         return AssertionError(
             f"{where}: backward_step found no gradient on the input forward_step returned ({what}): recv_forward's "
             "tensor requires grad (Task 10.3's answer here is the reference), so forward_step computed with another "
             "tensor than the one it returned (input.detach(), a copy, a new leaf): backward stops there and the "
             "returned input's .grad stays None. Compute stage.module(input) on the very tensor recv_forward returned, "
-            f"and return that one.\n{error}")
+            f"and return that one.\n\n--- rank{text.partition(chr(10) * 2 + '--- rank')[2]}")
     if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
