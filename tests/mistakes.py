@@ -4365,6 +4365,15 @@ MISTAKES = [
             "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
             "    warmup = min(stage.num_stages - stage.stage_index - 2, num_microbatches)\n",
             "started a forward after all M = "),
+    Mistake("10.4", "keeps-the-last-output-on-the-stage", "template_pipeline.py",  # trial 14 (a): passed (only the
+            # schedules' answers were counted)
+            "    return input, output\n    # --- Task 10.4 end ---",
+            "    stage.last_output = output  # for debugging\n    return input, output\n    # --- Task 10.4 end ---",
+            "forward_step keeps its output"),
+    Mistake("10.5", "keeps-the-last-pair-on-the-stage", "template_pipeline.py",  # trial 14 (a): passed, as 10.4's
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n"
+            "    stage.last_pair = (input, output)  # for debugging\n", "backward_step keeps the output"),
     Mistake("10.6", "learn-shapes-at-the-first-step-only", "template_pipeline.py",  # trial 14 (a): passed (a Stage each M)
             "    # --- Task 10.6 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
             "    # --- Task 10.6 begin ---\n    if stage.input_shape is None:  # learnt at the first step\n"
