@@ -208,7 +208,8 @@ def forward_step(stage, x, target, loss_fn, num_microbatches):
     """The forward of one micro-batch on this stage; returns (input, output) for backward_step.
 
     input: on the first stage `x` (the micro-batch of inputs); on the others the activation
-    received from the previous stage, stage.recv_forward(stage.input_shape, stage.input_dtype).
+    received from the previous stage, stage.recv_forward(stage.input_shape, stage.input_dtype),
+    whatever x is (a caller may give the batch to every stage: choose by stage.is_first).
     output: stage.module(input). On the last stage, output is the loss instead,
     loss_fn(stage.module(input), target) / num_microbatches: scaled by 1/M, so that the
     gradients that the M backwards add up are those of the batch's mean loss (PyTorch's

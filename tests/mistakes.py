@@ -4398,6 +4398,60 @@ MISTAKES = [
             "    return range(start, start + base + (1 if stage < extra else 0))",
             "    return (i for i in range(start, start + base + (1 if stage < extra else 0)))",
             "returned an iterator (generator)"),
+    # Task 10, trial 14 (a): wrong answers that passed (a pipeline on a group of other global ranks), or were told a
+    # bare difference of stage 0's gradients, another task's cause, or a hang's generic one
+    Mistake("10.2", "isend-to-group-dst-peer", "template_pipeline.py",  # trial 14 (a): passed (no group but the world)
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+            "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), group=self.group, group_dst=peer))\n",
+            "group_dst= and group_src= take the group's own rank"),
+    Mistake("10.3", "recv-from-group-src-peer", "template_pipeline.py",  # trial 14 (a): passed, as 10.2's
+            "        dist.recv(tensor, peer)\n", "        dist.recv(tensor, group=self.group, group_src=peer)\n",
+            "group_dst= and group_src= take the group's own rank"),
+    Mistake("10.3", "returned-as-float32", "template_pipeline.py",  # trial 14 (a): told to receive in the given dtype
+            "        return tensor.requires_grad_(requires_grad)\n",
+            "        return tensor.float().requires_grad_(requires_grad)\n",
+            "then returned the tensor in another dtype"),
+    Mistake("10.4", "loss-summed-over-the-micro-batch", "template_pipeline.py",  # trial 14 (a): a bare difference
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output, target, reduction=\"sum\") / num_microbatches\n",
+            "summed the micro-batch's losses"),
+    Mistake("10.4", "loss-divided-by-the-micro-batch-size", "template_pipeline.py",  # trial 14 (a): a bare difference
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output, target) / len(target)\n",
+            "divided the micro-batch's loss by its size"),
+    Mistake("10.4", "logits-scaled-not-the-loss", "template_pipeline.py",  # trial 14 (a): a bare difference
+            "        output = loss_fn(output, target) / num_microbatches\n",
+            "        output = loss_fn(output / num_microbatches, target)\n",
+            "divided the layers' output by M before loss_fn"),
+    Mistake("10.4", "computed-with-the-whole-model", "template_pipeline.py",  # trial 14 (a): told 10.5's receive
+            "    output = stage.module(input)\n", "    output = stage.whole(input)\n",
+            "stage.whole is every stage's layers"),
+    Mistake("10.4", "input-chosen-by-x", "template_pipeline.py",  # trial 14 (a): told to receive in the right dtype
+            "    input = x if stage.is_first else stage.recv_forward(stage.input_shape, stage.input_dtype)\n",
+            "    input = stage.recv_forward(stage.input_shape, stage.input_dtype) if x is None else x\n",
+            "choose by stage.is_first, not by x"),
+    Mistake("10.7", "warmup-below-zero-on-the-last-stage", "template_pipeline.py",  # trial 14 (a): a hang, told
+            # "every stage must run each micro-batch"
+            "    warmup = min(stage.num_stages - stage.stage_index - 1, num_microbatches)\n",
+            "    warmup = min(stage.num_stages - stage.stage_index - 2, num_microbatches)\n",
+            "started a forward after all M = "),
+    Mistake("10.4", "keeps-the-last-output-on-the-stage", "template_pipeline.py",  # trial 14 (a): passed (only the
+            # schedules' answers were counted)
+            "    return input, output\n    # --- Task 10.4 end ---",
+            "    stage.last_output = output  # for debugging\n    return input, output\n    # --- Task 10.4 end ---",
+            "forward_step keeps its output"),
+    Mistake("10.5", "keeps-the-last-pair-on-the-stage", "template_pipeline.py",  # trial 14 (a): passed, as 10.4's
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+            "    if not stage.is_first:\n        stage.send_backward(input.grad)\n"
+            "    stage.last_pair = (input, output)  # for debugging\n", "backward_step keeps the output"),
+    Mistake("10.6", "learn-shapes-at-the-first-step-only", "template_pipeline.py",  # trial 14 (a): passed (a Stage each M)
+            "    # --- Task 10.6 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.6 begin ---\n    if stage.input_shape is None:  # learnt at the first step\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "not only the first"),
+    Mistake("10.7", "learn-shapes-at-the-first-step-only", "template_pipeline.py",  # trial 14 (a): passed, as 10.6's
+            "    # --- Task 10.7 begin ---\n    stage.learn_shapes(inputs, num_microbatches)\n",
+            "    # --- Task 10.7 begin ---\n    if stage.input_shape is None:  # learnt at the first step\n"
+            "        stage.learn_shapes(inputs, num_microbatches)\n", "not only the first"),
     Mistake("13.2", "remainder-of-the-count", "template_local_sgd.py",  # passed: lowered from 4 to 2, 4 % 2 == 0
             "        if self.local_step >= self.sync_every:  # >=: sync_every may have been lowered below the count\n",
             "        if self.local_step % self.sync_every == 0:\n", "nor a remainder, %"),
@@ -6110,6 +6164,60 @@ RIGHT_ANSWERS = [
         Mistake("10.1", "tuple-of-indices", "template_pipeline.py",
                 "    return range(start, start + base + (1 if stage < extra else 0))",
                 "    return tuple(range(start, start + base + (1 if stage < extra else 0)))", ""),)),
+    # Tasks 10.2-10.6, trial 14 (a): right answers written otherwise
+    RightAnswer("10.2", "batch-isend-irecv",  # trial 14 (a)
+                "'Use dist.isend ... Append the Work': dist.batch_isend_irecv([dist.P2POp(dist.isend, ...)]) starts "
+                "the same isend and returns its Works", (
+        Mistake("10.2", "batch-isend-irecv", "template_pipeline.py",
+                "        self.pending_sends.append(dist.isend(tensor.detach().contiguous(), peer))\n",
+                "        self.pending_sends.extend(dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor.detach()"
+                ".contiguous(), peer)]))\n", ""),)),
+    RightAnswer("10.3", "group-src-translated",  # trial 14 (a)
+                "'from global rank `peer`': the group's own rank of that global rank, given as group_src= with "
+                "the group, names the same rank", (
+        Mistake("10.3", "group-src-translated", "template_pipeline.py",
+                "        dist.recv(tensor, peer)\n",
+                "        group = self.group or dist.group.WORLD\n"
+                "        dist.recv(tensor, group=group, group_src=dist.get_group_rank(group, peer))\n", ""),)),
+    RightAnswer("10.4", "layers-run-one-by-one",  # trial 14 (a)
+                "'output: stage.module(input)': its layers called in turn are that call", (
+        Mistake("10.4", "layers-run-one-by-one", "template_pipeline.py",
+                "    output = stage.module(input)\n",
+                "    output = input\n    for layer in stage.module:\n        output = layer(output)\n", ""),)),
+    RightAnswer("10.5", "sends-when-the-input-requires-grad",  # trial 14 (a)
+                "'except on the first stage, send input.grad': the first stage's input is x, the batch, which "
+                "requires no grad; every later stage's requires grad (recv_forward's)", (
+        Mistake("10.5", "sends-when-the-input-requires-grad", "template_pipeline.py",
+                "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+                "    if input.requires_grad:\n        stage.send_backward(input.grad)\n", ""),)),
+    RightAnswer("10.5", "input-grad-dropped-after-sending",  # trial 14 (a)
+                "'send input.grad to the previous stage': input.grad = None afterwards leaves the tensor sent as it "
+                "is (the Work keeps it until wait_sends); only changing that tensor is wrong", (
+        Mistake("10.5", "input-grad-dropped-after-sending", "template_pipeline.py",
+                "    if not stage.is_first:\n        stage.send_backward(input.grad)\n",
+                "    if not stage.is_first:\n        stage.send_backward(input.grad)\n        input.grad = None  # sent\n",
+                ""),)),
+    RightAnswer("10.6", "loss-added-in-place",  # trial 14 (a)
+                "'loss is ... the sum of the M scaled losses, a 0-d tensor without graph': added in place into the "
+                "first one's detached tensor, it is that sum (nothing reads that loss's value in backward)", (
+        Mistake("10.6", "loss-added-in-place", "template_pipeline.py",
+                "            loss = output.detach() if loss is None else loss + output.detach()\n",
+                "            if loss is None:\n                loss = output.detach()\n            else:\n"
+                "                loss += output.detach()\n", ""),)),
+    RightAnswer("10.7", "cool-down-counted-by-the-warm-up",  # trial 14 (a)
+                "'Cool-down: the remaining backwards': after the steady state they are the warm-up's, so "
+                "range(warmup) backwards are all of them", (
+        Mistake("10.7", "cool-down-counted-by-the-warm-up", "template_pipeline.py",
+                "    while next_backward < num_microbatches:\n        backward()\n",
+                "    for _ in range(warmup):  # the warm-up's forwards still wait for their backwards\n        backward()\n",
+                ""),)),
+    RightAnswer("10.6", "loss-stacked-and-summed",  # trial 14 (a)
+                "'the sum of the M scaled losses, a 0-d tensor without graph': torch.stack(...).sum() of the "
+                "detached losses is that sum", (
+        Mistake("10.6", "loss-stacked-and-summed", "template_pipeline.py",
+                "            loss = output.detach() if loss is None else loss + output.detach()\n",
+                "            loss = torch.stack([o.detach() for _, o in saved]).sum()  # the scaled losses so far\n",
+                ""),)),
     RightAnswer("13.2", "returns-early-between-averages", "'if this was the sync_every-th step since the last "
                 "average': returning the loss until then is the same test the other way round", (
         Mistake("13.2", "returns-early-between-averages", "template_local_sgd.py",

@@ -182,6 +182,18 @@ class AnySource(RuntimeError):
     """A receive in a schedule from rank None: from any source, where the stage has no such neighbour."""
 
 
+class WrongOutput(RuntimeError):
+    """A stage's output sent in another shape than its layers give (said by the sender, before it sends)."""
+
+
+class TooManyForwards(RuntimeError):
+    """A schedule's forward started after all M had run (said by that stage, before it waits in vain)."""
+
+
+class XNotTheInput(RuntimeError):
+    """A later stage's forward_step that computed with x and never received its input (said by that stage)."""
+
+
 class WrongShape(RuntimeError):
     """A receive into a buffer of another shape than the message's (refused before gloo sees it: gloo aborts)."""
 
@@ -411,18 +423,20 @@ def as_task_failure(error, task, what):
         return AssertionError(f"{where}: {own.group(1)} ({what}).\n\n--- rank{trace}")
     if isinstance(error, RankTimeout):
         return AssertionError(f"{where}: the ranks hung ({what}). {hang_hint(task, text)}\n{error}")
+    # trial 14: these two keep the rank's traceback only, not send_backward's own message, which lists every cause
+    # of a None gradient where the head names the one proven
     if "stage 0: send_backward(grad) got None" in text and task == "10.5":  # Issue 45: was told about output.grad
         return AssertionError(
             f"{where}: the first stage called send_backward ({what}): stage 0 has no previous stage, and its input "
             "(the batch) has no gradient: backward_step sends input.grad on every stage but the first (if not "
-            f"stage.is_first).\n{error}")
+            f"stage.is_first).\n\n--- rank{text.partition(chr(10) * 2 + '--- rank')[2]}")
     if "send_backward(grad) got None" in text and task == "10.4":  # 10.3's _recv is solutions': it requires grad
         return AssertionError(
             f"{where}: backward_step found no gradient on the input forward_step returned ({what}): recv_forward's "
             "tensor requires grad (Task 10.3's answer here is the reference), so forward_step computed with another "
             "tensor than the one it returned (input.detach(), a copy, a new leaf): backward stops there and the "
             "returned input's .grad stays None. Compute stage.module(input) on the very tensor recv_forward returned, "
-            f"and return that one.\n{error}")
+            f"and return that one.\n\n--- rank{text.partition(chr(10) * 2 + '--- rank')[2]}")
     if "send_backward(grad) got None" in text and task not in ("10.3", "10.4"):  # given code; the others are right
         return AssertionError(
             f"{where}: send_backward was given None ({what}): backward_step must send input.grad, the gradient of "
@@ -441,7 +455,7 @@ def as_task_failure(error, task, what):
     said = raised_hint(task, text)  # Issue 45: raw exceptions, each told by the cause the traceback proves
     head, _, trace = text.partition("\n\n--- rank")  # a RankFailed's: the rank's words, then its traceback
     if isinstance(error, RankFailed) and said:
-        if re.search(r"raised (?:AnySource|WrongShape): ", head):  # the rank's own finding is in `said`: not twice
+        if re.search(r"raised (?:AnySource|WrongShape|TooManyForwards|WrongOutput): ", head):  # the rank's own finding is in `said`: not twice
             return AssertionError(f"{where}: {said} ({what}).\n\n--- rank{trace}")
         return AssertionError(f"{where}: {said} ({what}).\n{error}")
     if isinstance(error, RankFailed):  # the rank's own words first, its traceback after
@@ -491,12 +505,24 @@ def raised_hint(task, text):
     """The likely cause of an exception a rank raised, where its message and traceback prove it; else None."""
     if NO_FUTURE in text:  # trial 6: the raw RuntimeError said nothing of why
         return WAIT_ONLY
+    said = re.search(r"raised (?:TooManyForwards|WrongOutput): ([^\n]*)", text)
+    if said:
+        return said.group(1)
     if "raised AnySource" in text:
         said = re.search(r"raised AnySource: ([^\n]*)", text).group(1)
         return f"{said}. Likely: {no_peer_hint(said) or 'receive from a neighbour the stage has'}"
     if "raised WrongShape" in text:
         said = re.search(r"raised WrongShape: ([^\n]*)", text).group(1)
-        fix = ("receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
+        if "every step starts with stage.learn_shapes" in said:  # _schedule_run's finding: the cause said
+            return f"a receive of the wrong shape: {said}"
+        got = re.search(r"of shape (\([\d, ]*\)) from", said)
+        fix = (f"forward_step's output has the shape {got.group(1) if got else '(?)'} (the reference backward_step "
+               "receives the gradient in output.shape), not that of this stage's layers' output, which the next "
+               "stage receives: output = stage.module(input), this stage's layers only"
+               + (" (the CNN's whole output, the logits: stage.whole is every stage's layers)"
+                  if re.search(r"of shape \(\d+, 10\) from", said) else "")
+               if "recv_backward" in said and task == "10.4" else
+               "receive the gradient in the shape of this stage's output: stage.recv_backward(output.shape, "
                "output.dtype)" if "recv_backward" in said else
                "receive the activation in the shape learn_shapes found: stage.recv_forward(stage.input_shape, "
                "stage.input_dtype)" if "recv_forward" in said else "receive in the shape the neighbour sends")
@@ -715,8 +741,50 @@ def _round_trip(rank, world_size, impl, task, send=None):
             got["strided"] = strided
         if sent.item():
             stage.wait_sends()
+    if world_size == 4:
+        got.update(_in_a_group(lib, rank))
     lib.Stage.wait_sends = wait_sends
     return got, expected_activation, records_of(wire), len(pending), done, stage.pending_sends == [], waited_in_send
+
+
+def _in_a_group(lib, rank):
+    """Trial 14: where an activation goes in a pipeline of its own group, global ranks [0, 1] and [2, 3]: `peer` is
+    a global rank, which group_dst= / group_src= would take as the group's own (right on [0, 1] only). Dry: each
+    point-to-point call is recorded as (kind, global peer) and completes at once, and nothing moves, so the check
+    takes no side on which group carries the message (its own or the default one, both right) and cannot hang."""
+    from torch._C._distributed_c10d import ProcessGroup
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both, in the same order
+    piece = lib.Stage(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)), rank % 2, 2, group=groups[rank // 2])
+    calls, saved = [], {name: vars(ProcessGroup)[name] for name in ("send", "recv")}
+
+    class Done:  # a Work already completed (what each caller does with one: wait(), is_completed())
+        def wait(self, *args, **kwargs):
+            return True
+
+        def is_completed(self):
+            return True
+
+    def dry(kind):
+        def call(group, tensors, peer, *args, **kwargs):
+            try:
+                calls.append((kind, dist.get_global_rank(group, peer)))
+            except (ValueError, RuntimeError):  # a group rank the group does not have
+                calls.append((kind, f"group rank {peer}, which a group of {group.size()} ranks does not have"))
+            return Done()
+        return call
+    ProcessGroup.send, ProcessGroup.recv = dry("send"), dry("recv")
+    try:
+        if piece.is_first:
+            piece.send_forward(torch.full((2, 3), 1.0))
+        else:
+            piece.recv_forward((2, 3), torch.float32)
+        piece.wait_sends()
+    except Exception as error:  # noqa: BLE001 (told in the test's words; after a bad peer, its consequence)
+        if all(isinstance(peer, int) for _, peer in calls):
+            calls.append(("raised", one_line(error)))
+    finally:
+        ProcessGroup.send, ProcessGroup.recv = saved["send"], saved["recv"]
+    return {"group_calls": calls}
 
 
 @pytest.mark.parametrize("task", [pytest.param("10.2", marks=pytest.mark.task10_2),
@@ -777,12 +845,28 @@ def check_round_trip(results, task, world_size):
                 f"{where}: rank {rank} could not receive an int64 tensor of shape (10,), learn_shapes' shape "
                 f"message ({dtypes}): {fix}: learn_shapes sends int64, and the activations may be float64")
             shape_dtype, shape_value, wide_dtype, wide_value = dtypes
+            # trial 14: the receive buffers had the dtypes asked for (messages_wire(expect_dtype) refuses others), so
+            # a tensor returned in another dtype was converted after it arrived (told to use the right buffer)
+            converted = ("_recv received into a buffer of the dtype asked for, then returned the tensor in another "
+                         "dtype: return it as it arrived (no .float(), no .to(...))")
             assert shape_dtype == torch.int64 and torch.equal(shape_value, torch.arange(10) * 3 + rank - 1), (
                 f"{where}: rank {rank} received learn_shapes' int64 shape message as {shape_dtype} "
-                f"{shape_value.tolist()}: {fix}")
+                f"{shape_value.tolist()}: {converted if task == '10.3' and shape_dtype != torch.int64 else fix}")
             want = torch.full((2, 3), 0.1 * rank, dtype=torch.float64)
             assert wide_dtype == torch.float64 and torch.equal(wide_value, want), (
-                f"{where}: rank {rank} received a float64 activation as {wide_dtype} {wide_value.tolist()}: {fix}")
+                f"{where}: rank {rank} received a float64 activation as {wide_dtype} {wide_value.tolist()}: "
+                f"{converted if task == '10.3' and wide_dtype != torch.float64 else fix}")
+        if world_size == 4:
+            want = [("send", rank + 1)] if rank % 2 == 0 else [("recv", rank - 1)]
+            way = {"send": "send to", "recv": "recv from"}
+            made = ", ".join(f"{way[kind]} {peer}" if kind in way else peer for kind, peer in got["group_calls"])
+            assert got["group_calls"] == want, (
+                f"{where}: in a pipeline of its own group, global ranks {[0, 1] if rank < 2 else [2, 3]} (stage "
+                f"{rank % 2} is global rank {rank}), rank {rank}'s {'send' if rank % 2 == 0 else 'recv'}_forward "
+                f"called {made or 'no send or recv'}, not {way[want[0][0]]} global rank {want[0][1]}: `peer` is a "
+                "global rank (stage.next_rank, stage.prev_rank): dist.isend(tensor, peer) / dist.recv(tensor, peer), "
+                "with or without group=; group_dst= and group_src= take the group's own rank (0 or 1 here), which "
+                "equals the global rank only in a group of ranks [0, 1]")
         strided = got.get("strided")
         assert not isinstance(strided, str), (
             f"{where}: rank {rank}'s _send of a non-contiguous tensor (a strided view, x.t(): a stage's output may be "
@@ -844,11 +928,22 @@ class Alive:
             gc.collect()  # only reference cycles would need it: counted again when it matters
             count = sum(ref() is not None for ref in self.outputs)
             self.most = max(self.most, (count, len(self.outputs)))
+        if PROGRESS and PROGRESS["forwards"] >= PROGRESS["m"]:  # trial 14: said at once, not as the hang it becomes
+            p = PROGRESS
+            warmup = min(p["num_stages"] - p["stage"] - 1, p["m"])
+            raise TooManyForwards(
+                f"stage {p['stage']} of {p['num_stages']} started a forward after all M = {p['m']} had run "
+                f"({p['backwards']} backwards started)" + (": its previous stage sends only M activations, so this "
+                "receive would wait for ever" if p["stage"] else "") + ". A step runs M forwards in all: the "
+                f"warm-up's min(num_stages - stage_index - 1, M) = {warmup}, then one in each of the steady state's "
+                f"M - {warmup} steps; a warm-up below 0 (range(-1, M) runs M + 1) or a steady state past M runs more")
         if PROGRESS:
             PROGRESS["forwards"] += 1
-        input, output = self.forward_step(*args, **kwargs)
-        self.outputs.append(weakref.ref(output))
-        return input, output
+        result = self.forward_step(*args, **kwargs)
+        # trial 14: forward_step (10.4) may be a student's: whatever it returned goes on to the schedule as it is
+        if isinstance(result, tuple) and len(result) == 2 and torch.is_tensor(result[1]):
+            self.outputs.append(weakref.ref(result[1]))
+        return result
 
 
 # This rank's place in the schedule under test (_schedule_run): said where a receive waits in vain, or the
@@ -887,10 +982,14 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
     backward_step, send_forward, recv_backward = lib.backward_step, lib.Stage.send_forward, lib.Stage.recv_backward
     send_backward, wait_sends = lib.Stage.send_backward, lib.Stage.wait_sends
     learn_shapes = lib.Stage.learn_shapes
-    for m in microbatch_counts:
-        torch.manual_seed(0)
-        model = lib.flat_cnn()
-        stage = lib.Stage(model, stage_index, num_stages, group=group)
+    # one Stage for every M, as a training run keeps it from step to step (trial 14: learn_shapes called at the first
+    # step only passed, each M having had a Stage of its own); no optimizer step, so its weights stay the same
+    torch.manual_seed(0)
+    model = lib.flat_cnn()
+    stage = lib.Stage(model, stage_index, num_stages, group=group)
+    for step_number, m in enumerate(microbatch_counts):
+        for param in model.parameters():
+            param.grad = None  # each M's gradients on their own
         alive = Alive(lib.forward_step)
         PROGRESS.clear()  # counted where the schedule under test is the student's (10.6, 10.7)
         if task in ("10.6", "10.7"):
@@ -903,6 +1002,17 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
             return backward_step(*args, **kwargs)
 
         def kept_send_forward(self, activation):
+            # trial 14: an output of another shape than this stage's layers give, said by the sender before it
+            # sends (else the next stage's layers fail on it, or this stage's receive of its gradient: a race)
+            if stage_index + 1 in shapes and torch.is_tensor(activation) and activation.numel() != math.prod(
+                    shapes[stage_index + 1]):  # (the last stage has no next one: told where its send fails)
+                # by the size: a flat view of the right output is the same message
+                raise WrongOutput(
+                    f"stage {stage_index}'s forward_step sent an output of shape {tuple(activation.shape)}, where "
+                    f"this stage's layers give {shapes.get(stage_index + 1)} (what the next stage receives): output "
+                    "= stage.module(input), this stage's layers only"
+                    + (" (this is the CNN's whole output, the logits: stage.whole is every stage's layers)"
+                       if tuple(activation.shape) == (BATCH // m, 10) else ""))
             sent.append(activation.detach().clone())
             return send_forward(self, activation)
 
@@ -929,8 +1039,9 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
                            if tensor.shape != then.shape or not torch.equal(tensor.detach(), then))
             in_flight.clear()
             return wait_sends(self)
-        if task in ("10.6", "10.7"):  # the schedules' tests: forward_step is solutions/' (returns a pair)
-            lib.forward_step, lib.backward_step = alive, counted_backward
+        lib.forward_step = alive  # trial 14: also for 10.4 and 10.5, whose answers may keep an output past the step
+        if task in ("10.6", "10.7"):  # the schedules' tests
+            lib.backward_step = counted_backward
             lib.Stage.learn_shapes = counted_learn_shapes
         lib.Stage.send_forward, lib.Stage.recv_backward = kept_send_forward, kept_recv_backward
         lib.Stage.send_backward, lib.Stage.wait_sends = kept_send_backward, checked_wait_sends
@@ -949,6 +1060,14 @@ def _schedule_run(rank, world_size, impl, task, schedule, microbatch_counts, pip
                     if not PROGRESS:
                         raise
                     raise IndexError(f"{error} [{progress()}]") from error
+                except (SentBeforeShapes, WrongShape) as error:  # a send, or a receive in last step's shape
+                    if not step_number or learned or task not in ("10.6", "10.7"):
+                        raise
+                    raise type(error)(
+                        f"{error}. This was the stage's step {step_number + 1} (M = {m}; the step before had M = "
+                        f"{microbatch_counts[step_number - 1]}): every step starts with stage.learn_shapes(inputs, M), "
+                        "not only the first: M, and so the shapes of the activations, may change from step to step"
+                    ) from None
                 # the micro-batches' outputs the step still keeps, once it has returned (weakrefs; counted again
                 # after a collection only when some are: reference cycles)
                 kept_after = sum(ref() is not None for ref in alive.outputs)
@@ -1005,15 +1124,19 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
     where = WHERE[task]
     on_group = ranks is not None
     ranks = list(range(world_size)) if ranks is None else ranks
+
+    def described(rank, m):
+        what = f"{world_size} stages, M = {m}, stage {rank}"
+        if on_group:
+            what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
+        return what
+
     for case in range(len(results[0])):
         m = results[0][case]["m"]
         ref_loss, ref_grads = reference_gradients(*batch())
         shapes = activation_shapes(world_size, BATCH // m)
         for rank, runs in enumerate(results):
-            r = runs[case]
-            what = f"{world_size} stages, M = {m}, stage {rank}"
-            if on_group:
-                what += f" (global rank {ranks[rank]}, a pipeline of ranks {ranks} in a world of more ranks)"
+            r, what = runs[case], described(rank, m)
             if r["echoed"] is not None:
                 raise AssertionError(
                     f"{where}: {what}: the gradient stage {rank} received from stage {rank + 1} for micro-batch "
@@ -1044,6 +1167,10 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     "micro-batch's activations, as GPipe does: 1F1B's memory saving is lost")
             else:
                 assert peak == m, f"{where}: {what}: GPipe stores all M = {m} micro-batches, the trace shows {peak}"
+        # trial 14: the loss before any gradient: a loss computed wrong in forward_step (a sum over the
+        # micro-batch, the logits scaled) is told by the loss, where stage 0's gradients only differ
+        for rank, runs in enumerate(results):
+            r, what = runs[case], described(rank, m)
             if rank == world_size - 1:
                 assert r["loss"] is not None and r["loss"].numel() == 1, (
                     f"{where}: {what}: the last stage returned the loss {r['loss']}: the batch's mean loss, one number")
@@ -1058,11 +1185,13 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                 r["loss"] = r["loss"].item()
                 assert math.isclose(r["loss"], ref_loss, rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: the loss is {r['loss']}, single-process training on the whole batch gives "
-                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m, world_size))
+                    f"{ref_loss}" + loss_hint(r["loss"], ref_loss, m, world_size, task))
             else:
                 assert r["loss"] is None, (
                     f"{where}: {what}: returned a loss of shape {tuple(r['loss'].shape)}: only the last stage "
                     "computes the loss, the other stages return None")
+        for rank, runs in enumerate(results):
+            r, what = runs[case], described(rank, m)
             for i in r["layers"]:
                 theirs_all = (r["torch_grads"] or {}).get(i, ref_grads[i])  # M < p with 1F1B: PyTorch refuses
                 for j, (got, want, theirs) in enumerate(zip(r["grads"][i], ref_grads[i], theirs_all)):
@@ -1097,11 +1226,17 @@ def check_schedule(results, task, schedule, world_size, ranks=None):
                     assert torch.allclose(got, theirs, rtol=RTOL, atol=ATOL), (
                         f"{where}: {what}: layer {i}'s gradient differs from PyTorch's {schedule} schedule by "
                         f"{(got - theirs).abs().max():.3g}")
+            keeper = {"10.4": "forward_step keeps its output (the schedule here is solutions'",
+                      "10.5": "backward_step keeps the output (or input) it was given (the schedule here is "
+                              "solutions'"}.get(task)
             assert not r["kept_after"], (
                 f"{where}: {what}: after the step returned, {r['kept_after']} of the M micro-batches' outputs were "
-                "still referenced, and their activations with them, in memory until the next step: the step keeps its (input, output) pairs "
-                "somewhere that outlives it (on the stage, in a global). Keep them in a list local to the step, "
-                "and drop each once its backward has run")
+                "still referenced, and their activations with them, in memory until the next step: "
+                + (f"{keeper}, which drops each pair once its backward has run) somewhere that outlives the step (on "
+                   "the stage, in a global): " + ("return it and keep nothing" if task == "10.4" else
+                                                   "keep nothing once it returns") if keeper else
+                   "the step keeps its (input, output) pairs somewhere that outlives it (on the stage, in a global). "
+                   "Keep them in a list local to the step, and drop each once its backward has run"))
             if r["torch_loss"] is not None and rank == world_size - 1:
                 assert math.isclose(r["loss"], r["torch_loss"], rel_tol=RTOL, abs_tol=ATOL), (
                     f"{where}: {what}: loss {r['loss']}, PyTorch's schedule {r['torch_loss']}")
@@ -1151,14 +1286,36 @@ def one_micro_batch_hint(got, layer, index, m):
     return ""
 
 
-def loss_hint(loss, ref_loss, m, num_stages=None):
+def loss_hint(loss, ref_loss, m, num_stages=None, task=None):
     """Why the last stage's loss is off, only where the numbers show that cause: M times too large (no
-    1/M), M times too small (a mean of losses already scaled by 1/M)."""
+    1/M), M times too small (a mean of losses already scaled by 1/M); with forward_step judged (10.4), a
+    sum over the micro-batch, a division by its size, the logits scaled instead of the loss."""
     if m > 1 and math.isclose(loss, ref_loss * m, rel_tol=1e-4):
         return f" ({loss / ref_loss:.2f}x: scale each micro-batch's loss by 1/num_microbatches)"
+    size = BATCH // m  # the micro-batch's
+    if task == "10.4" and size > 1 and math.isclose(loss, ref_loss * size, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x, the micro-batch's size {size}: forward_step summed the micro-batch's "
+                "losses (reduction='sum'?) where loss_fn's default takes their mean: loss_fn(stage.module(input), "
+                "target) / num_microbatches)")
+    if task == "10.4" and size not in (m, m * m) and math.isclose(loss * size, ref_loss * m, rel_tol=1e-4):
+        return (f" ({loss / ref_loss:.2f}x = M / {size}: forward_step divided the micro-batch's loss by its size, "
+                f"len(target) = {size}, where loss_fn's mean already has; divide by num_microbatches = {m} instead)")
+    if task == "10.4" and m > 1:
+        inputs, targets = batch()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            logits = load("solutions", "template_pipeline").flat_cnn()(inputs)
+        scaled = sum(F.cross_entropy(z / m, y).item() for z, y in zip(logits.split(size), targets.split(size)))
+        if math.isclose(loss, scaled, rel_tol=1e-4):
+            return (" (the sum of loss_fn(logits / M, target) over the micro-batches: forward_step divided the "
+                    "layers' output by M before loss_fn, not the loss after it: loss_fn(stage.module(input), "
+                    "target) / num_microbatches)")
     if m > 1 and math.isclose(loss * m, ref_loss, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x: the M losses are already scaled by 1/M: sum them; their mean divides by "
-                "M a second time)")
+                "M a second time)" if task != "10.4" else  # the schedule is solutions' there: it sums them
+                f" ({loss / ref_loss:.2f}x: forward_step scaled the micro-batch's loss by 1/M twice"
+                + (f", or by 1/len(target) (the micro-batch's size, {size} = M**2 here)" if size == m * m else "")
+                + ": loss_fn(stage.module(input), target) / num_microbatches, once)")
     if num_stages and m != num_stages and math.isclose(loss * num_stages, ref_loss * m, rel_tol=1e-4):
         return (f" ({loss / ref_loss:.2f}x = M / num_stages: scale each micro-batch's loss by 1/num_microbatches, "
                 "not 1/num_stages)")
@@ -1313,7 +1470,20 @@ def _float64_step(rank, world_size, impl, task="10.5"):
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
     stage = lib.Stage(model, rank, world_size)
     stage.learn_shapes(x, 1)
-    input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
+    received, recv = [], stage._recv  # trial 14: x given to every stage, as a caller may: counted after learn_shapes
+
+    def counted_recv(*args, **kwargs):
+        received.append(True)
+        return recv(*args, **kwargs)
+    stage._recv = counted_recv  # recv_forward's, or the student's own call of it
+    try:
+        input, output = lib.forward_step(stage, x, target, F.cross_entropy, 1)
+    except Exception as error:
+        if task == "10.4" and rank > 0 and not received:
+            raise XNotTheInput(f"{type(error).__name__}: {error}") from error
+        raise
+    if task == "10.4" and rank > 0 and not received:
+        raise XNotTheInput("no error, but stage 1 never received its input")
     lib.backward_step(stage, input, output)
     stage.wait_sends()
     return {i: [p.grad for p in layer.parameters()] for i, layer in enumerate(model) if layer in list(stage.module)}
@@ -1329,6 +1499,14 @@ def test_a_step_of_a_float64_model_equals_one_process(impl, task):
     try:
         results = run_ranks(_float64_step, 2, impl, task, timeout=25)
     except (RankTimeout, RankFailed) as error:
+        said = re.search(r"raised XNotTheInput: ([^\n]*)", str(error))
+        if said:
+            raise AssertionError(
+                f"{T104}: a float64 model over 2 stages, the batch given to forward_step on both: stage 1 received "
+                f"nothing from stage 0 (no stage.recv_forward): it computed with x, not with stage 0's activation ("
+                f"{said.group(1)}). On every stage but the first the input is stage.recv_forward(stage.input_shape, "
+                "stage.input_dtype), whatever x is: choose by stage.is_first, not by x (a caller may give the batch "
+                "to every stage)") from None
         raise AssertionError(
             f"{WHERE[task]}: a float64 model over 2 stages: {one_line(error)}. " + (
                 "The activation is received in the shape AND dtype learn_shapes found (stage.recv_forward("
