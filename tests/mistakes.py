@@ -4434,6 +4434,11 @@ MISTAKES = [
             '        loss = self.optimizer.step(closure)',
             '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.optimizer.step()',
             'the inner optimizer\'s step got the closure'),
+    # Task 13.3 and 11, trial 14 (c)
+    Mistake("13.3", "closure-called-by-hand", "template_local_sgd.py",  # trial 14 (c): passed: AdamW takes step() alike
+            '        loss = self.inner_optimizer.step(closure)',
+            '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.inner_optimizer.step()',
+            'the inner optimizer\'s step got the closure'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),

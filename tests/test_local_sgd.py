@@ -997,13 +997,21 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     lib = judging(impl, "13.3")
     group, members = groups_of(rank, world_size, sub)
     model = make(cls)
+    inner = optimizer(name, model.parameters())
+    given, inner_step = [], inner.step
+
+    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
+        given.append(closure is not None)
+        return inner_step(closure)
+
+    inner.step = recording
     with Wire() as wire:
-        inner = optimizer(name, model.parameters())
         diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
         built = calls_of(wire)
-        history, synced_ok, counts, closures, shared = [], [], [], [], []
+        history, synced_ok, counts, closures, shared, passed = [], [], [], [], [], []
         for step in range(steps):
             wire.step = step + 1
+            given.clear()
             try:
                 take_step(diloco, model, rank, step, closures)
             except RuntimeError as error:
@@ -1024,6 +1032,8 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
                     "some parameters have no gradient to write into (param.grad is None: a frozen one, "
                     "requires_grad=False, and one that forward never uses). Give every parameter its "
                     "pseudo-gradient as a new tensor, param.grad = synced - param") from None
+            if step + 1 in CLOSURE_STEPS:
+                passed.append(given == [True])
             history.append(averaged(model))
             counts.append(diloco.local_step)
             if (step + 1) % sync_every == 0:
@@ -1035,7 +1045,7 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
     return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
                 inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
-                closures=closures, shared=shared)
+                closures=closures, shared=shared, passed=passed)
 
 
 def _template_line(error):
@@ -1069,6 +1079,12 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T133, rank, out["closures"], "DiLoCo")
+        if not all(out["passed"]):  # trial 14: the closure run by hand, the inner step without it, passed
+            pytest.fail(f"{T133}: rank {rank}: DiLoCo.step(closure) ran the closure and returned its loss, but the "
+                        f"inner optimizer's step got the closure at steps {list(CLOSURE_STEPS)}: {out['passed']}: an "
+                        "optimizer that needs it (torch.optim.LBFGS evaluates the loss several times in one step) "
+                        "gets None. Pass the closure to the inner optimizer's step, self.inner_optimizer.step(closure), "
+                        "and return what it returns")
         if any(out["shared"]):
             pytest.fail(f"{T133}: rank {rank}: after rounds {[k + 1 for k, s in enumerate(out['shared']) if s]} "
                         "self.synced shares memory with the parameters (the same tensors, or param.data bound to "
