@@ -4439,6 +4439,9 @@ MISTAKES = [
             '        loss = self.inner_optimizer.step(closure)',
             '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.inner_optimizer.step()',
             'the inner optimizer\'s step got the closure'),
+    Mistake("13.3", "outer-step-one-step-late", "template_local_sgd.py",  # trial 14 (c): was told the counts only
+            "        if self.local_step < self.sync_every:\n            return loss\n",
+            "        if self.local_step <= self.sync_every:\n            return loss\n", "not `>`: after the sync_every-th step"),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -4681,6 +4684,11 @@ RIGHT_ANSWERS = [
                 "            pseudo = torch._foreach_sub([synced.to(param.device) for param, synced in zip(self.params, "
                 "self.synced)], [param.detach() for param in self.params])\n"
                 "            for param, grad in zip(self.params, pseudo):\n                param.grad = grad\n", ""),)),
+    RightAnswer("13.3", "outer-step-in-an-if-block",  # trial 14 (c): passes
+                "'after every sync_every-th inner step, the outer step' and 'returns the closure's loss': one return "
+                "after an if-block gives both, as the early return does", (
+        Mistake("13.3", "outer-step-in-an-if-block", "template_local_sgd.py", '        loss = self.inner_optimizer.step(closure)\n        self.local_step += 1\n        if self.local_step < self.sync_every:\n            return loss\n        self.local_step = 0\n        with torch.no_grad():\n            for param, synced in zip(self.params, self.synced):\n                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n            buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n            for param, synced in zip(self.params, self.synced):\n                param.copy_(synced)  # the outer step starts where the round started\n        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n        self.outer_optimizer.zero_grad()\n        for param, synced in zip(self.params, self.synced):\n            synced.copy_(param.detach())  # after the outer step: where the next round starts\n        return loss\n',
+                '        loss = self.inner_optimizer.step(closure)\n        self.local_step += 1\n        if self.local_step >= self.sync_every:  # the outer step in a block, no early return\n            self.local_step = 0\n            with torch.no_grad():\n                for param, synced in zip(self.params, self.synced):\n                    param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n                buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n                all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n                for param, synced in zip(self.params, self.synced):\n                    param.copy_(synced)  # the outer step starts where the round started\n            self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n            self.outer_optimizer.zero_grad()\n            for param, synced in zip(self.params, self.synced):\n                synced.copy_(param.detach())  # after the outer step: where the next round starts\n        return loss\n', ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",

@@ -976,6 +976,11 @@ def check_lowered_mid_round(task, results):
                         f"the count after it was {counts[4]}, the 5 steps counted minus sync_every, not 0 (counts "
                         f"after each step: {counts}; steps {[i + 1 for i, n in enumerate(sent) if n]} sent something): "
                         f"set self.local_step = 0 at each {what}, whatever sync_every is: the next round starts afresh")
+        if counts[9] == 5 and not sent[9]:  # trial 14 (c): `>` (or `<=` before an early return) was told the counts only
+            pytest.fail(f"{task}: rank {rank}: sync_every=5: the count reached 5 at step 10 ({counts}) and no {what} "
+                        f"came (steps {[i + 1 for i, n in enumerate(sent) if n]} sent something): the {what} is due "
+                        f"once the count is sync_every or more, `>=`, not `>`: after the sync_every-th step, not "
+                        "one step later")
         assert counts == [1, 2, 3, 4, 0, 1, 2, 3, 4, 0] and [bool(n) for n in sent] == [False] * 4 + [True] + \
             [False] * 4 + [True], (f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
