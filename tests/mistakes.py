@@ -4442,6 +4442,18 @@ MISTAKES = [
     Mistake("13.3", "outer-step-one-step-late", "template_local_sgd.py",  # trial 14 (c): was told the counts only
             "        if self.local_step < self.sync_every:\n            return loss\n",
             "        if self.local_step <= self.sync_every:\n            return loss\n", "not `>`: after the sync_every-th step"),
+    Mistake("11.2", "x-hat-kept-on-ctx", "template_batchnorm.py",  # trial 14 (c): passed: with affine=False, y is x_hat, a cycle
+            '        ctx.save_for_backward(x_hat, invstd, weight)\n        ctx.count, ctx.group = count, group\n        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n        return y\n        # --- Task 11.2 end ---\n\n    @staticmethod\n    def backward(ctx, grad_y):\n        # --- Task 11.2 begin ---\n        x_hat, invstd, weight = ctx.saved_tensors\n',
+            '        ctx.save_for_backward(invstd, weight)\n        ctx.x_hat = x_hat\n        ctx.count, ctx.group = count, group\n        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n        return y\n        # --- Task 11.2 end ---\n\n    @staticmethod\n    def backward(ctx, grad_y):\n        # --- Task 11.2 begin ---\n        invstd, weight = ctx.saved_tensors\n        x_hat = ctx.x_hat\n',
+            "a reference cycle"),
+    Mistake('11.3', 'convert-only-2d', "template_batchnorm.py",  # trial 14 (c): was told to return the new layer
+            '        if isinstance(module, nn.modules.batchnorm._BatchNorm):\n            converted = cls(',
+            '        if isinstance(module, nn.BatchNorm2d):\n            converted = cls(',
+            'not one class'),
+    Mistake('11.3', 'convert-children-lose-the-group', "template_batchnorm.py",  # trial 14 (c): was told the fact only
+            '            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))',
+            '            converted.add_module(name, cls.convert_sync_batchnorm(child))',
+            'pass it on in the recursion'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -4684,6 +4696,12 @@ RIGHT_ANSWERS = [
                 "            pseudo = torch._foreach_sub([synced.to(param.device) for param, synced in zip(self.params, "
                 "self.synced)], [param.detach() for param in self.params])\n"
                 "            for param, grad in zip(self.params, pseudo):\n                param.grad = grad\n", ""),)),
+    RightAnswer("11.1", "raw-sums-in-float64",  # trial 14 (c): passes
+                "'or all-reduce packed sums in float64, where that cancellation costs about 1e-16 * mean^2 / var': "
+                "sum(x) and sum(x * x) of x.double(), no per-rank mean first", (
+        Mistake("11.1", "raw-sums-in-float64", "template_batchnorm.py",
+                "    if n > 0:\n        # each rank's own mean and squared deviations, stable in x's dtype (torch.var_mean\n        # never forms E[x^2]); then sums in float64: sum(x^2) = M2 + n * mean^2 is then\n        # exact enough for the subtraction below\n        var, mean = torch.var_mean(x, dim=dims, correction=0)\n        mean, m2 = mean.double(), var.double() * n\n    else:  # nothing here, but this rank must still take part in the all-reduce\n        mean = m2 = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n",
+                "    xd = x.double()  # sums in float64: the docstring's second way\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), xd.sum(dims), (xd * xd).sum(dims)])\n", ""),)),
     RightAnswer("13.3", "outer-step-in-an-if-block",  # trial 14 (c): passes
                 "'after every sync_every-th inner step, the outer step' and 'returns the closure's loss': one return "
                 "after an if-block gives both, as the early return does", (
