@@ -4454,6 +4454,14 @@ MISTAKES = [
             '            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))',
             '            converted.add_module(name, cls.convert_sync_batchnorm(child))',
             'pass it on in the recursion'),
+    Mistake("11.3", 'function-without-the-group', "template_batchnorm.py",  # trial 14 (c): was told to give x itself, not detached
+            '            return SyncBatchNormFunction.apply(x, self.weight, self.bias, mean, var, count, self.eps,\n                                               self.process_group)',
+            '            return SyncBatchNormFunction.apply(x, self.weight, self.bias, mean, var, count, self.eps, None)',
+            'give self.process_group to SyncBatchNormFunction.apply too'),
+    Mistake("11.3", 'convert-clones-none-buffers', "template_batchnorm.py",  # trial 14 (c): a raw AttributeError
+            '            converted.num_batches_tracked = module.num_batches_tracked\n',
+            '            converted.num_batches_tracked = module.num_batches_tracked.clone()\n',
+            'None stays None'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -4702,6 +4710,15 @@ RIGHT_ANSWERS = [
         Mistake("11.1", "raw-sums-in-float64", "template_batchnorm.py",
                 "    if n > 0:\n        # each rank's own mean and squared deviations, stable in x's dtype (torch.var_mean\n        # never forms E[x^2]); then sums in float64: sum(x^2) = M2 + n * mean^2 is then\n        # exact enough for the subtraction below\n        var, mean = torch.var_mean(x, dim=dims, correction=0)\n        mean, m2 = mean.double(), var.double() * n\n    else:  # nothing here, but this rank must still take part in the all-reduce\n        mean = m2 = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n",
                 "    xd = x.double()  # sums in float64: the docstring's second way\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), xd.sum(dims), (xd * xd).sum(dims)])\n", ""),)),
+    RightAnswer("11.2", "sums-stacked-and-unbound",  # trial 14 (c): passes
+                "'sum this rank's, then ONE all-reduce (SUM) of both packed together': torch.stack packs them as "
+                "well as torch.cat, and SUM is all_reduce's default op", (
+        Mistake("11.2", "sums-stacked-and-unbound", "template_batchnorm.py", '            packed = torch.cat([sum_dy, sum_dy_xhat])\n            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n            global_dy, global_dy_xhat = packed.chunk(2)',
+                '            packed = torch.stack([sum_dy, sum_dy_xhat])\n            dist.all_reduce(packed, group=ctx.group)\n            global_dy, global_dy_xhat = packed.unbind(0)', ""),)),
+    RightAnswer("11.1", "count-as-a-tensor",  # trial 14 (c): passes
+                "'count is the global number of elements per channel ..., an int or a tensor'", (
+        Mistake("11.1", "count-as-a-tensor", "template_batchnorm.py", '    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())',
+                '    return global_mean.to(x.dtype), global_var.to(x.dtype), count', ""),)),
     RightAnswer("13.3", "outer-step-in-an-if-block",  # trial 14 (c): passes
                 "'after every sync_every-th inner step, the outer step' and 'returns the closure's loss': one return "
                 "after an if-block gives both, as the early return does", (
