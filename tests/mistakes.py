@@ -4439,6 +4439,10 @@ MISTAKES = [
             '        loss = self.inner_optimizer.step(closure)',
             '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.inner_optimizer.step()',
             'the inner optimizer\'s step got the closure'),
+    Mistake("13.3", "pseudo-gradients-kept-on-self", "template_local_sgd.py",  # trial 14 (c): passed: a model's worth kept
+            "            for param, synced in zip(self.params, self.synced):\n                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+            "            self.pseudo = [synced.to(param.device) - param for param, synced in zip(self.params, self.synced)]\n            for param, grad in zip(self.params, self.pseudo):\n                param.grad = grad\n",
+            "were still alive once DiLoCo.step() had returned"),
     Mistake("13.3", "outer-step-one-step-late", "template_local_sgd.py",  # trial 14 (c): was told the counts only
             "        if self.local_step < self.sync_every:\n            return loss\n",
             "        if self.local_step <= self.sync_every:\n            return loss\n", "not `>`: after the sync_every-th step"),

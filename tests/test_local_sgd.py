@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import gpu  # where the GPU tests' ranks run
 from conftest import REFERENCE, load, load_with_reference
@@ -1013,7 +1014,15 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     with Wire() as wire:
         diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
         built = calls_of(wire)
-        history, synced_ok, counts, closures, shared, passed = [], [], [], [], [], []
+        outer_step, stepped = diloco.outer_optimizer.step, []
+
+        def watching(*args, **kwargs):  # what stays alive: the pseudo-gradients the outer step is given
+            stepped.append([(StorageWeakRef(p.grad.untyped_storage()), p.grad.untyped_storage().data_ptr())
+                            for p in model.parameters() if p.grad is not None])
+            return outer_step(*args, **kwargs)
+
+        diloco.outer_optimizer.step = watching
+        history, synced_ok, counts, closures, shared, passed, kept = [], [], [], [], [], [], []
         for step in range(steps):
             wire.step = step + 1
             given.clear()
@@ -1039,6 +1048,14 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
                     "pseudo-gradient as a new tensor, param.grad = synced - param") from None
             if step + 1 in CLOSURE_STEPS:
                 passed.append(given == [True])
+            if stepped:  # an outer step ran in this step: its pseudo-gradients must be gone once step() returned
+                grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None} | {
+                    t.untyped_storage().data_ptr() for t in diloco.synced}
+                # those still in param.grad (no outer zero_grad) or in self.synced (the pseudo-gradient written into
+                # it) are told by the other checks, with their causes
+                kept.append((step + 1, sum(not memory.expired() and ptr not in grads for memory, ptr in stepped.pop()),
+                             len(diloco.params)))
+                stepped.clear()
             history.append(averaged(model))
             counts.append(diloco.local_step)
             if (step + 1) % sync_every == 0:
@@ -1050,7 +1067,7 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
     return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
                 inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
-                closures=closures, shared=shared, passed=passed)
+                closures=closures, shared=shared, passed=passed, kept=kept)
 
 
 def _template_line(error):
@@ -1090,6 +1107,13 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
                         "optimizer that needs it (torch.optim.LBFGS evaluates the loss several times in one step) "
                         "gets None. Pass the closure to the inner optimizer's step, self.inner_optimizer.step(closure), "
                         "and return what it returns")
+        alive = [(step, n) for step, n, _ in out["kept"] if n]
+        if alive:  # trial 14 (c): pseudo-gradients kept in a list on self passed
+            pytest.fail(f"{T133}: rank {rank}: after the outer steps at steps {[step for step, _ in alive]}, "
+                        f"{[n for _, n in alive]} of the pseudo-gradients given to self.outer_optimizer.step() were "
+                        "still alive once DiLoCo.step() had returned: a list of them kept (on self?) holds a whole "
+                        "model's worth of memory on the parameters' device between the rounds. Hold them only in "
+                        "param.grad (which the outer zero_grad() clears) or in local variables")
         if any(out["shared"]):
             pytest.fail(f"{T133}: rank {rank}: after rounds {[k + 1 for k, s in enumerate(out['shared']) if s]} "
                         "self.synced shares memory with the parameters (the same tensors, or param.data bound to "
