@@ -4723,6 +4723,12 @@ RIGHT_ANSWERS = [
                 "'count is the global number of elements per channel ..., an int or a tensor'", (
         Mistake("11.1", "count-as-a-tensor", "template_batchnorm.py", '    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())',
                 '    return global_mean.to(x.dtype), global_var.to(x.dtype), count', ""),)),
+    RightAnswer("13.3", "buffers-before-the-pseudo-gradients",  # trial 14 (c): passes
+                "'Averaged over the group in one all-reduce (all_reduce_mean), together with the floating-point "
+                "buffers': one call, in either order", (
+        Mistake("13.3", "buffers-before-the-pseudo-gradients", "template_local_sgd.py",
+                "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)",
+                "            all_reduce_mean(buffers + [param.grad for param in self.params], self.group)", ""),)),
     RightAnswer("13.3", "outer-step-in-an-if-block",  # trial 14 (c): passes
                 "'after every sync_every-th inner step, the outer step' and 'returns the closure's loss': one return "
                 "after an if-block gives both, as the early return does", (
