@@ -362,8 +362,16 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
         with _said(f"{where}, backward", x=x, affine=affine):
             y.backward(grad_y)  # backward is handed grad_y itself, which the caller still holds
         backward = wire.take()
-        y_after, kept_output = y.detach().clone(), _output_kept_on_ctx(y)
-        del y
+        y_after, (kept_output, memory) = y.detach().clone(), _output_on_ctx(y)
+        enabled = gc.isenabled()
+        gc.disable()  # a collection between these lines would hide the cycle
+        try:
+            del y  # the caller drops its output: only a cycle keeps its memory now
+            if memory is None or memory.expired():
+                kept_output = []
+        finally:
+            if enabled:
+                gc.enable()
         # again with a frozen weight, then a frozen bias (requires_grad=False, fine-tuning): the same output and
         # input gradient, the trainable one's gradient, none for the frozen one
         frozen = {}
@@ -380,27 +388,19 @@ def _function(rank, world_size, impl, sizes, tail, affine, sub=False):
             "frozen": frozen}
 
 
-def _output_kept_on_ctx(y):
-    """What stays alive (trial 14, c): the attributes of ctx (y.grad_fn) holding y's memory, if y's memory outlives
-    `y` once the caller drops it after backward. Such an attribute makes a reference cycle, y -> y.grad_fn (ctx) -> y,
-    which only Python's garbage collector breaks, some time later: with affine=False the output is x_hat itself, and
+def _output_on_ctx(y):
+    """What stays alive (trial 14, c): (the attributes of ctx, y.grad_fn, that hold y's memory, a weak reference to
+    that memory). Such an attribute makes a reference cycle, y -> y.grad_fn (ctx) -> y, which only Python's garbage
+    collector breaks, some time after the caller dropped y: with affine=False the output is x_hat itself, and
     ctx.x_hat = x_hat keeps it (save_for_backward does not: it frees its tensors after backward, and keeps no cycle)."""
     if y.numel() == 0:  # an empty slice: no memory to keep (and empty tensors share the data_ptr 0)
-        return []
+        return [], None
     storage = y.untyped_storage()
     names = sorted(name for name, value in vars(y.grad_fn).items()
                    if any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == storage.data_ptr()
                           for t in (value if isinstance(value, (list, tuple)) else
                                     value.values() if isinstance(value, dict) else [value])))
-    memory, enabled = StorageWeakRef(storage), gc.isenabled()
-    del storage
-    gc.disable()  # a collection between the two lines below would hide the cycle
-    try:
-        del y
-        return names if names and not memory.expired() else []
-    finally:
-        if enabled:
-            gc.enable()
+    return names, StorageWeakRef(storage)
 
 
 def _reference(sizes, tail, seed, affine=True, frozen=(), **kwargs):
