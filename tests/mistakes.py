@@ -4488,6 +4488,38 @@ MISTAKES = [
             '        loss = self.optimizer.step(closure)',
             '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.optimizer.step()',
             'the inner optimizer\'s step got the closure'),
+    # Task 13.3 and 11, trial 14 (c)
+    Mistake("13.3", "closure-called-by-hand", "template_local_sgd.py",  # trial 14 (c): passed: AdamW takes step() alike
+            '        loss = self.inner_optimizer.step(closure)',
+            '        loss = None\n        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()\n        self.inner_optimizer.step()',
+            'the inner optimizer\'s step got the closure'),
+    Mistake("13.3", "pseudo-gradients-kept-on-self", "template_local_sgd.py",  # trial 14 (c): passed: a model's worth kept
+            "            for param, synced in zip(self.params, self.synced):\n                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n",
+            "            self.pseudo = [synced.to(param.device) - param for param, synced in zip(self.params, self.synced)]\n            for param, grad in zip(self.params, self.pseudo):\n                param.grad = grad\n",
+            "were still alive once DiLoCo.step() had returned"),
+    Mistake("13.3", "outer-step-one-step-late", "template_local_sgd.py",  # trial 14 (c): was told the counts only
+            "        if self.local_step < self.sync_every:\n            return loss\n",
+            "        if self.local_step <= self.sync_every:\n            return loss\n", "not `>`: after the sync_every-th step"),
+    Mistake("11.2", "x-hat-kept-on-ctx", "template_batchnorm.py",  # trial 14 (c): passed: with affine=False, y is x_hat, a cycle
+            '        ctx.save_for_backward(x_hat, invstd, weight)\n        ctx.count, ctx.group = count, group\n        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n        return y\n        # --- Task 11.2 end ---\n\n    @staticmethod\n    def backward(ctx, grad_y):\n        # --- Task 11.2 begin ---\n        x_hat, invstd, weight = ctx.saved_tensors\n',
+            '        ctx.save_for_backward(invstd, weight)\n        ctx.x_hat = x_hat\n        ctx.count, ctx.group = count, group\n        y = x_hat\n        if weight is not None:\n            y = y * _per_channel(weight, x)\n        if bias is not None:\n            y = y + _per_channel(bias, x)\n        return y\n        # --- Task 11.2 end ---\n\n    @staticmethod\n    def backward(ctx, grad_y):\n        # --- Task 11.2 begin ---\n        invstd, weight = ctx.saved_tensors\n        x_hat = ctx.x_hat\n',
+            "a reference cycle"),
+    Mistake('11.3', 'convert-only-2d', "template_batchnorm.py",  # trial 14 (c): was told to return the new layer
+            '        if isinstance(module, nn.modules.batchnorm._BatchNorm):\n            converted = cls(',
+            '        if isinstance(module, nn.BatchNorm2d):\n            converted = cls(',
+            'not one class'),
+    Mistake('11.3', 'convert-children-lose-the-group', "template_batchnorm.py",  # trial 14 (c): was told the fact only
+            '            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))',
+            '            converted.add_module(name, cls.convert_sync_batchnorm(child))',
+            'pass it on in the recursion'),
+    Mistake("11.3", 'function-without-the-group', "template_batchnorm.py",  # trial 14 (c): was told to give x itself, not detached
+            '            return SyncBatchNormFunction.apply(x, self.weight, self.bias, mean, var, count, self.eps,\n                                               self.process_group)',
+            '            return SyncBatchNormFunction.apply(x, self.weight, self.bias, mean, var, count, self.eps, None)',
+            'give self.process_group to SyncBatchNormFunction.apply too'),
+    Mistake("11.3", 'convert-clones-none-buffers', "template_batchnorm.py",  # trial 14 (c): a raw AttributeError
+            '            converted.num_batches_tracked = module.num_batches_tracked\n',
+            '            converted.num_batches_tracked = module.num_batches_tracked.clone()\n',
+            'None stays None'),
     Mistake("12.2", "epsilon-under-the-square-root", "template_compression.py",  # passed: the only epsilon case was 0
             "        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon\n",
             "        col /= torch.sqrt((col * col).sum() + epsilon)\n", "not by sqrt(sum of squares + epsilon)"),
@@ -4730,6 +4762,32 @@ RIGHT_ANSWERS = [
                 "            pseudo = torch._foreach_sub([synced.to(param.device) for param, synced in zip(self.params, "
                 "self.synced)], [param.detach() for param in self.params])\n"
                 "            for param, grad in zip(self.params, pseudo):\n                param.grad = grad\n", ""),)),
+    RightAnswer("11.1", "raw-sums-in-float64",  # trial 14 (c): passes
+                "'or all-reduce packed sums in float64, where that cancellation costs about 1e-16 * mean^2 / var': "
+                "sum(x) and sum(x * x) of x.double(), no per-rank mean first", (
+        Mistake("11.1", "raw-sums-in-float64", "template_batchnorm.py",
+                "    if n > 0:\n        # each rank's own mean and squared deviations, stable in x's dtype (torch.var_mean\n        # never forms E[x^2]); then sums in float64: sum(x^2) = M2 + n * mean^2 is then\n        # exact enough for the subtraction below\n        var, mean = torch.var_mean(x, dim=dims, correction=0)\n        mean, m2 = mean.double(), var.double() * n\n    else:  # nothing here, but this rank must still take part in the all-reduce\n        mean = m2 = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), n * mean, m2 + n * mean ** 2])\n",
+                "    xd = x.double()  # sums in float64: the docstring's second way\n    packed = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=x.device), xd.sum(dims), (xd * xd).sum(dims)])\n", ""),)),
+    RightAnswer("11.2", "sums-stacked-and-unbound",  # trial 14 (c): passes
+                "'sum this rank's, then ONE all-reduce (SUM) of both packed together': torch.stack packs them as "
+                "well as torch.cat, and SUM is all_reduce's default op", (
+        Mistake("11.2", "sums-stacked-and-unbound", "template_batchnorm.py", '            packed = torch.cat([sum_dy, sum_dy_xhat])\n            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.group)  # the global sums\n            global_dy, global_dy_xhat = packed.chunk(2)',
+                '            packed = torch.stack([sum_dy, sum_dy_xhat])\n            dist.all_reduce(packed, group=ctx.group)\n            global_dy, global_dy_xhat = packed.unbind(0)', ""),)),
+    RightAnswer("11.1", "count-as-a-tensor",  # trial 14 (c): passes
+                "'count is the global number of elements per channel ..., an int or a tensor'", (
+        Mistake("11.1", "count-as-a-tensor", "template_batchnorm.py", '    return global_mean.to(x.dtype), global_var.to(x.dtype), int(count.item())',
+                '    return global_mean.to(x.dtype), global_var.to(x.dtype), count', ""),)),
+    RightAnswer("13.3", "buffers-before-the-pseudo-gradients",  # trial 14 (c): passes
+                "'Averaged over the group in one all-reduce (all_reduce_mean), together with the floating-point "
+                "buffers': one call, in either order", (
+        Mistake("13.3", "buffers-before-the-pseudo-gradients", "template_local_sgd.py",
+                "            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)",
+                "            all_reduce_mean(buffers + [param.grad for param in self.params], self.group)", ""),)),
+    RightAnswer("13.3", "outer-step-in-an-if-block",  # trial 14 (c): passes
+                "'after every sync_every-th inner step, the outer step' and 'returns the closure's loss': one return "
+                "after an if-block gives both, as the early return does", (
+        Mistake("13.3", "outer-step-in-an-if-block", "template_local_sgd.py", '        loss = self.inner_optimizer.step(closure)\n        self.local_step += 1\n        if self.local_step < self.sync_every:\n            return loss\n        self.local_step = 0\n        with torch.no_grad():\n            for param, synced in zip(self.params, self.synced):\n                param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n            buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n            all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n            for param, synced in zip(self.params, self.synced):\n                param.copy_(synced)  # the outer step starts where the round started\n        self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n        self.outer_optimizer.zero_grad()\n        for param, synced in zip(self.params, self.synced):\n            synced.copy_(param.detach())  # after the outer step: where the next round starts\n        return loss\n',
+                '        loss = self.inner_optimizer.step(closure)\n        self.local_step += 1\n        if self.local_step >= self.sync_every:  # the outer step in a block, no early return\n            self.local_step = 0\n            with torch.no_grad():\n                for param, synced in zip(self.params, self.synced):\n                    param.grad = synced.to(param.device) - param  # how far this rank went, as a gradient points\n                buffers = [buffer for buffer in self.model.buffers() if buffer.is_floating_point()]\n                all_reduce_mean([param.grad for param in self.params] + buffers, self.group)\n                for param, synced in zip(self.params, self.synced):\n                    param.copy_(synced)  # the outer step starts where the round started\n            self.outer_optimizer.step()  # its momentum persists: built once, in __init__\n            self.outer_optimizer.zero_grad()\n            for param, synced in zip(self.params, self.synced):\n                synced.copy_(param.detach())  # after the outer step: where the next round starts\n        return loss\n', ""),)),
     RightAnswer("13.3", "outer-gradients-set-to-none", "zero_grad(set_to_none=True) is zero_grad()'s default", (
         Mistake("13.3", "outer-gradients-set-to-none", "template_local_sgd.py",
                 "        self.outer_optimizer.zero_grad()\n", "        self.outer_optimizer.zero_grad(set_to_none=True)\n",

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import gpu  # where the GPU tests' ranks run
 from conftest import REFERENCE, load, load_with_reference
@@ -976,6 +977,11 @@ def check_lowered_mid_round(task, results):
                         f"the count after it was {counts[4]}, the 5 steps counted minus sync_every, not 0 (counts "
                         f"after each step: {counts}; steps {[i + 1 for i, n in enumerate(sent) if n]} sent something): "
                         f"set self.local_step = 0 at each {what}, whatever sync_every is: the next round starts afresh")
+        if counts[9] == 5 and not sent[9]:  # trial 14 (c): `>` (or `<=` before an early return) was told the counts only
+            pytest.fail(f"{task}: rank {rank}: sync_every=5: the count reached 5 at step 10 ({counts}) and no {what} "
+                        f"came (steps {[i + 1 for i, n in enumerate(sent) if n]} sent something): the {what} is due "
+                        f"once the count is sync_every or more, `>=`, not `>`: after the sync_every-th step, not "
+                        "one step later")
         assert counts == [1, 2, 3, 4, 0, 1, 2, 3, 4, 0] and [bool(n) for n in sent] == [False] * 4 + [True] + \
             [False] * 4 + [True], (f"{task}: rank {rank}: sync_every=5, lowered to 3 for step 5 only: self.local_step "
                                    f"after each step was {counts} and steps {[i + 1 for i, n in enumerate(sent) if n]} "
@@ -997,13 +1003,29 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     lib = judging(impl, "13.3")
     group, members = groups_of(rank, world_size, sub)
     model = make(cls)
+    inner = optimizer(name, model.parameters())
+    given, inner_step = [], inner.step
+
+    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
+        given.append(closure is not None)
+        return inner_step(closure)
+
+    inner.step = recording
     with Wire() as wire:
-        inner = optimizer(name, model.parameters())
         diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
         built = calls_of(wire)
-        history, synced_ok, counts, closures, shared = [], [], [], [], []
+        outer_step, stepped = diloco.outer_optimizer.step, []
+
+        def watching(*args, **kwargs):  # what stays alive: the pseudo-gradients the outer step is given
+            stepped.append([(StorageWeakRef(p.grad.untyped_storage()), p.grad.untyped_storage().data_ptr())
+                            for p in model.parameters() if p.grad is not None])
+            return outer_step(*args, **kwargs)
+
+        diloco.outer_optimizer.step = watching
+        history, synced_ok, counts, closures, shared, passed, kept = [], [], [], [], [], [], []
         for step in range(steps):
             wire.step = step + 1
+            given.clear()
             try:
                 take_step(diloco, model, rank, step, closures)
             except RuntimeError as error:
@@ -1024,6 +1046,16 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
                     "some parameters have no gradient to write into (param.grad is None: a frozen one, "
                     "requires_grad=False, and one that forward never uses). Give every parameter its "
                     "pseudo-gradient as a new tensor, param.grad = synced - param") from None
+            if step + 1 in CLOSURE_STEPS:
+                passed.append(given == [True])
+            if stepped:  # an outer step ran in this step: its pseudo-gradients must be gone once step() returned
+                grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None} | {
+                    t.untyped_storage().data_ptr() for t in diloco.synced}
+                # those still in param.grad (no outer zero_grad) or in self.synced (the pseudo-gradient written into
+                # it) are told by the other checks, with their causes
+                kept.append((step + 1, sum(not memory.expired() and ptr not in grads for memory, ptr in stepped.pop()),
+                             len(diloco.params)))
+                stepped.clear()
             history.append(averaged(model))
             counts.append(diloco.local_step)
             if (step + 1) % sync_every == 0:
@@ -1035,7 +1067,7 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     outer_state = [diloco.outer_optimizer.state[p].get("momentum_buffer") for p in model.parameters()]
     return dict(history=history, calls=calls_of(wire)[len(built):], built=built, members=members,
                 inner=inner.state_dict()["state"], outer=outer_state, synced_ok=synced_ok, counts=counts,
-                closures=closures, shared=shared)
+                closures=closures, shared=shared, passed=passed, kept=kept)
 
 
 def _template_line(error):
@@ -1069,6 +1101,19 @@ def test_diloco_takes_an_outer_nesterov_step_on_the_averaged_pseudo_gradient(imp
     for rank, out in enumerate(results):
         assert not out["built"], f"{T133}: DiLoCo(...) sent {out['built']}: the constructor sends nothing"
         check_closure(T133, rank, out["closures"], "DiLoCo")
+        if not all(out["passed"]):  # trial 14: the closure run by hand, the inner step without it, passed
+            pytest.fail(f"{T133}: rank {rank}: DiLoCo.step(closure) ran the closure and returned its loss, but the "
+                        f"inner optimizer's step got the closure at steps {list(CLOSURE_STEPS)}: {out['passed']}: an "
+                        "optimizer that needs it (torch.optim.LBFGS evaluates the loss several times in one step) "
+                        "gets None. Pass the closure to the inner optimizer's step, self.inner_optimizer.step(closure), "
+                        "and return what it returns")
+        alive = [(step, n) for step, n, _ in out["kept"] if n]
+        if alive:  # trial 14 (c): pseudo-gradients kept in a list on self passed
+            pytest.fail(f"{T133}: rank {rank}: after the outer steps at steps {[step for step, _ in alive]}, "
+                        f"{[n for _, n in alive]} of the pseudo-gradients given to self.outer_optimizer.step() were "
+                        "still alive once DiLoCo.step() had returned: a list of them kept (on self?) holds a whole "
+                        "model's worth of memory on the parameters' device between the rounds. Hold them only in "
+                        "param.grad (which the outer zero_grad() clears) or in local variables")
         if any(out["shared"]):
             pytest.fail(f"{T133}: rank {rank}: after rounds {[k + 1 for k, s in enumerate(out['shared']) if s]} "
                         "self.synced shares memory with the parameters (the same tensors, or param.data bound to "
