@@ -198,16 +198,27 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             sent, received = sum(splits[rank]), sum(splits[s][rank] for s in range(3))
             assert got["forward"] == [("all_to_all_single", [("float64", 2 * received), ("float64", 2 * sent)])], (
                 f"{T161}: {where}'s forward should be one all_to_all_single ({received} rows out, {sent} in), it sent "
-                f"{got['forward']}")
+                f"{got['forward']}" + _other_dtype(got["forward"], "x"))
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
-                f"out, {received} in), it sent {got['backward']}")
+                f"out, {received} in), it sent {got['backward']}" + _other_dtype(got["backward"], "the gradient"))
             assert not got["kept_input"], (
                 f"{T161}: {where}: all_to_all keeps its input x alive after the forward (ctx.save_for_backward(x), "
                 "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
                 "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
         _check_strided(rank, out["strided"])
+
+
+def _other_dtype(calls, what):
+    """A hint when the one all_to_all_single sent the tensors in another dtype than the float64 it was given."""
+    if len(calls) != 1 or calls[0][0] != "all_to_all_single":
+        return ""
+    dtypes = sorted({d for d, _ in calls[0][1]})
+    return ("" if dtypes == ["float64"] else
+            f": the rows went as {dtypes}, {what} is float64: a copy in another dtype (.float(), .to(...)) loses "
+            "precision, or for bfloat16 doubles the bytes on the wire; send the tensor in its own dtype and receive "
+            "into a buffer of that dtype")
 
 
 def _check_strided(rank, got):
@@ -414,7 +425,21 @@ def _layer(rank, world_size, impl, task, configs):
                 last = wire.calls[-1] if wire.calls else None
                 short = [n for _, n in last.tensors if n != num_experts] if last is not None and last.tensors and all(
                     not d.startswith(("float", "bfloat")) for d, _ in last.tensors) else []
-                hint = (f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
+                tokens_call = last if last is not None and any(d.startswith(("float", "bfloat")) for d, _ in last.tensors) else None
+                every_choice = sum(int((models.route(moe.router(xs[s]), top_k, capacity_factor).expert == e).sum())
+                                   for s in range(world_size) for e in mine)
+                hint = ("the counts count every choice, also those past their expert's capacity (routing.kept False), "
+                        f"so this rank expects {tokens_call.tensors[0][1] // DIM} rows, not the {expected_rows} kept ones "
+                        "sent to its experts: count the kept (token, choice) pairs alone, the ones that travel"
+                        if tokens_call is not None and every_choice != expected_rows
+                        and tokens_call.tensors[0][1] == every_choice * DIM else
+                        "the ranks disagree on how many rows go from one to another (gloo compares what a rank sends "
+                        "itself with what it receives from itself): input_splits[s] of a rank must equal output_splits "
+                        "of rank s for it. input_splits: this rank's counts viewed (N destination ranks, E / N experts), "
+                        "summed over dim 1; output_splits: the exchanged counts viewed (N source ranks, E / N local "
+                        "experts), summed over dim 1 (the local experts), one per source rank"
+                        if "LengthPerRank" in said else
+                        f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
                         f"this rank sends no pair to; it had {short[0]}: torch.bincount(expert, minlength=E) (without "
                         "minlength it stops at the highest expert chosen)" if short else
                         "the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
@@ -599,8 +624,26 @@ def _check_expert_inputs(rank, world_size, got):
                 hint = (f": it holds rows routed to expert(s) {owners}, not to expert {mine[j]}: each rank sends its "
                         "pairs sorted by expert, ASCENDING (rank s's experts consecutive, in the order of the counts "
                         "that the receivers split them by), within an expert in token order")
+        if not hint and got_j.shape == want.shape:
+            wire = got["dispatch_wire"][-1][1] if got["dispatch_wire"] else []
+            sent = sorted({d for d, _ in wire if d.startswith(("float", "bfloat"))})
+            norms = (want * want).sum(dim=1)
+            scale = torch.where(norms > 0, (got_j * want).sum(dim=1) / norms.clamp_min(1e-300), torch.ones_like(norms))
+            if sent and sent != [dtype_name(want.dtype)]:  # the symptom: the tokens' all-to-all in another dtype
+                hint = (f": the right rows, but they travelled as {sent} and the tokens are {dtype_name(want.dtype)}: "
+                        "a copy in another dtype loses precision (float64) or doubles the bytes (bfloat16); send "
+                        "x[token] as it is, in x's dtype")
+            elif torch.allclose(got_j, scale[:, None] * want) and not torch.allclose(scale, torch.ones_like(scale)):
+                hint = (f": rows are their tokens times factors ({', '.join(f'{v:.4g}' for v in sorted(scale.tolist(), key=lambda v: -abs(v - 1))[:4])}, ...): the "
+                        "tokens were scaled (by their gates?) before they were sent. dispatch sends the tokens as they "
+                        "are; combine multiplies the experts' OUTPUTS by the gates (an expert is not linear)")
+            else:
+                hint = (f": the right number of rows with other values (largest difference "
+                        f"{(got_j - want).abs().max().item():.3g}): expert_inputs[j] holds the tokens x[t] themselves")
         raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has {got_j.shape[0]} "
-                             f"rows, expected {want.shape[0]}{hint}")
+                             f"rows, expected {want.shape[0]}{hint}" if got_j.shape != want.shape else
+                             f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has the expected "
+                             f"{want.shape[0]} rows, with other values{hint}")
     kinds = [kind for kind, _ in got["dispatch_wire"]]
     assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
