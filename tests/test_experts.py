@@ -572,6 +572,11 @@ def _combine_hint(got, rank):
                 "plan.weight[token, choice] as it is")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
+    first = [(scale[t] - gates[t, 0]).abs() < 1e-9 for t in range(x.shape[0]) if several[t]]
+    if len(first) > 2 and all(first):  # index_copy keeps the choice written last: by expert, not always the first
+        return (": combine alone, every expert the identity, gave each token with several kept choices its FIRST "
+                "choice's output alone: y[t] sums weight[t, c] * output over EVERY kept choice c of token t (plan.choice "
+                "tells which), second choices too")
     if single and all(single):
         return (": combine alone, every expert the identity, gave each token ONE of its kept choices' outputs: a "
                 "token's top-k outputs must be ADDED (index_add), not written over each other (index_copy, y[token] = ...)")
@@ -817,8 +822,12 @@ def _check_layer(task, rank, world_size, got):
         pytest.fail(f"{T}: {where}: combine of float32 expert outputs with float64 gates "
                     + (f"failed ({got['identity_float32']})" if isinstance(got["identity_float32"], str) else
                        f"returned {got['identity_float32']}")
-                    + ": cast the gate to the outputs' dtype (plan.weight is float32 at least, models.route's "
-                    "softmax, whatever the experts' dtype: a bfloat16 model's MoE layer must still return bfloat16)")
+                    + (": the buffer y is summed into was made in the gates' dtype (float64, plan.weight.new_zeros or "
+                       "dtype=plan.weight.dtype) while the gated outputs are float32: make y in the OUTPUTS' dtype "
+                       "(back.new_zeros(...)), as the docstring's 'the weight cast to the outputs' dtype' asks"
+                       if "self (Double) and source (Float)" in str(got["identity_float32"]) else
+                       ": cast the gate to the outputs' dtype (plan.weight is float32 at least, models.route's "
+                       "softmax, whatever the experts' dtype: a bfloat16 model's MoE layer must still return bfloat16)"))
     for j, e in enumerate(mine):
         for name, want in ref["grad_experts"][e].items():
             have = got["grad_experts"][j][name]
