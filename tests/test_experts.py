@@ -491,7 +491,11 @@ def _layer(rank, world_size, impl, task, configs):
                 sizes = [int(n) for n in sizes[1].split(",") if n.strip()] if sizes else None
                 rows = [r.tolist() for r in plan.received] if isinstance(getattr(plan, "received", None), torch.Tensor) else []
                 columns = [c.tolist() for c in plan.received.t()] if rows else []
-                hint = ("; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
+                hint = ("; the gates are one per sent pair, (K,), and they were (K, K): plan.weight[plan.token][:, "
+                        "plan.choice] takes every pair's choice column for every pair's token; index both at once, "
+                        "plan.weight[plan.token, plan.choice] (then a trailing dimension, .unsqueeze(-1))"
+                        if task == "16.3" and re.search(rf"source.shape = \[{kept}, {kept}, {DIM}\]", said) else
+                        "; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
                         "dimension (gate.unsqueeze(-1), or gate[:, None]) so that it scales each row"
                         if task == "16.3" and re.search(rf"size of tensor a \(({kept}|{DIM})\) must match the size of "
                                                         rf"tensor b \(({kept}|{DIM})\)", said) and kept != DIM else
@@ -520,6 +524,14 @@ def _layer(rank, world_size, impl, task, configs):
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
             backward = [(c.kind, c.tensors) for c in wire.calls[len(forward):]]
+        # what the layer keeps on itself after a step (activations in the graph stay alive until the next forward),
+        # and its aux_loss after a second forward (the last forward's, not a running sum)
+        got["kept_on_layer"] = sorted(name for name, v in vars(layer).items() if name != "aux_loss" and any(
+            torch.is_tensor(t) and t.grad_fn is not None for t in (v if isinstance(v, (list, tuple)) else [v])))
+        if task == "16.4":  # the layer is 16.4's
+            with torch.no_grad():
+                layer(xs[rank].view(1, TOKENS, DIM))
+            got["aux_again"] = layer.aux_loss.detach() if isinstance(layer.aux_loss, torch.Tensor) else layer.aux_loss
         got.update(y=y.detach().view(TOKENS, DIM), aux=aux.detach() if isinstance(aux, torch.Tensor) else aux,
                    aux_in_graph=isinstance(aux, torch.Tensor) and aux.requires_grad,
                    grad_x=x.grad, grad_router=layer.router.weight.grad, forward=forward, backward=backward,
@@ -801,8 +813,12 @@ def _check_layer(task, rank, world_size, got):
         pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
                     f"{(y - y_ref).abs().max().item() if tokens_y else 'its shape ' + str(tuple(y.shape))}{hint}")
     assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
-        f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
-        "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
+        f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: " + (
+            "set self.aux_loss in forward as models.MoE does (vit.aux_loss() finds it by that name)"
+            if not isinstance(got["aux"], torch.Tensor) else
+            "computed otherwise than models.MoE's: models.load_balancing_loss(probs, routing.expert, E) on this rank's "
+            "T tokens, probs the softmax of the router's logits (T, E), routing.expert ALL k choices of each token "
+            "(before any is dropped), as models.MoE.forward does"))
     assert got["aux_in_graph"], (
         f"{T}: {where}: the layer's aux_loss has the right value but is out of the graph (requires_grad False): the "
         "load-balancing loss trains the router through it; keep it in the graph, as models.MoE does (no detach, no .item())")
@@ -841,6 +857,15 @@ def _check_layer(task, rank, world_size, got):
                 f"losses of models.MoE's (max difference "
                 f"{'None' if have is None else (have - want).abs().max().item():}): every rank's tokens for it "
                 "must reach it and their gradients come back")
+    again = got.get("aux_again")
+    assert not isinstance(again, torch.Tensor) or _close(again, ref["aux"][rank]), (
+        f"{T}: {where}: after a second forward on the same tokens the layer's aux_loss is {again.item()}, models.MoE's "
+        f"{ref['aux'][rank].item()} (the first forward's was right): self.aux_loss is the LAST forward's loss, set "
+        "anew (self.aux_loss = ...), not added to the previous one: a sum over steps keeps every step's graph alive")
+    assert not got.get("kept_on_layer"), (
+        f"{T}: {where}: after forward and backward the layer keeps {got['kept_on_layer']} on itself, tensors of the "
+        "graph (the tokens dispatched, the plan, ...): they and their graph stay alive until the next forward, "
+        "memory a step no longer needs; keep them in local variables (only aux_loss is kept, as models.MoE does)")
 
 
 def _refused(ep, task):
