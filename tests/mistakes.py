@@ -4433,6 +4433,18 @@ MISTAKES = [
             "outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
             "self.expert_inputs = expert_inputs\n        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
             "keeps ['expert_inputs'] on itself"),
+    Mistake("16.2", "tokens-in-the-gates-dtype", "template_experts.py",  # trial 14 (d): passed: tokens and gates float64 alike
+            "arrived = all_to_all(x[token], output_splits, input_splits, group)",
+            "arrived = all_to_all(x[token].to(routing.weight.dtype), output_splits, input_splits, group)",
+            "not in the gates' dtype"),
+    Mistake("16.2", "plan-received-as-list", "template_experts.py",  # trial 14 (d): was "is [[13, 0], [6, 0]], expected [[13, 0], [6, 0]]"
+            "return expert_inputs, Plan(token, choice, routing.weight, input_splits, output_splits, received)",
+            "return expert_inputs, Plan(token, choice, routing.weight, input_splits, output_splits, received.tolist())",
+            "the right numbers as a list"),
+    Mistake("16.2", "counts-not-waited", "template_experts.py",  # trial 14 (d): was a raw allocation error (garbage split sizes)
+            "dist.all_to_all_single(received, counts, group=group)  # E / N",
+            "dist.all_to_all_single(received, counts, group=group, async_op=True)  # E / N",
+            "its Work never waited for"),
     Mistake("14.2", "fc1-gathers-its-output", "template_sequence_parallel.py",  # was a raw shape error
             "column.from_linear(mlp.fc1, group)", "column.from_linear(mlp.fc1, group, gather_output=True)",
             "shapes do not chain"),
@@ -6430,6 +6442,10 @@ RIGHT_ANSWERS = [
         Mistake("16.4", "modules-walked-live", "template_experts.py",
                 "    for module in list(model.modules()):\n        for name, child in module.named_children():",
                 "    for module in model.modules():\n        for name, child in list(module.named_children()):", ""),)),
+    RightAnswer("16.2", "sorted-by-torch-sort", "'ordered by expert ..., and within an expert in token order': torch.sort(..., stable=True)'s indices are argsort's", (  # trial 14 (d)
+        Mistake("16.2", "sorted-by-torch-sort", "template_experts.py",
+                "order = torch.argsort(expert, stable=True)",
+                "_, order = torch.sort(expert, stable=True)", ""),)),
 ]
 
 

@@ -428,7 +428,12 @@ def _layer(rank, world_size, impl, task, configs):
                 tokens_call = last if last is not None and any(d.startswith(("float", "bfloat")) for d, _ in last.tensors) else None
                 every_choice = sum(int((models.route(moe.router(xs[s]), top_k, capacity_factor).expert == e).sum())
                                    for s in range(world_size) for e in mine)
-                hint = ("the counts count every choice, also those past their expert's capacity (routing.kept False), "
+                unwaited = [c.kind for c in wire.calls if not c.waited]
+                hint = (f"its {unwaited[0]} was started with async_op=True and its Work never waited for: the counts "
+                        "(or rows) are in the buffer only once work.wait() has returned, the split sizes read from it "
+                        "before then are garbage; wait before using them (or call it without async_op)"
+                        if unwaited else
+                        "the counts count every choice, also those past their expert's capacity (routing.kept False), "
                         f"so this rank expects {tokens_call.tensors[0][1] // DIM} rows, not the {expected_rows} kept ones "
                         "sent to its experts: count the kept (token, choice) pairs alone, the ones that travel"
                         if tokens_call is not None and every_choice != expected_rows
@@ -453,6 +458,16 @@ def _layer(rank, world_size, impl, task, configs):
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: dispatch failed: "
                                      f"{one_line(error)}: {hint}") from None
+        unwaited = [c.kind for c in wire.calls if not c.waited]
+        assert not unwaited, (
+            f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, capacity_factor={capacity_factor}, "
+            f"{case}: dispatch's {unwaited[0]} was started with async_op=True and its Work never waited for: its output "
+            "holds the counts (or rows) only once work.wait() has returned; wait before reading it")
+        if task == "16.2" and (num_experts, top_k, capacity_factor, case) == configs[0]:  # float32 tokens, float64 gates
+            with Wire() as wire32:
+                inputs32, _ = ep.dispatch(xs[rank].float(), routing, num_experts)
+            got["float32_inputs"] = sorted({dtype_name(t.dtype) for t in inputs32})
+            got["float32_wire"] = sorted({d for c in wire32.calls for d, _ in c.tensors if d.startswith(("float", "bfloat"))})
         got["expert_inputs"] = [t.detach().clone() for t in inputs]
         got["dispatch_wire"] = [(c.kind, c.tensors) for c in wire.calls]
         got.update(ref=ref, mine=list(mine), routing=routing)
@@ -661,6 +676,12 @@ def _check_expert_inputs(rank, world_size, got):
                              f"rows, expected {want.shape[0]}{hint}" if got_j.shape != want.shape else
                              f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has the expected "
                              f"{want.shape[0]} rows, with other values{hint}")
+    if "float32_inputs" in got:
+        assert got["float32_inputs"] in ([], ["float32"]) and got["float32_wire"] in ([], ["float32"]), (
+            f"{T}: {where}: dispatch of float32 tokens with float64 gates (a float64 router's) gave expert inputs of "
+            f"{got['float32_inputs']}, and sent {got['float32_wire']} on the wire: the tokens travel in their own "
+            "dtype (x[token] as it is), not in the gates' dtype (routing.weight's is float32 at least, whatever the "
+            "model's: a bfloat16 model's tokens would travel at twice the bytes)")
     kinds = [kind for kind, _ in got["dispatch_wire"]]
     assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
@@ -723,7 +744,10 @@ def _check_plan(rank, world_size, got, plan):
             f"{T}: {where}: plan.received is {have}, expected {came} (received[s, j]: the rows rank s sent for this "
             "rank's local expert j, the exchanged counts viewed (N, E / N))" + (
                 ": it holds the counts this rank SENT (its own, viewed by destination rank), not those it received "
-                "from the others; combine splits what it sends back by them" if have == own != came else ""))
+                "from the others; combine splits what it sends back by them" if have == own != came else
+                f": the right numbers as a {type(received).__name__}, not a tensor: the Plan holds received as the "
+                "(N, E / N) long tensor (combine takes its .shape and its columns)"
+                if not isinstance(received, torch.Tensor) and have == came else ""))
     weight = getattr(plan, "weight", None)
     kept = routing.kept
     assert isinstance(weight, torch.Tensor) and weight.shape == routing.weight.shape and torch.equal(
