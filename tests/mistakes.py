@@ -4384,6 +4384,67 @@ MISTAKES = [
     Mistake("16.2", "counts-viewed-expert-major", "template_experts.py",  # was a raw "not equal to group size"
             "    received = received.view(size, len(experts))  # [source rank, local expert]\n",
             "    received = received.view(len(experts), size)\n", "one number per rank of the group"),
+    # Tasks 16.1-16.4, trial 14 (d): what goes on the wire (dtype), what stays alive, drops, choices
+    Mistake("16.1", "sent-as-float32", "template_experts.py",  # trial 14 (d): was a bare list of the calls
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]))\n        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)\n        return out",
+            "        out = x.new_empty((sum(output_splits), *x.shape[1:]), dtype=torch.float32)\n        dist.all_to_all_single(out, x.float().contiguous(), output_splits, input_splits, group=group)\n        return out.to(x.dtype)",
+            "the rows went as ['float32']"),
+    Mistake("16.1", "grad-sent-as-float32", "template_experts.py",  # trial 14 (d): was a bare list of the calls
+            "        out = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))\n        dist.all_to_all_single(out, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)\n        return out, None, None, None",
+            "        out = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]), dtype=torch.float32)\n        dist.all_to_all_single(out, grad.float().contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)\n        return out.to(grad.dtype), None, None, None",
+            "the rows went as ['float32'], the gradient"),
+    Mistake("16.2", "tokens-sent-as-float32", "template_experts.py",  # trial 14 (d): was "has 4 rows, expected 4"
+            "arrived = all_to_all(x[token], output_splits, input_splits, group)",
+            "arrived = all_to_all(x[token].float(), output_splits, input_splits, group).to(x.dtype)",
+            "they travelled as ['float32']"),
+    Mistake("16.2", "tokens-gated-before-sending", "template_experts.py",  # trial 14 (d): was "has 19 rows, expected 19"
+            "arrived = all_to_all(x[token], output_splits, input_splits, group)",
+            "arrived = all_to_all(x[token] * routing.weight[token, choice].to(x.dtype).unsqueeze(-1), output_splits, input_splits, group)",
+            "scaled (by their gates?) before they were sent"),
+    Mistake("16.2", "output-splits-summed-over-ranks", "template_experts.py",  # trial 14 (d): was gloo's raw enforce failure
+            "output_splits = received.sum(dim=1).tolist()",
+            "output_splits = received.sum(dim=0).tolist()",
+            "the ranks disagree on how many rows go"),
+    Mistake("16.2", "counts-of-every-choice", "template_experts.py",  # trial 14 (d): was told output_splits were the rows it sends
+            "counts = torch.bincount(expert, minlength=num_experts)",
+            "counts = torch.bincount(routing.expert.reshape(-1), minlength=num_experts)",
+            "the counts count every choice"),
+    Mistake("16.3", "zeros-from-the-weights", "template_experts.py",  # trial 14 (d): was told to cast the gate, which it did
+            "return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)",
+            "return plan.weight.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)",
+            "made in the gates' dtype"),
+    Mistake("16.3", "only-first-choice-combined", "template_experts.py",  # trial 14 (d): was told it wrote choices over each other
+            "gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)",
+            "gate = (plan.weight[plan.token, plan.choice] * (plan.choice == 0)).to(back.dtype).unsqueeze(-1)",
+            "its FIRST choice's output alone"),
+    Mistake("16.3", "gate-indexed-twice", "template_experts.py",  # trial 14 (d): was a raw index_add shape error
+            "gate = plan.weight[plan.token, plan.choice].to(back.dtype).unsqueeze(-1)",
+            "gate = plan.weight[plan.token][:, plan.choice].to(back.dtype).unsqueeze(-1)",
+            "they were (K, K)"),
+    Mistake("16.4", "aux-of-first-choices-only", "template_experts.py",  # trial 14 (d): was told to set self.aux_loss by that name
+            "self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)",
+            "self.aux_loss = models.load_balancing_loss(probs, routing.expert[:, :1], self.num_experts)",
+            "computed otherwise than models.MoE's"),
+    Mistake("16.4", "aux-accumulated", "template_experts.py",  # trial 14 (d): passed: one forward per layer
+            "self.aux_loss = models.load_balancing_loss(probs, routing.expert, self.num_experts)",
+            "aux = models.load_balancing_loss(probs, routing.expert, self.num_experts)\n        self.aux_loss = aux if self.aux_loss is None else self.aux_loss + aux",
+            "the LAST forward's loss, set anew"),
+    Mistake("16.4", "expert-inputs-kept", "template_experts.py",  # trial 14 (d): passed: nothing looked at the layer after a step
+            "outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
+            "self.expert_inputs = expert_inputs\n        outputs = [expert(rows) for expert, rows in zip(self.experts, expert_inputs)]",
+            "keeps ['expert_inputs'] on itself"),
+    Mistake("16.2", "tokens-in-the-gates-dtype", "template_experts.py",  # trial 14 (d): passed: tokens and gates float64 alike
+            "arrived = all_to_all(x[token], output_splits, input_splits, group)",
+            "arrived = all_to_all(x[token].to(routing.weight.dtype), output_splits, input_splits, group)",
+            "not in the gates' dtype"),
+    Mistake("16.2", "plan-received-as-list", "template_experts.py",  # trial 14 (d): was "is [[13, 0], [6, 0]], expected [[13, 0], [6, 0]]"
+            "return expert_inputs, Plan(token, choice, routing.weight, input_splits, output_splits, received)",
+            "return expert_inputs, Plan(token, choice, routing.weight, input_splits, output_splits, received.tolist())",
+            "the right numbers as a list"),
+    Mistake("16.2", "counts-not-waited", "template_experts.py",  # trial 14 (d): was a raw allocation error (garbage split sizes)
+            "dist.all_to_all_single(received, counts, group=group)  # E / N",
+            "dist.all_to_all_single(received, counts, group=group, async_op=True)  # E / N",
+            "its Work never waited for"),
     Mistake("14.2", "fc1-gathers-its-output", "template_sequence_parallel.py",  # was a raw shape error
             "column.from_linear(mlp.fc1, group)", "column.from_linear(mlp.fc1, group, gather_output=True)",
             "shapes do not chain"),
@@ -6406,6 +6467,43 @@ RIGHT_ANSWERS = [
                 "    return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)\n",
                 "    return back.new_zeros((tokens, back.shape[-1])).index_put((plan.token,), gate * back, "
                 "accumulate=True)\n", ""),)),
+    # Tasks 16.1-16.4, trial 14 (d)
+    RightAnswer("16.1", "output-zeros", "'a new tensor of sum(output_splits) rows': zeros as good as new_empty, in x's dtype and device", (  # trial 14 (d)
+        Mistake("16.1", "output-zeros", "template_experts.py",
+                "out = x.new_empty((sum(output_splits), *x.shape[1:]))",
+                "out = torch.zeros(sum(output_splits), *x.shape[1:], dtype=x.dtype, device=x.device)", ""),)),
+    RightAnswer("16.2", "tokens-by-index-select", "'Only the kept (token, choice) pairs travel': x.index_select(0, token) is x[token], differentiable alike", (  # trial 14 (d)
+        Mistake("16.2", "tokens-by-index-select", "template_experts.py",
+                "arrived = all_to_all(x[token], output_splits, input_splits, group)",
+                "arrived = all_to_all(x.index_select(0, token), output_splits, input_splits, group)", ""),)),
+    RightAnswer("16.2", "regrouped-by-a-loop", "'expert_inputs[j] ... rank 0's first, then rank 1's': a loop over the source ranks takes the same pieces", (  # trial 14 (d)
+        Mistake("16.2", "regrouped-by-a-loop", "template_experts.py",
+                "    pieces = arrived.split(received.reshape(-1).tolist())\n    expert_inputs = [torch.cat(pieces[j::len(experts)]) for j in range(len(experts))]",
+                "    pieces = list(arrived.split(received.reshape(-1).tolist()))\n    expert_inputs = []\n    for j in range(len(experts)):\n        rows = [pieces[s * len(experts) + j] for s in range(size)]\n        expert_inputs.append(torch.cat(rows, dim=0))", ""),)),
+    RightAnswer("16.2", "input-splits-by-destination", "'input_splits: N ints, the rows this rank sent to each rank': a bincount of expert // (E / N) counts them", (  # trial 14 (d)
+        Mistake("16.2", "input-splits-by-destination", "template_experts.py",
+                "input_splits = counts.view(size, len(experts)).sum(dim=1).tolist()",
+                "input_splits = torch.bincount(expert // len(experts), minlength=size).tolist()", ""),)),
+    RightAnswer("16.3", "index-add-in-place", "'y[t] = the sum over token t's kept choices ..., zeros for a token with no kept choice': in place on fresh zeros, differentiable alike", (  # trial 14 (d)
+        Mistake("16.3", "index-add-in-place", "template_experts.py",
+                "return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)",
+                "y = torch.zeros(tokens, back.shape[-1], dtype=back.dtype, device=back.device)\n    y.index_add_(0, plan.token, back * gate)\n    return y", ""),)),
+    RightAnswer("16.3", "scatter-add", "'y[t] = the sum over token t's kept choices': scatter_add over the rows adds each at its token as index_add does", (  # trial 14 (d)
+        Mistake("16.3", "scatter-add", "template_experts.py",
+                "return back.new_zeros((tokens, back.shape[-1])).index_add(0, plan.token, gate * back)",
+                "return back.new_zeros((tokens, back.shape[-1])).scatter_add(0, plan.token[:, None].expand_as(back), gate * back)", ""),)),
+    RightAnswer("16.4", "experts-sliced", "'its local experts (local_experts' range) ..., the same models.MLP modules': a slice of the ModuleList is those modules", (  # trial 14 (d)
+        Mistake("16.4", "experts-sliced", "template_experts.py",
+                "experts = [moe.experts[e] for e in local_experts(moe.num_experts, group)]",
+                "mine = local_experts(moe.num_experts, group)\n        experts = list(moe.experts[mine.start:mine.stop])", ""),)),
+    RightAnswer("16.4", "modules-walked-live", "'Every models.MoE inside model replaced, in place': setattr on an existing name during modules() changes no dict's size; the walk then visits the new layer's children, none a MoE", (  # trial 14 (d)
+        Mistake("16.4", "modules-walked-live", "template_experts.py",
+                "    for module in list(model.modules()):\n        for name, child in module.named_children():",
+                "    for module in model.modules():\n        for name, child in list(module.named_children()):", ""),)),
+    RightAnswer("16.2", "sorted-by-torch-sort", "'ordered by expert ..., and within an expert in token order': torch.sort(..., stable=True)'s indices are argsort's", (  # trial 14 (d)
+        Mistake("16.2", "sorted-by-torch-sort", "template_experts.py",
+                "order = torch.argsort(expert, stable=True)",
+                "_, order = torch.sort(expert, stable=True)", ""),)),
 ]
 
 

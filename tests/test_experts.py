@@ -198,16 +198,27 @@ def test_all_to_all_uneven_and_empty_splits_forward_and_backward(impl):
             sent, received = sum(splits[rank]), sum(splits[s][rank] for s in range(3))
             assert got["forward"] == [("all_to_all_single", [("float64", 2 * received), ("float64", 2 * sent)])], (
                 f"{T161}: {where}'s forward should be one all_to_all_single ({received} rows out, {sent} in), it sent "
-                f"{got['forward']}")
+                f"{got['forward']}" + _other_dtype(got["forward"], "x"))
             assert got["backward"] == [("all_to_all_single", [("float64", 2 * sent), ("float64", 2 * received)])], (
                 f"{T161}: {where}'s backward should be one all_to_all_single with the splits swapped ({sent} rows "
-                f"out, {received} in), it sent {got['backward']}")
+                f"out, {received} in), it sent {got['backward']}" + _other_dtype(got["backward"], "the gradient"))
             assert not got["kept_input"], (
                 f"{T161}: {where}: all_to_all keeps its input x alive after the forward (ctx.save_for_backward(x), "
                 "or x on ctx), while the backward needs none of it, only the splits and the group: a MoE layer's "
                 "tokens would stay in memory twice until the backward; keep no tensor on ctx")
         _check_there_and_back(rank, out["there and back"])
         _check_strided(rank, out["strided"])
+
+
+def _other_dtype(calls, what):
+    """A hint when the one all_to_all_single sent the tensors in another dtype than the float64 it was given."""
+    if len(calls) != 1 or calls[0][0] != "all_to_all_single":
+        return ""
+    dtypes = sorted({d for d, _ in calls[0][1]})
+    return ("" if dtypes == ["float64"] else
+            f": the rows went as {dtypes}, {what} is float64: a copy in another dtype (.float(), .to(...)) loses "
+            "precision, or for bfloat16 doubles the bytes on the wire; send the tensor in its own dtype and receive "
+            "into a buffer of that dtype")
 
 
 def _check_strided(rank, got):
@@ -414,7 +425,26 @@ def _layer(rank, world_size, impl, task, configs):
                 last = wire.calls[-1] if wire.calls else None
                 short = [n for _, n in last.tensors if n != num_experts] if last is not None and last.tensors and all(
                     not d.startswith(("float", "bfloat")) for d, _ in last.tensors) else []
-                hint = (f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
+                tokens_call = last if last is not None and any(d.startswith(("float", "bfloat")) for d, _ in last.tensors) else None
+                every_choice = sum(int((models.route(moe.router(xs[s]), top_k, capacity_factor).expert == e).sum())
+                                   for s in range(world_size) for e in mine)
+                unwaited = [c.kind for c in wire.calls if not c.waited]
+                hint = (f"its {unwaited[0]} was started with async_op=True and its Work never waited for: the counts "
+                        "(or rows) are in the buffer only once work.wait() has returned, the split sizes read from it "
+                        "before then are garbage; wait before using them (or call it without async_op)"
+                        if unwaited else
+                        "the counts count every choice, also those past their expert's capacity (routing.kept False), "
+                        f"so this rank expects {tokens_call.tensors[0][1] // DIM} rows, not the {expected_rows} kept ones "
+                        "sent to its experts: count the kept (token, choice) pairs alone, the ones that travel"
+                        if tokens_call is not None and every_choice != expected_rows
+                        and tokens_call.tensors[0][1] == every_choice * DIM else
+                        "the ranks disagree on how many rows go from one to another (gloo compares what a rank sends "
+                        "itself with what it receives from itself): input_splits[s] of a rank must equal output_splits "
+                        "of rank s for it. input_splits: this rank's counts viewed (N destination ranks, E / N experts), "
+                        "summed over dim 1; output_splits: the exchanged counts viewed (N source ranks, E / N local "
+                        "experts), summed over dim 1 (the local experts), one per source rank"
+                        if "LengthPerRank" in said else
+                        f"the count exchange sends E = {num_experts} integers, one per expert, also for the experts "
                         f"this rank sends no pair to; it had {short[0]}: torch.bincount(expert, minlength=E) (without "
                         "minlength it stops at the highest expert chosen)" if short else
                         "the all-to-all's output_splits are the rows this rank RECEIVES from each rank: the sums of "
@@ -428,6 +458,16 @@ def _layer(rank, world_size, impl, task, configs):
                 raise AssertionError(f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, "
                                      f"capacity_factor={capacity_factor}, {case}: dispatch failed: "
                                      f"{one_line(error)}: {hint}") from None
+        unwaited = [c.kind for c in wire.calls if not c.waited]
+        assert not unwaited, (
+            f"{TASK[task]}: rank {rank} of {world_size}, E={num_experts}, k={top_k}, capacity_factor={capacity_factor}, "
+            f"{case}: dispatch's {unwaited[0]} was started with async_op=True and its Work never waited for: its output "
+            "holds the counts (or rows) only once work.wait() has returned; wait before reading it")
+        if task == "16.2" and (num_experts, top_k, capacity_factor, case) == configs[0]:  # float32 tokens, float64 gates
+            with Wire() as wire32:
+                inputs32, _ = ep.dispatch(xs[rank].float(), routing, num_experts)
+            got["float32_inputs"] = sorted({dtype_name(t.dtype) for t in inputs32})
+            got["float32_wire"] = sorted({d for c in wire32.calls for d, _ in c.tensors if d.startswith(("float", "bfloat"))})
         got["expert_inputs"] = [t.detach().clone() for t in inputs]
         got["dispatch_wire"] = [(c.kind, c.tensors) for c in wire.calls]
         got.update(ref=ref, mine=list(mine), routing=routing)
@@ -466,7 +506,11 @@ def _layer(rank, world_size, impl, task, configs):
                 sizes = [int(n) for n in sizes[1].split(",") if n.strip()] if sizes else None
                 rows = [r.tolist() for r in plan.received] if isinstance(getattr(plan, "received", None), torch.Tensor) else []
                 columns = [c.tolist() for c in plan.received.t()] if rows else []
-                hint = ("; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
+                hint = ("; the gates are one per sent pair, (K,), and they were (K, K): plan.weight[plan.token][:, "
+                        "plan.choice] takes every pair's choice column for every pair's token; index both at once, "
+                        "plan.weight[plan.token, plan.choice] (then a trailing dimension, .unsqueeze(-1))"
+                        if task == "16.3" and re.search(rf"source.shape = \[{kept}, {kept}, {DIM}\]", said) else
+                        "; the gates are a vector of one per row, the outputs (rows, dim): give the gate a trailing "
                         "dimension (gate.unsqueeze(-1), or gate[:, None]) so that it scales each row"
                         if task == "16.3" and re.search(rf"size of tensor a \(({kept}|{DIM})\) must match the size of "
                                                         rf"tensor b \(({kept}|{DIM})\)", said) and kept != DIM else
@@ -495,6 +539,14 @@ def _layer(rank, world_size, impl, task, configs):
                                      f"capacity_factor={capacity_factor}, {case}: the layer failed: "
                                      f"{type(error).__name__}: {error}{hint}") from None
             backward = [(c.kind, c.tensors) for c in wire.calls[len(forward):]]
+        # what the layer keeps on itself after a step (activations in the graph stay alive until the next forward),
+        # and its aux_loss after a second forward (the last forward's, not a running sum)
+        got["kept_on_layer"] = sorted(name for name, v in vars(layer).items() if name != "aux_loss" and any(
+            torch.is_tensor(t) and t.grad_fn is not None for t in (v if isinstance(v, (list, tuple)) else [v])))
+        if task == "16.4":  # the layer is 16.4's
+            with torch.no_grad():
+                layer(xs[rank].view(1, TOKENS, DIM))
+            got["aux_again"] = layer.aux_loss.detach() if isinstance(layer.aux_loss, torch.Tensor) else layer.aux_loss
         got.update(y=y.detach().view(TOKENS, DIM), aux=aux.detach() if isinstance(aux, torch.Tensor) else aux,
                    aux_in_graph=isinstance(aux, torch.Tensor) and aux.requires_grad,
                    grad_x=x.grad, grad_router=layer.router.weight.grad, forward=forward, backward=backward,
@@ -547,6 +599,11 @@ def _combine_hint(got, rank):
                 "plan.weight[token, choice] as it is")
     several = routing.kept.sum(dim=1) > 1
     single = [(scale[t] - gates[t]).abs().min() < 1e-9 for t in range(x.shape[0]) if several[t]]
+    first = [(scale[t] - gates[t, 0]).abs() < 1e-9 for t in range(x.shape[0]) if several[t]]
+    if len(first) > 2 and all(first):  # index_copy keeps the choice written last: by expert, not always the first
+        return (": combine alone, every expert the identity, gave each token with several kept choices its FIRST "
+                "choice's output alone: y[t] sums weight[t, c] * output over EVERY kept choice c of token t (plan.choice "
+                "tells which), second choices too")
     if single and all(single):
         return (": combine alone, every expert the identity, gave each token ONE of its kept choices' outputs: a "
                 "token's top-k outputs must be ADDED (index_add), not written over each other (index_copy, y[token] = ...)")
@@ -599,8 +656,32 @@ def _check_expert_inputs(rank, world_size, got):
                 hint = (f": it holds rows routed to expert(s) {owners}, not to expert {mine[j]}: each rank sends its "
                         "pairs sorted by expert, ASCENDING (rank s's experts consecutive, in the order of the counts "
                         "that the receivers split them by), within an expert in token order")
+        if not hint and got_j.shape == want.shape:
+            wire = got["dispatch_wire"][-1][1] if got["dispatch_wire"] else []
+            sent = sorted({d for d, _ in wire if d.startswith(("float", "bfloat"))})
+            norms = (want * want).sum(dim=1)
+            scale = torch.where(norms > 0, (got_j * want).sum(dim=1) / norms.clamp_min(1e-300), torch.ones_like(norms))
+            if sent and sent != [dtype_name(want.dtype)]:  # the symptom: the tokens' all-to-all in another dtype
+                hint = (f": the right rows, but they travelled as {sent} and the tokens are {dtype_name(want.dtype)}: "
+                        "a copy in another dtype loses precision (float64) or doubles the bytes (bfloat16); send "
+                        "x[token] as it is, in x's dtype")
+            elif torch.allclose(got_j, scale[:, None] * want) and not torch.allclose(scale, torch.ones_like(scale)):
+                hint = (f": rows are their tokens times factors ({', '.join(f'{v:.4g}' for v in sorted(scale.tolist(), key=lambda v: -abs(v - 1))[:4])}, ...): the "
+                        "tokens were scaled (by their gates?) before they were sent. dispatch sends the tokens as they "
+                        "are; combine multiplies the experts' OUTPUTS by the gates (an expert is not linear)")
+            else:
+                hint = (f": the right number of rows with other values (largest difference "
+                        f"{(got_j - want).abs().max().item():.3g}): expert_inputs[j] holds the tokens x[t] themselves")
         raise AssertionError(f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has {got_j.shape[0]} "
-                             f"rows, expected {want.shape[0]}{hint}")
+                             f"rows, expected {want.shape[0]}{hint}" if got_j.shape != want.shape else
+                             f"{T}: {where}: expert_inputs[{j}] (global expert {mine[j]}) has the expected "
+                             f"{want.shape[0]} rows, with other values{hint}")
+    if "float32_inputs" in got:
+        assert got["float32_inputs"] in ([], ["float32"]) and got["float32_wire"] in ([], ["float32"]), (
+            f"{T}: {where}: dispatch of float32 tokens with float64 gates (a float64 router's) gave expert inputs of "
+            f"{got['float32_inputs']}, and sent {got['float32_wire']} on the wire: the tokens travel in their own "
+            "dtype (x[token] as it is), not in the gates' dtype (routing.weight's is float32 at least, whatever the "
+            "model's: a bfloat16 model's tokens would travel at twice the bytes)")
     kinds = [kind for kind, _ in got["dispatch_wire"]]
     assert len(kinds) == 2 and kinds[1] == "all_to_all_single" and kinds[0] in ("all_to_all_single", "all_to_all"), (
         f"{T}: {where}: dispatch should send one count exchange (an all-to-all of E integers) and one all-to-all "
@@ -663,7 +744,10 @@ def _check_plan(rank, world_size, got, plan):
             f"{T}: {where}: plan.received is {have}, expected {came} (received[s, j]: the rows rank s sent for this "
             "rank's local expert j, the exchanged counts viewed (N, E / N))" + (
                 ": it holds the counts this rank SENT (its own, viewed by destination rank), not those it received "
-                "from the others; combine splits what it sends back by them" if have == own != came else ""))
+                "from the others; combine splits what it sends back by them" if have == own != came else
+                f": the right numbers as a {type(received).__name__}, not a tensor: the Plan holds received as the "
+                "(N, E / N) long tensor (combine takes its .shape and its columns)"
+                if not isinstance(received, torch.Tensor) and have == came else ""))
     weight = getattr(plan, "weight", None)
     kept = routing.kept
     assert isinstance(weight, torch.Tensor) and weight.shape == routing.weight.shape and torch.equal(
@@ -753,8 +837,12 @@ def _check_layer(task, rank, world_size, got):
         pytest.fail(f"{T}: {where}: the layer's output differs from models.MoE's by "
                     f"{(y - y_ref).abs().max().item() if tokens_y else 'its shape ' + str(tuple(y.shape))}{hint}")
     assert isinstance(got["aux"], torch.Tensor) and _close(got["aux"], ref["aux"][rank]), (
-        f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: set self.aux_loss "
-        "in forward as models.MoE does (vit.aux_loss() finds it by that name)")
+        f"{T}: {where}: the layer's aux_loss is {got['aux']}, models.MoE's {ref['aux'][rank].item()}: " + (
+            "set self.aux_loss in forward as models.MoE does (vit.aux_loss() finds it by that name)"
+            if not isinstance(got["aux"], torch.Tensor) else
+            "computed otherwise than models.MoE's: models.load_balancing_loss(probs, routing.expert, E) on this rank's "
+            "T tokens, probs the softmax of the router's logits (T, E), routing.expert ALL k choices of each token "
+            "(before any is dropped), as models.MoE.forward does"))
     assert got["aux_in_graph"], (
         f"{T}: {where}: the layer's aux_loss has the right value but is out of the graph (requires_grad False): the "
         "load-balancing loss trains the router through it; keep it in the graph, as models.MoE does (no detach, no .item())")
@@ -774,8 +862,12 @@ def _check_layer(task, rank, world_size, got):
         pytest.fail(f"{T}: {where}: combine of float32 expert outputs with float64 gates "
                     + (f"failed ({got['identity_float32']})" if isinstance(got["identity_float32"], str) else
                        f"returned {got['identity_float32']}")
-                    + ": cast the gate to the outputs' dtype (plan.weight is float32 at least, models.route's "
-                    "softmax, whatever the experts' dtype: a bfloat16 model's MoE layer must still return bfloat16)")
+                    + (": the buffer y is summed into was made in the gates' dtype (float64, plan.weight.new_zeros or "
+                       "dtype=plan.weight.dtype) while the gated outputs are float32: make y in the OUTPUTS' dtype "
+                       "(back.new_zeros(...)), as the docstring's 'the weight cast to the outputs' dtype' asks"
+                       if "self (Double) and source (Float)" in str(got["identity_float32"]) else
+                       ": cast the gate to the outputs' dtype (plan.weight is float32 at least, models.route's "
+                       "softmax, whatever the experts' dtype: a bfloat16 model's MoE layer must still return bfloat16)"))
     for j, e in enumerate(mine):
         for name, want in ref["grad_experts"][e].items():
             have = got["grad_experts"][j][name]
@@ -789,6 +881,15 @@ def _check_layer(task, rank, world_size, got):
                 f"losses of models.MoE's (max difference "
                 f"{'None' if have is None else (have - want).abs().max().item():}): every rank's tokens for it "
                 "must reach it and their gradients come back")
+    again = got.get("aux_again")
+    assert not isinstance(again, torch.Tensor) or _close(again, ref["aux"][rank]), (
+        f"{T}: {where}: after a second forward on the same tokens the layer's aux_loss is {again.item()}, models.MoE's "
+        f"{ref['aux'][rank].item()} (the first forward's was right): self.aux_loss is the LAST forward's loss, set "
+        "anew (self.aux_loss = ...), not added to the previous one: a sum over steps keeps every step's graph alive")
+    assert not got.get("kept_on_layer"), (
+        f"{T}: {where}: after forward and backward the layer keeps {got['kept_on_layer']} on itself, tensors of the "
+        "graph (the tokens dispatched, the plan, ...): they and their graph stay alive until the next forward, "
+        "memory a step no longer needs; keep them in local variables (only aux_loss is kept, as models.MoE does)")
 
 
 def _refused(ep, task):
