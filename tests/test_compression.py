@@ -383,9 +383,10 @@ def _gram_schmidt_columns(matrix):
 SHAPES = [[(24, 8)], [(24,)], [(16, 24), (16,), (12, 6), (4, 16), (4,)]]
 
 
-def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtype=torch.float32):
+def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtype=torch.float32, zeros=()):
     """Your powersgd_hook and PyTorch's on the same buckets of the same local gradients, one bucket
-    after the other (each waited for: PyTorch's hook starts collectives in callbacks)."""
+    after the other (each waited for: PyTorch's hook starts collectives in callbacks). The buckets
+    numbered in `zeros` hold zero gradients (a frozen or unused parameter's), the same on every rank."""
     torch.manual_seed(1000 + rank)
     _on_cpus_only()
     comp, td = judging(impl, "12.3"), load("solutions", "template_ddp")
@@ -406,7 +407,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
     out = []
     for step in range(steps):
         for index, bucket_shapes in enumerate(shapes):
-            tensors = [(torch.randn(s, generator=g) * (1 + index)).to(dtype) for s in bucket_shapes]
+            tensors = [(torch.randn(s, generator=g) * (0 if index in zeros else 1 + index)).to(dtype)
+                       for s in bucket_shapes]
             last = index == len(shapes) - 1
             reference = torch_powersgd.powerSGD_hook(theirs, _grad_bucket(td, tensors, index, last)).wait()
             plain = default_hooks.allreduce_hook(None, _grad_bucket(td, tensors, index, last)).wait()
@@ -436,6 +438,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
             out.append(dict(step=step, index=index, local=torch.cat([t.reshape(-1) for t in tensors]),
                             ours=got, theirs=reference.clone(), plain=plain.clone(), early=early,
                             records=[numel for numel, _, _ in sent_by(wire) if numel],  # empty ones: no matter
+                            dtypes=[sent for numel, sent, _ in sent_by(wire) if numel],
+                            kept=[name for name in ("p_memory_dict", "q_memory_dict") if index in getattr(ours, name)],
                             started=[started and not waited  # async_op=True, not waited for in the hook
                                      for (numel, _, started), waited in zip(sent_by(wire), waited_in_hook(wire))
                                      if numel],
@@ -449,9 +453,9 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
     return out, ours.compression_stats(), theirs.compression_stats()
 
 
-def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=torch.float32):
+def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=torch.float32, zeros=()):
     try:
-        return run_ranks(_powersgd_direct, world_size, impl, steps, options, shapes, dtype, timeout=60)
+        return run_ranks(_powersgd_direct, world_size, impl, steps, options, shapes, dtype, zeros, timeout=60)
     except RankFailed as failure:
         if "must match the size" in str(failure):
             raise AssertionError(f"{T123}: a tensor of the wrong size, in buckets of different sizes "
@@ -758,14 +762,16 @@ def test_powersgd_error_feedback_keeps_what_was_left_out(impl):
 
 @pytest.mark.task12_3
 def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
-    # rank >= min(n, m), and min_compression_rate=0 so that every tensor is compressed: P Q^T is then
-    # the projection of M on its own column space, the exact mean; start_powerSGD_iter=3: steps 0-2 plain.
-    # The 8 x 12 weight is not exact at rank 5: without error feedback and warm start it must match PyTorch's
-    # hook (its QR flips signs, P Q^T does not change). In float64, as a float64 model's gradients are.
-    shapes = [[(6, 3)], [(3, 5), (7,)], [(8, 12)]]
-    options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0,
-                   use_error_feedback=False, warm_start=False)
-    results = _powersgd_results(impl, 3, 5, options, shapes, torch.float64)
+    # rank >= min(n, m), and min_compression_rate=0.5 so that every tensor is compressed but the (1,) one
+    # (1 > 1 * 2 * 0.5 is false): P Q^T is then the projection of M on its own column space, the exact mean;
+    # start_powerSGD_iter=3: steps 0-2 plain. The 8 x 12 weight is not exact at rank 5: without error feedback
+    # and warm start it must match PyTorch's hook (its QR flips signs, P Q^T does not change). In float64, as a
+    # float64 model's gradients are, and every all-reduce sends float64. Bucket 3 holds a frozen parameter's
+    # zero gradient: its P is zero, finite only with orthogonalization_epsilon (NaN without, PyTorch's too).
+    shapes = [[(6, 3)], [(3, 5), (7,), (1,)], [(8, 12)], [(4, 6)]]
+    options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0.5,
+                   use_error_feedback=False, warm_start=False, orthogonalization_epsilon=1e-8)
+    results = _powersgd_results(impl, 3, 5, options, shapes, torch.float64, zeros=(3,))
     for rank, (out, _, _) in enumerate(results):
         for got in out:
             where = f"rank {rank}, step {got['step']}, bucket {got['index']} (shapes {shapes[got['index']]}, float64)"
@@ -776,10 +782,27 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
                 continue
             assert got["ours"].dtype == torch.float64, (
                 f"{T123}: {where}: the Future held {got['ours'].dtype}: return bucket.buffer(), in its own dtype")
-            hint = _records_hint(got, shapes[got["index"]], 5, 0, 3)
+            hint = _records_hint(got, shapes[got["index"]], 5, 0.5, 3)
             if hint:
                 pytest.fail(f"{T123}: {where}: matrix_approximation_rank=5: the all-reduces carried {got['records']} "
                             f"numbers: {hint}")
+            names = (["the flat tensor of those sent whole"] if _expected_sizes(shapes[got["index"]], 5, 0.5)[0] else []) + [
+                "the P buffer", "the Q buffer"]
+            other = [f"{name} in {str(sent).replace('torch.', '')}" for name, sent in zip(names, got["dtypes"])
+                     if sent != torch.float64]
+            assert not other, (  # trial 14 (e): a float32 copy of the whole tensors or of P passed, or was told of Qs
+                f"{T123}: {where}: the all-reduces sent {', '.join(other)}: send everything in the bucket's dtype "
+                "(float64 here), no copy in another dtype: it costs precision, and a float32 copy of float64 "
+                "numbers sends as many bytes as it saves")
+            if got["index"] == 3 and not torch.isfinite(got["ours"]).all():
+                pytest.fail(f"{T123}: {where}: a frozen parameter's zero gradient came back as NaN with "
+                            "orthogonalization_epsilon=1e-8: its P is all zeros, and only norm + epsilon keeps "
+                            "P / norm finite: pass state.orthogonalization_epsilon to every orthogonalize call "
+                            "(each P and each Q)")
+            assert not got["kept"], (
+                f"{T123}: {where}: warm_start=False, but state.{' and state.'.join(got['kept'])} still hold this "
+                "bucket's buffers after the step: without warm start they stay alive for nothing (new Qs are drawn "
+                "next step): in decompress, del state.p_memory_dict[i] and state.q_memory_dict[i]")
             assert got["residual"].numel() == 0, (
                 f"{T123}: {where}: use_error_feedback=False, but the hook kept a residual in state.error_dict: "
                 "without error feedback nothing is added to the buffer, nor kept")
