@@ -502,6 +502,11 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
         return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the Ps were all-reduced before the "
                 "tensors sent whole. The order is the docstring's (PyTorch's): the tensors sent whole, then the P "
                 "buffer, then Q's")
+    if p and whole and sent == [p, q, whole]:  # trial 14 (e): was a bare expected
+        return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the tensors sent whole were "
+                "all-reduced after Q's. Start them in the hook itself, first, before the P buffer (one started in "
+                "decompress, a .then callback, runs on the communication thread, where the ranks order it "
+                "differently against the next bucket's all-reduces: a hang)")
     rest = sent[1:-1] if whole and sent[:1] == [whole] else sent[:-1]
     if p and sent[-1:] == [q] and len(rest) > 1 and sum(rest) == p:  # trial 9: was told it compressed the wrong ones
         return (f"the Ps went in {len(rest)} all-reduces ({rest} numbers): all-reduce the bucket's whole P buffer, "
@@ -820,6 +825,16 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
                     "feedback, add no residual; without warm start, draw new first Qs (state.rng's next seed) at "
                     "every step, not last step's Qs")
                 continue
+            if not torch.allclose(got["ours"], got["plain"], rtol=1e-6, atol=1e-8):  # trial 14 (e): was generic
+                for (part, compressed), shape in zip(_parts(shapes[got["index"]], 5, 0.5), shapes[got["index"]]):
+                    ours, plain = got["ours"][part], got["plain"][part]
+                    scale = (ours @ plain / (plain @ plain)).item() if plain.abs().sum() > 0 else 1.0
+                    if (compressed and min(shape[0], torch.Size(shape[1:]).numel()) == 1 and abs(scale - 1) > 1e-3
+                            and torch.allclose(ours, scale * plain, rtol=1e-6, atol=1e-8)):
+                        pytest.fail(f"{T123}: {where}: the {shape} gradient, compressed at r = 1 (one column), came back "
+                                    f"{scale:.4g} times the mean: its P (or Q) of one column was not normalised. "
+                                    "orthogonalize every P and every Q, also at r = 1: it divides even a single "
+                                    "column by its norm")
             assert torch.allclose(got["ours"], got["plain"], rtol=1e-6, atol=1e-8), (
                 f"{T123}: {where}: with rank >= min(n, m) PowerSGD is exact, but the result differs from the "
                 f"mean by {(got['ours'] - got['plain']).abs().max().item():.3g}: P = M Q (Q orthonormal), "
