@@ -927,7 +927,7 @@ def test_powersgd_with_several_buckets_in_flight_equals_pytorchs(impl, warm_star
         where = f"rank {rank}, Task 5's DDP with 8 buckets in flight, warm_start={warm_start}"
         for step, grads, (kept, their_kept) in out:
             assert kept or not their_kept, (  # trial 14 (e): error feedback tied to warm_start was told of sharing
-                f"{T123}: {where}, step {step}: state.error_dict holds no residual, PyTorch's one for each bucket "
+                f"{T123}: {where}, step {step}: state.error_dict holds no residual, PyTorch's holds one for each of the buckets "
                 f"for {their_kept}: use_error_feedback (on by default) and warm_start are independent: keep each "
                 "bucket's residual whenever use_error_feedback is set, with or without warm start")
             for i, (ours, theirs) in enumerate(grads):
