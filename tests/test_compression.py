@@ -465,7 +465,7 @@ def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=tor
         raise
 
 
-def _expected_sizes(shapes, rank_r, min_rate, last_dim=False):
+def _expected_sizes(shapes, rank_r, min_rate, last_dim=False, capped=True):
     """(numbers sent whole, P numbers, Q numbers) of one bucket, PyTorch's rule (each gradient viewed as
     (shape[0], -1)); with last_dim, a mistake's: viewed as (-1, shape[-1])."""
     whole = p = q = 0
@@ -473,7 +473,7 @@ def _expected_sizes(shapes, rank_r, min_rate, last_dim=False):
         n, m = shape[0], (shape[1] if len(shape) > 1 else 1)
         if last_dim:
             n, m = torch.Size(shape[:-1]).numel(), shape[-1]
-        r = min(n, m, rank_r)
+        r = min(n, m, rank_r) if capped else rank_r
         if n * m > r * (n + m) * min_rate:
             p, q = p + n * r, q + m * r
         else:
@@ -495,6 +495,13 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
                     "async_op=True and return work.get_future().then(decompress), so that backward goes on while it "
                     "travels")
         return None
+    whole_u, p_u, q_u = _expected_sizes(shapes, rank_r, min_rate, capped=False)
+    # trial 14 (e): was told of a late start. All sent whole here is a blocking all-reduce; a late start's plain
+    # path is async_op=True
+    if sent == ([whole_u] if whole_u else []) + ([p_u, q_u] if p_u else []) and (p_u or not any(got["started"])):
+        return (f"expected [sent whole, P, Q] = {expected} numbers: these are the sizes with r = "
+                f"matrix_approximation_rank = {rank_r} for every matrix: r = min(n, m, matrix_approximation_rank) "
+                "(a matrix n x m has rank at most min(n, m)), P is n x r, Q is m x r")
     if p and sent == [got["local"].numel()]:
         return (f"the whole bucket was sent uncompressed, at step {got['step']}: compression starts at step "
                 f"start_powerSGD_iter = {start} (steps 0 to {start - 1} are plain). Count the steps with "
@@ -800,7 +807,7 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
     # zero gradient: its P is zero, finite only with orthogonalization_epsilon (NaN without, PyTorch's too).
     shapes = [[(6, 3)], [(3, 5), (7,), (1,)], [(8, 12)], [(4, 6)]]
     options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0.5,
-                   use_error_feedback=False, warm_start=False, orthogonalization_epsilon=1e-8)
+                   use_error_feedback=False, warm_start=False, orthogonalization_epsilon=1e-12)
     results = _powersgd_results(impl, 3, 5, options, shapes, torch.float64, zeros=(3,))
     for rank, (out, _, _) in enumerate(results):
         for got in out:
@@ -826,7 +833,7 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
                 "numbers sends as many bytes as it saves")
             if got["index"] == 3 and not torch.isfinite(got["ours"]).all():
                 pytest.fail(f"{T123}: {where}: a frozen parameter's zero gradient came back as NaN with "
-                            "orthogonalization_epsilon=1e-8: its P is all zeros, and only norm + epsilon keeps "
+                            "orthogonalization_epsilon=1e-12: its P is all zeros, and only norm + epsilon keeps "
                             "P / norm finite: pass state.orthogonalization_epsilon to every orthogonalize call "
                             "(each P and each Q)")
             assert not got["kept"], (
