@@ -563,6 +563,16 @@ def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
             return (f"the {'compressed matrices are' if compressed else 'tensors sent whole are'} {world_size} times "
                     "PyTorch's: the SUM over the ranks, not the mean: divide " +
                     ("Q's sum by N before M' = P Q^T" if compressed else "their sum by N"))
+    compressed = [part for part, c in _parts(shapes, rank_r, min_rate) if c]
+    theirs = torch.cat([got["theirs"][part] for part in compressed]) if compressed else torch.zeros(0)
+    if theirs.abs().sum() > 0:  # trial 14 (e): Q divided by a fixed number was told generically
+        ours = torch.cat([got["ours"][part] for part in compressed])
+        scale = (ours @ theirs / (theirs @ theirs)).item()
+        k = round(world_size / scale) if scale > 0 else 0
+        if k >= 1 and k != world_size and abs(world_size / k - scale) < 1e-3 and torch.allclose(
+                ours, scale * theirs, rtol=1e-4, atol=1e-5):
+            return (f"the compressed matrices are {world_size}/{k} times PyTorch's: Q's sum was divided by {k}, not by "
+                    f"N, the group's size ({world_size} here): divide by group.size()")
     if got["step"] == start:
         return ("at the first compressed step: the first Qs (state.rng's seed, torch.randn in the bucket's order), "
                 "orthogonalised; P = M Q summed, orthogonalised; Q = M^T P averaged; M' = P Q^T")
@@ -685,6 +695,10 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             assert not got["early"], (
                 f"{T123}: {where}: the hook's Future was complete before its all-reduce had run: it returned "
                 "before the all-reduce finished. Return the Q all-reduce's get_future().then(decompress)")
+            assert got["ours"].shape == got["local"].shape, (  # trial 14 (e): was a raw RuntimeError in this test
+                f"{T123}: {where}: the Future's value holds {got['ours'].numel()} numbers, the bucket "
+                f"{got['local'].numel()}: decompress must return bucket.buffer(), the whole bucket with M' written "
+                "into it (not the Q buffer, future.value()[0], or another tensor)")
             if got["step"] < start:
                 if not torch.equal(got["ours"], got["plain"]):
                     summed = torch.allclose(got["ours"], 3 * got["plain"], rtol=1e-5, atol=1e-6)
