@@ -4230,6 +4230,14 @@ MISTAKES = [
             '    dist.all_reduce(state.p_memory_dict[index], group=group)  # the sum: orthogonalizing removes the N\n    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n',
             '    for p in ps:\n        orthogonalize(p, state.orthogonalization_epsilon)\n    dist.all_reduce(state.p_memory_dict[index], group=group)\n',
             'P was orthogonalised before its all-reduce'),
+    Mistake("12.3", "q-divided-by-2", "template_compression.py",  # trial 14 (e): was told the whole algorithm (a 3-rank test)
+            '        state.q_memory_dict[index].div_(world_size)\n',
+            '        state.q_memory_dict[index].div_(2)\n',
+            "Q's sum was divided by 2, not by"),
+    Mistake("12.3", "returns-the-q-buffer", "template_compression.py",  # trial 14 (e): a raw RuntimeError raised in the test's own helper
+            '        state.maybe_increase_iter(bucket)\n        return buffer\n',
+            '        state.maybe_increase_iter(bucket)\n        return future.value()[0]\n',
+            'decompress must return bucket.buffer()'),
     Mistake("13.1", "first-tensor-assumed", "template_local_sgd.py",  # a raw IndexError on an empty list
             "        for dtype in dict.fromkeys(tensor.dtype for tensor in tensors):",
             "        for dtype in dict.fromkeys([tensors[0].dtype] + [tensor.dtype for tensor in tensors]):",
