@@ -4766,6 +4766,14 @@ RIGHT_ANSWERS = [
         Mistake("12.3", "whole-divided-before-the-sum", "template_compression.py",
                 "        flat = torch.cat([tensor.reshape(-1) for tensor in whole])\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.div_(world_size).split([t.numel() for t in whole])):",
                 "        flat = torch.cat([tensor.reshape(-1) for tensor in whole]).div_(world_size)\n        dist.all_reduce(flat, group=group)\n        for tensor, mean in zip(whole, flat.split([t.numel() for t in whole])):", ""),)),
+    RightAnswer("12.3", "buffer-divided-at-the-end",  # trial 14 (e)
+                "'M\' = P Q^T approximates the average': the sums (Q's and the tensors sent whole) written in, then the whole buffer divided by N, is that average up to rounding", (
+        Mistake("12.3", "buffer-divided-at-the-end", "template_compression.py",
+                '        state.q_memory_dict[index].div_(world_size)\n        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)\n',
+                '        for (matrix, _), p, q in zip(matrices, ps, qs):\n            torch.matmul(p, q.T, out=matrix)\n        buffer.div_(world_size)\n', ""),
+        Mistake("12.3", "buffer-divided-at-the-end", "template_compression.py",
+                '        for tensor, mean in zip(whole, flat.div_(world_size).split(',
+                '        for tensor, mean in zip(whole, flat.split(', ""),)),
     RightAnswer("12.3", "no-zero-residual-the-first-time",  # trial 14 (e)
                 "'add state.error_dict[i] to bucket.buffer() in place (a zero residual the first time)': adding nothing the first time is adding zero", (
         Mistake("12.3", "no-zero-residual-the-first-time", "template_compression.py",
