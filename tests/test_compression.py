@@ -383,9 +383,10 @@ def _gram_schmidt_columns(matrix):
 SHAPES = [[(24, 8)], [(24,)], [(16, 24), (16,), (12, 6), (4, 16), (4,)]]
 
 
-def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtype=torch.float32):
+def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtype=torch.float32, zeros=()):
     """Your powersgd_hook and PyTorch's on the same buckets of the same local gradients, one bucket
-    after the other (each waited for: PyTorch's hook starts collectives in callbacks)."""
+    after the other (each waited for: PyTorch's hook starts collectives in callbacks). The buckets
+    numbered in `zeros` hold zero gradients (a frozen or unused parameter's), the same on every rank."""
     torch.manual_seed(1000 + rank)
     _on_cpus_only()
     comp, td = judging(impl, "12.3"), load("solutions", "template_ddp")
@@ -406,7 +407,8 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
     out = []
     for step in range(steps):
         for index, bucket_shapes in enumerate(shapes):
-            tensors = [(torch.randn(s, generator=g) * (1 + index)).to(dtype) for s in bucket_shapes]
+            tensors = [(torch.randn(s, generator=g) * (0 if index in zeros else 1 + index)).to(dtype)
+                       for s in bucket_shapes]
             last = index == len(shapes) - 1
             reference = torch_powersgd.powerSGD_hook(theirs, _grad_bucket(td, tensors, index, last)).wait()
             plain = default_hooks.allreduce_hook(None, _grad_bucket(td, tensors, index, last)).wait()
@@ -436,12 +438,15 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
             out.append(dict(step=step, index=index, local=torch.cat([t.reshape(-1) for t in tensors]),
                             ours=got, theirs=reference.clone(), plain=plain.clone(), early=early,
                             records=[numel for numel, _, _ in sent_by(wire) if numel],  # empty ones: no matter
+                            dtypes=[sent for numel, sent, _ in sent_by(wire) if numel],
+                            kept=[name for name in ("p_memory_dict", "q_memory_dict") if index in getattr(ours, name)],
                             started=[started and not waited  # async_op=True, not waited for in the hook
                                      for (numel, _, started), waited in zip(sent_by(wire), waited_in_hook(wire))
                                      if numel],
                             random_state_kept=torch.equal(random_state, torch.get_rng_state()), seeds=seeds,
                             seeds_after=ours.rng.get_state(),
                             q_inputs=[m for in_q, m in ortho_calls if in_q],
+                            p_inputs=[m for in_q, m in ortho_calls if not in_q],
                             keys=[key if isinstance(key, int) else repr(key)  # what the state is keyed by
                                   for key in list(ours.error_dict) + list(ours.q_memory_dict)],
                             residual=ours.error_dict.get(index, torch.zeros(0)).clone(),
@@ -449,9 +454,9 @@ def _powersgd_direct(rank, world_size, impl, steps, options, shapes=SHAPES, dtyp
     return out, ours.compression_stats(), theirs.compression_stats()
 
 
-def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=torch.float32):
+def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=torch.float32, zeros=()):
     try:
-        return run_ranks(_powersgd_direct, world_size, impl, steps, options, shapes, dtype, timeout=60)
+        return run_ranks(_powersgd_direct, world_size, impl, steps, options, shapes, dtype, zeros, timeout=60)
     except RankFailed as failure:
         if "must match the size" in str(failure):
             raise AssertionError(f"{T123}: a tensor of the wrong size, in buckets of different sizes "
@@ -460,7 +465,7 @@ def _powersgd_results(impl, world_size, steps, options, shapes=SHAPES, dtype=tor
         raise
 
 
-def _expected_sizes(shapes, rank_r, min_rate, last_dim=False):
+def _expected_sizes(shapes, rank_r, min_rate, last_dim=False, capped=True):
     """(numbers sent whole, P numbers, Q numbers) of one bucket, PyTorch's rule (each gradient viewed as
     (shape[0], -1)); with last_dim, a mistake's: viewed as (-1, shape[-1])."""
     whole = p = q = 0
@@ -468,7 +473,7 @@ def _expected_sizes(shapes, rank_r, min_rate, last_dim=False):
         n, m = shape[0], (shape[1] if len(shape) > 1 else 1)
         if last_dim:
             n, m = torch.Size(shape[:-1]).numel(), shape[-1]
-        r = min(n, m, rank_r)
+        r = min(n, m, rank_r) if capped else rank_r
         if n * m > r * (n + m) * min_rate:
             p, q = p + n * r, q + m * r
         else:
@@ -490,6 +495,13 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
                     "async_op=True and return work.get_future().then(decompress), so that backward goes on while it "
                     "travels")
         return None
+    whole_u, p_u, q_u = _expected_sizes(shapes, rank_r, min_rate, capped=False)
+    # trial 14 (e): was told of a late start. All sent whole here is a blocking all-reduce; a late start's plain
+    # path is async_op=True
+    if sent == ([whole_u] if whole_u else []) + ([p_u, q_u] if p_u else []) and (p_u or not any(got["started"])):
+        return (f"expected [sent whole, P, Q] = {expected} numbers: these are the sizes with r = "
+                f"matrix_approximation_rank = {rank_r} for every matrix: r = min(n, m, matrix_approximation_rank) "
+                "(a matrix n x m has rank at most min(n, m)), P is n x r, Q is m x r")
     if p and sent == [got["local"].numel()]:
         return (f"the whole bucket was sent uncompressed, at step {got['step']}: compression starts at step "
                 f"start_powerSGD_iter = {start} (steps 0 to {start - 1} are plain). Count the steps with "
@@ -498,6 +510,11 @@ def _records_hint(got, shapes, rank_r, min_rate, start):
         return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the Ps were all-reduced before the "
                 "tensors sent whole. The order is the docstring's (PyTorch's): the tensors sent whole, then the P "
                 "buffer, then Q's")
+    if p and whole and sent == [p, q, whole]:  # trial 14 (e): was a bare expected
+        return (f"expected [sent whole, P, Q] = {expected} numbers, in that order: the tensors sent whole were "
+                "all-reduced after Q's. Start them in the hook itself, first, before the P buffer (one started in "
+                "decompress, a .then callback, runs on the communication thread, where the ranks order it "
+                "differently against the next bucket's all-reduces: a hang)")
     rest = sent[1:-1] if whole and sent[:1] == [whole] else sent[:-1]
     if p and sent[-1:] == [q] and len(rest) > 1 and sum(rest) == p:  # trial 9: was told it compressed the wrong ones
         return (f"the Ps went in {len(rest)} all-reduces ({rest} numbers): all-reduce the bucket's whole P buffer, "
@@ -546,6 +563,16 @@ def _value_hint(got, shapes, rank_r, min_rate, start, world_size):
             return (f"the {'compressed matrices are' if compressed else 'tensors sent whole are'} {world_size} times "
                     "PyTorch's: the SUM over the ranks, not the mean: divide " +
                     ("Q's sum by N before M' = P Q^T" if compressed else "their sum by N"))
+    compressed = [part for part, c in _parts(shapes, rank_r, min_rate) if c]
+    theirs = torch.cat([got["theirs"][part] for part in compressed]) if compressed else torch.zeros(0)
+    if theirs.abs().sum() > 0:  # trial 14 (e): Q divided by a fixed number was told generically
+        ours = torch.cat([got["ours"][part] for part in compressed])
+        scale = (ours @ theirs / (theirs @ theirs)).item()
+        k = round(world_size / scale) if scale > 0 else 0
+        if k >= 1 and k != world_size and abs(world_size / k - scale) < 1e-3 and torch.allclose(
+                ours, scale * theirs, rtol=1e-4, atol=1e-5):
+            return (f"the compressed matrices are {world_size}/{k} times PyTorch's: Q's sum was divided by {k}, not by "
+                    f"N, the group's size ({world_size} here): divide by group.size()")
     if got["step"] == start:
         return ("at the first compressed step: the first Qs (state.rng's seed, torch.randn in the bucket's order), "
                 "orthogonalised; P = M Q summed, orthogonalised; Q = M^T P averaged; M' = P Q^T")
@@ -619,7 +646,21 @@ def _first_q_drawn_in(got, shapes, rank_r, min_rate):
     return None
 
 
-def _residual_hint(got, buckets):
+def _whole_residual_lost(got, peers):
+    """Whether the residual is zero on this bucket's tensors sent whole (PyTorch's is not), while some bucket of
+    the same step keeps PyTorch's residual on its compressed matrices (error feedback itself works)."""
+    def parts(o, compressed):
+        return [part for part, c in _parts(SHAPES[o["index"]], 2, 2) if c == compressed]
+
+    def right(o):
+        return o["residual"].shape == o["their_residual"].shape and parts(o, True) and all(
+            torch.allclose(o["residual"][p], o["their_residual"][p], rtol=1e-4, atol=1e-5) for p in parts(o, True))
+    whole = parts(got, False)
+    return (bool(whole) and got["residual"].shape == got["their_residual"].shape and all(
+        not got["residual"][p].any() and got["their_residual"][p].any() for p in whole) and any(map(right, peers)))
+
+
+def _residual_hint(got, buckets, peers=()):
     ours, theirs = got["residual"], got["their_residual"]
     strange = [key for key in got["keys"] if key not in range(buckets)]
     if strange:  # trial 9: told as a residual of the wrong size
@@ -629,6 +670,10 @@ def _residual_hint(got, buckets):
                 "residual or Q, and the dicts grow by one entry a step")
     if ours.numel() != theirs.numel():
         return f"it holds {ours.numel()} numbers, PyTorch's {theirs.numel()}: one residual per bucket, the buffer's size"
+    if _whole_residual_lost(got, peers):  # trial 14 (e): was told it is all zeros, keep a copy
+        return ("it is zero on the tensors sent whole, where PyTorch's holds their local gradient minus their mean: "
+                "the copy of \"what we wanted to send\" was taken after their mean was written back. Copy the "
+                "buffer right after adding the old residual, before any all-reduce")
     if not ours.any():
         return ("it is all zeros, though compression left something out: after decompress, keep state.error_dict[i] "
                 "= \"what we wanted to send\" (a copy, buffer.clone(), after adding the old residual; not the buffer "
@@ -650,6 +695,10 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             assert not got["early"], (
                 f"{T123}: {where}: the hook's Future was complete before its all-reduce had run: it returned "
                 "before the all-reduce finished. Return the Q all-reduce's get_future().then(decompress)")
+            assert got["ours"].shape == got["local"].shape, (  # trial 14 (e): was a raw RuntimeError in this test
+                f"{T123}: {where}: the Future's value holds {got['ours'].numel()} numbers, the bucket "
+                f"{got['local'].numel()}: decompress must return bucket.buffer(), the whole bucket with M' written "
+                "into it (not the Q buffer, future.value()[0], or another tensor)")
             if got["step"] < start:
                 if not torch.equal(got["ours"], got["plain"]):
                     summed = torch.allclose(got["ours"], 3 * got["plain"], rtol=1e-5, atol=1e-6)
@@ -713,6 +762,11 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
                                 "state.rng.randint(1_000_000_000)) (inside torch.random.fork_rng)" if first else
                                 "the warm start begins from last step's averaged Q (state.q_memory_dict), the same "
                                 "on every rank, not from P or anything computed from this rank's gradient"))
+            if not all(torch.equal(a, b) for a, b in zip(got[0]["p_inputs"], other["p_inputs"])):
+                pytest.fail(f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the Ps that were orthogonalised "
+                            "differ between the ranks: P was orthogonalised before its all-reduce (each rank its own "
+                            "P). All-reduce the P buffer first (the sum), then orthogonalise each P: the same P on "
+                            "every rank (a sum of orthonormal Ps is not orthonormal)")  # trial 14 (e): was generic
             assert torch.equal(got[0]["ours"], other["ours"]), (
                 f"{T123}: step {got[0]['step']}, bucket {got[0]['index']}: the ranks ended with different "
                 "gradients: every rank must draw the same first Qs (torch.manual_seed(state.rng.randint("
@@ -733,7 +787,8 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
             got["residual"], got["their_residual"], rtol=1e-4, atol=1e-5)
         assert same_residual, (
             f"{T123}: after step {got['step']}, bucket {got['index']}: the residual of error feedback "
-            f"(state.error_dict[{got['index']}]) differs from PyTorch's: {_residual_hint(got, len(SHAPES))}")
+            f"(state.error_dict[{got['index']}]) differs from PyTorch's: "
+            f"{_residual_hint(got, len(SHAPES), [o for o in results[0][0] if o['step'] == got['step']])}")
 
 
 @pytest.mark.task12_3
@@ -758,14 +813,16 @@ def test_powersgd_error_feedback_keeps_what_was_left_out(impl):
 
 @pytest.mark.task12_3
 def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
-    # rank >= min(n, m), and min_compression_rate=0 so that every tensor is compressed: P Q^T is then
-    # the projection of M on its own column space, the exact mean; start_powerSGD_iter=3: steps 0-2 plain.
-    # The 8 x 12 weight is not exact at rank 5: without error feedback and warm start it must match PyTorch's
-    # hook (its QR flips signs, P Q^T does not change). In float64, as a float64 model's gradients are.
-    shapes = [[(6, 3)], [(3, 5), (7,)], [(8, 12)]]
-    options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0,
-                   use_error_feedback=False, warm_start=False)
-    results = _powersgd_results(impl, 3, 5, options, shapes, torch.float64)
+    # rank >= min(n, m), and min_compression_rate=0.5 so that every tensor is compressed but the (1,) one
+    # (1 > 1 * 2 * 0.5 is false): P Q^T is then the projection of M on its own column space, the exact mean;
+    # start_powerSGD_iter=3: steps 0-2 plain. The 8 x 12 weight is not exact at rank 5: without error feedback
+    # and warm start it must match PyTorch's hook (its QR flips signs, P Q^T does not change). In float64, as a
+    # float64 model's gradients are, and every all-reduce sends float64. Bucket 3 holds a frozen parameter's
+    # zero gradient: its P is zero, finite only with orthogonalization_epsilon (NaN without, PyTorch's too).
+    shapes = [[(6, 3)], [(3, 5), (7,), (1,)], [(8, 12)], [(4, 6)]]
+    options = dict(matrix_approximation_rank=5, start_powerSGD_iter=3, min_compression_rate=0.5,
+                   use_error_feedback=False, warm_start=False, orthogonalization_epsilon=1e-12)
+    results = _powersgd_results(impl, 3, 5, options, shapes, torch.float64, zeros=(3,))
     for rank, (out, _, _) in enumerate(results):
         for got in out:
             where = f"rank {rank}, step {got['step']}, bucket {got['index']} (shapes {shapes[got['index']]}, float64)"
@@ -776,10 +833,27 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
                 continue
             assert got["ours"].dtype == torch.float64, (
                 f"{T123}: {where}: the Future held {got['ours'].dtype}: return bucket.buffer(), in its own dtype")
-            hint = _records_hint(got, shapes[got["index"]], 5, 0, 3)
+            hint = _records_hint(got, shapes[got["index"]], 5, 0.5, 3)
             if hint:
                 pytest.fail(f"{T123}: {where}: matrix_approximation_rank=5: the all-reduces carried {got['records']} "
                             f"numbers: {hint}")
+            names = (["the flat tensor of those sent whole"] if _expected_sizes(shapes[got["index"]], 5, 0.5)[0] else []) + [
+                "the P buffer", "the Q buffer"]
+            other = [f"{name} in {str(sent).replace('torch.', '')}" for name, sent in zip(names, got["dtypes"])
+                     if sent != torch.float64]
+            assert not other, (  # trial 14 (e): a float32 copy of the whole tensors or of P passed, or was told of Qs
+                f"{T123}: {where}: the all-reduces sent {', '.join(other)}: send everything in the bucket's dtype "
+                "(float64 here), no copy in another dtype: it costs precision, and a float32 copy of float64 "
+                "numbers sends as many bytes as it saves")
+            if got["index"] == 3 and not torch.isfinite(got["ours"]).all():
+                pytest.fail(f"{T123}: {where}: a frozen parameter's zero gradient came back as NaN with "
+                            "orthogonalization_epsilon=1e-12: its P is all zeros, and only norm + epsilon keeps "
+                            "P / norm finite: pass state.orthogonalization_epsilon to every orthogonalize call "
+                            "(each P and each Q)")
+            assert not got["kept"], (
+                f"{T123}: {where}: warm_start=False, but state.{' and state.'.join(got['kept'])} still hold this "
+                "bucket's buffers after the step: without warm start they stay alive for nothing (new Qs are drawn "
+                "next step): in decompress, del state.p_memory_dict[i] and state.q_memory_dict[i]")
             assert got["residual"].numel() == 0, (
                 f"{T123}: {where}: use_error_feedback=False, but the hook kept a residual in state.error_dict: "
                 "without error feedback nothing is added to the buffer, nor kept")
@@ -797,6 +871,16 @@ def test_powersgd_of_full_rank_is_the_exact_mean_and_waits_for_its_start(impl):
                     "feedback, add no residual; without warm start, draw new first Qs (state.rng's next seed) at "
                     "every step, not last step's Qs")
                 continue
+            if not torch.allclose(got["ours"], got["plain"], rtol=1e-6, atol=1e-8):  # trial 14 (e): was generic
+                for (part, compressed), shape in zip(_parts(shapes[got["index"]], 5, 0.5), shapes[got["index"]]):
+                    ours, plain = got["ours"][part], got["plain"][part]
+                    scale = (ours @ plain / (plain @ plain)).item() if plain.abs().sum() > 0 else 1.0
+                    if (compressed and min(shape[0], torch.Size(shape[1:]).numel()) == 1 and abs(scale - 1) > 1e-3
+                            and torch.allclose(ours, scale * plain, rtol=1e-6, atol=1e-8)):
+                        pytest.fail(f"{T123}: {where}: the {shape} gradient, compressed at r = 1 (one column), came back "
+                                    f"{scale:.4g} times the mean: its P (or Q) of one column was not normalised. "
+                                    "orthogonalize every P and every Q, also at r = 1: it divides even a single "
+                                    "column by its norm")
             assert torch.allclose(got["ours"], got["plain"], rtol=1e-6, atol=1e-8), (
                 f"{T123}: {where}: with rank >= min(n, m) PowerSGD is exact, but the result differs from the "
                 f"mean by {(got['ours'] - got['plain']).abs().max().item():.3g}: P = M Q (Q orthonormal), "
@@ -849,7 +933,8 @@ def _powersgd_in_buckets(rank, world_size, impl, warm_start, steps=4):
                 td, tensors, index, index == len(ddp.buckets) - 1)).wait()
             for p, mean in zip(bucket.params, flat.split([p.numel() for p in bucket.params])):
                 reference[index_of[id(p)]] = mean.view_as(p).clone()
-        out.append((step, [(p.grad.clone(), want) for p, want in zip(model.parameters(), reference)]))
+        out.append((step, [(p.grad.clone(), want) for p, want in zip(model.parameters(), reference)],
+                    (len(ours.error_dict), sorted(theirs.error_dict))))
     assert len(ddp.buckets) >= 4, f"Task 5's DDP made {len(ddp.buckets)} buckets: the test needs several"
     return out
 
@@ -861,7 +946,11 @@ def test_powersgd_with_several_buckets_in_flight_equals_pytorchs(impl, warm_star
     bucket's decompress, and the next bucket's decompress raised KeyError (8 buckets in flight)."""
     for rank, out in enumerate(run_ranks(_powersgd_in_buckets, 2, impl, warm_start, timeout=30)):
         where = f"rank {rank}, Task 5's DDP with 8 buckets in flight, warm_start={warm_start}"
-        for step, grads in out:
+        for step, grads, (kept, their_kept) in out:
+            assert kept or not their_kept, (  # trial 14 (e): error feedback tied to warm_start was told of sharing
+                f"{T123}: {where}, step {step}: state.error_dict holds no residual, PyTorch's holds one for each of the buckets "
+                f"for {their_kept}: use_error_feedback (on by default) and warm_start are independent: keep each "
+                "bucket's residual whenever use_error_feedback is set, with or without warm start")
             for i, (ours, theirs) in enumerate(grads):
                 assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5), (
                     f"{T123}: {where}, step {step}, parameter {i}: differs from PyTorch's powerSGD_hook (one bucket "
