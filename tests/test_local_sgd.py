@@ -868,18 +868,24 @@ def test_local_sgd_equals_pytorchs_periodic_model_averager_shifted_by_its_first_
         check_wire(T132, calls, [3, 6], [("float64", n)], rank, "local SGD")
 
 
+def record_closures(inner):
+    """A list that each inner.step(...) call appends to: whether it got the closure (LBFGS's step needs it)."""
+    given, inner_step = [], inner.step
+
+    def recording(closure=None):
+        given.append(closure is not None)
+        return inner_step(closure)
+
+    inner.step = recording
+    return given
+
+
 def _local_sgd(rank, world_size, impl, name, sync_every, steps, sub):
     lib = judging(impl, "13.2")
     group, members = groups_of(rank, world_size, sub)
     model = make(Net)
     inner = optimizer(name, model.parameters())
-    given, inner_step = [], inner.step
-
-    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
-        given.append(closure is not None)
-        return inner_step(closure)
-
-    inner.step = recording
+    given = record_closures(inner)
     with Wire() as wire:
         local_sgd = lib.LocalSGD(model, inner, sync_every, group=group)
         built = calls_of(wire)
@@ -1004,13 +1010,7 @@ def _diloco(rank, world_size, impl, name, sync_every, steps, outer, sub, cls):
     group, members = groups_of(rank, world_size, sub)
     model = make(cls)
     inner = optimizer(name, model.parameters())
-    given, inner_step = [], inner.step
-
-    def recording(closure=None):  # whether the inner optimizer got the closure (LBFGS's step needs it)
-        given.append(closure is not None)
-        return inner_step(closure)
-
-    inner.step = recording
+    given = record_closures(inner)
     with Wire() as wire:
         diloco = lib.DiLoCo(model, inner, sync_every, outer_lr=outer[0], outer_momentum=outer[1], group=group)
         built = calls_of(wire)
