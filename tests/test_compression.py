@@ -646,11 +646,11 @@ def _first_q_drawn_in(got, shapes, rank_r, min_rate):
     return None
 
 
-def _whole_residual_lost(got, peers):
+def _whole_residual_lost(got, peers, rank_r, min_rate):
     """Whether the residual is zero on this bucket's tensors sent whole (PyTorch's is not), while some bucket of
     the same step keeps PyTorch's residual on its compressed matrices (error feedback itself works)."""
     def parts(o, compressed):
-        return [part for part, c in _parts(SHAPES[o["index"]], 2, 2) if c == compressed]
+        return [part for part, c in _parts(SHAPES[o["index"]], rank_r, min_rate) if c == compressed]
 
     def right(o):
         return o["residual"].shape == o["their_residual"].shape and parts(o, True) and all(
@@ -660,7 +660,7 @@ def _whole_residual_lost(got, peers):
         not got["residual"][p].any() and got["their_residual"][p].any() for p in whole) and any(map(right, peers)))
 
 
-def _residual_hint(got, buckets, peers=()):
+def _residual_hint(got, buckets, peers, rank_r, min_rate):
     ours, theirs = got["residual"], got["their_residual"]
     strange = [key for key in got["keys"] if key not in range(buckets)]
     if strange:  # trial 9: told as a residual of the wrong size
@@ -670,7 +670,7 @@ def _residual_hint(got, buckets, peers=()):
                 "residual or Q, and the dicts grow by one entry a step")
     if ours.numel() != theirs.numel():
         return f"it holds {ours.numel()} numbers, PyTorch's {theirs.numel()}: one residual per bucket, the buffer's size"
-    if _whole_residual_lost(got, peers):  # trial 14 (e): was told it is all zeros, keep a copy
+    if _whole_residual_lost(got, peers, rank_r, min_rate):  # trial 14 (e): was told it is all zeros, keep a copy
         return ("it is zero on the tensors sent whole, where PyTorch's holds their local gradient minus their mean: "
                 "the copy of \"what we wanted to send\" was taken after their mean was written back. Copy the "
                 "buffer right after adding the old residual, before any all-reduce")
@@ -788,7 +788,7 @@ def test_powersgd_equals_pytorchs_hook_and_sends_r_n_plus_m(impl):
         assert same_residual, (
             f"{T123}: after step {got['step']}, bucket {got['index']}: the residual of error feedback "
             f"(state.error_dict[{got['index']}]) differs from PyTorch's: "
-            f"{_residual_hint(got, len(SHAPES), [o for o in results[0][0] if o['step'] == got['step']])}")
+            f"{_residual_hint(got, len(SHAPES), [o for o in results[0][0] if o['step'] == got['step']], 2, 2)}")
 
 
 @pytest.mark.task12_3
